@@ -1,0 +1,1 @@
+//! Load generator for tiergate. Issue 5 builds it; empty until then.

@@ -1,0 +1,164 @@
+//! A complete Tier-0 classifier: tokenizer + encoder + head, loaded from config or from a folder.
+
+use std::path::Path;
+
+use candle_core::Tensor;
+use tiergate_config::{HeadConfig, PoolingConfig, PrefilterConfig};
+
+use crate::encoder::{mmap_weights, Batch, Encoder};
+use crate::error::{PrefilterError, Result};
+use crate::heads::{self, Head};
+use crate::tokenize::{TextTokenizer, Tokens};
+
+/// Tokenizer, encoder and head, used from one thread at a time (the batching thread owns it at run time).
+pub struct Classifier {
+    /// The tokenizer (shared with callers so they can tokenise outside the model thread).
+    pub tokenizer: std::sync::Arc<TextTokenizer>,
+    /// The encoder.
+    pub encoder: Encoder,
+    /// The head.
+    pub head: Head,
+    /// Reply text per label (answer routes), where configured.
+    pub replies: Vec<Option<String>>,
+}
+
+impl Classifier {
+    /// Builds the classifier a [`PrefilterConfig`] describes.
+    pub fn from_config(cfg: &PrefilterConfig) -> Result<Self> {
+        match &cfg.head {
+            HeadConfig::Trained(t) => Self::from_trained_dir(&t.dir, cfg.max_tokens),
+            HeadConfig::Checkpoint => Self::from_checkpoint_dir(&cfg.encoder, cfg.max_tokens),
+            HeadConfig::FewShot {
+                labels,
+                temperature,
+            } => {
+                let (tokenizer, encoder) = load_encoder(&cfg.encoder, cfg.pooling, cfg.max_tokens)?;
+                let mut embeddings = Vec::with_capacity(labels.len());
+                for l in labels {
+                    let texts: Vec<&str> = l
+                        .examples
+                        .iter()
+                        .map(|s| s.trim())
+                        .filter(|s| !s.is_empty())
+                        .collect();
+                    embeddings.push(embed_texts(&tokenizer, &encoder, &texts, 32)?);
+                }
+                let names = labels.iter().map(|l| l.label.clone()).collect();
+                let head = Head::few_shot(names, embeddings, *temperature)?;
+                Ok(Self {
+                    tokenizer: tokenizer.into(),
+                    encoder,
+                    head,
+                    replies: labels.iter().map(|l| l.reply.clone()).collect(),
+                })
+            }
+        }
+    }
+
+    /// Loads `dir` as either a folder written by `tiergate train` (it has `head.json`) or a Hugging Face
+    /// sequence-classification checkpoint.
+    pub fn from_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
+        if dir.join("head.json").is_file() {
+            Self::from_trained_dir(dir, max_tokens)
+        } else if dir.join("config.json").is_file() {
+            Self::from_checkpoint_dir(dir, max_tokens)
+        } else {
+            Err(PrefilterError::file(
+                dir,
+                "neither head.json (a `tiergate train` folder) nor config.json (a checkpoint) found",
+            ))
+        }
+    }
+
+    fn from_trained_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
+        let (meta, head) = heads::load_trained(dir)?;
+        let encoder_dir = meta.encoder_dir(dir);
+        let (tokenizer, encoder) = load_encoder(&encoder_dir, PoolingConfig::Auto, max_tokens)?;
+        if encoder.hidden_size() != meta.hidden_size {
+            return Err(PrefilterError::corrupt(
+                dir.join("head.json"),
+                format!(
+                    "head expects {} hidden units but {} has {}",
+                    meta.hidden_size,
+                    encoder_dir.display(),
+                    encoder.hidden_size()
+                ),
+            ));
+        }
+        let replies = vec![None; head.labels.len()];
+        Ok(Self {
+            tokenizer: tokenizer.into(),
+            encoder,
+            head,
+            replies,
+        })
+    }
+
+    fn from_checkpoint_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
+        let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
+        let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
+        let encoder = Encoder::load(dir, PoolingConfig::Cls, vb.clone())?;
+        let head = Head::from_checkpoint(&encoder, &vb)?;
+        let replies = vec![None; head.labels.len()];
+        Ok(Self {
+            tokenizer: tokenizer.into(),
+            encoder,
+            head,
+            replies,
+        })
+    }
+
+    /// Label names in probability order.
+    pub fn labels(&self) -> &[String] {
+        &self.head.labels
+    }
+
+    /// Calibrated label probabilities for a batch of tokenised inputs, one row per input.
+    pub fn probabilities(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = Batch::pad(inputs, self.tokenizer.pad_id(), self.encoder.device())?;
+        let (states, pooled) = self.encoder.embed(&batch)?;
+        Ok(self.head.probabilities(&states, &pooled)?.to_vec2::<f32>()?)
+    }
+
+    /// Uncalibrated logits for a batch (used for fitting the temperature).
+    pub fn logits(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
+        let batch = Batch::pad(inputs, self.tokenizer.pad_id(), self.encoder.device())?;
+        let (states, pooled) = self.encoder.embed(&batch)?;
+        Ok(self.head.logits(&states, &pooled)?.to_vec2::<f32>()?)
+    }
+}
+
+/// Loads the tokenizer and encoder of a folder.
+pub fn load_encoder(dir: &Path, pooling: PoolingConfig, max_tokens: usize) -> Result<(TextTokenizer, Encoder)> {
+    let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
+    let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
+    let encoder = Encoder::load(dir, pooling, vb)?;
+    Ok((tokenizer, encoder))
+}
+
+/// Pooled embeddings `[n, hidden]` of `texts`, computed in length-sorted batches (less padding).
+pub fn embed_texts(tokenizer: &TextTokenizer, encoder: &Encoder, texts: &[&str], batch: usize) -> Result<Tensor> {
+    if texts.is_empty() {
+        return Err(PrefilterError::InvalidInput("no texts to embed".into()));
+    }
+    let tokens = texts
+        .iter()
+        .map(|t| tokenizer.encode(t))
+        .collect::<Result<Vec<_>>>()?;
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    order.sort_by_key(|&i| tokens[i].ids.len());
+    let mut rows: Vec<Option<Tensor>> = vec![None; tokens.len()];
+    for chunk in order.chunks(batch.max(1)) {
+        let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
+        let b = Batch::pad(&refs, tokenizer.pad_id(), encoder.device())?;
+        let (_, pooled) = encoder.embed(&b)?;
+        for (j, &i) in chunk.iter().enumerate() {
+            rows[i] = Some(pooled.get(j)?);
+        }
+    }
+    let rows: Vec<Tensor> = rows.into_iter().flatten().collect();
+    Ok(Tensor::stack(&rows, 0)?)
+}

@@ -1,0 +1,262 @@
+//! Labelled text files for training and evaluation: CSV with a header row, or JSONL with `text`/`label`.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{PrefilterError, Result};
+
+/// One labelled example.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    /// The input text.
+    pub text: String,
+    /// The gold label.
+    pub label: String,
+}
+
+/// How to read a data file.
+#[derive(Debug, Clone)]
+pub struct DataSpec {
+    /// The file (`.jsonl`/`.ndjson` is JSON lines; anything else is CSV).
+    pub path: PathBuf,
+    /// CSV column with the text.
+    pub text_column: String,
+    /// CSV column with the label.
+    pub label_column: String,
+    /// Skip and count bad rows instead of failing on the first one.
+    pub skip_bad_rows: bool,
+}
+
+impl DataSpec {
+    /// CSV columns `text` and `category` (Banking77's), failing on bad rows.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            text_column: "text".into(),
+            label_column: "category".into(),
+            skip_bad_rows: false,
+        }
+    }
+}
+
+/// Rows read from a file.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Good rows, in file order.
+    pub examples: Vec<Example>,
+    /// Bad rows skipped (only with `skip_bad_rows`).
+    pub skipped: usize,
+}
+
+/// Reads a data file.
+pub fn read(spec: &DataSpec) -> Result<Dataset> {
+    let ext = spec
+        .path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let text = std::fs::read_to_string(&spec.path).map_err(|e| PrefilterError::file(&spec.path, e))?;
+    let mut out = Dataset {
+        examples: Vec::new(),
+        skipped: 0,
+    };
+    let mut bad = |line: usize, message: String| -> Result<()> {
+        if spec.skip_bad_rows {
+            out.skipped += 1;
+            Ok(())
+        } else {
+            Err(data_error(&spec.path, line, message))
+        }
+    };
+    let mut good = Vec::new();
+    if ext == "jsonl" || ext == "ndjson" {
+        for (i, raw) in text.lines().enumerate() {
+            if raw.trim().is_empty() {
+                continue;
+            }
+            match parse_json_row(raw) {
+                Ok(ex) => good.push(ex),
+                Err(m) => bad(i + 1, m)?,
+            }
+        }
+    } else {
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .flexible(true)
+            .from_reader(text.as_bytes());
+        let headers = reader
+            .headers()
+            .map_err(|e| data_error(&spec.path, 1, format!("cannot read the header row: {e}")))?
+            .clone();
+        let col = |name: &str| {
+            headers.iter().position(|h| h.trim() == name).ok_or_else(|| {
+                data_error(
+                    &spec.path,
+                    1,
+                    format!(
+                        "no column `{name}` in the header (columns: {})",
+                        headers.iter().collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })
+        };
+        let (ti, li) = (col(&spec.text_column)?, col(&spec.label_column)?);
+        for record in reader.records() {
+            let (line, row) = match record {
+                Ok(r) => (r.position().map_or(0, |p| p.line() as usize), Ok(r)),
+                Err(e) => (
+                    e.position().map_or(0, |p| p.line() as usize),
+                    Err(e.to_string()),
+                ),
+            };
+            let parsed = row.and_then(|r| {
+                let text = r.get(ti).unwrap_or("").trim();
+                let label = r.get(li).unwrap_or("").trim();
+                check(text, label)
+            });
+            match parsed {
+                Ok(ex) => good.push(ex),
+                Err(m) => bad(line, m)?,
+            }
+        }
+    }
+    out.examples = good;
+    if out.examples.is_empty() {
+        return Err(data_error(&spec.path, 0, "no usable rows".into()));
+    }
+    Ok(out)
+}
+
+fn parse_json_row(raw: &str) -> std::result::Result<Example, String> {
+    let v: serde_json::Value = serde_json::from_str(raw).map_err(|e| format!("invalid JSON: {e}"))?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .map(str::trim)
+            .ok_or_else(|| format!("missing string field `{k}`"))
+    };
+    check(field("text")?, field("label")?)
+}
+
+fn check(text: &str, label: &str) -> std::result::Result<Example, String> {
+    if text.is_empty() {
+        return Err("empty text".into());
+    }
+    if label.is_empty() {
+        return Err("empty label".into());
+    }
+    Ok(Example {
+        text: text.to_string(),
+        label: label.to_string(),
+    })
+}
+
+fn data_error(path: &Path, line: usize, message: String) -> PrefilterError {
+    PrefilterError::Data {
+        path: path.to_path_buf(),
+        line,
+        message,
+    }
+}
+
+/// A deterministic stratified split: about `dev_fraction` of each label goes to dev (at least one row of
+/// every label with two or more rows).
+pub fn split(examples: &[Example], dev_fraction: f64, seed: u64) -> (Vec<Example>, Vec<Example>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut by_label: std::collections::BTreeMap<&str, Vec<&Example>> = Default::default();
+    for e in examples {
+        by_label.entry(e.label.as_str()).or_default().push(e);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut train, mut dev) = (Vec::new(), Vec::new());
+    for (_, mut rows) in by_label {
+        rows.shuffle(&mut rng);
+        let k = if rows.len() >= 2 {
+            ((rows.len() as f64 * dev_fraction).round() as usize).clamp(1, rows.len() - 1)
+        } else {
+            0
+        };
+        dev.extend(rows[..k].iter().map(|e| (*e).clone()));
+        train.extend(rows[k..].iter().map(|e| (*e).clone()));
+    }
+    train.shuffle(&mut rng);
+    (train, dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    #[test]
+    fn csv_with_quotes_and_custom_columns() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "a.csv", "id,utterance,intent\n1,\"hello, there\",greet\n2,bye,leave\n");
+        let mut spec = DataSpec::new(p);
+        spec.text_column = "utterance".into();
+        spec.label_column = "intent".into();
+        let ds = read(&spec).unwrap();
+        assert_eq!(ds.examples.len(), 2);
+        assert_eq!(ds.examples[0].text, "hello, there");
+        assert_eq!(ds.examples[1].label, "leave");
+    }
+
+    #[test]
+    fn bad_row_fails_with_line_number_or_is_skipped() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "a.csv", "text,category\nok,a\n,b\nfine,c\n");
+        let err = read(&DataSpec::new(&p)).unwrap_err();
+        assert!(err.to_string().contains("a.csv:3: empty text"), "{err}");
+        let mut spec = DataSpec::new(&p);
+        spec.skip_bad_rows = true;
+        let ds = read(&spec).unwrap();
+        assert_eq!((ds.examples.len(), ds.skipped), (2, 1));
+    }
+
+    #[test]
+    fn missing_column_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "a.csv", "sentence,category\nok,a\n");
+        let err = read(&DataSpec::new(&p)).unwrap_err();
+        assert!(err.to_string().contains("no column `text`"), "{err}");
+    }
+
+    #[test]
+    fn jsonl_rows_and_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "a.jsonl",
+            "{\"text\":\"hi\",\"label\":\"greet\"}\n\n{\"text\":\"x\"}\nnot json\n",
+        );
+        let err = read(&DataSpec::new(&p)).unwrap_err();
+        assert!(err.to_string().contains("a.jsonl:3: missing string field `label`"), "{err}");
+        let mut spec = DataSpec::new(&p);
+        spec.skip_bad_rows = true;
+        let ds = read(&spec).unwrap();
+        assert_eq!((ds.examples.len(), ds.skipped), (1, 2));
+    }
+
+    #[test]
+    fn split_is_stratified_and_deterministic() {
+        let ex: Vec<Example> = (0..100)
+            .map(|i| Example {
+                text: format!("t{i}"),
+                label: format!("l{}", i % 4),
+            })
+            .collect();
+        let (train, dev) = split(&ex, 0.2, 1);
+        assert_eq!(train.len() + dev.len(), 100);
+        assert_eq!(dev.len(), 20);
+        for l in 0..4 {
+            assert_eq!(dev.iter().filter(|e| e.label == format!("l{l}")).count(), 5);
+        }
+        assert_eq!(split(&ex, 0.2, 1).1, dev, "same seed, same split");
+    }
+}

@@ -1,0 +1,271 @@
+//! The transformer encoder: loads a BERT-family checkpoint from a local Hugging Face folder with candle and
+//! turns a padded batch of token ids into pooled sentence vectors.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
+use candle_transformers::models::{bert, distilbert, xlm_roberta};
+use serde::Deserialize;
+use tiergate_config::PoolingConfig;
+
+use crate::error::{PrefilterError, Result};
+
+/// Model families this encoder loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// BERT and its distillations (MiniLM, …).
+    Bert,
+    /// DistilBERT.
+    DistilBert,
+    /// XLM-RoBERTa (and RoBERTa checkpoints with the same layout).
+    XlmRoberta,
+}
+
+enum Backbone {
+    Bert(bert::BertModel),
+    DistilBert(distilbert::DistilBertModel),
+    XlmRoberta(xlm_roberta::XLMRobertaModel),
+}
+
+/// How token states are pooled into one sentence vector (resolved from [`PoolingConfig`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Masked mean, optionally L2-normalised.
+    Mean { normalize: bool },
+    /// The first token's state.
+    Cls,
+}
+
+/// A padded batch ready for the encoder: `[batch, seq]` tensors.
+pub struct Batch {
+    /// Token ids, `u32`.
+    pub ids: Tensor,
+    /// Segment ids, `u32`.
+    pub type_ids: Tensor,
+    /// 1 for real tokens, 0 for padding, `u32`.
+    pub mask: Tensor,
+}
+
+impl Batch {
+    /// Pads token sequences to the longest one with `pad_id`.
+    pub fn pad(seqs: &[&crate::tokenize::Tokens], pad_id: u32, device: &Device) -> Result<Self> {
+        let len = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0).max(1);
+        let n = seqs.len();
+        let mut ids = vec![pad_id; n * len];
+        let mut type_ids = vec![0u32; n * len];
+        let mut mask = vec![0u32; n * len];
+        for (row, s) in seqs.iter().enumerate() {
+            let base = row * len;
+            ids[base..base + s.ids.len()].copy_from_slice(&s.ids);
+            type_ids[base..base + s.type_ids.len()].copy_from_slice(&s.type_ids);
+            mask[base..base + s.ids.len()].fill(1);
+        }
+        Ok(Self {
+            ids: Tensor::from_vec(ids, (n, len), device)?,
+            type_ids: Tensor::from_vec(type_ids, (n, len), device)?,
+            mask: Tensor::from_vec(mask, (n, len), device)?,
+        })
+    }
+}
+
+/// A loaded encoder with its pooling.
+pub struct Encoder {
+    backbone: Backbone,
+    family: Family,
+    pooling: Pooling,
+    hidden_size: usize,
+    dir: PathBuf,
+    device: Device,
+}
+
+#[derive(Deserialize)]
+struct ModelType {
+    model_type: Option<String>,
+    hidden_size: Option<usize>,
+    dim: Option<usize>,
+}
+
+/// Reads and parses a JSON file, naming it in any error.
+pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| PrefilterError::file(path, e))?;
+    serde_json::from_str(&text).map_err(|e| PrefilterError::corrupt(path, e))
+}
+
+/// Opens `model.safetensors` in `dir` (memory-mapped), naming the file in any error.
+pub(crate) fn mmap_weights(dir: &Path, device: &Device) -> Result<VarBuilder<'static>> {
+    let path = dir.join("model.safetensors");
+    if !path.is_file() {
+        return Err(PrefilterError::file(&path, "file not found"));
+    }
+    // SAFETY: the file is opened read-only and memory-mapped; like every safetensors loader we rely on nobody
+    // truncating a model file while it is in use. A corrupt header is reported here, naming the file.
+    unsafe { VarBuilder::from_mmaped_safetensors(&[&path], DType::F32, device) }
+        .map_err(|e| PrefilterError::corrupt(&path, e))
+}
+
+impl Encoder {
+    /// Loads the encoder in `dir` with weights from `vb` (see [`mmap_weights`]); the pooling is resolved from
+    /// the folder's sentence-transformers files when `pooling` is `Auto`.
+    pub fn load(dir: &Path, pooling: PoolingConfig, vb: VarBuilder) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let head: ModelType = read_json(&config_path)?;
+        let model_type = head.model_type.as_deref().unwrap_or("bert");
+        let family = match model_type {
+            "bert" => Family::Bert,
+            "distilbert" => Family::DistilBert,
+            "xlm-roberta" | "roberta" => Family::XlmRoberta,
+            other => {
+                return Err(PrefilterError::Unsupported(format!(
+                    "model_type `{other}` in {} (supported: bert, distilbert, xlm-roberta, roberta)",
+                    config_path.display()
+                )))
+            }
+        };
+        let hidden_size = head.hidden_size.or(head.dim).ok_or_else(|| {
+            PrefilterError::corrupt(&config_path, "neither `hidden_size` nor `dim` is set")
+        })?;
+        let weights = dir.join("model.safetensors");
+        let corrupt = |e: candle_core::Error| PrefilterError::corrupt(&weights, e);
+        let backbone = match family {
+            Family::Bert => {
+                let cfg: bert::Config = read_json(&config_path)?;
+                Backbone::Bert(bert::BertModel::load(vb, &cfg).map_err(corrupt)?)
+            }
+            Family::DistilBert => {
+                let cfg: distilbert::Config = read_json(&config_path)?;
+                Backbone::DistilBert(distilbert::DistilBertModel::load(vb, &cfg).map_err(corrupt)?)
+            }
+            Family::XlmRoberta => {
+                let cfg: xlm_roberta::Config = read_json(&config_path)?;
+                let vb = if vb.contains_tensor("roberta.embeddings.word_embeddings.weight") {
+                    vb.pp("roberta")
+                } else {
+                    vb
+                };
+                Backbone::XlmRoberta(xlm_roberta::XLMRobertaModel::new(&cfg, vb).map_err(corrupt)?)
+            }
+        };
+        let pooling = resolve_pooling(dir, pooling)?;
+        Ok(Self {
+            backbone,
+            family,
+            pooling,
+            hidden_size,
+            dir: dir.to_path_buf(),
+            device: Device::Cpu,
+        })
+    }
+
+    /// The model family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// Width of the token states and of the pooled vector.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+
+    /// The resolved pooling.
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
+    }
+
+    /// The folder the encoder was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The device tensors live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Token states `[batch, seq, hidden]`.
+    pub fn token_states(&self, batch: &Batch) -> Result<Tensor> {
+        Ok(match &self.backbone {
+            Backbone::Bert(m) => m.forward(&batch.ids, &batch.type_ids, Some(&batch.mask))?,
+            Backbone::DistilBert(m) => {
+                // candle's DistilBERT fills positions where the mask is 1 with -inf: pass "is padding".
+                let (b, t) = batch.mask.dims2()?;
+                let pad = batch.mask.eq(0u32)?.reshape((b, 1, 1, t))?;
+                m.forward(&batch.ids, &pad)?
+            }
+            Backbone::XlmRoberta(m) => {
+                m.forward(&batch.ids, &batch.mask, &batch.type_ids, None, None, None)?
+            }
+        })
+    }
+
+    /// Pools token states into sentence vectors `[batch, hidden]`.
+    pub fn pool(&self, states: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        match self.pooling {
+            Pooling::Cls => Ok(states.narrow(1, 0, 1)?.squeeze(1)?),
+            Pooling::Mean { normalize } => {
+                let m = mask.to_dtype(states.dtype())?.unsqueeze(2)?;
+                let sum = states.broadcast_mul(&m)?.sum(1)?;
+                let count = m.sum(1)?.clamp(1e-9, f64::MAX)?;
+                let mean = sum.broadcast_div(&count)?;
+                if normalize {
+                    l2_normalize(&mean)
+                } else {
+                    Ok(mean)
+                }
+            }
+        }
+    }
+
+    /// Token states and pooled vectors for a batch.
+    pub fn embed(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        let states = self.token_states(batch)?;
+        let pooled = self.pool(&states, &batch.mask)?;
+        Ok((states, pooled))
+    }
+}
+
+/// Rows scaled to unit L2 norm.
+pub fn l2_normalize(x: &Tensor) -> Result<Tensor> {
+    let norm = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+    Ok(x.broadcast_div(&norm)?)
+}
+
+#[derive(Deserialize)]
+struct StModule {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    path: String,
+}
+
+#[derive(Deserialize)]
+struct StPooling {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+}
+
+fn resolve_pooling(dir: &Path, cfg: PoolingConfig) -> Result<Pooling> {
+    Ok(match cfg {
+        PoolingConfig::MeanNormalized => Pooling::Mean { normalize: true },
+        PoolingConfig::Mean => Pooling::Mean { normalize: false },
+        PoolingConfig::Cls => Pooling::Cls,
+        PoolingConfig::Auto => {
+            let modules_path = dir.join("modules.json");
+            if !modules_path.is_file() {
+                return Ok(Pooling::Mean { normalize: false });
+            }
+            let modules: Vec<StModule> = read_json(&modules_path)?;
+            let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
+            let mut pooling = Pooling::Mean { normalize };
+            if let Some(m) = modules.iter().find(|m| m.kind.ends_with(".Pooling")) {
+                let p: StPooling = read_json(&dir.join(&m.path).join("config.json"))?;
+                if p.pooling_mode_cls_token && !p.pooling_mode_mean_tokens {
+                    pooling = Pooling::Cls;
+                }
+            }
+            pooling
+        }
+    })
+}

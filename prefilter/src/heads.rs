@@ -1,0 +1,270 @@
+//! Classification heads on top of the encoder, all producing logits over a label set:
+//! the checkpoint's own sequence-classification head, a softmax head trained by `tiergate train`, and a
+//! few-shot prototype head built from example utterances.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Tensor, D};
+use candle_nn::{Linear, Module, VarBuilder};
+use serde::{Deserialize, Serialize};
+
+use crate::encoder::{l2_normalize, read_json, Encoder, Family};
+use crate::error::{PrefilterError, Result};
+
+/// The parameters that turn encoder output into logits.
+pub enum HeadKind {
+    /// `logits = pooled · Wᵀ + b` (trained by `tiergate train`).
+    Linear(Linear),
+    /// The checkpoint's own head, applied to the first token's state.
+    Checkpoint { family: Family, dense: Linear, out: Linear },
+    /// Cosine similarity to per-label prototypes (mean of the normalised example embeddings), divided by a
+    /// temperature.
+    Prototypes { prototypes: Tensor, temperature: f64 },
+}
+
+/// A head with its labels and calibration temperature.
+pub struct Head {
+    /// How logits are computed.
+    pub kind: HeadKind,
+    /// Label names, in logit order.
+    pub labels: Vec<String>,
+    /// Calibration temperature: probabilities are `softmax(logits / temperature)`.
+    pub temperature: f64,
+}
+
+impl Head {
+    /// Logits `[batch, labels]` from token states `[batch, seq, hidden]` and pooled vectors `[batch, hidden]`.
+    pub fn logits(&self, states: &Tensor, pooled: &Tensor) -> Result<Tensor> {
+        Ok(match &self.kind {
+            HeadKind::Linear(lin) => lin.forward(pooled)?,
+            HeadKind::Checkpoint { family, dense, out } => {
+                let cls = states.narrow(1, 0, 1)?.squeeze(1)?;
+                let hidden = dense.forward(&cls)?;
+                let hidden = match family {
+                    Family::DistilBert => hidden.relu()?,
+                    Family::Bert | Family::XlmRoberta => hidden.tanh()?,
+                };
+                out.forward(&hidden)?
+            }
+            HeadKind::Prototypes {
+                prototypes,
+                temperature,
+            } => (l2_normalize(pooled)?.matmul(&prototypes.t()?)? / *temperature)?,
+        })
+    }
+
+    /// Calibrated probabilities `[batch, labels]`.
+    pub fn probabilities(&self, states: &Tensor, pooled: &Tensor) -> Result<Tensor> {
+        let logits = (self.logits(states, pooled)? / self.temperature)?;
+        Ok(candle_nn::ops::softmax_last_dim(&logits)?)
+    }
+
+    /// Loads the sequence-classification head of a Hugging Face checkpoint (`id2label` from `config.json`).
+    pub fn from_checkpoint(encoder: &Encoder, vb: &VarBuilder) -> Result<Self> {
+        let dir = encoder.dir();
+        let labels = checkpoint_labels(&dir.join("config.json"))?;
+        let h = encoder.hidden_size();
+        let n = labels.len();
+        let weights = dir.join("model.safetensors");
+        let missing = |what: &str, e: candle_core::Error| {
+            PrefilterError::corrupt(
+                &weights,
+                format!("no sequence-classification head ({what}): {e}"),
+            )
+        };
+        let (dense, out) = match encoder.family() {
+            Family::Bert => {
+                let pooler = ["bert.pooler.dense", "pooler.dense"]
+                    .iter()
+                    .find(|p| vb.contains_tensor(&format!("{p}.weight")))
+                    .copied()
+                    .unwrap_or("bert.pooler.dense");
+                (
+                    candle_nn::linear(h, h, vb.pp(pooler)).map_err(|e| missing(pooler, e))?,
+                    candle_nn::linear(h, n, vb.pp("classifier")).map_err(|e| missing("classifier", e))?,
+                )
+            }
+            Family::DistilBert => (
+                candle_nn::linear(h, h, vb.pp("pre_classifier"))
+                    .map_err(|e| missing("pre_classifier", e))?,
+                candle_nn::linear(h, n, vb.pp("classifier")).map_err(|e| missing("classifier", e))?,
+            ),
+            Family::XlmRoberta => (
+                candle_nn::linear(h, h, vb.pp("classifier.dense"))
+                    .map_err(|e| missing("classifier.dense", e))?,
+                candle_nn::linear(h, n, vb.pp("classifier.out_proj"))
+                    .map_err(|e| missing("classifier.out_proj", e))?,
+            ),
+        };
+        Ok(Self {
+            kind: HeadKind::Checkpoint {
+                family: encoder.family(),
+                dense,
+                out,
+            },
+            labels,
+            temperature: 1.0,
+        })
+    }
+
+    /// A few-shot head: each label's prototype is the normalised mean of its examples' embeddings.
+    pub fn few_shot(labels: Vec<String>, example_embeddings: Vec<Tensor>, temperature: f64) -> Result<Self> {
+        let mut protos = Vec::with_capacity(example_embeddings.len());
+        for e in &example_embeddings {
+            protos.push(l2_normalize(&l2_normalize(e)?.mean_keepdim(0)?)?);
+        }
+        let prototypes = Tensor::cat(&protos, 0)?;
+        Ok(Self {
+            kind: HeadKind::Prototypes {
+                prototypes,
+                temperature,
+            },
+            labels,
+            temperature: 1.0,
+        })
+    }
+}
+
+/// Labels in id order from a checkpoint's `id2label`.
+pub fn checkpoint_labels(config_path: &Path) -> Result<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Id2Label {
+        id2label: Option<HashMap<String, String>>,
+    }
+    let cfg: Id2Label = read_json(config_path)?;
+    let map = cfg.id2label.ok_or_else(|| {
+        PrefilterError::corrupt(
+            config_path,
+            "no `id2label`: not a sequence-classification checkpoint",
+        )
+    })?;
+    let mut labels = vec![None; map.len()];
+    for (k, v) in map {
+        let i: usize = k
+            .parse()
+            .map_err(|_| PrefilterError::corrupt(config_path, format!("id2label key `{k}` is not an index")))?;
+        let slot = labels.get_mut(i).ok_or_else(|| {
+            PrefilterError::corrupt(config_path, format!("id2label index {i} is out of range"))
+        })?;
+        *slot = Some(v);
+    }
+    labels
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .filter(|l| l.len() >= 2)
+        .ok_or_else(|| PrefilterError::corrupt(config_path, "id2label must hold indices 0..n, n >= 2"))
+}
+
+/// `head.json`: everything about a trained head except its weights (in `head.safetensors`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainedHeadMeta {
+    /// Format version of this file.
+    pub format: u32,
+    /// Label names in logit order.
+    pub labels: Vec<String>,
+    /// Calibration temperature fitted on the dev split.
+    pub temperature: f64,
+    /// The encoder folder the head was trained on (relative paths are relative to the head folder).
+    pub encoder: PathBuf,
+    /// Pooled vector width.
+    pub hidden_size: usize,
+    /// Whether the encoder was fine-tuned (then `encoder` is `encoder/` inside the head folder).
+    pub fine_tuned: bool,
+    /// Dev-split figures measured at training time.
+    pub dev: DevReport,
+}
+
+/// Figures measured on the dev split when the head was trained.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DevReport {
+    /// Rows in the dev split.
+    pub n: usize,
+    /// Top-1 accuracy.
+    pub accuracy: f64,
+    /// Expected calibration error (15 bins) before temperature scaling.
+    pub ece_uncalibrated: f64,
+    /// Expected calibration error after temperature scaling.
+    pub ece: f64,
+}
+
+/// Current `head.json` format.
+pub const HEAD_FORMAT: u32 = 1;
+
+impl TrainedHeadMeta {
+    /// The encoder folder, resolved against the head folder.
+    pub fn encoder_dir(&self, head_dir: &Path) -> PathBuf {
+        if self.encoder.is_absolute() {
+            self.encoder.clone()
+        } else {
+            head_dir.join(&self.encoder)
+        }
+    }
+}
+
+/// Reads `head.json` + `head.safetensors` from a folder written by `tiergate train`.
+pub fn load_trained(dir: &Path) -> Result<(TrainedHeadMeta, Head)> {
+    let meta_path = dir.join("head.json");
+    let meta: TrainedHeadMeta = read_json(&meta_path)?;
+    if meta.format != HEAD_FORMAT {
+        return Err(PrefilterError::corrupt(
+            &meta_path,
+            format!("format {} is not supported (expected {HEAD_FORMAT})", meta.format),
+        ));
+    }
+    if !(meta.temperature.is_finite() && meta.temperature > 0.0) {
+        return Err(PrefilterError::corrupt(&meta_path, "temperature must be positive"));
+    }
+    let weights_path = dir.join("head.safetensors");
+    if !weights_path.is_file() {
+        return Err(PrefilterError::file(&weights_path, "file not found"));
+    }
+    let tensors = candle_core::safetensors::load(&weights_path, &candle_core::Device::Cpu)
+        .map_err(|e| PrefilterError::corrupt(&weights_path, e))?;
+    let get = |name: &str| {
+        tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| PrefilterError::corrupt(&weights_path, format!("tensor `{name}` missing")))
+    };
+    let weight = get("weight")?;
+    let bias = get("bias")?;
+    let n = meta.labels.len();
+    if weight.dims() != [n, meta.hidden_size] || bias.dims() != [n] {
+        return Err(PrefilterError::corrupt(
+            &weights_path,
+            format!(
+                "shapes {:?}/{:?} do not match {n} labels x {} hidden",
+                weight.dims(),
+                bias.dims(),
+                meta.hidden_size
+            ),
+        ));
+    }
+    let head = Head {
+        kind: HeadKind::Linear(Linear::new(weight, Some(bias))),
+        labels: meta.labels.clone(),
+        temperature: meta.temperature,
+    };
+    Ok((meta, head))
+}
+
+/// Writes a trained linear head.
+pub fn save_trained(dir: &Path, meta: &TrainedHeadMeta, weight: &Tensor, bias: &Tensor) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| PrefilterError::file(dir, e))?;
+    let weights_path = dir.join("head.safetensors");
+    let tensors: HashMap<String, Tensor> =
+        [("weight".to_string(), weight.clone()), ("bias".to_string(), bias.clone())].into();
+    candle_core::safetensors::save(&tensors, &weights_path)
+        .map_err(|e| PrefilterError::file(&weights_path, e))?;
+    let meta_path = dir.join("head.json");
+    let text = serde_json::to_string_pretty(meta).map_err(|e| PrefilterError::corrupt(&meta_path, e))?;
+    std::fs::write(&meta_path, text).map_err(|e| PrefilterError::file(&meta_path, e))
+}
+
+/// Index of the largest value in each row.
+pub fn argmax_rows(probs: &Tensor) -> Result<Vec<u32>> {
+    Ok(probs.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}

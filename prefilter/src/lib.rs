@@ -1,0 +1,22 @@
+//! Tier-0 of tiergate: a BERT-family encoder (candle) with a classification head that answers the requests it
+//! is sure about in milliseconds.
+//!
+//! Owns: the tokenizer wrapper (the only module that uses `tokenizers`), the encoder, the three kinds of head
+//! (checkpoint, trained, few-shot), calibration, the batching thread, and training/evaluation.
+//! Must not depend on axum or mistralrs: the server and the worker build on top of it, not the other way round.
+
+pub mod calibrate;
+pub mod classifier;
+pub mod data;
+pub mod encoder;
+pub mod error;
+pub mod eval;
+pub mod heads;
+pub mod runtime;
+pub mod testing;
+pub mod tokenize;
+pub mod train;
+
+pub use classifier::Classifier;
+pub use error::{PrefilterError, Result};
+pub use runtime::{Prediction, PrefilterHandle, Timings};

@@ -1,0 +1,297 @@
+//! `tiergate train`: a softmax head on pooled sentence embeddings, optionally with the encoder fine-tuned,
+//! then temperature scaling fitted on a held-out dev split.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{AdamW, Linear, Module, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use tiergate_config::PoolingConfig;
+
+use crate::calibrate::{argmax, ece, fit_temperature, softmax};
+use crate::classifier::{embed_texts, load_encoder};
+use crate::data::{self, DataSpec, Example};
+use crate::encoder::{Batch, Encoder};
+use crate::error::{PrefilterError, Result};
+use crate::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
+use crate::tokenize::{TextTokenizer, Tokens};
+
+/// Everything `tiergate train` needs.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The encoder folder.
+    pub encoder: PathBuf,
+    /// The training data.
+    pub data: DataSpec,
+    /// Share of each label held out for calibration and the dev figures.
+    pub dev_fraction: f64,
+    /// Seed for the split and the optimiser's shuffling.
+    pub seed: u64,
+    /// Also fine-tune the encoder (slower; usually more accurate).
+    pub fine_tune: bool,
+    /// Epochs of encoder fine-tuning.
+    pub fine_tune_epochs: usize,
+    /// Inputs are truncated to this many tokens.
+    pub max_tokens: usize,
+    /// Output folder.
+    pub out: PathBuf,
+}
+
+/// What training measured.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// Training rows.
+    pub train_n: usize,
+    /// Bad rows skipped.
+    pub skipped: usize,
+    /// Number of labels.
+    pub labels: usize,
+    /// Dev-split figures.
+    pub dev: DevReport,
+    /// Fitted temperature.
+    pub temperature: f64,
+    /// Wall time of the whole run.
+    pub seconds: f64,
+}
+
+const HEAD_EPOCHS: usize = 60;
+const HEAD_BATCH: usize = 64;
+const HEAD_LR: f64 = 5e-3;
+const FT_BATCH: usize = 16;
+const FT_LR: f64 = 4e-5;
+
+/// Trains, calibrates and writes a head; `progress` receives human-readable progress lines.
+pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<TrainReport> {
+    let started = Instant::now();
+    if !(0.0..0.9).contains(&opts.dev_fraction) || opts.dev_fraction <= 0.0 {
+        return Err(PrefilterError::Training(format!(
+            "--dev-fraction {} must be in (0, 0.9)",
+            opts.dev_fraction
+        )));
+    }
+    let dataset = data::read(&opts.data)?;
+    let (train_rows, dev_rows) = data::split(&dataset.examples, opts.dev_fraction, opts.seed);
+    let mut labels: Vec<String> = train_rows.iter().map(|e| e.label.clone()).collect();
+    labels.sort();
+    labels.dedup();
+    if labels.len() < 2 {
+        return Err(PrefilterError::Training("need at least two labels".into()));
+    }
+    if dev_rows.is_empty() {
+        return Err(PrefilterError::Training("the dev split is empty: add rows or raise --dev-fraction".into()));
+    }
+    let index = |l: &str| labels.binary_search_by(|x| x.as_str().cmp(l)).ok();
+    let y_train: Vec<u32> = train_rows.iter().filter_map(|e| index(&e.label).map(|i| i as u32)).collect();
+    let dev_rows: Vec<Example> = dev_rows.into_iter().filter(|e| index(&e.label).is_some()).collect();
+    let y_dev: Vec<usize> = dev_rows.iter().filter_map(|e| index(&e.label)).collect();
+    progress(&format!(
+        "data: {} train / {} dev rows, {} labels ({} bad rows skipped)",
+        train_rows.len(),
+        dev_rows.len(),
+        labels.len(),
+        dataset.skipped
+    ));
+
+    let device = Device::Cpu;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let (encoder_dir, hidden, head_w, head_b, dev_logits) = if opts.fine_tune {
+        fine_tune(opts, &train_rows, &y_train, &dev_rows, labels.len(), &mut rng, progress)?
+    } else {
+        let (tokenizer, encoder) = load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
+        let t0 = Instant::now();
+        let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
+        let x_dev = embed_all(&tokenizer, &encoder, &dev_rows)?;
+        progress(&format!(
+            "embedded {} texts in {:.1}s",
+            train_rows.len() + dev_rows.len(),
+            t0.elapsed().as_secs_f64()
+        ));
+        let head = fit_linear_head(&x_train, &y_train, labels.len(), HEAD_EPOCHS, &mut rng, &device)?;
+        let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
+        let w = head.weight().clone();
+        let b = head.bias().cloned().ok_or_else(|| PrefilterError::Training("head has no bias".into()))?;
+        (absolute(&opts.encoder)?, encoder.hidden_size(), w, b, dev_logits)
+    };
+
+    let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
+    let temperature = fit_temperature(&dev_logits, &y_dev);
+    let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
+    let correct = cal.iter().zip(&y_dev).filter(|(p, &y)| argmax(p).0 == y).count();
+    let dev = DevReport {
+        n: y_dev.len(),
+        accuracy: correct as f64 / y_dev.len() as f64,
+        ece_uncalibrated: ece(&raw, &y_dev, 15),
+        ece: ece(&cal, &y_dev, 15),
+    };
+    let meta = TrainedHeadMeta {
+        format: HEAD_FORMAT,
+        labels: labels.clone(),
+        temperature,
+        encoder: encoder_dir,
+        hidden_size: hidden,
+        fine_tuned: opts.fine_tune,
+        dev: dev.clone(),
+    };
+    save_trained(&opts.out, &meta, &head_w, &head_b)?;
+    Ok(TrainReport {
+        train_n: y_train.len(),
+        skipped: dataset.skipped,
+        labels: labels.len(),
+        dev,
+        temperature,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| PrefilterError::file(p, e))
+}
+
+fn embed_all(tokenizer: &TextTokenizer, encoder: &Encoder, rows: &[Example]) -> Result<Tensor> {
+    let texts: Vec<&str> = rows.iter().map(|e| e.text.as_str()).collect();
+    embed_texts(tokenizer, encoder, &texts, 64)
+}
+
+/// Softmax regression on fixed features with AdamW and mini-batches.
+fn fit_linear_head(
+    x: &Tensor,
+    y: &[u32],
+    n_labels: usize,
+    epochs: usize,
+    rng: &mut rand::rngs::StdRng,
+    device: &Device,
+) -> Result<Linear> {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
+    let head = candle_nn::linear(x.dim(1)?, n_labels, vb.pp("head"))?;
+    let mut opt = AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: HEAD_LR,
+            weight_decay: 1e-4,
+            ..Default::default()
+        },
+    )?;
+    let n = y.len();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    for _ in 0..epochs {
+        order.shuffle(rng);
+        for chunk in order.chunks(HEAD_BATCH) {
+            let idx = Tensor::new(chunk, device)?;
+            let xb = x.index_select(&idx, 0)?;
+            let yb = Tensor::new(chunk.iter().map(|&i| y[i as usize]).collect::<Vec<u32>>(), device)?;
+            let loss = candle_nn::loss::cross_entropy(&head.forward(&xb)?, &yb)?;
+            opt.backward_step(&loss)?;
+        }
+    }
+    Ok(head)
+}
+
+type Trained = (PathBuf, usize, Tensor, Tensor, Vec<Vec<f32>>);
+
+/// Fine-tunes the encoder together with a head (first fitted on frozen features) and writes the tuned encoder
+/// to `out/encoder/`.
+fn fine_tune(
+    opts: &TrainOptions,
+    train_rows: &[Example],
+    y_train: &[u32],
+    dev_rows: &[Example],
+    n_labels: usize,
+    rng: &mut rand::rngs::StdRng,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Trained> {
+    let device = Device::Cpu;
+    let tokenizer = TextTokenizer::from_file(&opts.encoder.join("tokenizer.json"), opts.max_tokens)?;
+    let weights = opts.encoder.join("model.safetensors");
+    let mut enc_map = VarMap::new();
+    let vb = VarBuilder::from_varmap(&enc_map, DType::F32, &device);
+    let encoder = Encoder::load(&opts.encoder, PoolingConfig::Auto, vb)?;
+    enc_map.load(&weights).map_err(|e| PrefilterError::corrupt(&weights, e))?;
+
+    // Start from the frozen-feature head so fine-tuning does not begin with random gradients into the encoder.
+    let t0 = Instant::now();
+    let x_train = embed_all(&tokenizer, &encoder, train_rows)?;
+    let frozen = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS, rng, &device)?;
+    progress(&format!("frozen head fitted in {:.1}s", t0.elapsed().as_secs_f64()));
+    let head_w = Var::from_tensor(frozen.weight())?;
+    let head_b = Var::from_tensor(frozen.bias().ok_or_else(|| PrefilterError::Training("no bias".into()))?)?;
+    let mut enc_opt = AdamW::new(
+        enc_map.all_vars(),
+        ParamsAdamW {
+            lr: FT_LR,
+            weight_decay: 0.01,
+            ..Default::default()
+        },
+    )?;
+    let mut head_opt = AdamW::new(
+        vec![head_w.clone(), head_b.clone()],
+        ParamsAdamW {
+            lr: 1e-3,
+            weight_decay: 1e-4,
+            ..Default::default()
+        },
+    )?;
+    let tokens: Vec<Tokens> = train_rows
+        .iter()
+        .map(|e| tokenizer.encode(&e.text))
+        .collect::<Result<_>>()?;
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    for epoch in 0..opts.fine_tune_epochs.max(1) {
+        order.shuffle(rng);
+        let t = Instant::now();
+        let mut total = 0.0f64;
+        let mut steps = 0usize;
+        for chunk in order.chunks(FT_BATCH) {
+            let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
+            let batch = Batch::pad(&refs, tokenizer.pad_id(), &device)?;
+            let (_, pooled) = encoder.embed(&batch)?;
+            let logits = pooled.matmul(&head_w.as_tensor().t()?)?.broadcast_add(head_b.as_tensor())?;
+            let yb = Tensor::new(chunk.iter().map(|&i| y_train[i]).collect::<Vec<u32>>(), &device)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &yb)?;
+            let grads = loss.backward()?;
+            enc_opt.step(&grads)?;
+            head_opt.step(&grads)?;
+            total += loss.to_scalar::<f32>()? as f64;
+            steps += 1;
+            if steps % 100 == 0 {
+                progress(&format!(
+                    "fine-tune epoch {} step {steps}/{}: loss {:.4} ({:.0} rows/s)",
+                    epoch + 1,
+                    order.len().div_ceil(FT_BATCH),
+                    total / steps as f64,
+                    (steps * FT_BATCH) as f64 / t.elapsed().as_secs_f64()
+                ));
+            }
+        }
+        progress(&format!(
+            "fine-tune epoch {} done in {:.0}s, mean loss {:.4}",
+            epoch + 1,
+            t.elapsed().as_secs_f64(),
+            total / steps.max(1) as f64
+        ));
+    }
+    // Refit the head on the tuned features (cheap, and it absorbs the last encoder steps).
+    let x_train = embed_all(&tokenizer, &encoder, train_rows)?;
+    let head = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS / 2, rng, &device)?;
+    let x_dev = embed_all(&tokenizer, &encoder, dev_rows)?;
+    let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
+
+    let enc_out = opts.out.join("encoder");
+    std::fs::create_dir_all(&enc_out).map_err(|e| PrefilterError::file(&enc_out, e))?;
+    let saved = enc_out.join("model.safetensors");
+    enc_map.save(&saved).map_err(|e| PrefilterError::file(&saved, e))?;
+    for f in ["config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json"] {
+        let src = opts.encoder.join(f);
+        if src.is_file() {
+            let dst = enc_out.join(f);
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| PrefilterError::file(parent, e))?;
+            }
+            std::fs::copy(&src, &dst).map_err(|e| PrefilterError::file(&dst, e))?;
+        }
+    }
+    let b = head.bias().cloned().ok_or_else(|| PrefilterError::Training("no bias".into()))?;
+    Ok((PathBuf::from("encoder"), encoder.hidden_size(), head.weight().clone(), b, dev_logits))
+}

@@ -1,0 +1,64 @@
+//! `tiergate train`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use tiergate_prefilter::train::{train, TrainOptions};
+
+use super::DataArgs;
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The encoder: a local Hugging Face folder (config.json, model.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub encoder: PathBuf,
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Share of each label held out to fit the calibration temperature and report dev figures.
+    #[arg(long, default_value_t = 0.1)]
+    pub dev_fraction: f64,
+    /// Also fine-tune the encoder (slower; writes the tuned encoder into OUT/encoder).
+    #[arg(long)]
+    pub fine_tune: bool,
+    /// Epochs of encoder fine-tuning.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Inputs are truncated to this many tokens.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Seed for the split and shuffling.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Output folder (head.json, head.safetensors[, encoder/]).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    let opts = TrainOptions {
+        encoder: args.encoder.clone(),
+        data: args.data.spec(),
+        dev_fraction: args.dev_fraction,
+        seed: args.seed,
+        fine_tune: args.fine_tune,
+        fine_tune_epochs: args.epochs,
+        max_tokens: args.max_tokens,
+        out: args.out.clone(),
+    };
+    let report = train(&opts, &mut |line| eprintln!("train: {line}"))?;
+    println!(
+        "trained {} labels on {} rows in {:.1}s -> {}",
+        report.labels,
+        report.train_n,
+        report.seconds,
+        args.out.display()
+    );
+    println!(
+        "dev: n={} accuracy={:.4} ECE={:.4} (uncalibrated {:.4}, temperature {:.3})",
+        report.dev.n, report.dev.accuracy, report.dev.ece, report.dev.ece_uncalibrated, report.temperature
+    );
+    if report.skipped > 0 {
+        println!("skipped {} bad rows", report.skipped);
+    }
+    Ok(())
+}
