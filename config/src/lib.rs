@@ -9,7 +9,7 @@ mod load;
 mod prefilter;
 
 pub use error::ConfigError;
-pub use load::{load, ENV_PREFIX};
+pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
 pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig,
 };

@@ -11,9 +11,12 @@ use crate::{Config, ConfigError};
 /// sets `prefilter.max_batch`. Path segments are separated by a double underscore and lower-cased.
 pub const ENV_PREFIX: &str = "TIERGATE__";
 
+/// The embedded default configuration (`config/default.toml`): used when no file is given.
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
 /// Loads the configuration.
 ///
-/// * `file`: a TOML file; `None` starts from the built-in defaults.
+/// * `file`: a TOML file (fields it leaves out take the schema defaults); `None` uses [`DEFAULT_CONFIG`].
 /// * `env`: the process environment as `(name, value)` pairs (only `main` reads the real environment).
 /// * `overrides`: `dotted.path=value` strings from the command line, applied last.
 ///
@@ -35,7 +38,10 @@ pub fn load(
                 message: e.to_string(),
             })?
         }
-        None => Table::new(),
+        None => DEFAULT_CONFIG.parse::<Table>().map_err(|e| ConfigError::Parse {
+            origin: "embedded default config".into(),
+            message: e.to_string(),
+        })?,
     };
     let mut env: Vec<(String, String)> = env
         .into_iter()
@@ -174,6 +180,19 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
         assert!(err.to_string().contains("/nonexistent/x.toml"), "{err}");
         let err = load(None, Vec::new(), &["novalue".into()]).unwrap_err();
         assert!(err.to_string().contains("dotted.path=value"), "{err}");
+    }
+
+    #[test]
+    fn embedded_default_is_valid_and_has_a_real_label_set() {
+        let cfg = load(None, Vec::new(), &[]).unwrap();
+        let HeadConfig::FewShot { labels, .. } = &cfg.prefilter.head else {
+            panic!("default head is not few-shot")
+        };
+        assert!(labels.len() >= 20, "{} labels", labels.len());
+        for l in labels {
+            assert!(l.examples.len() >= 5, "{} has {} examples", l.label, l.examples.len());
+            assert!(l.reply.as_deref().is_some_and(|r| !r.is_empty()), "{} has no reply", l.label);
+        }
     }
 
     #[test]

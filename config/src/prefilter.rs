@@ -28,6 +28,10 @@ pub struct PrefilterConfig {
     pub queue_capacity: usize,
     /// Number of top candidates reported per request.
     pub top_k: usize,
+    /// Threads running forward passes concurrently on the one shared model (each single-threaded inside);
+    /// 0 picks the number of CPU cores. Whole batches in parallel use the cores better than splitting each
+    /// matmul across them.
+    pub workers: usize,
 }
 
 impl Default for PrefilterConfig {
@@ -42,6 +46,7 @@ impl Default for PrefilterConfig {
             token_budget: 4_096,
             queue_capacity: 1_024,
             top_k: 5,
+            workers: 0,
         }
     }
 }
@@ -147,6 +152,9 @@ impl PrefilterConfig {
         }
         if self.queue_capacity == 0 {
             return Err(ConfigError::invalid(field("queue_capacity"), "must be at least 1"));
+        }
+        if self.workers > 256 {
+            return Err(ConfigError::invalid(field("workers"), format!("{} is more than 256", self.workers)));
         }
         if self.top_k == 0 {
             return Err(ConfigError::invalid(field("top_k"), "must be at least 1"));

@@ -5,7 +5,7 @@ use std::path::Path;
 use candle_core::Tensor;
 use tiergate_config::{HeadConfig, PoolingConfig, PrefilterConfig};
 
-use crate::encoder::{mmap_weights, Batch, Encoder};
+use crate::encoder::{mmap_weights, Encoder};
 use crate::error::{PrefilterError, Result};
 use crate::heads::{self, Head};
 use crate::tokenize::{TextTokenizer, Tokens};
@@ -97,7 +97,7 @@ impl Classifier {
     fn from_checkpoint_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
         let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
         let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
-        let encoder = Encoder::load(dir, PoolingConfig::Cls, vb.clone())?;
+        let encoder = Encoder::load(dir, PoolingConfig::Cls, vb.clone(), tokenizer.pad_id(), false)?;
         let head = Head::from_checkpoint(&encoder, &vb)?;
         let replies = vec![None; head.labels.len()];
         Ok(Self {
@@ -118,16 +118,14 @@ impl Classifier {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
-        let batch = Batch::pad(inputs, self.tokenizer.pad_id(), self.encoder.device())?;
-        let (states, pooled) = self.encoder.embed(&batch)?;
-        Ok(self.head.probabilities(&states, &pooled)?.to_vec2::<f32>()?)
+        let x = self.encoder.embed(inputs)?;
+        Ok(self.head.probabilities(&x)?.to_vec2::<f32>()?)
     }
 
     /// Uncalibrated logits for a batch (used for fitting the temperature).
     pub fn logits(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
-        let batch = Batch::pad(inputs, self.tokenizer.pad_id(), self.encoder.device())?;
-        let (states, pooled) = self.encoder.embed(&batch)?;
-        Ok(self.head.logits(&states, &pooled)?.to_vec2::<f32>()?)
+        let x = self.encoder.embed(inputs)?;
+        Ok(self.head.logits(&x)?.to_vec2::<f32>()?)
     }
 }
 
@@ -135,7 +133,7 @@ impl Classifier {
 pub fn load_encoder(dir: &Path, pooling: PoolingConfig, max_tokens: usize) -> Result<(TextTokenizer, Encoder)> {
     let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
     let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
-    let encoder = Encoder::load(dir, pooling, vb)?;
+    let encoder = Encoder::load(dir, pooling, vb, tokenizer.pad_id(), false)?;
     Ok((tokenizer, encoder))
 }
 
@@ -153,8 +151,7 @@ pub fn embed_texts(tokenizer: &TextTokenizer, encoder: &Encoder, texts: &[&str],
     let mut rows: Vec<Option<Tensor>> = vec![None; tokens.len()];
     for chunk in order.chunks(batch.max(1)) {
         let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
-        let b = Batch::pad(&refs, tokenizer.pad_id(), encoder.device())?;
-        let (_, pooled) = encoder.embed(&b)?;
+        let pooled = encoder.embed(&refs)?.pooled;
         for (j, &i) in chunk.iter().enumerate() {
             rows[i] = Some(pooled.get(j)?);
         }

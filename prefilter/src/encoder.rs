@@ -6,10 +6,13 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 use candle_transformers::models::{bert, distilbert, xlm_roberta};
+
 use serde::Deserialize;
 use tiergate_config::PoolingConfig;
 
+use crate::bert::{first_token, mean_pool, Packed, PackedBert};
 use crate::error::{PrefilterError, Result};
+use crate::tokenize::Tokens;
 
 /// Model families this encoder loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +26,7 @@ pub enum Family {
 }
 
 enum Backbone {
-    Bert(bert::BertModel),
+    Bert(PackedBert),
     DistilBert(distilbert::DistilBertModel),
     XlmRoberta(xlm_roberta::XLMRobertaModel),
 }
@@ -37,8 +40,16 @@ pub enum Pooling {
     Cls,
 }
 
-/// A padded batch ready for the encoder: `[batch, seq]` tensors.
-pub struct Batch {
+/// Sentence-level outputs of the encoder for a batch.
+pub struct Embedded {
+    /// The first token's final state, `[batch, hidden]` (what checkpoint heads read).
+    pub cls: Tensor,
+    /// The pooled sentence vector, `[batch, hidden]` (what trained and few-shot heads read).
+    pub pooled: Tensor,
+}
+
+/// A padded batch: `[batch, seq]` tensors (DistilBERT and XLM-R run padded).
+struct Batch {
     /// Token ids, `u32`.
     pub ids: Tensor,
     /// Segment ids, `u32`.
@@ -49,7 +60,7 @@ pub struct Batch {
 
 impl Batch {
     /// Pads token sequences to the longest one with `pad_id`.
-    pub fn pad(seqs: &[&crate::tokenize::Tokens], pad_id: u32, device: &Device) -> Result<Self> {
+    fn pad(seqs: &[&Tokens], pad_id: u32, device: &Device) -> Result<Self> {
         let len = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0).max(1);
         let n = seqs.len();
         let mut ids = vec![pad_id; n * len];
@@ -77,6 +88,7 @@ pub struct Encoder {
     hidden_size: usize,
     dir: PathBuf,
     device: Device,
+    pad_id: u32,
 }
 
 #[derive(Deserialize)]
@@ -106,8 +118,15 @@ pub(crate) fn mmap_weights(dir: &Path, device: &Device) -> Result<VarBuilder<'st
 
 impl Encoder {
     /// Loads the encoder in `dir` with weights from `vb` (see [`mmap_weights`]); the pooling is resolved from
-    /// the folder's sentence-transformers files when `pooling` is `Auto`.
-    pub fn load(dir: &Path, pooling: PoolingConfig, vb: VarBuilder) -> Result<Self> {
+    /// the folder's sentence-transformers files when `pooling` is `Auto`. `pad_id` pads batches of the
+    /// families that run padded. `trainable` selects ops with a backward pass (BERT family only).
+    pub fn load(
+        dir: &Path,
+        pooling: PoolingConfig,
+        vb: VarBuilder,
+        pad_id: u32,
+        trainable: bool,
+    ) -> Result<Self> {
         let config_path = dir.join("config.json");
         let head: ModelType = read_json(&config_path)?;
         let model_type = head.model_type.as_deref().unwrap_or("bert");
@@ -130,7 +149,10 @@ impl Encoder {
         let backbone = match family {
             Family::Bert => {
                 let cfg: bert::Config = read_json(&config_path)?;
-                Backbone::Bert(bert::BertModel::load(vb, &cfg).map_err(corrupt)?)
+                Backbone::Bert(PackedBert::load(vb, &cfg, trainable).map_err(|e| match e {
+                    PrefilterError::Candle(c) => corrupt(c),
+                    other => other,
+                })?)
             }
             Family::DistilBert => {
                 let cfg: distilbert::Config = read_json(&config_path)?;
@@ -154,6 +176,7 @@ impl Encoder {
             hidden_size,
             dir: dir.to_path_buf(),
             device: Device::Cpu,
+            pad_id,
         })
     }
 
@@ -182,46 +205,57 @@ impl Encoder {
         &self.device
     }
 
-    /// Token states `[batch, seq, hidden]`.
-    pub fn token_states(&self, batch: &Batch) -> Result<Tensor> {
-        Ok(match &self.backbone {
-            Backbone::Bert(m) => m.forward(&batch.ids, &batch.type_ids, Some(&batch.mask))?,
+    /// Runs the encoder over a batch of tokenised inputs.
+    pub fn embed(&self, inputs: &[&Tokens]) -> Result<Embedded> {
+        let (cls, mean) = match &self.backbone {
+            Backbone::Bert(m) => {
+                let seqs: Vec<(&[u32], &[u32])> =
+                    inputs.iter().map(|t| (t.ids.as_slice(), t.type_ids.as_slice())).collect();
+                let packed = Packed::new(&seqs, &self.device)?;
+                let states = m.forward(&packed)?;
+                let cls = first_token(&states, &packed)?;
+                let mean = match self.pooling {
+                    Pooling::Mean { .. } => Some(mean_pool(&states, &packed)?),
+                    Pooling::Cls => None,
+                };
+                (cls, mean)
+            }
             Backbone::DistilBert(m) => {
+                let batch = Batch::pad(inputs, self.pad_id, &self.device)?;
                 // candle's DistilBERT fills positions where the mask is 1 with -inf: pass "is padding".
                 let (b, t) = batch.mask.dims2()?;
                 let pad = batch.mask.eq(0u32)?.reshape((b, 1, 1, t))?;
-                m.forward(&batch.ids, &pad)?
+                let states = m.forward(&batch.ids, &pad)?;
+                padded_outputs(&states, &batch.mask, self.pooling)?
             }
             Backbone::XlmRoberta(m) => {
-                m.forward(&batch.ids, &batch.mask, &batch.type_ids, None, None, None)?
+                let batch = Batch::pad(inputs, self.pad_id, &self.device)?;
+                let states = m.forward(&batch.ids, &batch.mask, &batch.type_ids, None, None, None)?;
+                padded_outputs(&states, &batch.mask, self.pooling)?
             }
-        })
+        };
+        let pooled = match (self.pooling, mean) {
+            (Pooling::Mean { normalize: true }, Some(m)) => l2_normalize(&m)?,
+            (Pooling::Mean { normalize: false }, Some(m)) => m,
+            _ => cls.clone(),
+        };
+        Ok(Embedded { cls, pooled })
     }
+}
 
-    /// Pools token states into sentence vectors `[batch, hidden]`.
-    pub fn pool(&self, states: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        match self.pooling {
-            Pooling::Cls => Ok(states.narrow(1, 0, 1)?.squeeze(1)?),
-            Pooling::Mean { normalize } => {
-                let m = mask.to_dtype(states.dtype())?.unsqueeze(2)?;
-                let sum = states.broadcast_mul(&m)?.sum(1)?;
-                let count = m.sum(1)?.clamp(1e-9, f64::MAX)?;
-                let mean = sum.broadcast_div(&count)?;
-                if normalize {
-                    l2_normalize(&mean)
-                } else {
-                    Ok(mean)
-                }
-            }
+/// First-token states and (for mean pooling) masked means of padded states `[batch, seq, hidden]`.
+fn padded_outputs(states: &Tensor, mask: &Tensor, pooling: Pooling) -> Result<(Tensor, Option<Tensor>)> {
+    let cls = states.narrow(1, 0, 1)?.squeeze(1)?;
+    let mean = match pooling {
+        Pooling::Cls => None,
+        Pooling::Mean { .. } => {
+            let m = mask.to_dtype(states.dtype())?.unsqueeze(2)?;
+            let sum = states.broadcast_mul(&m)?.sum(1)?;
+            let count = m.sum(1)?.clamp(1e-9, f64::MAX)?;
+            Some(sum.broadcast_div(&count)?)
         }
-    }
-
-    /// Token states and pooled vectors for a batch.
-    pub fn embed(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
-        let states = self.token_states(batch)?;
-        let pooled = self.pool(&states, &batch.mask)?;
-        Ok((states, pooled))
-    }
+    };
+    Ok((cls, mean))
 }
 
 /// Rows scaled to unit L2 norm.

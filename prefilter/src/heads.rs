@@ -9,7 +9,7 @@ use candle_core::{Tensor, D};
 use candle_nn::{Linear, Module, VarBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::encoder::{l2_normalize, read_json, Encoder, Family};
+use crate::encoder::{l2_normalize, read_json, Embedded, Encoder, Family};
 use crate::error::{PrefilterError, Result};
 
 /// The parameters that turn encoder output into logits.
@@ -34,13 +34,13 @@ pub struct Head {
 }
 
 impl Head {
-    /// Logits `[batch, labels]` from token states `[batch, seq, hidden]` and pooled vectors `[batch, hidden]`.
-    pub fn logits(&self, states: &Tensor, pooled: &Tensor) -> Result<Tensor> {
+    /// Logits `[batch, labels]` from the encoder's outputs.
+    pub fn logits(&self, x: &Embedded) -> Result<Tensor> {
+        let pooled = &x.pooled;
         Ok(match &self.kind {
             HeadKind::Linear(lin) => lin.forward(pooled)?,
             HeadKind::Checkpoint { family, dense, out } => {
-                let cls = states.narrow(1, 0, 1)?.squeeze(1)?;
-                let hidden = dense.forward(&cls)?;
+                let hidden = dense.forward(&x.cls)?;
                 let hidden = match family {
                     Family::DistilBert => hidden.relu()?,
                     Family::Bert | Family::XlmRoberta => hidden.tanh()?,
@@ -55,8 +55,8 @@ impl Head {
     }
 
     /// Calibrated probabilities `[batch, labels]`.
-    pub fn probabilities(&self, states: &Tensor, pooled: &Tensor) -> Result<Tensor> {
-        let logits = (self.logits(states, pooled)? / self.temperature)?;
+    pub fn probabilities(&self, x: &Embedded) -> Result<Tensor> {
+        let logits = (self.logits(x)? / self.temperature)?;
         Ok(candle_nn::ops::softmax_last_dim(&logits)?)
     }
 

@@ -5,6 +5,7 @@
 //! (checkpoint, trained, few-shot), calibration, the batching thread, and training/evaluation.
 //! Must not depend on axum or mistralrs: the server and the worker build on top of it, not the other way round.
 
+pub mod bert;
 pub mod calibrate;
 pub mod classifier;
 pub mod data;

@@ -1,4 +1,4 @@
-//! The batching runtime: one OS thread owns the classifier; callers tokenise on their own thread and send the
+//! The batching runtime: worker threads (by default one per core) share the read-only classifier; callers tokenise on their own thread and send the
 //! tokens over a bounded flume channel with a oneshot reply. The thread groups waiting requests into batches
 //! (max batch, max wait, padded-token budget) and skips requests whose caller has gone.
 
@@ -185,12 +185,26 @@ impl PrefilterHandle {
             capacity: cfg.queue_capacity,
         };
         let stats = Arc::new(RuntimeStats::default());
-        let thread_stats = stats.clone();
         let top_k = cfg.top_k;
-        std::thread::Builder::new()
-            .name("tiergate-prefilter".into())
-            .spawn(move || run(classifier, rx, limits, top_k, &thread_stats))
-            .map_err(|e| PrefilterError::Unsupported(format!("cannot start the prefilter thread: {e}")))?;
+        let workers = match cfg.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let classifier = Arc::new(classifier);
+        for i in 0..workers {
+            let (classifier, rx, stats) = (classifier.clone(), rx.clone(), stats.clone());
+            // Each worker runs inside its own one-thread rayon pool, so candle's matmuls stay on this thread
+            // instead of contending for the global pool with the other workers.
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .thread_name(move |_| format!("tiergate-prefilter-{i}"))
+                .build()
+                .map_err(|e| PrefilterError::Unsupported(format!("cannot start prefilter worker: {e}")))?;
+            std::thread::Builder::new()
+                .name(format!("tiergate-prefilter-{i}-owner"))
+                .spawn(move || pool.install(|| run(&classifier, rx, limits, top_k, &stats)))
+                .map_err(|e| PrefilterError::Unsupported(format!("cannot start the prefilter thread: {e}")))?;
+        }
         Ok((handle, stats))
     }
 
@@ -245,7 +259,7 @@ impl PrefilterHandle {
 }
 
 fn run(
-    classifier: Classifier,
+    classifier: &Classifier,
     rx: flume::Receiver<Job>,
     limits: BatchLimits,
     top_k: usize,
@@ -277,7 +291,7 @@ fn run(
             }
         }
         let batch = state.next_batch();
-        stats.cancelled.store(state.cancelled, Relaxed);
+        stats.cancelled.fetch_add(std::mem::take(&mut state.cancelled), Relaxed);
         if batch.is_empty() {
             continue;
         }

@@ -13,7 +13,7 @@ use tiergate_config::PoolingConfig;
 use crate::calibrate::{argmax, ece, fit_temperature, softmax};
 use crate::classifier::{embed_texts, load_encoder};
 use crate::data::{self, DataSpec, Example};
-use crate::encoder::{Batch, Encoder};
+use crate::encoder::Encoder;
 use crate::error::{PrefilterError, Result};
 use crate::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
 use crate::tokenize::{TextTokenizer, Tokens};
@@ -207,7 +207,7 @@ fn fine_tune(
     let weights = opts.encoder.join("model.safetensors");
     let mut enc_map = VarMap::new();
     let vb = VarBuilder::from_varmap(&enc_map, DType::F32, &device);
-    let encoder = Encoder::load(&opts.encoder, PoolingConfig::Auto, vb)?;
+    let encoder = Encoder::load(&opts.encoder, PoolingConfig::Auto, vb, tokenizer.pad_id(), true)?;
     enc_map.load(&weights).map_err(|e| PrefilterError::corrupt(&weights, e))?;
 
     // Start from the frozen-feature head so fine-tuning does not begin with random gradients into the encoder.
@@ -245,8 +245,7 @@ fn fine_tune(
         let mut steps = 0usize;
         for chunk in order.chunks(FT_BATCH) {
             let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
-            let batch = Batch::pad(&refs, tokenizer.pad_id(), &device)?;
-            let (_, pooled) = encoder.embed(&batch)?;
+            let pooled = encoder.embed(&refs)?.pooled;
             let logits = pooled.matmul(&head_w.as_tensor().t()?)?.broadcast_add(head_b.as_tensor())?;
             let yb = Tensor::new(chunk.iter().map(|&i| y_train[i]).collect::<Vec<u32>>(), &device)?;
             let loss = candle_nn::loss::cross_entropy(&logits, &yb)?;

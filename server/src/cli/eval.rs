@@ -19,11 +19,28 @@ pub struct EvalArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Which rows to evaluate: `all`, or the `dev`/`train` part of the same stratified split `tiergate train`
+    /// makes (with the same `--dev-fraction` and `--seed`), so a head is scored on rows it never saw.
+    #[arg(long, value_enum, default_value_t = Split::All)]
+    pub split: Split,
+    /// Dev share of the split (as given to `tiergate train`).
+    #[arg(long, default_value_t = 0.1)]
+    pub dev_fraction: f64,
+    /// Seed of the split (as given to `tiergate train`).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
     #[command(flatten)]
     pub config: ConfigArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Split {
+    All,
+    Dev,
+    Train,
 }
 
 pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
@@ -35,7 +52,18 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
         prefilter: cfg.prefilter.clone(),
         latency_samples: args.latency_samples,
     };
-    let report = evaluate(classifier, &data.examples, &opts)?;
+    let rows = match args.split {
+        Split::All => data.examples,
+        Split::Dev | Split::Train => {
+            let (train, dev) = tiergate_prefilter::data::split(&data.examples, args.dev_fraction, args.seed);
+            if args.split == Split::Dev {
+                dev
+            } else {
+                train
+            }
+        }
+    };
+    let report = evaluate(classifier, &rows, &opts)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
