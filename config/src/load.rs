@@ -202,8 +202,8 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
             Vec::new(),
             &[
                 "prefilter.encoder=/tmp/enc".into(),
-                "prefilter.head.kind=trained".into(),
-                "prefilter.head.dir=/tmp/h".into(),
+                // A tagged section is replaced whole with an inline table.
+                r#"prefilter.head={ kind = "trained", dir = "/tmp/h" }"#.into(),
             ],
         )
         .unwrap();

@@ -1,7 +1,8 @@
 //! Test fixtures that are real code: a tiny random BERT checkpoint (config, WordPiece tokenizer, weights with
 //! a sequence-classification head) written to a temporary folder, so tests need no download.
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
 use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::bert;
 
@@ -12,6 +13,8 @@ pub const TINY_WORDS: &[&str] = &[
     "card", "lost", "stolen", "my", "i", "want", "to", "pay", "bill", "money", "transfer", "hello", "hi",
     "bye", "the", "a", "is", "was", "please", "help", "account", "balance", "what", "how", "send",
 ];
+
+const SEED: u64 = 0x7469_6572;
 
 /// A tiny BERT sequence-classification checkpoint in a temporary folder.
 pub struct TinyModel {
@@ -56,6 +59,24 @@ impl TinyModel {
         bert::BertModel::load(vb.pp("bert"), &cfg)?;
         candle_nn::linear(hidden, hidden, vb.pp("bert.pooler.dense"))?;
         candle_nn::linear(hidden, num_labels, vb.pp("classifier"))?;
+        // Replace candle's unseeded initialisation with seeded values so every run sees the same model
+        // (layer norms keep their unit scale and zero shift).
+        let mut rng = rand::rngs::StdRng::seed_from_u64(SEED);
+        let vars = varmap
+            .data()
+            .lock()
+            .map_err(|_| PrefilterError::Training("variable map lock poisoned".into()))?;
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
+        for name in names {
+            if name.contains("LayerNorm") {
+                continue;
+            }
+            let var = &vars[name];
+            let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.gen_range(-0.3f32..0.3)).collect();
+            var.set(&Tensor::from_vec(values, var.shape(), &Device::Cpu)?)?;
+        }
+        drop(vars);
         varmap.save(dir.path().join("model.safetensors"))?;
         Ok(Self { dir, hidden })
     }

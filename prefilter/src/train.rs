@@ -59,6 +59,7 @@ pub struct TrainReport {
 const HEAD_EPOCHS: usize = 60;
 const HEAD_BATCH: usize = 64;
 const HEAD_LR: f64 = 5e-3;
+const MIN_HEAD_STEPS: usize = 1_500;
 const FT_BATCH: usize = 16;
 const FT_LR: f64 = 4e-5;
 
@@ -176,6 +177,8 @@ fn fit_linear_head(
     )?;
     let n = y.len();
     let mut order: Vec<u32> = (0..n as u32).collect();
+    // Small data sets get more passes: at least MIN_HEAD_STEPS optimiser steps in all.
+    let epochs = epochs.max(MIN_HEAD_STEPS.div_ceil(n.div_ceil(HEAD_BATCH).max(1)));
     for _ in 0..epochs {
         order.shuffle(rng);
         for chunk in order.chunks(HEAD_BATCH) {
@@ -205,10 +208,24 @@ fn fine_tune(
     let device = Device::Cpu;
     let tokenizer = TextTokenizer::from_file(&opts.encoder.join("tokenizer.json"), opts.max_tokens)?;
     let weights = opts.encoder.join("model.safetensors");
-    let mut enc_map = VarMap::new();
+    // Every checkpoint tensor becomes a trainable variable under its own name, so the model finds the same
+    // names (with or without a `bert.` prefix) it finds when loading from the file.
+    let enc_map = VarMap::new();
+    {
+        let tensors = candle_core::safetensors::load(&weights, &device)
+            .map_err(|e| PrefilterError::corrupt(&weights, e))?;
+        let mut vars = enc_map
+            .data()
+            .lock()
+            .map_err(|_| PrefilterError::Training("variable map lock poisoned".into()))?;
+        for (name, t) in tensors {
+            if t.dtype() == DType::F32 {
+                vars.insert(name, Var::from_tensor(&t)?);
+            }
+        }
+    }
     let vb = VarBuilder::from_varmap(&enc_map, DType::F32, &device);
     let encoder = Encoder::load(&opts.encoder, PoolingConfig::Auto, vb, tokenizer.pad_id(), true)?;
-    enc_map.load(&weights).map_err(|e| PrefilterError::corrupt(&weights, e))?;
 
     // Start from the frozen-feature head so fine-tuning does not begin with random gradients into the encoder.
     let t0 = Instant::now();

@@ -1,0 +1,231 @@
+//! Tests on a tiny random BERT written to a temp folder (no download): loading, the three head kinds, packed
+//! forward parity with candle-transformers, the batching runtime, and errors that name the bad file.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert;
+use tiergate_config::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
+use tiergate_prefilter::bert::{Packed, PackedBert};
+use tiergate_prefilter::data::DataSpec;
+use tiergate_prefilter::testing::TinyModel;
+use tiergate_prefilter::train::{train, TrainOptions};
+use tiergate_prefilter::{Classifier, PrefilterError, PrefilterHandle};
+
+fn cfg_for(dir: &Path, head: HeadConfig) -> PrefilterConfig {
+    PrefilterConfig {
+        encoder: dir.to_path_buf(),
+        head,
+        max_tokens: 16,
+        ..PrefilterConfig::default()
+    }
+}
+
+#[test]
+fn packed_forward_matches_candle_transformers_bert() {
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tiny.dir.path();
+    let cfg: bert::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap()
+    };
+    let reference = bert::BertModel::load(vb.pp("bert"), &cfg).unwrap();
+    let packed_model = PackedBert::load(vb.clone(), &cfg, false).unwrap();
+    let trainable = PackedBert::load(vb, &cfg, true).unwrap();
+    // Three sequences of different lengths: the reference pads, the packed model does not.
+    let seqs: Vec<Vec<u32>> = vec![vec![2, 4, 5, 3], vec![2, 6, 7, 8, 9, 10, 3], vec![2, 11, 3]];
+    let types: Vec<Vec<u32>> = seqs.iter().map(|s| vec![0; s.len()]).collect();
+    let longest = 7;
+    let mut ids = Vec::new();
+    let mut mask = Vec::new();
+    for s in &seqs {
+        for j in 0..longest {
+            ids.push(*s.get(j).unwrap_or(&0));
+            mask.push(u32::from(j < s.len()));
+        }
+    }
+    let ids = Tensor::from_vec(ids, (3, longest), &Device::Cpu).unwrap();
+    let mask = Tensor::from_vec(mask, (3, longest), &Device::Cpu).unwrap();
+    let want = reference.forward(&ids, &ids.zeros_like().unwrap(), Some(&mask)).unwrap();
+    let pairs: Vec<(&[u32], &[u32])> = seqs.iter().zip(&types).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+    let packed = Packed::new(&pairs, &Device::Cpu).unwrap();
+    for model in [&packed_model, &trainable] {
+        let got = model.forward(&packed).unwrap();
+        let mut off = 0;
+        for (row, s) in seqs.iter().enumerate() {
+            let g = got.narrow(0, off, s.len()).unwrap();
+            let w = want.get(row).unwrap().narrow(0, 0, s.len()).unwrap();
+            let diff = (g - w).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 1e-4, "row {row}: max abs diff {diff}");
+            off += s.len();
+        }
+    }
+}
+
+#[test]
+fn checkpoint_head_uses_id2label_and_returns_distributions() {
+    let tiny = TinyModel::create(3).unwrap();
+    let c = Classifier::from_dir(tiny.dir.path(), 16).unwrap();
+    assert_eq!(c.labels(), ["label0", "label1", "label2"]);
+    let toks: Vec<_> = ["card lost", "pay my bill please"].iter().map(|t| c.tokenizer.encode(t).unwrap()).collect();
+    let probs = c.probabilities(&toks.iter().collect::<Vec<_>>()).unwrap();
+    assert_eq!(probs.len(), 2);
+    for p in probs {
+        assert_eq!(p.len(), 3);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn few_shot_head_maps_its_own_examples_to_their_label() {
+    let tiny = TinyModel::create(2).unwrap();
+    let labels = vec![
+        FewShotLabel { label: "lost".into(), examples: vec!["card lost".into()], reply: Some("r1".into()) },
+        FewShotLabel { label: "pay".into(), examples: vec!["pay bill".into()], reply: None },
+        FewShotLabel { label: "greet".into(), examples: vec!["hello hi".into()], reply: None },
+    ];
+    let cfg = cfg_for(tiny.dir.path(), HeadConfig::FewShot { labels, temperature: 0.05 });
+    let c = Classifier::from_config(&cfg).unwrap();
+    assert_eq!(c.replies[0].as_deref(), Some("r1"));
+    let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
+    for (text, want) in [("card lost", 0), ("pay bill", 1), ("hello hi", 2)] {
+        let p = handle.classify_blocking(text).unwrap();
+        assert_eq!(p.label, want, "{text}: {:?}", p.probs);
+        assert_eq!(p.top[0].0, want);
+        assert!(p.timings.infer.as_nanos() > 0);
+    }
+}
+
+#[test]
+fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("d.csv");
+    let mut csv = String::from("text,category\n");
+    let groups = [("card lost", "lost"), ("pay bill", "pay"), ("hello hi", "greet"), ("account balance", "balance")];
+    for (i, (text, label)) in groups.iter().cycle().take(80).enumerate() {
+        // Vary each row a little with a filler word so rows are not identical.
+        let filler = ["the", "a", "please", "my", "i"][i % 5];
+        csv.push_str(&format!("{filler} {text},{label}\n"));
+    }
+    std::fs::write(&data, csv).unwrap();
+    let out = work.path().join("head");
+    let report = train(
+        &TrainOptions {
+            encoder: tiny.dir.path().to_path_buf(),
+            data: DataSpec::new(&data),
+            dev_fraction: 0.25,
+            seed: 1,
+            fine_tune: false,
+            fine_tune_epochs: 1,
+            max_tokens: 16,
+            out: out.clone(),
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(report.labels, 4);
+    assert_eq!(report.dev.n, 20);
+    assert!(report.dev.accuracy >= 0.9, "dev accuracy {}", report.dev.accuracy);
+    assert!(report.temperature > 0.0);
+    let cfg = cfg_for(tiny.dir.path(), HeadConfig::Trained(TrainedHeadConfig { dir: out.clone() }));
+    let c = Classifier::from_config(&cfg).unwrap();
+    assert_eq!(c.labels(), ["balance", "greet", "lost", "pay"]);
+    let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
+    assert_eq!(handle.classify_blocking("please card lost").unwrap().label, 2);
+    assert_eq!(handle.classify_blocking("my pay bill").unwrap().label, 3);
+}
+
+#[test]
+fn fine_tuning_writes_a_loadable_encoder() {
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("d.jsonl");
+    let rows: String = (0..40)
+        .map(|i| {
+            let (t, l) = if i % 2 == 0 { ("card lost", "a") } else { ("send money", "b") };
+            format!("{{\"text\":\"{t} {}\",\"label\":\"{l}\"}}\n", ["the", "my", "a", "i"][i % 4])
+        })
+        .collect();
+    std::fs::write(&data, rows).unwrap();
+    let out = work.path().join("ft");
+    let report = train(
+        &TrainOptions {
+            encoder: tiny.dir.path().to_path_buf(),
+            data: DataSpec::new(&data),
+            dev_fraction: 0.2,
+            seed: 3,
+            fine_tune: true,
+            fine_tune_epochs: 1,
+            max_tokens: 16,
+            out: out.clone(),
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(report.dev.accuracy >= 0.9, "{}", report.dev.accuracy);
+    assert!(out.join("encoder/model.safetensors").is_file());
+    let c = Classifier::from_dir(&out, 16).unwrap();
+    let t = c.tokenizer.encode("card lost the").unwrap();
+    let p = c.probabilities(&[&t]).unwrap();
+    assert_eq!(tiergate_prefilter::calibrate::argmax(&p[0]).0, 0);
+    // The tuned encoder differs from the original: fine-tuning really changed weights.
+    let a = candle_core::safetensors::load(tiny.dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    let b = candle_core::safetensors::load(out.join("encoder/model.safetensors"), &Device::Cpu).unwrap();
+    let name = "bert.encoder.layer.0.attention.self.query.weight";
+    let key = if b.contains_key(name) { name } else { "encoder.layer.0.attention.self.query.weight" };
+    let diff = (a[name].clone() - b[key].clone()).unwrap().abs().unwrap().max_all().unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() > 0.0);
+}
+
+#[test]
+fn full_queue_is_a_typed_overload_and_nothing_is_lost() {
+    let tiny = TinyModel::create(2).unwrap();
+    let mut cfg = cfg_for(tiny.dir.path(), HeadConfig::Checkpoint);
+    cfg.queue_capacity = 2;
+    cfg.workers = 1;
+    let c = Classifier::from_config(&cfg).unwrap();
+    let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
+    let mut accepted = Vec::new();
+    let mut overloaded = 0;
+    for _ in 0..2000 {
+        match handle.submit("card lost card lost") {
+            Ok(rx) => accepted.push(rx),
+            Err(PrefilterError::Overloaded { capacity }) => {
+                assert_eq!(capacity, 2);
+                overloaded += 1;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert!(overloaded > 0, "a 2-slot queue took 2000 instant submissions");
+    for rx in accepted {
+        assert!(rx.blocking_recv().unwrap().is_ok(), "every accepted request is answered");
+    }
+    assert!(matches!(handle.submit("   "), Err(PrefilterError::InvalidInput(_))));
+}
+
+#[test]
+fn missing_and_corrupt_files_are_named() {
+    let tiny = TinyModel::create(2).unwrap();
+    let dir = tiny.dir.path();
+    std::fs::write(dir.join("model.safetensors"), b"not a safetensors file").unwrap();
+    let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
+    assert!(err.contains("model.safetensors"), "{err}");
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
+    assert!(err.contains("model.safetensors") && err.contains("not found"), "{err}");
+    let tiny = TinyModel::create(2).unwrap();
+    let dir = tiny.dir.path();
+    std::fs::write(dir.join("config.json"), "{ broken").unwrap();
+    let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
+    assert!(err.contains("config.json"), "{err}");
+    let err = Classifier::from_dir(Path::new("/nonexistent-model"), 16).err().unwrap().to_string();
+    assert!(err.contains("/nonexistent-model"), "{err}");
+    let cfg = cfg_for(dir, HeadConfig::Trained(TrainedHeadConfig { dir: dir.join("nohead") }));
+    let err = Classifier::from_config(&cfg).err().unwrap().to_string();
+    assert!(err.contains("head.json"), "{err}");
+    let _ = PoolingConfig::Auto;
+}
