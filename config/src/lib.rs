@@ -10,9 +10,7 @@ mod prefilter;
 
 pub use error::ConfigError;
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
-pub use prefilter::{
-    FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig,
-};
+pub use prefilter::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
 
 use serde::{Deserialize, Serialize};
 

@@ -38,10 +38,12 @@ pub fn load(
                 message: e.to_string(),
             })?
         }
-        None => DEFAULT_CONFIG.parse::<Table>().map_err(|e| ConfigError::Parse {
-            origin: "embedded default config".into(),
-            message: e.to_string(),
-        })?,
+        None => DEFAULT_CONFIG
+            .parse::<Table>()
+            .map_err(|e| ConfigError::Parse {
+                origin: "embedded default config".into(),
+                message: e.to_string(),
+            })?,
     };
     let mut env: Vec<(String, String)> = env
         .into_iter()
@@ -61,12 +63,20 @@ pub fn load(
             message: "expected `dotted.path=value`".into(),
         })?;
         let path: Vec<String> = key.trim().split('.').map(str::to_string).collect();
-        set_path(&mut table, &path, parse_value(value.trim()), &format!("--set {item}"))?;
+        set_path(
+            &mut table,
+            &path,
+            parse_value(value.trim()),
+            &format!("--set {item}"),
+        )?;
     }
     let config: Config = Value::Table(table)
         .try_into()
         .map_err(|e: toml::de::Error| ConfigError::Parse {
-            origin: file.map_or_else(|| "defaults + overrides".into(), |p| p.display().to_string()),
+            origin: file.map_or_else(
+                || "defaults + overrides".into(),
+                |p| p.display().to_string(),
+            ),
             message: e.message().to_string(),
         })?;
     config.validate()?;
@@ -81,7 +91,12 @@ fn parse_value(text: &str) -> Value {
         .unwrap_or_else(|| Value::String(text.to_string()))
 }
 
-fn set_path(table: &mut Table, path: &[String], value: Value, origin: &str) -> Result<(), ConfigError> {
+fn set_path(
+    table: &mut Table,
+    path: &[String],
+    value: Value,
+    origin: &str,
+) -> Result<(), ConfigError> {
     let bad = |message: &str| ConfigError::Parse {
         origin: origin.to_string(),
         message: message.to_string(),
@@ -129,16 +144,24 @@ labels = [
         let path = dir.path().join("c.toml");
         std::fs::write(&path, few_shot_toml()).unwrap();
         let env = vec![
-            ("TIERGATE__PREFILTER__MAX_BATCH".to_string(), "8".to_string()),
+            (
+                "TIERGATE__PREFILTER__MAX_BATCH".to_string(),
+                "8".to_string(),
+            ),
             ("TIERGATE__PREFILTER__TOP_K".to_string(), "3".to_string()),
             ("UNRELATED".to_string(), "1".to_string()),
         ];
         let cfg = load(Some(&path), env, &["prefilter.top_k=4".into()]).unwrap();
         assert_eq!(cfg.prefilter.max_batch, 8, "env overrides the file");
         assert_eq!(cfg.prefilter.top_k, 4, "--set overrides env");
-        assert_eq!(cfg.prefilter.max_tokens, 64, "untouched fields keep defaults");
+        assert_eq!(
+            cfg.prefilter.max_tokens, 64,
+            "untouched fields keep defaults"
+        );
         match cfg.prefilter.head {
-            HeadConfig::FewShot { labels, .. } => assert_eq!(labels[1].reply.as_deref(), Some("hi")),
+            HeadConfig::FewShot { labels, .. } => {
+                assert_eq!(labels[1].reply.as_deref(), Some("hi"))
+            }
             other => panic!("unexpected head {other:?}"),
         }
     }
@@ -156,7 +179,12 @@ labels = [
         std::fs::write(&path, few_shot_toml()).unwrap();
         let err = load(Some(&path), Vec::new(), &["prefilter.max_batch=0".into()]).unwrap_err();
         assert!(err.to_string().contains("prefilter.max_batch"), "{err}");
-        let err = load(Some(&path), Vec::new(), &["prefilter.token_budget=10".into()]).unwrap_err();
+        let err = load(
+            Some(&path),
+            Vec::new(),
+            &["prefilter.token_budget=10".into()],
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("prefilter.token_budget"), "{err}");
     }
 
@@ -171,7 +199,10 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
         let path = dir.path().join("c.toml");
         std::fs::write(&path, toml).unwrap();
         let err = load(Some(&path), Vec::new(), &[]).unwrap_err();
-        assert!(err.to_string().contains("prefilter.head.labels[1].label"), "{err}");
+        assert!(
+            err.to_string().contains("prefilter.head.labels[1].label"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -190,8 +221,17 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
         };
         assert!(labels.len() >= 20, "{} labels", labels.len());
         for l in labels {
-            assert!(l.examples.len() >= 5, "{} has {} examples", l.label, l.examples.len());
-            assert!(l.reply.as_deref().is_some_and(|r| !r.is_empty()), "{} has no reply", l.label);
+            assert!(
+                l.examples.len() >= 5,
+                "{} has {} examples",
+                l.label,
+                l.examples.len()
+            );
+            assert!(
+                l.reply.as_deref().is_some_and(|r| !r.is_empty()),
+                "{} has no reply",
+                l.label
+            );
         }
     }
 

@@ -41,7 +41,7 @@ impl Default for PrefilterConfig {
             pooling: PoolingConfig::Auto,
             head: HeadConfig::default(),
             max_tokens: 64,
-            max_batch: 32,
+            max_batch: 16,
             max_wait_us: 2_000,
             token_budget: 4_096,
             queue_capacity: 1_024,
@@ -121,7 +121,10 @@ impl PrefilterConfig {
     pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
         if self.encoder.as_os_str().is_empty() {
-            return Err(ConfigError::invalid(field("encoder"), "must name a model folder"));
+            return Err(ConfigError::invalid(
+                field("encoder"),
+                "must name a model folder",
+            ));
         }
         if !(2..=8192).contains(&self.max_tokens) {
             return Err(ConfigError::invalid(
@@ -151,10 +154,16 @@ impl PrefilterConfig {
             ));
         }
         if self.queue_capacity == 0 {
-            return Err(ConfigError::invalid(field("queue_capacity"), "must be at least 1"));
+            return Err(ConfigError::invalid(
+                field("queue_capacity"),
+                "must be at least 1",
+            ));
         }
         if self.workers > 256 {
-            return Err(ConfigError::invalid(field("workers"), format!("{} is more than 256", self.workers)));
+            return Err(ConfigError::invalid(
+                field("workers"),
+                format!("{} is more than 256", self.workers),
+            ));
         }
         if self.top_k == 0 {
             return Err(ConfigError::invalid(field("top_k"), "must be at least 1"));
@@ -167,9 +176,10 @@ impl HeadConfig {
     fn validate(&self, at: &str) -> Result<(), ConfigError> {
         match self {
             HeadConfig::Checkpoint => Ok(()),
-            HeadConfig::Trained(t) if t.dir.as_os_str().is_empty() => {
-                Err(ConfigError::invalid(format!("{at}.dir"), "must name a folder"))
-            }
+            HeadConfig::Trained(t) if t.dir.as_os_str().is_empty() => Err(ConfigError::invalid(
+                format!("{at}.dir"),
+                "must name a folder",
+            )),
             HeadConfig::Trained(_) => Ok(()),
             HeadConfig::FewShot {
                 labels,
@@ -184,7 +194,10 @@ impl HeadConfig {
                 if labels.len() < 2 {
                     return Err(ConfigError::invalid(
                         format!("{at}.labels"),
-                        format!("a few-shot head needs at least 2 labels, got {}", labels.len()),
+                        format!(
+                            "a few-shot head needs at least 2 labels, got {}",
+                            labels.len()
+                        ),
                     ));
                 }
                 let mut seen = std::collections::HashSet::new();

@@ -81,6 +81,9 @@ impl Packed {
     }
 }
 
+/// Up to this many rows, dense layers use the transposed product (see [`Dense::forward`]).
+const SMALL_M: usize = 64;
+
 /// A dense layer in one of two layouts.
 enum Dense {
     /// Inference: `Wᵀ` stored contiguous `[in, out]`. With `W` as stored (`[out, in]`), gemm repacks the
@@ -106,6 +109,12 @@ impl Dense {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
+            Dense::Frozen { wt, b } if x.dim(0)? <= SMALL_M => {
+                // Few rows: compute (W·xᵀ)ᵀ. Wᵀ stored [in, out] read as W [out, in] is column-major, which is
+                // the layout gemm's micro-kernel streams without packing; the row-major product instead walks
+                // the weight column-wise with a cache line per element.
+                wt.t()?.matmul(&x.t()?)?.t()?.broadcast_add(b)?
+            }
             Dense::Frozen { wt, b } => x.matmul(wt)?.broadcast_add(b)?,
             Dense::Live(parts) if parts.len() == 1 => parts[0].forward(x)?,
             Dense::Live(parts) => {
@@ -120,7 +129,11 @@ fn cat_parts(parts: &[Linear]) -> Result<(Tensor, Tensor)> {
     let ws: Vec<&Tensor> = parts.iter().map(|p| p.weight()).collect();
     let bs = parts
         .iter()
-        .map(|p| p.bias().cloned().ok_or_else(|| candle_core::Error::Msg("dense layer without bias".into())))
+        .map(|p| {
+            p.bias()
+                .cloned()
+                .ok_or_else(|| candle_core::Error::Msg("dense layer without bias".into()))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok((Tensor::cat(&ws, 0)?, Tensor::cat(&bs, 0)?))
 }
@@ -178,8 +191,16 @@ impl PackedBert {
                 qkv,
                 attn_out: dense(vec![linear(h, h, att.pp("output.dense"))?])?,
                 attn_norm: norm(h, cfg.layer_norm_eps, att.pp("output.LayerNorm"))?,
-                up: dense(vec![linear(h, cfg.intermediate_size, l.pp("intermediate.dense"))?])?,
-                down: dense(vec![linear(cfg.intermediate_size, h, l.pp("output.dense"))?])?,
+                up: dense(vec![linear(
+                    h,
+                    cfg.intermediate_size,
+                    l.pp("intermediate.dense"),
+                )?])?,
+                down: dense(vec![linear(
+                    cfg.intermediate_size,
+                    h,
+                    l.pp("output.dense"),
+                )?])?,
                 out_norm: norm(h, cfg.layer_norm_eps, l.pp("output.LayerNorm"))?,
             });
         }
@@ -220,6 +241,7 @@ impl PackedBert {
             let x1 = self.layer_norm(&layer.attn_norm, &(layer.attn_out.forward(&attn)? + &x)?)?;
             let up = layer.up.forward(&x1)?;
             let up = match self.act {
+                HiddenAct::Gelu if !self.trainable => crate::fastops::gelu_erf(&up)?,
                 HiddenAct::Gelu => up.gelu_erf()?,
                 HiddenAct::GeluApproximate => up.gelu()?,
                 HiddenAct::Relu => up.relu()?,
@@ -253,13 +275,20 @@ impl PackedBert {
         };
         let (q, k, v) = (split(0)?, split(1)?, split(2)?);
         let scores = (q.matmul(&k.t()?)? * (1.0 / (dh as f64).sqrt()))?;
-        let scores = if single { scores } else { scores.broadcast_add(&p.mask)? };
+        let scores = if single {
+            scores
+        } else {
+            scores.broadcast_add(&p.mask)?
+        };
         let probs = if self.trainable {
             candle_nn::ops::softmax(&scores, D::Minus1)?
         } else {
             candle_nn::ops::softmax_last_dim(&scores)?
         };
-        let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b * l, hidden))?;
+        let ctx = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b * l, hidden))?;
         Ok(if single {
             ctx
         } else {
@@ -285,4 +314,3 @@ pub fn first_token(states: &Tensor, p: &Packed) -> Result<Tensor> {
     let idx = Tensor::new(idx, states.device())?;
     Ok(states.index_select(&idx, 0)?)
 }
-

@@ -82,7 +82,13 @@ pub fn argmax(p: &[f32]) -> (usize, f32) {
     p.iter()
         .copied()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, v)| if v > best.1 { (i, v) } else { best })
+        .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
+            if v > best.1 {
+                (i, v)
+            } else {
+                best
+            }
+        })
 }
 
 #[cfg(test)]

@@ -97,7 +97,13 @@ impl Classifier {
     fn from_checkpoint_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
         let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
         let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
-        let encoder = Encoder::load(dir, PoolingConfig::Cls, vb.clone(), tokenizer.pad_id(), false)?;
+        let encoder = Encoder::load(
+            dir,
+            PoolingConfig::Cls,
+            vb.clone(),
+            tokenizer.pad_id(),
+            false,
+        )?;
         let head = Head::from_checkpoint(&encoder, &vb)?;
         let replies = vec![None; head.labels.len()];
         Ok(Self {
@@ -130,7 +136,11 @@ impl Classifier {
 }
 
 /// Loads the tokenizer and encoder of a folder.
-pub fn load_encoder(dir: &Path, pooling: PoolingConfig, max_tokens: usize) -> Result<(TextTokenizer, Encoder)> {
+pub fn load_encoder(
+    dir: &Path,
+    pooling: PoolingConfig,
+    max_tokens: usize,
+) -> Result<(TextTokenizer, Encoder)> {
     let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
     let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
     let encoder = Encoder::load(dir, pooling, vb, tokenizer.pad_id(), false)?;
@@ -138,7 +148,12 @@ pub fn load_encoder(dir: &Path, pooling: PoolingConfig, max_tokens: usize) -> Re
 }
 
 /// Pooled embeddings `[n, hidden]` of `texts`, computed in length-sorted batches (less padding).
-pub fn embed_texts(tokenizer: &TextTokenizer, encoder: &Encoder, texts: &[&str], batch: usize) -> Result<Tensor> {
+pub fn embed_texts(
+    tokenizer: &TextTokenizer,
+    encoder: &Encoder,
+    texts: &[&str],
+    batch: usize,
+) -> Result<Tensor> {
     if texts.is_empty() {
         return Err(PrefilterError::InvalidInput("no texts to embed".into()));
     }

@@ -55,7 +55,8 @@ pub fn read(spec: &DataSpec) -> Result<Dataset> {
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let text = std::fs::read_to_string(&spec.path).map_err(|e| PrefilterError::file(&spec.path, e))?;
+    let text =
+        std::fs::read_to_string(&spec.path).map_err(|e| PrefilterError::file(&spec.path, e))?;
     let mut out = Dataset {
         examples: Vec::new(),
         skipped: 0,
@@ -89,16 +90,19 @@ pub fn read(spec: &DataSpec) -> Result<Dataset> {
             .map_err(|e| data_error(&spec.path, 1, format!("cannot read the header row: {e}")))?
             .clone();
         let col = |name: &str| {
-            headers.iter().position(|h| h.trim() == name).ok_or_else(|| {
-                data_error(
-                    &spec.path,
-                    1,
-                    format!(
-                        "no column `{name}` in the header (columns: {})",
-                        headers.iter().collect::<Vec<_>>().join(", ")
-                    ),
-                )
-            })
+            headers
+                .iter()
+                .position(|h| h.trim() == name)
+                .ok_or_else(|| {
+                    data_error(
+                        &spec.path,
+                        1,
+                        format!(
+                            "no column `{name}` in the header (columns: {})",
+                            headers.iter().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                })
         };
         let (ti, li) = (col(&spec.text_column)?, col(&spec.label_column)?);
         for record in reader.records() {
@@ -128,7 +132,8 @@ pub fn read(spec: &DataSpec) -> Result<Dataset> {
 }
 
 fn parse_json_row(raw: &str) -> std::result::Result<Example, String> {
-    let v: serde_json::Value = serde_json::from_str(raw).map_err(|e| format!("invalid JSON: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(raw).map_err(|e| format!("invalid JSON: {e}"))?;
     let field = |k: &str| {
         v.get(k)
             .and_then(|x| x.as_str())
@@ -197,7 +202,11 @@ mod tests {
     #[test]
     fn csv_with_quotes_and_custom_columns() {
         let d = tempfile::tempdir().unwrap();
-        let p = write(d.path(), "a.csv", "id,utterance,intent\n1,\"hello, there\",greet\n2,bye,leave\n");
+        let p = write(
+            d.path(),
+            "a.csv",
+            "id,utterance,intent\n1,\"hello, there\",greet\n2,bye,leave\n",
+        );
         let mut spec = DataSpec::new(p);
         spec.text_column = "utterance".into();
         spec.label_column = "intent".into();
@@ -236,7 +245,11 @@ mod tests {
             "{\"text\":\"hi\",\"label\":\"greet\"}\n\n{\"text\":\"x\"}\nnot json\n",
         );
         let err = read(&DataSpec::new(&p)).unwrap_err();
-        assert!(err.to_string().contains("a.jsonl:3: missing string field `label`"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("a.jsonl:3: missing string field `label`"),
+            "{err}"
+        );
         let mut spec = DataSpec::new(&p);
         spec.skip_bad_rows = true;
         let ds = read(&spec).unwrap();

@@ -136,9 +136,9 @@ impl Encoder {
             "xlm-roberta" | "roberta" => Family::XlmRoberta,
             other => {
                 return Err(PrefilterError::Unsupported(format!(
-                    "model_type `{other}` in {} (supported: bert, distilbert, xlm-roberta, roberta)",
-                    config_path.display()
-                )))
+                "model_type `{other}` in {} (supported: bert, distilbert, xlm-roberta, roberta)",
+                config_path.display()
+            )))
             }
         };
         let hidden_size = head.hidden_size.or(head.dim).ok_or_else(|| {
@@ -209,8 +209,10 @@ impl Encoder {
     pub fn embed(&self, inputs: &[&Tokens]) -> Result<Embedded> {
         let (cls, mean) = match &self.backbone {
             Backbone::Bert(m) => {
-                let seqs: Vec<(&[u32], &[u32])> =
-                    inputs.iter().map(|t| (t.ids.as_slice(), t.type_ids.as_slice())).collect();
+                let seqs: Vec<(&[u32], &[u32])> = inputs
+                    .iter()
+                    .map(|t| (t.ids.as_slice(), t.type_ids.as_slice()))
+                    .collect();
                 let packed = Packed::new(&seqs, &self.device)?;
                 let states = m.forward(&packed)?;
                 let cls = first_token(&states, &packed)?;
@@ -230,7 +232,8 @@ impl Encoder {
             }
             Backbone::XlmRoberta(m) => {
                 let batch = Batch::pad(inputs, self.pad_id, &self.device)?;
-                let states = m.forward(&batch.ids, &batch.mask, &batch.type_ids, None, None, None)?;
+                let states =
+                    m.forward(&batch.ids, &batch.mask, &batch.type_ids, None, None, None)?;
                 padded_outputs(&states, &batch.mask, self.pooling)?
             }
         };
@@ -244,7 +247,11 @@ impl Encoder {
 }
 
 /// First-token states and (for mean pooling) masked means of padded states `[batch, seq, hidden]`.
-fn padded_outputs(states: &Tensor, mask: &Tensor, pooling: Pooling) -> Result<(Tensor, Option<Tensor>)> {
+fn padded_outputs(
+    states: &Tensor,
+    mask: &Tensor,
+    pooling: Pooling,
+) -> Result<(Tensor, Option<Tensor>)> {
     let cls = states.narrow(1, 0, 1)?.squeeze(1)?;
     let mean = match pooling {
         Pooling::Cls => None,
@@ -260,7 +267,11 @@ fn padded_outputs(states: &Tensor, mask: &Tensor, pooling: Pooling) -> Result<(T
 
 /// Rows scaled to unit L2 norm.
 pub fn l2_normalize(x: &Tensor) -> Result<Tensor> {
-    let norm = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+    let norm = x
+        .sqr()?
+        .sum_keepdim(D::Minus1)?
+        .sqrt()?
+        .clamp(1e-12, f64::MAX)?;
     Ok(x.broadcast_div(&norm)?)
 }
 

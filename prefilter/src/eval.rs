@@ -68,7 +68,11 @@ pub struct EvalOptions {
 }
 
 /// Runs the classifier over `rows` through the real batching runtime and computes the report.
-pub fn evaluate(classifier: Classifier, rows: &[Example], opts: &EvalOptions) -> Result<EvalReport> {
+pub fn evaluate(
+    classifier: Classifier,
+    rows: &[Example],
+    opts: &EvalOptions,
+) -> Result<EvalReport> {
     if rows.is_empty() {
         return Err(PrefilterError::InvalidInput("no rows to evaluate".into()));
     }
@@ -108,7 +112,10 @@ pub fn evaluate(classifier: Classifier, rows: &[Example], opts: &EvalOptions) ->
         lat.push(t.elapsed());
     }
 
-    let gold: Vec<Option<usize>> = rows.iter().map(|r| index.get(r.label.as_str()).copied()).collect();
+    let gold: Vec<Option<usize>> = rows
+        .iter()
+        .map(|r| index.get(r.label.as_str()).copied())
+        .collect();
     let mut report = metrics(&preds, &gold);
     report.latency_ms = LatencyMs {
         p50: percentile_ms(&mut lat, 0.50),
@@ -119,7 +126,8 @@ pub fn evaluate(classifier: Classifier, rows: &[Example], opts: &EvalOptions) ->
     Ok(report)
 }
 
-type Inflight = std::collections::VecDeque<(usize, tokio::sync::oneshot::Receiver<Result<Prediction>>)>;
+type Inflight =
+    std::collections::VecDeque<(usize, tokio::sync::oneshot::Receiver<Result<Prediction>>)>;
 
 fn collect_one(inflight: &mut Inflight, preds: &mut [Option<Prediction>]) -> Result<()> {
     if let Some((i, rx)) = inflight.pop_front() {
@@ -234,12 +242,24 @@ mod tests {
         assert_eq!(r.unknown_labels, 1);
         assert!((r.top5_recall - 0.75).abs() < 1e-9);
         // F1: label0 tp1 fp2 fn0 -> 0.5; label1 tp1 fp0 fn1 -> 2/3; unknown tp0 fn1 -> 0.
-        assert!((r.macro_f1 - (0.5 + 2.0 / 3.0) / 3.0).abs() < 1e-9, "{}", r.macro_f1);
+        assert!(
+            (r.macro_f1 - (0.5 + 2.0 / 3.0) / 3.0).abs() < 1e-9,
+            "{}",
+            r.macro_f1
+        );
         // θ = 0.35: ambiguities are 0.1, 0.3, 0.4, 0.5 -> two kept, both right.
-        let row = r.selective.iter().find(|s| (s.threshold - 0.35).abs() < 1e-9).unwrap();
+        let row = r
+            .selective
+            .iter()
+            .find(|s| (s.threshold - 0.35).abs() < 1e-9)
+            .unwrap();
         assert!((row.escalated - 0.5).abs() < 1e-9);
         assert_eq!(row.accuracy_kept, Some(1.0));
-        let row = r.selective.iter().find(|s| (s.threshold - 0.05).abs() < 1e-9).unwrap();
+        let row = r
+            .selective
+            .iter()
+            .find(|s| (s.threshold - 0.05).abs() < 1e-9)
+            .unwrap();
         assert_eq!((row.escalated, row.accuracy_kept), (1.0, None));
     }
 

@@ -17,10 +17,17 @@ pub enum HeadKind {
     /// `logits = pooled · Wᵀ + b` (trained by `tiergate train`).
     Linear(Linear),
     /// The checkpoint's own head, applied to the first token's state.
-    Checkpoint { family: Family, dense: Linear, out: Linear },
+    Checkpoint {
+        family: Family,
+        dense: Linear,
+        out: Linear,
+    },
     /// Cosine similarity to per-label prototypes (mean of the normalised example embeddings), divided by a
     /// temperature.
-    Prototypes { prototypes: Tensor, temperature: f64 },
+    Prototypes {
+        prototypes: Tensor,
+        temperature: f64,
+    },
 }
 
 /// A head with its labels and calibration temperature.
@@ -82,13 +89,15 @@ impl Head {
                     .unwrap_or("bert.pooler.dense");
                 (
                     candle_nn::linear(h, h, vb.pp(pooler)).map_err(|e| missing(pooler, e))?,
-                    candle_nn::linear(h, n, vb.pp("classifier")).map_err(|e| missing("classifier", e))?,
+                    candle_nn::linear(h, n, vb.pp("classifier"))
+                        .map_err(|e| missing("classifier", e))?,
                 )
             }
             Family::DistilBert => (
                 candle_nn::linear(h, h, vb.pp("pre_classifier"))
                     .map_err(|e| missing("pre_classifier", e))?,
-                candle_nn::linear(h, n, vb.pp("classifier")).map_err(|e| missing("classifier", e))?,
+                candle_nn::linear(h, n, vb.pp("classifier"))
+                    .map_err(|e| missing("classifier", e))?,
             ),
             Family::XlmRoberta => (
                 candle_nn::linear(h, h, vb.pp("classifier.dense"))
@@ -109,7 +118,11 @@ impl Head {
     }
 
     /// A few-shot head: each label's prototype is the normalised mean of its examples' embeddings.
-    pub fn few_shot(labels: Vec<String>, example_embeddings: Vec<Tensor>, temperature: f64) -> Result<Self> {
+    pub fn few_shot(
+        labels: Vec<String>,
+        example_embeddings: Vec<Tensor>,
+        temperature: f64,
+    ) -> Result<Self> {
         let mut protos = Vec::with_capacity(example_embeddings.len());
         for e in &example_embeddings {
             protos.push(l2_normalize(&l2_normalize(e)?.mean_keepdim(0)?)?);
@@ -141,9 +154,9 @@ pub fn checkpoint_labels(config_path: &Path) -> Result<Vec<String>> {
     })?;
     let mut labels = vec![None; map.len()];
     for (k, v) in map {
-        let i: usize = k
-            .parse()
-            .map_err(|_| PrefilterError::corrupt(config_path, format!("id2label key `{k}` is not an index")))?;
+        let i: usize = k.parse().map_err(|_| {
+            PrefilterError::corrupt(config_path, format!("id2label key `{k}` is not an index"))
+        })?;
         let slot = labels.get_mut(i).ok_or_else(|| {
             PrefilterError::corrupt(config_path, format!("id2label index {i} is out of range"))
         })?;
@@ -153,7 +166,9 @@ pub fn checkpoint_labels(config_path: &Path) -> Result<Vec<String>> {
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .filter(|l| l.len() >= 2)
-        .ok_or_else(|| PrefilterError::corrupt(config_path, "id2label must hold indices 0..n, n >= 2"))
+        .ok_or_else(|| {
+            PrefilterError::corrupt(config_path, "id2label must hold indices 0..n, n >= 2")
+        })
 }
 
 /// `head.json`: everything about a trained head except its weights (in `head.safetensors`).
@@ -211,11 +226,17 @@ pub fn load_trained(dir: &Path) -> Result<(TrainedHeadMeta, Head)> {
     if meta.format != HEAD_FORMAT {
         return Err(PrefilterError::corrupt(
             &meta_path,
-            format!("format {} is not supported (expected {HEAD_FORMAT})", meta.format),
+            format!(
+                "format {} is not supported (expected {HEAD_FORMAT})",
+                meta.format
+            ),
         ));
     }
     if !(meta.temperature.is_finite() && meta.temperature > 0.0) {
-        return Err(PrefilterError::corrupt(&meta_path, "temperature must be positive"));
+        return Err(PrefilterError::corrupt(
+            &meta_path,
+            "temperature must be positive",
+        ));
     }
     let weights_path = dir.join("head.safetensors");
     if !weights_path.is_file() {
@@ -224,10 +245,9 @@ pub fn load_trained(dir: &Path) -> Result<(TrainedHeadMeta, Head)> {
     let tensors = candle_core::safetensors::load(&weights_path, &candle_core::Device::Cpu)
         .map_err(|e| PrefilterError::corrupt(&weights_path, e))?;
     let get = |name: &str| {
-        tensors
-            .get(name)
-            .cloned()
-            .ok_or_else(|| PrefilterError::corrupt(&weights_path, format!("tensor `{name}` missing")))
+        tensors.get(name).cloned().ok_or_else(|| {
+            PrefilterError::corrupt(&weights_path, format!("tensor `{name}` missing"))
+        })
     };
     let weight = get("weight")?;
     let bias = get("bias")?;
@@ -252,15 +272,24 @@ pub fn load_trained(dir: &Path) -> Result<(TrainedHeadMeta, Head)> {
 }
 
 /// Writes a trained linear head.
-pub fn save_trained(dir: &Path, meta: &TrainedHeadMeta, weight: &Tensor, bias: &Tensor) -> Result<()> {
+pub fn save_trained(
+    dir: &Path,
+    meta: &TrainedHeadMeta,
+    weight: &Tensor,
+    bias: &Tensor,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| PrefilterError::file(dir, e))?;
     let weights_path = dir.join("head.safetensors");
-    let tensors: HashMap<String, Tensor> =
-        [("weight".to_string(), weight.clone()), ("bias".to_string(), bias.clone())].into();
+    let tensors: HashMap<String, Tensor> = [
+        ("weight".to_string(), weight.clone()),
+        ("bias".to_string(), bias.clone()),
+    ]
+    .into();
     candle_core::safetensors::save(&tensors, &weights_path)
         .map_err(|e| PrefilterError::file(&weights_path, e))?;
     let meta_path = dir.join("head.json");
-    let text = serde_json::to_string_pretty(meta).map_err(|e| PrefilterError::corrupt(&meta_path, e))?;
+    let text =
+        serde_json::to_string_pretty(meta).map_err(|e| PrefilterError::corrupt(&meta_path, e))?;
     std::fs::write(&meta_path, text).map_err(|e| PrefilterError::file(&meta_path, e))
 }
 

@@ -12,6 +12,7 @@ pub mod data;
 pub mod encoder;
 pub mod error;
 pub mod eval;
+pub mod fastops;
 pub mod heads;
 pub mod runtime;
 pub mod testing;

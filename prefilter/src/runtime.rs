@@ -118,7 +118,8 @@ impl<T: Pending> BatchState<T> {
             }
             let len = longest.max(front.len_tokens());
             if !batch.is_empty()
-                && (batch.len() >= self.limits.max_batch || (batch.len() + 1) * len > self.limits.token_budget)
+                && (batch.len() >= self.limits.max_batch
+                    || (batch.len() + 1) * len > self.limits.token_budget)
             {
                 break;
             }
@@ -170,7 +171,10 @@ pub struct RuntimeStats {
 
 impl PrefilterHandle {
     /// Starts the batching thread that owns `classifier`.
-    pub fn start(classifier: Classifier, cfg: &PrefilterConfig) -> Result<(Self, Arc<RuntimeStats>)> {
+    pub fn start(
+        classifier: Classifier,
+        cfg: &PrefilterConfig,
+    ) -> Result<(Self, Arc<RuntimeStats>)> {
         let limits = BatchLimits {
             max_batch: cfg.max_batch,
             token_budget: cfg.token_budget,
@@ -199,11 +203,15 @@ impl PrefilterHandle {
                 .num_threads(1)
                 .thread_name(move |_| format!("tiergate-prefilter-{i}"))
                 .build()
-                .map_err(|e| PrefilterError::Unsupported(format!("cannot start prefilter worker: {e}")))?;
+                .map_err(|e| {
+                    PrefilterError::Unsupported(format!("cannot start prefilter worker: {e}"))
+                })?;
             std::thread::Builder::new()
                 .name(format!("tiergate-prefilter-{i}-owner"))
                 .spawn(move || pool.install(|| run(&classifier, rx, limits, top_k, &stats)))
-                .map_err(|e| PrefilterError::Unsupported(format!("cannot start the prefilter thread: {e}")))?;
+                .map_err(|e| {
+                    PrefilterError::Unsupported(format!("cannot start the prefilter thread: {e}"))
+                })?;
         }
         Ok((handle, stats))
     }
@@ -249,12 +257,16 @@ impl PrefilterHandle {
 
     /// Classifies `text` (async).
     pub async fn classify(&self, text: &str) -> Result<Prediction> {
-        self.submit(text)?.await.map_err(|_| PrefilterError::Closed)?
+        self.submit(text)?
+            .await
+            .map_err(|_| PrefilterError::Closed)?
     }
 
     /// Classifies `text`, blocking this thread (not for async contexts).
     pub fn classify_blocking(&self, text: &str) -> Result<Prediction> {
-        self.submit(text)?.blocking_recv().map_err(|_| PrefilterError::Closed)?
+        self.submit(text)?
+            .blocking_recv()
+            .map_err(|_| PrefilterError::Closed)?
     }
 }
 
@@ -291,7 +303,9 @@ fn run(
             }
         }
         let batch = state.next_batch();
-        stats.cancelled.fetch_add(std::mem::take(&mut state.cancelled), Relaxed);
+        stats
+            .cancelled
+            .fetch_add(std::mem::take(&mut state.cancelled), Relaxed);
         if batch.is_empty() {
             continue;
         }
@@ -314,9 +328,9 @@ fn run(
                 tracing::error!(error = %e, batch = n, "prefilter forward pass failed");
                 let message = e.to_string();
                 for job in batch {
-                    let _ = job
-                        .reply
-                        .send(Err(PrefilterError::Unsupported(format!("forward pass failed: {message}"))));
+                    let _ = job.reply.send(Err(PrefilterError::Unsupported(format!(
+                        "forward pass failed: {message}"
+                    ))));
                 }
             }
         }
@@ -324,11 +338,22 @@ fn run(
     tracing::debug!("prefilter thread stopped");
 }
 
-fn predict(probs: Vec<f32>, job: &Job, top_k: usize, batch_size: usize, started: Instant, infer: Duration) -> Prediction {
+fn predict(
+    probs: Vec<f32>,
+    job: &Job,
+    top_k: usize,
+    batch_size: usize,
+    started: Instant,
+    infer: Duration,
+) -> Prediction {
     let (label, confidence) = argmax(&probs);
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-    let top = order.into_iter().take(top_k).map(|i| (i, probs[i])).collect();
+    let top = order
+        .into_iter()
+        .take(top_k)
+        .map(|i| (i, probs[i]))
+        .collect();
     Prediction {
         label,
         confidence,
@@ -364,7 +389,11 @@ mod tests {
         }
     }
     fn fake(id: usize, len: usize) -> Fake {
-        Fake { id, len, gone: false }
+        Fake {
+            id,
+            len,
+            gone: false,
+        }
     }
     fn limits(max_batch: usize, token_budget: usize) -> BatchLimits {
         BatchLimits {
@@ -413,9 +442,17 @@ mod tests {
     #[test]
     fn cancelled_requests_are_skipped_and_counted() {
         let mut s = BatchState::new(limits(2, 1000));
-        s.push(Fake { id: 0, len: 5, gone: true });
+        s.push(Fake {
+            id: 0,
+            len: 5,
+            gone: true,
+        });
         s.push(fake(1, 5));
-        s.push(Fake { id: 2, len: 5, gone: true });
+        s.push(Fake {
+            id: 2,
+            len: 5,
+            gone: true,
+        });
         s.push(fake(3, 5));
         s.push(fake(4, 5));
         assert_eq!(ids(&s.next_batch()), vec![1, 3]);

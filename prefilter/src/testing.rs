@@ -2,16 +2,17 @@
 //! a sequence-classification head) written to a temporary folder, so tests need no download.
 
 use candle_core::{DType, Device, Tensor};
-use rand::{Rng, SeedableRng};
 use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::bert;
+use rand::{Rng, SeedableRng};
 
 use crate::error::{PrefilterError, Result};
 
 /// Words of the tiny vocabulary (after the four special tokens).
 pub const TINY_WORDS: &[&str] = &[
-    "card", "lost", "stolen", "my", "i", "want", "to", "pay", "bill", "money", "transfer", "hello", "hi",
-    "bye", "the", "a", "is", "was", "please", "help", "account", "balance", "what", "how", "send",
+    "card", "lost", "stolen", "my", "i", "want", "to", "pay", "bill", "money", "transfer", "hello",
+    "hi", "bye", "the", "a", "is", "was", "please", "help", "account", "balance", "what", "how",
+    "send",
 ];
 
 const SEED: u64 = 0x7469_6572;
@@ -30,7 +31,12 @@ impl TinyModel {
         let dir = tempfile::tempdir().map_err(|e| PrefilterError::file("tempdir", e))?;
         let hidden = 32;
         let id2label: serde_json::Map<String, serde_json::Value> = (0..num_labels)
-            .map(|i| (i.to_string(), serde_json::Value::String(format!("label{i}"))))
+            .map(|i| {
+                (
+                    i.to_string(),
+                    serde_json::Value::String(format!("label{i}")),
+                )
+            })
             .collect();
         let config = serde_json::json!({
             "architectures": ["BertForSequenceClassification"],
@@ -51,9 +57,12 @@ impl TinyModel {
             "id2label": id2label,
         });
         write(&dir.path().join("config.json"), &config.to_string())?;
-        write(&dir.path().join("tokenizer.json"), &tokenizer_json().to_string())?;
-        let cfg: bert::Config =
-            serde_json::from_value(config).map_err(|e| PrefilterError::corrupt("tiny config", e))?;
+        write(
+            &dir.path().join("tokenizer.json"),
+            &tokenizer_json().to_string(),
+        )?;
+        let cfg: bert::Config = serde_json::from_value(config)
+            .map_err(|e| PrefilterError::corrupt("tiny config", e))?;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         bert::BertModel::load(vb.pp("bert"), &cfg)?;
@@ -73,7 +82,9 @@ impl TinyModel {
                 continue;
             }
             let var = &vars[name];
-            let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.gen_range(-0.3f32..0.3)).collect();
+            let values: Vec<f32> = (0..var.elem_count())
+                .map(|_| rng.gen_range(-0.3f32..0.3))
+                .collect();
             var.set(&Tensor::from_vec(values, var.shape(), &Device::Cpu)?)?;
         }
         drop(vars);

@@ -81,7 +81,9 @@ mod tests {
         let short = tok.encode("card lost").unwrap();
         assert_eq!(short.ids.len(), 4, "[CLS] card lost [SEP]");
         assert!(!short.truncated);
-        let long = tok.encode("card lost card lost card lost card lost").unwrap();
+        let long = tok
+            .encode("card lost card lost card lost card lost")
+            .unwrap();
         assert_eq!(long.ids.len(), 6);
         assert!(long.truncated);
         assert_eq!(long.ids.first(), short.ids.first(), "starts with [CLS]");

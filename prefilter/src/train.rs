@@ -81,11 +81,19 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         return Err(PrefilterError::Training("need at least two labels".into()));
     }
     if dev_rows.is_empty() {
-        return Err(PrefilterError::Training("the dev split is empty: add rows or raise --dev-fraction".into()));
+        return Err(PrefilterError::Training(
+            "the dev split is empty: add rows or raise --dev-fraction".into(),
+        ));
     }
     let index = |l: &str| labels.binary_search_by(|x| x.as_str().cmp(l)).ok();
-    let y_train: Vec<u32> = train_rows.iter().filter_map(|e| index(&e.label).map(|i| i as u32)).collect();
-    let dev_rows: Vec<Example> = dev_rows.into_iter().filter(|e| index(&e.label).is_some()).collect();
+    let y_train: Vec<u32> = train_rows
+        .iter()
+        .filter_map(|e| index(&e.label).map(|i| i as u32))
+        .collect();
+    let dev_rows: Vec<Example> = dev_rows
+        .into_iter()
+        .filter(|e| index(&e.label).is_some())
+        .collect();
     let y_dev: Vec<usize> = dev_rows.iter().filter_map(|e| index(&e.label)).collect();
     progress(&format!(
         "data: {} train / {} dev rows, {} labels ({} bad rows skipped)",
@@ -98,9 +106,18 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     let device = Device::Cpu;
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let (encoder_dir, hidden, head_w, head_b, dev_logits) = if opts.fine_tune {
-        fine_tune(opts, &train_rows, &y_train, &dev_rows, labels.len(), &mut rng, progress)?
+        fine_tune(
+            opts,
+            &train_rows,
+            &y_train,
+            &dev_rows,
+            labels.len(),
+            &mut rng,
+            progress,
+        )?
     } else {
-        let (tokenizer, encoder) = load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
+        let (tokenizer, encoder) =
+            load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
         let t0 = Instant::now();
         let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
         let x_dev = embed_all(&tokenizer, &encoder, &dev_rows)?;
@@ -109,17 +126,37 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
             train_rows.len() + dev_rows.len(),
             t0.elapsed().as_secs_f64()
         ));
-        let head = fit_linear_head(&x_train, &y_train, labels.len(), HEAD_EPOCHS, &mut rng, &device)?;
+        let head = fit_linear_head(
+            &x_train,
+            &y_train,
+            labels.len(),
+            HEAD_EPOCHS,
+            &mut rng,
+            &device,
+        )?;
         let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
         let w = head.weight().clone();
-        let b = head.bias().cloned().ok_or_else(|| PrefilterError::Training("head has no bias".into()))?;
-        (absolute(&opts.encoder)?, encoder.hidden_size(), w, b, dev_logits)
+        let b = head
+            .bias()
+            .cloned()
+            .ok_or_else(|| PrefilterError::Training("head has no bias".into()))?;
+        (
+            absolute(&opts.encoder)?,
+            encoder.hidden_size(),
+            w,
+            b,
+            dev_logits,
+        )
     };
 
     let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
     let temperature = fit_temperature(&dev_logits, &y_dev);
     let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
-    let correct = cal.iter().zip(&y_dev).filter(|(p, &y)| argmax(p).0 == y).count();
+    let correct = cal
+        .iter()
+        .zip(&y_dev)
+        .filter(|(p, &y)| argmax(p).0 == y)
+        .count();
     let dev = DevReport {
         n: y_dev.len(),
         accuracy: correct as f64 / y_dev.len() as f64,
@@ -184,7 +221,10 @@ fn fit_linear_head(
         for chunk in order.chunks(HEAD_BATCH) {
             let idx = Tensor::new(chunk, device)?;
             let xb = x.index_select(&idx, 0)?;
-            let yb = Tensor::new(chunk.iter().map(|&i| y[i as usize]).collect::<Vec<u32>>(), device)?;
+            let yb = Tensor::new(
+                chunk.iter().map(|&i| y[i as usize]).collect::<Vec<u32>>(),
+                device,
+            )?;
             let loss = candle_nn::loss::cross_entropy(&head.forward(&xb)?, &yb)?;
             opt.backward_step(&loss)?;
         }
@@ -206,7 +246,8 @@ fn fine_tune(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Trained> {
     let device = Device::Cpu;
-    let tokenizer = TextTokenizer::from_file(&opts.encoder.join("tokenizer.json"), opts.max_tokens)?;
+    let tokenizer =
+        TextTokenizer::from_file(&opts.encoder.join("tokenizer.json"), opts.max_tokens)?;
     let weights = opts.encoder.join("model.safetensors");
     // Every checkpoint tensor becomes a trainable variable under its own name, so the model finds the same
     // names (with or without a `bert.` prefix) it finds when loading from the file.
@@ -225,15 +266,28 @@ fn fine_tune(
         }
     }
     let vb = VarBuilder::from_varmap(&enc_map, DType::F32, &device);
-    let encoder = Encoder::load(&opts.encoder, PoolingConfig::Auto, vb, tokenizer.pad_id(), true)?;
+    let encoder = Encoder::load(
+        &opts.encoder,
+        PoolingConfig::Auto,
+        vb,
+        tokenizer.pad_id(),
+        true,
+    )?;
 
     // Start from the frozen-feature head so fine-tuning does not begin with random gradients into the encoder.
     let t0 = Instant::now();
     let x_train = embed_all(&tokenizer, &encoder, train_rows)?;
     let frozen = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS, rng, &device)?;
-    progress(&format!("frozen head fitted in {:.1}s", t0.elapsed().as_secs_f64()));
+    progress(&format!(
+        "frozen head fitted in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    ));
     let head_w = Var::from_tensor(frozen.weight())?;
-    let head_b = Var::from_tensor(frozen.bias().ok_or_else(|| PrefilterError::Training("no bias".into()))?)?;
+    let head_b = Var::from_tensor(
+        frozen
+            .bias()
+            .ok_or_else(|| PrefilterError::Training("no bias".into()))?,
+    )?;
     let mut enc_opt = AdamW::new(
         enc_map.all_vars(),
         ParamsAdamW {
@@ -263,15 +317,20 @@ fn fine_tune(
         for chunk in order.chunks(FT_BATCH) {
             let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
             let pooled = encoder.embed(&refs)?.pooled;
-            let logits = pooled.matmul(&head_w.as_tensor().t()?)?.broadcast_add(head_b.as_tensor())?;
-            let yb = Tensor::new(chunk.iter().map(|&i| y_train[i]).collect::<Vec<u32>>(), &device)?;
+            let logits = pooled
+                .matmul(&head_w.as_tensor().t()?)?
+                .broadcast_add(head_b.as_tensor())?;
+            let yb = Tensor::new(
+                chunk.iter().map(|&i| y_train[i]).collect::<Vec<u32>>(),
+                &device,
+            )?;
             let loss = candle_nn::loss::cross_entropy(&logits, &yb)?;
             let grads = loss.backward()?;
             enc_opt.step(&grads)?;
             head_opt.step(&grads)?;
             total += loss.to_scalar::<f32>()? as f64;
             steps += 1;
-            if steps % 100 == 0 {
+            if steps.is_multiple_of(100) {
                 progress(&format!(
                     "fine-tune epoch {} step {steps}/{}: loss {:.4} ({:.0} rows/s)",
                     epoch + 1,
@@ -297,8 +356,15 @@ fn fine_tune(
     let enc_out = opts.out.join("encoder");
     std::fs::create_dir_all(&enc_out).map_err(|e| PrefilterError::file(&enc_out, e))?;
     let saved = enc_out.join("model.safetensors");
-    enc_map.save(&saved).map_err(|e| PrefilterError::file(&saved, e))?;
-    for f in ["config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json"] {
+    enc_map
+        .save(&saved)
+        .map_err(|e| PrefilterError::file(&saved, e))?;
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "modules.json",
+        "1_Pooling/config.json",
+    ] {
         let src = opts.encoder.join(f);
         if src.is_file() {
             let dst = enc_out.join(f);
@@ -308,6 +374,15 @@ fn fine_tune(
             std::fs::copy(&src, &dst).map_err(|e| PrefilterError::file(&dst, e))?;
         }
     }
-    let b = head.bias().cloned().ok_or_else(|| PrefilterError::Training("no bias".into()))?;
-    Ok((PathBuf::from("encoder"), encoder.hidden_size(), head.weight().clone(), b, dev_logits))
+    let b = head
+        .bias()
+        .cloned()
+        .ok_or_else(|| PrefilterError::Training("no bias".into()))?;
+    Ok((
+        PathBuf::from("encoder"),
+        encoder.hidden_size(),
+        head.weight().clone(),
+        b,
+        dev_logits,
+    ))
 }

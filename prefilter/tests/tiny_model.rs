@@ -1,12 +1,16 @@
 //! Tests on a tiny random BERT written to a temp folder (no download): loading, the three head kinds, packed
 //! forward parity with candle-transformers, the batching runtime, and errors that name the bad file.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert;
-use tiergate_config::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
+use tiergate_config::{
+    FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig,
+};
 use tiergate_prefilter::bert::{Packed, PackedBert};
 use tiergate_prefilter::data::DataSpec;
 use tiergate_prefilter::testing::TinyModel;
@@ -29,7 +33,12 @@ fn packed_forward_matches_candle_transformers_bert() {
     let cfg: bert::Config =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let vb = unsafe {
-        VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap()
+        VarBuilder::from_mmaped_safetensors(
+            &[dir.join("model.safetensors")],
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap()
     };
     let reference = bert::BertModel::load(vb.pp("bert"), &cfg).unwrap();
     let packed_model = PackedBert::load(vb.clone(), &cfg, false).unwrap();
@@ -48,8 +57,14 @@ fn packed_forward_matches_candle_transformers_bert() {
     }
     let ids = Tensor::from_vec(ids, (3, longest), &Device::Cpu).unwrap();
     let mask = Tensor::from_vec(mask, (3, longest), &Device::Cpu).unwrap();
-    let want = reference.forward(&ids, &ids.zeros_like().unwrap(), Some(&mask)).unwrap();
-    let pairs: Vec<(&[u32], &[u32])> = seqs.iter().zip(&types).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+    let want = reference
+        .forward(&ids, &ids.zeros_like().unwrap(), Some(&mask))
+        .unwrap();
+    let pairs: Vec<(&[u32], &[u32])> = seqs
+        .iter()
+        .zip(&types)
+        .map(|(a, b)| (a.as_slice(), b.as_slice()))
+        .collect();
     let packed = Packed::new(&pairs, &Device::Cpu).unwrap();
     for model in [&packed_model, &trainable] {
         let got = model.forward(&packed).unwrap();
@@ -57,7 +72,14 @@ fn packed_forward_matches_candle_transformers_bert() {
         for (row, s) in seqs.iter().enumerate() {
             let g = got.narrow(0, off, s.len()).unwrap();
             let w = want.get(row).unwrap().narrow(0, 0, s.len()).unwrap();
-            let diff = (g - w).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let diff = (g - w)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
             assert!(diff < 1e-4, "row {row}: max abs diff {diff}");
             off += s.len();
         }
@@ -69,7 +91,10 @@ fn checkpoint_head_uses_id2label_and_returns_distributions() {
     let tiny = TinyModel::create(3).unwrap();
     let c = Classifier::from_dir(tiny.dir.path(), 16).unwrap();
     assert_eq!(c.labels(), ["label0", "label1", "label2"]);
-    let toks: Vec<_> = ["card lost", "pay my bill please"].iter().map(|t| c.tokenizer.encode(t).unwrap()).collect();
+    let toks: Vec<_> = ["card lost", "pay my bill please"]
+        .iter()
+        .map(|t| c.tokenizer.encode(t).unwrap())
+        .collect();
     let probs = c.probabilities(&toks.iter().collect::<Vec<_>>()).unwrap();
     assert_eq!(probs.len(), 2);
     for p in probs {
@@ -82,11 +107,29 @@ fn checkpoint_head_uses_id2label_and_returns_distributions() {
 fn few_shot_head_maps_its_own_examples_to_their_label() {
     let tiny = TinyModel::create(2).unwrap();
     let labels = vec![
-        FewShotLabel { label: "lost".into(), examples: vec!["card lost".into()], reply: Some("r1".into()) },
-        FewShotLabel { label: "pay".into(), examples: vec!["pay bill".into()], reply: None },
-        FewShotLabel { label: "greet".into(), examples: vec!["hello hi".into()], reply: None },
+        FewShotLabel {
+            label: "lost".into(),
+            examples: vec!["card lost".into()],
+            reply: Some("r1".into()),
+        },
+        FewShotLabel {
+            label: "pay".into(),
+            examples: vec!["pay bill".into()],
+            reply: None,
+        },
+        FewShotLabel {
+            label: "greet".into(),
+            examples: vec!["hello hi".into()],
+            reply: None,
+        },
     ];
-    let cfg = cfg_for(tiny.dir.path(), HeadConfig::FewShot { labels, temperature: 0.05 });
+    let cfg = cfg_for(
+        tiny.dir.path(),
+        HeadConfig::FewShot {
+            labels,
+            temperature: 0.05,
+        },
+    );
     let c = Classifier::from_config(&cfg).unwrap();
     assert_eq!(c.replies[0].as_deref(), Some("r1"));
     let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
@@ -104,7 +147,12 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     let work = tempfile::tempdir().unwrap();
     let data = work.path().join("d.csv");
     let mut csv = String::from("text,category\n");
-    let groups = [("card lost", "lost"), ("pay bill", "pay"), ("hello hi", "greet"), ("account balance", "balance")];
+    let groups = [
+        ("card lost", "lost"),
+        ("pay bill", "pay"),
+        ("hello hi", "greet"),
+        ("account balance", "balance"),
+    ];
     for (i, (text, label)) in groups.iter().cycle().take(80).enumerate() {
         // Vary each row a little with a filler word so rows are not identical.
         let filler = ["the", "a", "please", "my", "i"][i % 5];
@@ -128,13 +176,23 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     .unwrap();
     assert_eq!(report.labels, 4);
     assert_eq!(report.dev.n, 20);
-    assert!(report.dev.accuracy >= 0.9, "dev accuracy {}", report.dev.accuracy);
+    assert!(
+        report.dev.accuracy >= 0.9,
+        "dev accuracy {}",
+        report.dev.accuracy
+    );
     assert!(report.temperature > 0.0);
-    let cfg = cfg_for(tiny.dir.path(), HeadConfig::Trained(TrainedHeadConfig { dir: out.clone() }));
+    let cfg = cfg_for(
+        tiny.dir.path(),
+        HeadConfig::Trained(TrainedHeadConfig { dir: out.clone() }),
+    );
     let c = Classifier::from_config(&cfg).unwrap();
     assert_eq!(c.labels(), ["balance", "greet", "lost", "pay"]);
     let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
-    assert_eq!(handle.classify_blocking("please card lost").unwrap().label, 2);
+    assert_eq!(
+        handle.classify_blocking("please card lost").unwrap().label,
+        2
+    );
     assert_eq!(handle.classify_blocking("my pay bill").unwrap().label, 3);
 }
 
@@ -145,8 +203,15 @@ fn fine_tuning_writes_a_loadable_encoder() {
     let data = work.path().join("d.jsonl");
     let rows: String = (0..40)
         .map(|i| {
-            let (t, l) = if i % 2 == 0 { ("card lost", "a") } else { ("send money", "b") };
-            format!("{{\"text\":\"{t} {}\",\"label\":\"{l}\"}}\n", ["the", "my", "a", "i"][i % 4])
+            let (t, l) = if i % 2 == 0 {
+                ("card lost", "a")
+            } else {
+                ("send money", "b")
+            };
+            format!(
+                "{{\"text\":\"{t} {}\",\"label\":\"{l}\"}}\n",
+                ["the", "my", "a", "i"][i % 4]
+            )
         })
         .collect();
     std::fs::write(&data, rows).unwrap();
@@ -172,11 +237,22 @@ fn fine_tuning_writes_a_loadable_encoder() {
     let p = c.probabilities(&[&t]).unwrap();
     assert_eq!(tiergate_prefilter::calibrate::argmax(&p[0]).0, 0);
     // The tuned encoder differs from the original: fine-tuning really changed weights.
-    let a = candle_core::safetensors::load(tiny.dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
-    let b = candle_core::safetensors::load(out.join("encoder/model.safetensors"), &Device::Cpu).unwrap();
+    let a = candle_core::safetensors::load(tiny.dir.path().join("model.safetensors"), &Device::Cpu)
+        .unwrap();
+    let b = candle_core::safetensors::load(out.join("encoder/model.safetensors"), &Device::Cpu)
+        .unwrap();
     let name = "bert.encoder.layer.0.attention.self.query.weight";
-    let key = if b.contains_key(name) { name } else { "encoder.layer.0.attention.self.query.weight" };
-    let diff = (a[name].clone() - b[key].clone()).unwrap().abs().unwrap().max_all().unwrap();
+    let key = if b.contains_key(name) {
+        name
+    } else {
+        "encoder.layer.0.attention.self.query.weight"
+    };
+    let diff = (a[name].clone() - b[key].clone())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
     assert!(diff.to_scalar::<f32>().unwrap() > 0.0);
 }
 
@@ -200,11 +276,20 @@ fn full_queue_is_a_typed_overload_and_nothing_is_lost() {
             Err(e) => panic!("unexpected {e}"),
         }
     }
-    assert!(overloaded > 0, "a 2-slot queue took 2000 instant submissions");
+    assert!(
+        overloaded > 0,
+        "a 2-slot queue took 2000 instant submissions"
+    );
     for rx in accepted {
-        assert!(rx.blocking_recv().unwrap().is_ok(), "every accepted request is answered");
+        assert!(
+            rx.blocking_recv().unwrap().is_ok(),
+            "every accepted request is answered"
+        );
     }
-    assert!(matches!(handle.submit("   "), Err(PrefilterError::InvalidInput(_))));
+    assert!(matches!(
+        handle.submit("   "),
+        Err(PrefilterError::InvalidInput(_))
+    ));
 }
 
 #[test]
@@ -216,15 +301,26 @@ fn missing_and_corrupt_files_are_named() {
     assert!(err.contains("model.safetensors"), "{err}");
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
-    assert!(err.contains("model.safetensors") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("not found"),
+        "{err}"
+    );
     let tiny = TinyModel::create(2).unwrap();
     let dir = tiny.dir.path();
     std::fs::write(dir.join("config.json"), "{ broken").unwrap();
     let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
     assert!(err.contains("config.json"), "{err}");
-    let err = Classifier::from_dir(Path::new("/nonexistent-model"), 16).err().unwrap().to_string();
+    let err = Classifier::from_dir(Path::new("/nonexistent-model"), 16)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("/nonexistent-model"), "{err}");
-    let cfg = cfg_for(dir, HeadConfig::Trained(TrainedHeadConfig { dir: dir.join("nohead") }));
+    let cfg = cfg_for(
+        dir,
+        HeadConfig::Trained(TrainedHeadConfig {
+            dir: dir.join("nohead"),
+        }),
+    );
     let err = Classifier::from_config(&cfg).err().unwrap().to_string();
     assert!(err.contains("head.json"), "{err}");
     let _ = PoolingConfig::Auto;

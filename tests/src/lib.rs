@@ -1,1 +1,48 @@
-//! End-to-end tests live in `tests/tests/`; this library is empty.
+//! Support for the end-to-end tests in `tests/tests/`: where the models, the data and the built binaries are.
+//! The tests run real binaries on real models; `scripts/test.sh` fetches the models first.
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The MiniLM folder; fails with a pointer to the fetch script when it is missing.
+pub fn minilm_dir() -> PathBuf {
+    let dir = root().join("models/all-MiniLM-L6-v2");
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "{} is missing: run scripts/fetch-models.sh first",
+        dir.display()
+    );
+    dir
+}
+
+/// Banking77's training split (shared read-only data, never copied into the project).
+pub fn banking77_csv() -> PathBuf {
+    let p = root().join("../shared/data/banking77/train.csv");
+    assert!(p.is_file(), "{} is missing", p.display());
+    p
+}
+
+/// A binary of this workspace built next to the running test (`cargo test --workspace` builds them all).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} not built: run the tests with `cargo test --workspace`",
+        bin.display()
+    );
+    bin
+}

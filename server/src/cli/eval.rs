@@ -55,7 +55,8 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
     let rows = match args.split {
         Split::All => data.examples,
         Split::Dev | Split::Train => {
-            let (train, dev) = tiergate_prefilter::data::split(&data.examples, args.dev_fraction, args.seed);
+            let (train, dev) =
+                tiergate_prefilter::data::split(&data.examples, args.dev_fraction, args.seed);
             if args.split == Split::Dev {
                 dev
             } else {
@@ -78,19 +79,34 @@ fn print_table(r: &EvalReport, skipped: usize) {
         println!("skipped      {skipped} bad rows");
     }
     if r.unknown_labels > 0 {
-        println!("unknown      {} rows with a label the classifier does not know (counted wrong)", r.unknown_labels);
+        println!(
+            "unknown      {} rows with a label the classifier does not know (counted wrong)",
+            r.unknown_labels
+        );
     }
     println!("accuracy     {:.4}", r.accuracy);
     println!("macro-F1     {:.4}", r.macro_f1);
     println!("top-5 recall {:.4}", r.top5_recall);
     println!("ECE          {:.4}", r.ece);
-    println!("latency      p50 {:.2} ms, p95 {:.2} ms (one query at a time)", r.latency_ms.p50, r.latency_ms.p95);
-    println!("throughput   {:.0} queries/s (mean batch {:.1})", r.throughput_per_s, r.mean_batch);
+    println!(
+        "latency      p50 {:.2} ms, p95 {:.2} ms (one query at a time)",
+        r.latency_ms.p50, r.latency_ms.p95
+    );
+    println!(
+        "throughput   {:.0} queries/s (mean batch {:.1})",
+        r.throughput_per_s, r.mean_batch
+    );
     println!();
     println!("selective prediction (escalate when 1 - max p > θ)");
     println!("  θ     escalated  accuracy on kept");
     for s in &r.selective {
-        let kept = s.accuracy_kept.map_or("-".to_string(), |a| format!("{a:.4}"));
-        println!("  {:.2}  {:>8.1}%  {kept}", s.threshold, s.escalated * 100.0);
+        let kept = s
+            .accuracy_kept
+            .map_or("-".to_string(), |a| format!("{a:.4}"));
+        println!(
+            "  {:.2}  {:>8.1}%  {kept}",
+            s.threshold,
+            s.escalated * 100.0
+        );
     }
 }

@@ -77,10 +77,20 @@ mod tests {
     #[test]
     fn parses_train_with_defaults_and_flags() {
         let cli = Cli::try_parse_from([
-            "tiergate", "train", "--encoder", "enc", "--data", "d.csv", "--out", "o", "--fine-tune",
+            "tiergate",
+            "train",
+            "--encoder",
+            "enc",
+            "--data",
+            "d.csv",
+            "--out",
+            "o",
+            "--fine-tune",
         ])
         .unwrap();
-        let Command::Train(a) = cli.command else { panic!("not train") };
+        let Command::Train(a) = cli.command else {
+            panic!("not train")
+        };
         assert_eq!(a.encoder, PathBuf::from("enc"));
         assert_eq!(a.data.text_column, "text");
         assert_eq!(a.data.label_column, "category");
@@ -91,14 +101,36 @@ mod tests {
     #[test]
     fn parses_eval_json_and_rejects_missing_args() {
         let cli = Cli::try_parse_from([
-            "tiergate", "eval", "--classifier", "c", "--data", "d.jsonl", "--json", "--skip-bad-rows",
+            "tiergate",
+            "eval",
+            "--classifier",
+            "c",
+            "--data",
+            "d.jsonl",
+            "--json",
+            "--skip-bad-rows",
         ])
         .unwrap();
-        let Command::Eval(a) = cli.command else { panic!("not eval") };
+        let Command::Eval(a) = cli.command else {
+            panic!("not eval")
+        };
         assert!(a.json && a.data.skip_bad_rows);
         assert!(Cli::try_parse_from(["tiergate", "eval", "--data", "d.csv"]).is_err());
-        assert!(Cli::try_parse_from(["tiergate", "train", "--data", "d.csv", "--out", "o"]).is_err());
-        assert!(Cli::try_parse_from(["tiergate", "train", "--encoder", "e", "--data", "d", "--out", "o",
-            "--dev-fraction", "abc"]).is_err());
+        assert!(
+            Cli::try_parse_from(["tiergate", "train", "--data", "d.csv", "--out", "o"]).is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "tiergate",
+            "train",
+            "--encoder",
+            "e",
+            "--data",
+            "d",
+            "--out",
+            "o",
+            "--dev-fraction",
+            "abc"
+        ])
+        .is_err());
     }
 }

@@ -55,7 +55,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     );
     println!(
         "dev: n={} accuracy={:.4} ECE={:.4} (uncalibrated {:.4}, temperature {:.3})",
-        report.dev.n, report.dev.accuracy, report.dev.ece, report.dev.ece_uncalibrated, report.temperature
+        report.dev.n,
+        report.dev.accuracy,
+        report.dev.ece,
+        report.dev.ece_uncalibrated,
+        report.temperature
     );
     if report.skipped > 0 {
         println!("skipped {} bad rows", report.skipped);
