@@ -275,8 +275,12 @@ fn fine_tune(
     )?;
 
     // Start from the frozen-feature head so fine-tuning does not begin with random gradients into the encoder.
+    // The features come from the inference encoder (same weights, faster kernels).
     let t0 = Instant::now();
-    let x_train = embed_all(&tokenizer, &encoder, train_rows)?;
+    let x_train = {
+        let (tok, frozen_encoder) = load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
+        embed_all(&tok, &frozen_encoder, train_rows)?
+    };
     let frozen = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS, rng, &device)?;
     progress(&format!(
         "frozen head fitted in {:.1}s",
@@ -330,7 +334,7 @@ fn fine_tune(
             head_opt.step(&grads)?;
             total += loss.to_scalar::<f32>()? as f64;
             steps += 1;
-            if steps.is_multiple_of(100) {
+            if steps.is_multiple_of(25) {
                 progress(&format!(
                     "fine-tune epoch {} step {steps}/{}: loss {:.4} ({:.0} rows/s)",
                     epoch + 1,

@@ -1,0 +1,350 @@
+//! The segment: a `#[repr(C)]` header, per-worker records, then fixed-size slots addressed by offsets.
+//! Every length read from the segment is bounds-checked by the reader: the peer is untrusted.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use shared_memory::{Shmem, ShmemConf, ShmemError};
+
+use crate::error::{QueueError, Result};
+use crate::futex::now_ns;
+
+/// "TIERGATE" in ASCII.
+pub const MAGIC: u64 = 0x5449_4552_4741_5445;
+/// Bumped on any change of the layout below.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Worker records in the header.
+pub const MAX_WORKERS: usize = 16;
+
+/// Slot states (low 32 bits of [`SlotHeader::word`]; the high 32 bits are the slot's generation).
+pub mod state {
+    /// Nobody owns the slot.
+    pub const FREE: u32 = 0;
+    /// A producer is writing the request.
+    pub const WRITING: u32 = 1;
+    /// The request is complete and waits for a worker.
+    pub const READY: u32 = 2;
+    /// A worker took it and is answering.
+    pub const TAKEN: u32 = 3;
+    /// The worker finished (the response area holds a final frame).
+    pub const DONE: u32 = 4;
+    /// The supervisor gave up on the job (its worker died); the producer reports `WorkerDown`.
+    pub const ABORTED: u32 = 5;
+}
+
+/// Packs generation and state into one word, so a transition on a stale generation fails its CAS.
+pub fn pack(gen: u32, st: u32) -> u64 {
+    (u64::from(gen) << 32) | u64::from(st)
+}
+
+/// Splits a slot word into (generation, state).
+pub fn unpack(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+/// A worker's record in the header.
+#[repr(C)]
+pub struct WorkerRecord {
+    /// OS pid of the worker holding this record (0: unused).
+    pub pid: AtomicU32,
+    /// 1 while the worker is ready to take jobs.
+    pub ready: AtomicU32,
+    /// Last heartbeat, monotonic nanoseconds.
+    pub heartbeat_ns: AtomicU64,
+    /// Total nanoseconds spent running jobs (the utilisation signal without a GPU).
+    pub busy_ns: AtomicU64,
+    /// Jobs finished.
+    pub jobs_done: AtomicU64,
+}
+
+/// The segment header.
+#[repr(C)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: u64,
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// pid of the creating (server) process.
+    pub creator_pid: u32,
+    /// Total segment size in bytes.
+    pub size: u64,
+    /// Creation time, monotonic ns: tells instances apart.
+    pub epoch: u64,
+    /// Number of slots.
+    pub n_slots: u32,
+    /// Bytes per slot, header included.
+    pub slot_size: u32,
+    /// Request capacity per slot.
+    pub req_cap: u32,
+    /// Response capacity per slot.
+    pub resp_cap: u32,
+    /// Set to 1 when the server shuts down: workers exit.
+    pub shutdown: AtomicU32,
+    /// Bumped on every job posted (workers sleep on it).
+    pub jobs_posted: AtomicU32,
+    /// Bumped on every response write (the producer's dispatcher sleeps on it).
+    pub replies_posted: AtomicU32,
+    _pad: u32,
+    /// Per-worker records.
+    pub workers: [WorkerRecord; MAX_WORKERS],
+}
+
+/// Per-slot header, followed by `req_cap` request bytes then `resp_cap` response bytes.
+#[repr(C)]
+pub struct SlotHeader {
+    /// `generation << 32 | state`.
+    pub word: AtomicU64,
+    /// Worker index + 1 that took the job (0: none).
+    pub worker: AtomicU32,
+    /// Set to 1 by the producer to ask the worker to stop.
+    pub cancel: AtomicU32,
+    /// Request length in bytes.
+    pub req_len: AtomicU32,
+    /// Response bytes committed so far (frames; see `protocol`).
+    pub resp_len: AtomicU32,
+    /// Deadline, monotonic ns (0: none).
+    pub deadline_ns: AtomicU64,
+    /// 1 once the job was retried after a worker death (a job is retried at most once).
+    pub retried: AtomicU32,
+    _pad: [u32; 7],
+}
+
+const HEADER_BYTES: usize = 4096;
+const SLOT_HEADER_BYTES: usize = 64;
+
+/// A mapped segment. The mapping is shared with other processes; all shared fields are atomics, and the bytes
+/// areas are written only by the single owner the slot state grants.
+pub struct Segment {
+    shm: Shmem,
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping lives as long as `Segment`; concurrent access goes through atomics, and request/response
+// byte areas are only written by the party that the slot's state machine makes their single owner.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+/// Segment geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Number of slots (the most jobs in flight).
+    pub slots: usize,
+    /// Request bytes per slot.
+    pub req_cap: usize,
+    /// Response bytes per slot.
+    pub resp_cap: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+const _: () = assert!(std::mem::size_of::<SlotHeader>() == SLOT_HEADER_BYTES);
+
+fn seg_err(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Segment(e.to_string())
+}
+
+/// True when a process with this pid exists (signal 0 probes without delivering anything).
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 performs only the permission/existence check.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl Segment {
+    /// Creates the named segment. A segment of the same name left by a dead creator is removed first; one
+    /// whose creator is alive is never touched (an error says so).
+    pub fn create(name: &str, geo: Geometry) -> Result<Self> {
+        if geo.slots == 0 || geo.slots > 65_536 || geo.req_cap < 64 || geo.resp_cap < 64 {
+            return Err(QueueError::Invalid(format!("bad geometry {geo:?}")));
+        }
+        let slot_size = (SLOT_HEADER_BYTES + geo.req_cap + geo.resp_cap).next_multiple_of(64);
+        let len = HEADER_BYTES + geo.slots * slot_size;
+        let shm = match ShmemConf::new().os_id(name).size(len).create() {
+            Ok(s) => s,
+            Err(ShmemError::MappingIdExists) => {
+                remove_if_stale(name)?;
+                ShmemConf::new().os_id(name).size(len).create().map_err(seg_err)?
+            }
+            Err(e) => return Err(seg_err(e)),
+        };
+        let base = shm.as_ptr();
+        let seg = Self { shm, base, len };
+        // SAFETY: we created the mapping (zero-filled by the OS) and nobody else knows the epoch yet; the header
+        // is written before any peer can validate it.
+        unsafe {
+            let h = base as *mut Header;
+            (*h).version = LAYOUT_VERSION;
+            (*h).creator_pid = std::process::id();
+            (*h).size = len as u64;
+            (*h).epoch = now_ns();
+            (*h).n_slots = geo.slots as u32;
+            (*h).slot_size = slot_size as u32;
+            (*h).req_cap = geo.req_cap as u32;
+            (*h).resp_cap = geo.resp_cap as u32;
+            std::sync::atomic::fence(Ordering::Release);
+            std::ptr::write_volatile(&mut (*h).magic, MAGIC);
+        }
+        Ok(seg)
+    }
+
+    /// Opens an existing segment (a worker's side) and validates its header against the mapping.
+    pub fn open(name: &str) -> Result<Self> {
+        let mut shm = ShmemConf::new().os_id(name).open().map_err(seg_err)?;
+        shm.set_owner(false);
+        let base = shm.as_ptr();
+        let len = shm.len();
+        let seg = Self { shm, base, len };
+        seg.validate()?;
+        Ok(seg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.len < HEADER_BYTES {
+            return Err(QueueError::Protocol("segment smaller than its header".into()));
+        }
+        let h = self.header();
+        // SAFETY: the header lies inside the mapping (checked above); magic is read volatile once.
+        let magic = unsafe { std::ptr::read_volatile(&h.magic) };
+        if magic != MAGIC || h.version != LAYOUT_VERSION {
+            return Err(QueueError::Protocol(format!(
+                "not a tiergate segment of layout {LAYOUT_VERSION} (magic {magic:#x}, version {})",
+                h.version
+            )));
+        }
+        let slot_size = h.slot_size as usize;
+        let need = HEADER_BYTES as u128 + u128::from(h.n_slots) * slot_size as u128;
+        if h.size != self.len as u64
+            || need > self.len as u128
+            || slot_size < SLOT_HEADER_BYTES + h.req_cap as usize + h.resp_cap as usize
+            || slot_size % 64 != 0
+        {
+            return Err(QueueError::Protocol("segment geometry does not fit the mapping".into()));
+        }
+        Ok(())
+    }
+
+    /// Marks this handle as the owner (unlinks the name on drop) or not.
+    pub fn set_owner(&mut self, owner: bool) {
+        self.shm.set_owner(owner);
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        // SAFETY: HEADER_BYTES >= size_of::<Header>() and the mapping is at least that long (create/validate);
+        // page alignment satisfies Header's alignment.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.header().n_slots as usize
+    }
+
+    /// A slot's header. Panics never: indices are taken modulo-checked by callers; out of range is `None`.
+    pub fn slot(&self, i: usize) -> Option<&SlotHeader> {
+        if i >= self.slots() {
+            return None;
+        }
+        let off = HEADER_BYTES + i * self.header().slot_size as usize;
+        // SAFETY: validate/create guarantee HEADER_BYTES + n_slots * slot_size <= len; slot_size is a multiple of
+        // 64 so the SlotHeader is aligned.
+        Some(unsafe { &*(self.base.add(off) as *const SlotHeader) })
+    }
+
+    fn area(&self, i: usize, request: bool) -> Option<(*mut u8, usize)> {
+        self.slot(i)?;
+        let h = self.header();
+        let off = HEADER_BYTES + i * h.slot_size as usize + SLOT_HEADER_BYTES;
+        let (off, cap) = if request {
+            (off, h.req_cap as usize)
+        } else {
+            (off + h.req_cap as usize, h.resp_cap as usize)
+        };
+        // SAFETY: within the slot, which is within the mapping (see `slot`).
+        Some((unsafe { self.base.add(off) }, cap))
+    }
+
+    /// Copies `len` bytes of slot `i`'s request (len checked against the capacity).
+    pub fn read_request(&self, i: usize, len: usize) -> Result<Vec<u8>> {
+        let (p, cap) = self.area(i, true).ok_or_else(|| QueueError::Protocol("slot index".into()))?;
+        if len > cap {
+            return Err(QueueError::Protocol(format!("request length {len} > capacity {cap}")));
+        }
+        // SAFETY: [p, p+len) lies in the request area; the slot's state makes the producer done writing.
+        Ok(unsafe { std::slice::from_raw_parts(p, len) }.to_vec())
+    }
+
+    /// Writes slot `i`'s request bytes (the caller owns the slot in state WRITING).
+    pub fn write_request(&self, i: usize, bytes: &[u8]) -> Result<()> {
+        let (p, cap) = self.area(i, true).ok_or_else(|| QueueError::Protocol("slot index".into()))?;
+        if bytes.len() > cap {
+            return Err(QueueError::Invalid(format!("job of {} bytes > slot capacity {cap}", bytes.len())));
+        }
+        // SAFETY: in bounds; the WRITING state gives this caller exclusive use of the area.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
+        Ok(())
+    }
+
+    /// Copies response bytes `[from, to)` of slot `i` (bounds-checked).
+    pub fn read_response(&self, i: usize, from: usize, to: usize) -> Result<Vec<u8>> {
+        let (p, cap) = self.area(i, false).ok_or_else(|| QueueError::Protocol("slot index".into()))?;
+        if from > to || to > cap {
+            return Err(QueueError::Protocol(format!("response range {from}..{to} outside 0..{cap}")));
+        }
+        // SAFETY: in bounds; bytes below the committed length are no longer written by the worker.
+        Ok(unsafe { std::slice::from_raw_parts(p.add(from), to - from) }.to_vec())
+    }
+
+    /// Writes response bytes at `at` (the worker owns the slot in state TAKEN). Returns false when they do not
+    /// fit.
+    pub fn write_response(&self, i: usize, at: usize, bytes: &[u8]) -> bool {
+        let Some((p, cap)) = self.area(i, false) else {
+            return false;
+        };
+        if at.checked_add(bytes.len()).is_none_or(|end| end > cap) {
+            return false;
+        }
+        // SAFETY: in bounds; TAKEN gives the worker exclusive write access above the committed length.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(at), bytes.len()) };
+        true
+    }
+
+    /// Response capacity per slot.
+    pub fn resp_cap(&self) -> usize {
+        self.header().resp_cap as usize
+    }
+
+    /// Request capacity per slot.
+    pub fn req_cap(&self) -> usize {
+        self.header().req_cap as usize
+    }
+}
+
+/// Removes a segment whose creator is dead. A segment with a live creator is an error.
+fn remove_if_stale(name: &str) -> Result<()> {
+    let mut shm = ShmemConf::new().os_id(name).open().map_err(seg_err)?;
+    let len = shm.len();
+    let pid = if len >= HEADER_BYTES {
+        // SAFETY: the mapping is at least a header long; we only read plain integers.
+        let h = unsafe { &*(shm.as_ptr() as *const Header) };
+        (h.magic == MAGIC).then_some(h.creator_pid)
+    } else {
+        None
+    };
+    match pid {
+        Some(pid) if pid != std::process::id() && pid_alive(pid) => {
+            shm.set_owner(false);
+            Err(QueueError::Segment(format!(
+                "segment `{name}` belongs to a running instance (pid {pid}); choose another name"
+            )))
+        }
+        _ => {
+            tracing::warn!(segment = name, ?pid, "removing stale segment left by a dead process");
+            shm.set_owner(true); // unlinked on drop
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! What travels through a slot. Requests are one JSON document written once into the slot. Responses are a
+//! sequence of frames `[u32 little-endian length][u8 kind][payload]` appended by the worker: token chunks while
+//! generating, then exactly one final frame (reply or error).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{QueueError, Result};
+
+/// One candidate label for a rerank job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Label name.
+    pub label: String,
+    /// Optional human description of the label (helps the LLM).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Tier-0's probability for this label.
+    pub p: f32,
+}
+
+/// A chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// Sampling parameters for generation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Sampling {
+    /// Most tokens to generate.
+    pub max_tokens: u32,
+    /// Temperature (0: greedy).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Stop strings.
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Sampling seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// A job for a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    /// Score Tier-0's candidates for `text` with the LLM and fuse with Tier-0.
+    Rerank {
+        /// The user text.
+        text: String,
+        /// Candidates, most likely first.
+        candidates: Vec<Candidate>,
+        /// Weight of the LLM's distribution in the fusion (0: Tier-0 only, 1: LLM only).
+        llm_weight: f32,
+    },
+    /// Generate a chat reply, streamed.
+    Generate {
+        /// The conversation.
+        messages: Vec<Message>,
+        /// Sampling parameters.
+        sampling: Sampling,
+    },
+}
+
+/// A rerank answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RerankReply {
+    /// The LLM's probability per candidate (input order).
+    pub llm: Vec<f32>,
+    /// The fused probability per candidate (input order).
+    pub fused: Vec<f32>,
+    /// Prompt tokens the LLM read.
+    pub prompt_tokens: u32,
+}
+
+/// Token usage at the end of a generation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// `stop`, `length` or `cancelled`.
+    pub finish_reason: String,
+}
+
+/// The final answer of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// Answer to [`Job::Rerank`].
+    Rerank(RerankReply),
+    /// End of a [`Job::Generate`] stream.
+    Generated(Usage),
+}
+
+/// Frame kinds.
+pub mod frame {
+    /// A UTF-8 token chunk.
+    pub const CHUNK: u8 = 1;
+    /// The final reply (JSON [`super::Reply`]).
+    pub const REPLY: u8 = 2;
+    /// The final error (UTF-8 message).
+    pub const ERROR: u8 = 3;
+}
+
+/// Bytes of a frame header.
+pub const FRAME_HEADER: usize = 5;
+
+/// Encodes one frame.
+pub fn encode_frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// A token chunk.
+    Chunk(String),
+    /// The final reply.
+    Reply(Reply),
+    /// The final error.
+    Error(String),
+}
+
+/// Decodes the complete frames in `bytes`; returns them and the number of bytes consumed. A frame that claims
+/// more bytes than present is left for later; a malformed one is a protocol error.
+pub fn decode_frames(bytes: &[u8]) -> Result<(Vec<Frame>, usize)> {
+    let mut frames = Vec::new();
+    let mut at = 0usize;
+    while bytes.len() - at >= FRAME_HEADER {
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&bytes[at..at + 4]);
+        let len = u32::from_le_bytes(len) as usize;
+        let kind = bytes[at + 4];
+        let Some(end) = (at + FRAME_HEADER).checked_add(len) else {
+            return Err(QueueError::Protocol("frame length overflows".into()));
+        };
+        if end > bytes.len() {
+            break;
+        }
+        let payload = &bytes[at + FRAME_HEADER..end];
+        let text = || {
+            std::str::from_utf8(payload)
+                .map(str::to_string)
+                .map_err(|_| QueueError::Protocol("frame payload is not UTF-8".into()))
+        };
+        frames.push(match kind {
+            frame::CHUNK => Frame::Chunk(text()?),
+            frame::REPLY => Frame::Reply(
+                serde_json::from_slice(payload)
+                    .map_err(|e| QueueError::Protocol(format!("bad reply JSON: {e}")))?,
+            ),
+            frame::ERROR => Frame::Error(text()?),
+            other => return Err(QueueError::Protocol(format!("unknown frame kind {other}"))),
+        });
+        at = end;
+    }
+    Ok((frames, at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_partial_frames_wait() {
+        let reply = Reply::Generated(Usage { prompt_tokens: 3, completion_tokens: 2, finish_reason: "stop".into() });
+        let mut bytes = encode_frame(frame::CHUNK, "Hel".as_bytes());
+        bytes.extend(encode_frame(frame::CHUNK, "lo".as_bytes()));
+        let json = serde_json::to_vec(&reply).unwrap();
+        bytes.extend(encode_frame(frame::REPLY, &json));
+        let (frames, used) = decode_frames(&bytes[..bytes.len() - 1]).unwrap();
+        assert_eq!(frames, vec![Frame::Chunk("Hel".into()), Frame::Chunk("lo".into())]);
+        let (rest, used2) = decode_frames(&bytes[used..]).unwrap();
+        assert_eq!(rest, vec![Frame::Reply(reply)]);
+        assert_eq!(used + used2, bytes.len());
+    }
+
+    #[test]
+    fn garbage_is_a_protocol_error_not_a_panic() {
+        assert!(decode_frames(&[1, 0, 0, 0, 9, b'x']).is_err(), "unknown kind");
+        assert!(decode_frames(&[2, 0, 0, 0, frame::CHUNK, 0xff, 0xfe]).is_err(), "not UTF-8");
+        assert!(decode_frames(&[3, 0, 0, 0, frame::REPLY, b'{', b'x', b'}']).is_err(), "bad JSON");
+        let (f, used) = decode_frames(&[0xff, 0xff, 0xff, 0xff, frame::CHUNK]).unwrap();
+        assert!(f.is_empty() && used == 0, "a frame claiming 4 GB just waits (the reader bounds it)");
+    }
+}

@@ -1,0 +1,206 @@
+//! Worker supervision (server side, no async runtime): spawn N worker processes, notice death at once (child
+//! exit) and hangs (stale heartbeat), kill and reap a suspect *before* reclaiming its slots, then retry each
+//! of its jobs once (when nothing was streamed yet and the deadline allows) or fail it with `WorkerDown`, and
+//! restart it with exponential backoff.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::futex::{self, now_ns};
+use crate::layout::{state, Segment, MAX_WORKERS};
+use crate::slot;
+
+/// How to run the workers.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// Number of worker processes.
+    pub workers: usize,
+    /// The worker program.
+    pub program: PathBuf,
+    /// Arguments; `--segment NAME --worker-index I` are appended.
+    pub args: Vec<String>,
+    /// The segment name.
+    pub segment: String,
+    /// A ready worker whose heartbeat is older than this is killed as hung.
+    pub heartbeat_timeout: Duration,
+    /// First restart delay; doubles per consecutive failure up to `backoff_max`.
+    pub backoff_initial: Duration,
+    /// Longest restart delay.
+    pub backoff_max: Duration,
+    /// Retry a dead worker's jobs once on another worker.
+    pub retry: bool,
+}
+
+/// Counters the supervisor keeps.
+#[derive(Debug, Default)]
+pub struct SupervisorStats {
+    /// Workers restarted after a death or a hang.
+    pub restarts: AtomicU64,
+    /// Jobs re-queued after their worker died.
+    pub retried: AtomicU64,
+    /// Jobs failed with `WorkerDown`.
+    pub aborted: AtomicU64,
+}
+
+struct Proc {
+    child: Option<Child>,
+    next_start: Instant,
+    failures: u32,
+    started: Instant,
+}
+
+/// Runs the supervision thread; dropping it stops the workers.
+pub struct Supervisor {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Counters.
+    pub stats: Arc<SupervisorStats>,
+}
+
+impl Supervisor {
+    /// Starts supervising `cfg.workers` workers on `seg`.
+    pub fn start(seg: Arc<Segment>, cfg: SupervisorConfig) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(SupervisorStats::default());
+        let (s, st) = (stop.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("tiergate-supervisor".into())
+            .spawn(move || run(&seg, &cfg, &s, &st))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+            stats,
+        })
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.stop.store(true, Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(seg: &Segment, cfg: &SupervisorConfig, stop: &AtomicBool, stats: &SupervisorStats) {
+    let n = cfg.workers.min(MAX_WORKERS);
+    let mut procs: Vec<Proc> = (0..n)
+        .map(|_| Proc {
+            child: None,
+            next_start: Instant::now(),
+            failures: 0,
+            started: Instant::now(),
+        })
+        .collect();
+    while !stop.load(Acquire) {
+        for (i, p) in procs.iter_mut().enumerate() {
+            match &mut p.child {
+                None if Instant::now() >= p.next_start => spawn(cfg, i, p),
+                None => {}
+                Some(child) => {
+                    let exited = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
+                    let rec = &seg.header().workers[i];
+                    let hung = rec.ready.load(Acquire) == 1
+                        && now_ns().saturating_sub(rec.heartbeat_ns.load(Acquire))
+                            > cfg.heartbeat_timeout.as_nanos() as u64;
+                    if exited || hung {
+                        if hung && !exited {
+                            tracing::warn!(worker = i, "worker heartbeat is stale: killing it");
+                            let _ = child.kill();
+                        }
+                        // Reap before touching its slots: a dead process can no longer write into them.
+                        let status = child.wait();
+                        tracing::warn!(worker = i, ?status, "reranker worker died");
+                        p.child = None;
+                        reclaim(seg, i, cfg.retry, stats);
+                        stats.restarts.fetch_add(1, Relaxed);
+                        if p.started.elapsed() > Duration::from_secs(30) {
+                            p.failures = 0;
+                        }
+                        let backoff = cfg
+                            .backoff_initial
+                            .saturating_mul(1u32 << p.failures.min(16))
+                            .min(cfg.backoff_max);
+                        p.failures += 1;
+                        p.next_start = Instant::now() + backoff;
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Shutdown: ask the workers to exit, give them a moment, then kill what is left.
+    let h = seg.header();
+    h.shutdown.store(1, Release);
+    futex::wake(&h.jobs_posted, i32::MAX);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for p in &mut procs {
+        if let Some(child) = &mut p.child {
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn(cfg: &SupervisorConfig, i: usize, p: &mut Proc) {
+    let mut cmd = Command::new(&cfg.program);
+    cmd.args(&cfg.args)
+        .args(["--segment", &cfg.segment, "--worker-index", &i.to_string()])
+        .stdin(Stdio::null());
+    match cmd.spawn() {
+        Ok(child) => {
+            tracing::info!(worker = i, pid = child.id(), "reranker worker started");
+            p.child = Some(child);
+            p.started = Instant::now();
+        }
+        Err(e) => {
+            tracing::error!(worker = i, error = %e, program = %cfg.program.display(), "cannot start worker");
+            p.failures += 1;
+            p.next_start = Instant::now() + cfg.backoff_max;
+        }
+    }
+}
+
+/// Clears a dead worker's record and settles every job it held: re-queued once when nothing was streamed and
+/// the deadline is still ahead, otherwise aborted (the submitter gets `WorkerDown`).
+pub fn reclaim(seg: &Segment, index: usize, retry: bool, stats: &SupervisorStats) {
+    let h = seg.header();
+    let rec = &h.workers[index];
+    rec.ready.store(0, Release);
+    rec.pid.store(0, Release);
+    let now = now_ns();
+    for i in 0..seg.slots() {
+        let Some(s) = seg.slot(i) else { continue };
+        let (gen, st) = slot::load(s);
+        if st != state::TAKEN || s.worker.load(Acquire) != index as u32 + 1 {
+            continue;
+        }
+        let deadline = s.deadline_ns.load(Acquire);
+        let can_retry = retry
+            && s.retried.load(Acquire) == 0
+            && s.resp_len.load(Acquire) == 0
+            && s.cancel.load(Acquire) == 0
+            && (deadline == 0 || deadline > now);
+        if can_retry {
+            s.retried.store(1, Release);
+            s.worker.store(0, Release);
+            if slot::requeue(s, gen) {
+                stats.retried.fetch_add(1, Relaxed);
+                h.jobs_posted.fetch_add(1, Release);
+                futex::wake(&h.jobs_posted, 1);
+            }
+        } else if slot::abort(s, gen) {
+            stats.aborted.fetch_add(1, Relaxed);
+            h.replies_posted.fetch_add(1, Release);
+            futex::wake(&h.replies_posted, i32::MAX);
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The worker's side: register in the header, heartbeat, take READY jobs, stream frames back, finish.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{QueueError, Result};
+use crate::futex::{self, now_ns};
+use crate::layout::{pid_alive, Segment, WorkerRecord, MAX_WORKERS};
+use crate::protocol::{encode_frame, frame, Job, Reply, FRAME_HEADER};
+use crate::slot;
+
+/// Bytes kept free in every response area for the final frame.
+pub const FINAL_RESERVE: usize = 4096;
+
+/// A worker process's attachment to the queue.
+pub struct QueueWorker {
+    seg: Arc<Segment>,
+    index: usize,
+    creator_pid: u32,
+}
+
+impl QueueWorker {
+    /// Registers as worker `index` (0-based, below [`MAX_WORKERS`]).
+    pub fn attach(seg: Arc<Segment>, index: usize) -> Result<Self> {
+        if index >= MAX_WORKERS {
+            return Err(QueueError::Invalid(format!("worker index {index} >= {MAX_WORKERS}")));
+        }
+        let creator_pid = seg.header().creator_pid;
+        let w = Self {
+            seg,
+            index,
+            creator_pid,
+        };
+        let r = w.record();
+        r.pid.store(std::process::id(), Release);
+        r.heartbeat_ns.store(now_ns(), Release);
+        Ok(w)
+    }
+
+    fn record(&self) -> &WorkerRecord {
+        &self.seg.header().workers[self.index]
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+
+    /// Marks the worker ready (model loaded) or not.
+    pub fn set_ready(&self, ready: bool) {
+        self.record().ready.store(u32::from(ready), Release);
+    }
+
+    /// Publishes liveness.
+    pub fn heartbeat(&self) {
+        self.record().heartbeat_ns.store(now_ns(), Release);
+    }
+
+    /// True when the server asked workers to stop or is gone.
+    pub fn should_exit(&self) -> bool {
+        self.seg.header().shutdown.load(Acquire) == 1 || !pid_alive(self.creator_pid)
+    }
+
+    /// Takes the next READY job, waiting up to `timeout`. A request that cannot be read or parsed is answered
+    /// with an error frame at once (only that job fails) and `None` is returned for it.
+    pub fn take(&self, timeout: Duration) -> Option<TakenJob> {
+        let h = self.seg.header();
+        let n = self.seg.slots();
+        let offset = self.index * 7919;
+        let mut found = None;
+        futex::wait_until(&h.jobs_posted, timeout, Duration::from_micros(30), || {
+            found = (0..n).find_map(|k| {
+                let i = (offset + k) % n;
+                self.seg.slot(i).and_then(slot::take).map(|gen| (i, gen))
+            });
+            found.is_some() || h.shutdown.load(Acquire) == 1
+        });
+        let (i, gen) = found?;
+        let s = self.seg.slot(i)?;
+        s.worker.store(self.index as u32 + 1, Release);
+        let mut taken = Taken {
+            seg: self.seg.clone(),
+            worker: self.index,
+            slot: i,
+            gen,
+            written: s.resp_len.load(Acquire) as usize,
+            started: Instant::now(),
+            deadline_ns: s.deadline_ns.load(Relaxed),
+            finished: false,
+        };
+        let len = s.req_len.load(Acquire) as usize;
+        let parsed = self
+            .seg
+            .read_request(i, len)
+            .and_then(|b| serde_json::from_slice::<Job>(&b).map_err(|e| QueueError::Protocol(format!("bad job: {e}"))));
+        match parsed {
+            Ok(job) => Some(TakenJob { job, taken }),
+            Err(e) => {
+                tracing::warn!(slot = i, error = %e, "rejecting unreadable job");
+                taken.fail(&e.to_string());
+                None
+            }
+        }
+    }
+}
+
+/// A job this worker holds. Dropping it without finishing answers with an error frame.
+pub struct Taken {
+    seg: Arc<Segment>,
+    worker: usize,
+    slot: usize,
+    gen: u32,
+    written: usize,
+    started: Instant,
+    deadline_ns: u64,
+    finished: bool,
+}
+
+/// A taken job and its request.
+pub struct TakenJob {
+    /// The request.
+    pub job: Job,
+    /// The handle to answer it.
+    pub taken: Taken,
+}
+
+impl Taken {
+    /// Slot index (diagnostics).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// True when the submitter cancelled or the deadline passed: stop working on it.
+    pub fn cancelled(&self) -> bool {
+        let Some(s) = self.seg.slot(self.slot) else {
+            return true;
+        };
+        s.cancel.load(Acquire) == 1 || (self.deadline_ns != 0 && now_ns() > self.deadline_ns)
+    }
+
+    fn append(&mut self, kind: u8, payload: &[u8], reserve: usize) -> bool {
+        let bytes = encode_frame(kind, payload);
+        if self.written + bytes.len() + reserve > self.seg.resp_cap() {
+            return false;
+        }
+        if !self.seg.write_response(self.slot, self.written, &bytes) {
+            return false;
+        }
+        self.written += bytes.len();
+        if let Some(s) = self.seg.slot(self.slot) {
+            s.resp_len.store(self.written as u32, Release);
+        }
+        let h = self.seg.header();
+        h.replies_posted.fetch_add(1, Release);
+        futex::wake(&h.replies_posted, i32::MAX);
+        true
+    }
+
+    /// Streams a token chunk. False when the job was cancelled or the response area is full.
+    pub fn chunk(&mut self, text: &str) -> bool {
+        !self.cancelled() && self.append(frame::CHUNK, text.as_bytes(), FINAL_RESERVE)
+    }
+
+    /// Sends the final reply and hands the slot back.
+    pub fn reply(mut self, reply: &Reply) {
+        match serde_json::to_vec(reply) {
+            Ok(json) if json.len() + FRAME_HEADER <= FINAL_RESERVE => {
+                self.append(frame::REPLY, &json, 0);
+                self.complete();
+            }
+            Ok(_) => self.fail("reply does not fit the response area"),
+            Err(e) => self.fail(&format!("cannot encode reply: {e}")),
+        }
+    }
+
+    /// Sends a final error and hands the slot back.
+    pub fn fail(&mut self, message: &str) {
+        let cut: String = message.chars().take(FINAL_RESERVE / 2).collect();
+        self.append(frame::ERROR, cut.as_bytes(), 0);
+        self.complete();
+    }
+
+    fn complete(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let busy = self.started.elapsed().as_nanos() as u64;
+        let r = &self.seg.header().workers[self.worker];
+        r.busy_ns.fetch_add(busy, Relaxed);
+        r.jobs_done.fetch_add(1, Relaxed);
+        if let Some(s) = self.seg.slot(self.slot) {
+            if !slot::finish(s, self.gen) {
+                tracing::warn!(slot = self.slot, "job no longer ours (reclaimed); reply dropped");
+            }
+        }
+        let h = self.seg.header();
+        h.replies_posted.fetch_add(1, Release);
+        futex::wake(&h.replies_posted, i32::MAX);
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.fail("worker dropped the job without answering");
+        }
+    }
+}
