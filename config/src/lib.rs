@@ -7,9 +7,14 @@
 mod error;
 mod load;
 mod prefilter;
+mod serving;
 
 pub use error::ConfigError;
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
+pub use serving::{
+    FailureMode, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig,
+    UtilizationSource,
+};
 pub use prefilter::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
 
 use serde::{Deserialize, Serialize};
@@ -20,11 +25,33 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     /// The Tier-0 encoder classifier.
     pub prefilter: PrefilterConfig,
+    /// HTTP front end.
+    pub server: ServerConfig,
+    /// Escalation policy.
+    pub routing: RoutingConfig,
+    /// LLM worker processes and the queue.
+    pub reranker: RerankerConfig,
+    /// Routes (`model` names).
+    pub routes: Vec<RouteConfig>,
 }
 
 impl Config {
     /// Checks every field; the first problem found is returned with the field's dotted path.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.prefilter.validate("prefilter")
+        self.prefilter.validate("prefilter")?;
+        self.routing.validate("routing")?;
+        self.reranker.validate("reranker")?;
+        let mut seen = std::collections::HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if r.name.trim().is_empty() || !seen.insert(r.name.as_str()) {
+                return Err(ConfigError::invalid(format!("routes[{i}].name"), "must be non-empty and unique"));
+            }
+            if let Some(h) = &r.head {
+                let mut p = self.prefilter.clone();
+                p.head = h.clone();
+                p.validate(&format!("routes[{i}]"))?;
+            }
+        }
+        Ok(())
     }
 }

@@ -174,6 +174,18 @@ impl Taken {
         }
     }
 
+    /// Fault injection (the stub engine's `garbage` knob): commits `bytes` as the response, unframed, and hands
+    /// the slot back, so the submitter's reader meets a protocol violation.
+    pub fn corrupt(mut self, bytes: &[u8]) {
+        if self.seg.write_response(self.slot, self.written, bytes) {
+            self.written += bytes.len();
+            if let Some(s) = self.seg.slot(self.slot) {
+                s.resp_len.store(self.written as u32, Release);
+            }
+        }
+        self.complete();
+    }
+
     /// Sends a final error and hands the slot back.
     pub fn fail(&mut self, message: &str) {
         let cut: String = message.chars().take(FINAL_RESERVE / 2).collect();

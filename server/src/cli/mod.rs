@@ -1,6 +1,7 @@
-//! Command-line interface: `tiergate train` and `tiergate eval` (`serve` arrives with the HTTP server).
+//! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`.
 
 mod eval;
+mod serve;
 mod train;
 
 use std::path::PathBuf;
@@ -17,6 +18,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve the OpenAI-compatible API (embedded default config unless --config is given).
+    Serve(serve::ServeArgs),
     /// Train a softmax head (optionally fine-tuning the encoder) and calibrate it on a dev split.
     Train(train::TrainArgs),
     /// Evaluate a classifier: accuracy, macro-F1, top-5 recall, ECE, selective prediction, speed.
@@ -65,6 +68,7 @@ pub struct ConfigArgs {
 /// Runs a parsed command. `env` is the process environment (for `TIERGATE__…` overrides).
 pub fn run(cli: Cli, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve(args) => serve::run(&args, env),
         Command::Train(args) => train::run(&args),
         Command::Eval(args) => eval::run(&args, env),
     }

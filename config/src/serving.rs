@@ -1,0 +1,265 @@
+//! The `[server]`, `[routing]`, `[reranker]` sections and the `[[routes]]` list used by `tiergate serve`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ConfigError, HeadConfig};
+
+/// HTTP front end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Time allowed to receive a request's headers, in milliseconds (a slow client is cut off).
+    pub header_timeout_ms: u64,
+    /// Time allowed to receive a request body, in milliseconds.
+    pub body_timeout_ms: u64,
+    /// Requests handled at once by the whole server; beyond this, 429 with `Retry-After` (one admission point).
+    pub max_in_flight: usize,
+    /// Bearer token for `/admin/*`. Without one, admin requests are accepted from loopback only.
+    pub admin_token: Option<String>,
+    /// When the LLM side is full, down or late: `degrade` answers with Tier-0 (flagged), `reject` returns 503.
+    pub on_escalation_failure: FailureMode,
+    /// Time given to in-flight requests at shutdown, in milliseconds.
+    pub drain_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 256 * 1024,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            max_in_flight: 512,
+            admin_token: None,
+            on_escalation_failure: FailureMode::Degrade,
+            drain_ms: 10_000,
+        }
+    }
+}
+
+/// What to do when escalation fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Answer with Tier-0 and `x-tiergate-degraded`.
+    Degrade,
+    /// Return 503.
+    Reject,
+}
+
+/// How θ_eff is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingMode {
+    /// θ_eff = θ_base.
+    Static,
+    /// θ_eff = clamp(θ_base + k·u, θ_min, θ_max).
+    Load,
+    /// θ tracks the (1 − target_share) quantile of recent ambiguity.
+    Target,
+    /// A bounded controller keeps the escalated channel's p95 under `slo_p95_ms`.
+    Slo,
+}
+
+/// Where the utilisation u comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UtilizationSource {
+    /// NVML when it initialises, else the workers' busy fraction.
+    Auto,
+    /// The GPU via NVML.
+    Nvml,
+    /// The reranker workers' measured busy fraction.
+    Workers,
+    /// `manual_utilization`, set by an operator.
+    Manual,
+}
+
+/// The escalation policy (live-tunable through `/admin/routing`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// How θ_eff is computed.
+    pub mode: RoutingMode,
+    /// Base threshold on the ambiguity 1 − max p.
+    pub theta_base: f64,
+    /// Load sensitivity: θ rises by k at full utilisation.
+    pub k: f64,
+    /// Lowest θ_eff.
+    pub theta_min: f64,
+    /// Highest θ_eff.
+    pub theta_max: f64,
+    /// `target` mode: share of traffic to escalate.
+    pub target_share: f64,
+    /// `slo` mode: p95 target of the escalated channel, milliseconds.
+    pub slo_p95_ms: f64,
+    /// Where u comes from.
+    pub utilization_source: UtilizationSource,
+    /// u used when the source is `manual`.
+    pub manual_utilization: f64,
+    /// Honour the request header `x-tiergate-threshold`.
+    pub allow_header_override: bool,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            mode: RoutingMode::Load,
+            theta_base: 0.65,
+            k: 0.15,
+            theta_min: 0.0,
+            theta_max: 1.0,
+            target_share: 0.1,
+            slo_p95_ms: 4_500.0,
+            utilization_source: UtilizationSource::Auto,
+            manual_utilization: 0.0,
+            allow_header_override: true,
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Checks the policy; errors name the field.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let unit = |name: &str, v: f64| {
+            if v.is_finite() && (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::invalid(format!("{at}.{name}"), format!("{v} is outside [0, 1]")))
+            }
+        };
+        unit("theta_base", self.theta_base)?;
+        unit("theta_min", self.theta_min)?;
+        unit("theta_max", self.theta_max)?;
+        unit("target_share", self.target_share)?;
+        unit("manual_utilization", self.manual_utilization)?;
+        if !(self.k.is_finite() && (-1.0..=1.0).contains(&self.k)) {
+            return Err(ConfigError::invalid(format!("{at}.k"), format!("{} is outside [-1, 1]", self.k)));
+        }
+        if self.theta_min > self.theta_max {
+            return Err(ConfigError::invalid(
+                format!("{at}.theta_min"),
+                format!("{} is above theta_max {}", self.theta_min, self.theta_max),
+            ));
+        }
+        if !(self.slo_p95_ms.is_finite() && self.slo_p95_ms > 0.0) {
+            return Err(ConfigError::invalid(format!("{at}.slo_p95_ms"), "must be a positive number"));
+        }
+        Ok(())
+    }
+}
+
+/// The LLM worker processes and the shared-memory queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RerankerConfig {
+    /// Worker processes (0: no LLM; escalations degrade).
+    pub workers: usize,
+    /// The worker program; empty: `tiergate-reranker` next to the `tiergate` binary.
+    pub program: PathBuf,
+    /// `stub` or `mistralrs`.
+    pub engine: String,
+    /// The model for `mistralrs`: a .gguf file or a Hugging Face folder.
+    pub model: PathBuf,
+    /// Dequantise GGUF weights to f32 (faster prefill on CPU).
+    pub f32_weights: bool,
+    /// Jobs each worker runs at once.
+    pub max_concurrent: usize,
+    /// Extra arguments for the worker (e.g. stub knobs).
+    pub extra_args: Vec<String>,
+    /// Slots in the shared-memory queue (the most escalations in flight).
+    pub slots: usize,
+    /// Request bytes per slot.
+    pub request_bytes: usize,
+    /// Response bytes per slot.
+    pub response_bytes: usize,
+    /// A worker silent for this long is killed as hung, milliseconds.
+    pub heartbeat_timeout_ms: u64,
+    /// Deadline of a rerank job, milliseconds.
+    pub rerank_deadline_ms: u64,
+    /// Deadline of a generation, milliseconds.
+    pub generate_deadline_ms: u64,
+    /// Weight of the LLM's distribution when fusing with Tier-0.
+    pub llm_weight: f32,
+    /// Candidates sent to the LLM.
+    pub candidates: usize,
+}
+
+impl Default for RerankerConfig {
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            program: PathBuf::new(),
+            engine: "mistralrs".into(),
+            model: PathBuf::from("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            f32_weights: false,
+            max_concurrent: 4,
+            extra_args: Vec::new(),
+            slots: 64,
+            request_bytes: 16 * 1024,
+            response_bytes: 64 * 1024,
+            heartbeat_timeout_ms: 5_000,
+            rerank_deadline_ms: 10_000,
+            generate_deadline_ms: 60_000,
+            llm_weight: 0.5,
+            candidates: 5,
+        }
+    }
+}
+
+/// What a route does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteKind {
+    /// Reply with the label.
+    Classify,
+    /// Reply with the label's configured text (FAQ bot); escalations get an LLM-written reply.
+    Answer,
+    /// Straight to the LLM.
+    Generate,
+}
+
+/// A route: what a client names in `model`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The `model` name.
+    pub name: String,
+    /// What it does.
+    pub kind: RouteKind,
+    /// A head of its own (e.g. a trained one); by default the `[prefilter]` head.
+    #[serde(default)]
+    pub head: Option<HeadConfig>,
+}
+
+impl RerankerConfig {
+    /// Checks the section.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if self.engine != "stub" && self.engine != "mistralrs" {
+            return Err(ConfigError::invalid(format!("{at}.engine"), format!("`{}`: use stub or mistralrs", self.engine)));
+        }
+        if self.workers > 16 {
+            return Err(ConfigError::invalid(format!("{at}.workers"), "at most 16"));
+        }
+        if !(1..=65_536).contains(&self.slots) {
+            return Err(ConfigError::invalid(format!("{at}.slots"), "must be in 1..=65536"));
+        }
+        if self.request_bytes < 1024 || self.response_bytes < 8192 {
+            return Err(ConfigError::invalid(format!("{at}.request_bytes"), "request >= 1024 and response >= 8192 bytes"));
+        }
+        if !(0.0..=1.0).contains(&self.llm_weight) {
+            return Err(ConfigError::invalid(format!("{at}.llm_weight"), "must be in [0, 1]"));
+        }
+        if !(1..=10).contains(&self.candidates) {
+            return Err(ConfigError::invalid(format!("{at}.candidates"), "must be in 1..=10"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+//! The contract between the job loop and an LLM engine.
+
+use tiergate_queue::{Candidate, Message, Sampling, Usage};
+
+/// An engine failure (reported to the submitter as the job's error).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request cannot be run (empty candidates, prompt too long, …).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The engine failed while running it.
+    #[error("engine failed: {0}")]
+    Failed(String),
+}
+
+/// The LLM's view of a rerank job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    /// Probability per candidate (input order), summing to 1.
+    pub probs: Vec<f32>,
+    /// Prompt tokens read.
+    pub prompt_tokens: u32,
+}
+
+/// An LLM engine. Methods block; the job loop calls them from several threads at once.
+pub trait Engine: Send + Sync {
+    /// Short name for logs.
+    fn name(&self) -> &str;
+
+    /// Scores `candidates` as answers for `text` (prefill-only multiple choice).
+    fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError>;
+
+    /// Called as each job starts; fault injection (only the stub does anything here). True: answer this job
+    /// with garbage.
+    fn on_job_start(&self) -> bool {
+        false
+    }
+
+    /// Generates a reply, calling `on_token` with each text chunk; `on_token` returning false stops early
+    /// (cancelled). Returns the usage.
+    fn generate(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+        on_token: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Usage, EngineError>;
+}

@@ -1,0 +1,119 @@
+//! `tiergate-reranker`: one reranker worker process. Started by the server's supervisor with
+//! `--segment NAME --worker-index I`; attaches to the shared-memory queue and serves jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use tiergate_queue::{QueueWorker, Segment};
+use tiergate_reranker::engine::Engine;
+use tiergate_reranker::serve::{serve, ServeConfig};
+use tiergate_reranker::stub::{StubEngine, StubKnobs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EngineKind {
+    /// The deterministic stub (no model).
+    Stub,
+    /// mistralrs with the model given by --model.
+    Mistralrs,
+}
+
+/// A tiergate reranker worker.
+#[derive(Debug, Parser)]
+#[command(name = "tiergate-reranker", version, about)]
+struct Args {
+    /// Name of the server's shared-memory segment.
+    #[arg(long)]
+    segment: String,
+    /// This worker's index (0-based).
+    #[arg(long)]
+    worker_index: usize,
+    /// Which engine to run.
+    #[arg(long, value_enum, default_value_t = EngineKind::Stub)]
+    engine: EngineKind,
+    /// The model: a .gguf file or a Hugging Face folder.
+    #[arg(long, default_value = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: std::path::PathBuf,
+    /// In-situ quantisation for a Hugging Face folder (q4_0, q4_1, q5_0, q5_1, q8_0).
+    #[arg(long)]
+    isq: Option<String>,
+    /// Dequantise GGUF weights to f32 (faster prefill on CPU, slower decode; see the README).
+    #[arg(long)]
+    f32_weights: bool,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 4)]
+    max_concurrent: usize,
+    /// Heartbeat period in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    /// Stub: milliseconds each job takes.
+    #[arg(long, default_value_t = 0)]
+    stub_delay_ms: u64,
+    /// Stub: abort the process at job N.
+    #[arg(long)]
+    stub_crash_after: Option<u64>,
+    /// Stub: freeze the process at job N.
+    #[arg(long)]
+    stub_hang_after: Option<u64>,
+    /// Stub: answer every N-th job with garbage.
+    #[arg(long)]
+    stub_garbage_every: Option<u64>,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(args) {
+        Ok(code) => std::process::ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("tiergate-reranker: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<i32> {
+    let seg = Arc::new(Segment::open(&args.segment)?);
+    let worker = QueueWorker::attach(seg, args.worker_index)?;
+    // Heartbeats start before the model loads (loading can take a while); readiness comes after.
+    worker.heartbeat();
+    let engine: Arc<dyn Engine> = match args.engine {
+        EngineKind::Stub => Arc::new(StubEngine::new(StubKnobs {
+            delay: Duration::from_millis(args.stub_delay_ms),
+            crash_after: args.stub_crash_after,
+            hang_after: args.stub_hang_after,
+            garbage_every: args.stub_garbage_every,
+        })),
+        EngineKind::Mistralrs => load_llm(&args)?,
+    };
+    let cfg = ServeConfig {
+        max_concurrent: args.max_concurrent,
+        heartbeat: Duration::from_millis(args.heartbeat_ms.max(1)),
+    };
+    Ok(serve(worker, engine, cfg))
+}
+
+#[cfg(feature = "llm")]
+fn load_llm(args: &Args) -> anyhow::Result<Arc<dyn Engine>> {
+    if args.f32_weights {
+        // candle reads this switch from the environment; only this binary's main sets it.
+        std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    }
+    let opts = tiergate_reranker::llm::LlmOptions {
+        model: args.model.clone(),
+        isq: args.isq.clone(),
+        max_seqs: args.max_concurrent.max(1),
+    };
+    Ok(Arc::new(tiergate_reranker::llm::MistralEngine::load(&opts)?))
+}
+
+#[cfg(not(feature = "llm"))]
+fn load_llm(_: &Args) -> anyhow::Result<Arc<dyn Engine>> {
+    anyhow::bail!("this build has no mistralrs engine (built without the `llm` feature)")
+}

@@ -1,0 +1,138 @@
+//! A deterministic stub engine: fixed scores and tokens, with knobs for delay, crash, hang and garbage, so the
+//! queue, the supervision and the server can be tested (and run) without a model.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tiergate_queue::{Candidate, Message, Sampling, Usage};
+
+use crate::engine::{Engine, EngineError, Scored};
+
+/// Fault-injection and timing knobs.
+#[derive(Debug, Clone, Default)]
+pub struct StubKnobs {
+    /// Time each job takes.
+    pub delay: Duration,
+    /// Abort the process when starting job number N (1-based).
+    pub crash_after: Option<u64>,
+    /// Freeze the whole process (heartbeat included) when starting job number N.
+    pub hang_after: Option<u64>,
+    /// Answer every N-th job with bytes that break the protocol.
+    pub garbage_every: Option<u64>,
+}
+
+/// The stub engine.
+pub struct StubEngine {
+    knobs: StubKnobs,
+    jobs: AtomicU64,
+}
+
+impl StubEngine {
+    /// A stub with these knobs.
+    pub fn new(knobs: StubKnobs) -> Self {
+        Self { knobs, jobs: AtomicU64::new(0) }
+    }
+
+    fn start_job(&self) -> bool {
+        let n = self.jobs.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.knobs.crash_after == Some(n) {
+            tracing::error!(job = n, "stub engine: crashing as configured");
+            std::process::abort();
+        }
+        if self.knobs.hang_after == Some(n) {
+            tracing::error!(job = n, "stub engine: freezing the process as configured");
+            // SAFETY: raise only sends a signal to this process; SIGSTOP stops every thread until SIGCONT/SIGKILL.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+        self.knobs.garbage_every.is_some_and(|k| k > 0 && n % k == 0)
+    }
+}
+
+/// Words of a label (`card_arrival` → `card`, `arrival`).
+fn label_words(label: &str) -> Vec<String> {
+    label.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_lowercase).collect()
+}
+
+impl Engine for StubEngine {
+    fn name(&self) -> &str {
+        "stub"
+    }
+
+    /// Counts the job and applies the crash / hang / garbage knobs.
+    fn on_job_start(&self) -> bool {
+        self.start_job()
+    }
+
+    /// Score ∝ 1 + (words the text shares with the label): deterministic and easy to predict in tests.
+    fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError> {
+        if candidates.is_empty() {
+            return Err(EngineError::Invalid("no candidates".into()));
+        }
+        std::thread::sleep(self.knobs.delay);
+        let words: Vec<String> = text.split(|c: char| !c.is_alphanumeric()).map(str::to_lowercase).collect();
+        let raw: Vec<f32> = candidates
+            .iter()
+            .map(|c| 1.0 + label_words(&c.label).iter().filter(|w| words.contains(w)).count() as f32 * 3.0)
+            .collect();
+        let sum: f32 = raw.iter().sum();
+        Ok(Scored { probs: raw.iter().map(|r| r / sum).collect(), prompt_tokens: words.len() as u32 })
+    }
+
+    /// Echoes the last user message word by word: `stub: w1 w2 …`, at most `max_tokens` tokens.
+    fn generate(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+        on_token: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Usage, EngineError> {
+        let last = messages.iter().rev().find(|m| m.role == "user").map_or("", |m| m.content.as_str());
+        let tokens: Vec<String> = std::iter::once("stub:".to_string())
+            .chain(last.split_whitespace().map(|w| format!(" {w}")))
+            .collect();
+        let max = sampling.max_tokens.max(1) as usize;
+        let step = self.knobs.delay / (tokens.len().min(max) as u32).max(1);
+        let mut sent = 0u32;
+        let mut reason = if tokens.len() > max { "length" } else { "stop" };
+        for t in tokens.iter().take(max) {
+            std::thread::sleep(step);
+            if !on_token(t) {
+                reason = "cancelled";
+                break;
+            }
+            sent += 1;
+        }
+        Ok(Usage {
+            prompt_tokens: messages.iter().map(|m| m.content.split_whitespace().count() as u32).sum(),
+            completion_tokens: sent,
+            finish_reason: reason.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(label: &str) -> Candidate {
+        Candidate { label: label.into(), description: None, p: 0.5 }
+    }
+
+    #[test]
+    fn stub_scores_shared_words_and_echoes() {
+        let e = StubEngine::new(StubKnobs::default());
+        let s = e.score("my card has not arrived", &[cand("card_arrival"), cand("exchange_rate")]).unwrap();
+        assert!(s.probs[0] > s.probs[1]);
+        assert!((s.probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let mut out = String::new();
+        let msgs = vec![Message { role: "user".into(), content: "hello there world".into() }];
+        let u = e
+            .generate(&msgs, &Sampling { max_tokens: 3, ..Default::default() }, &mut |t| {
+                out.push_str(t);
+                true
+            })
+            .unwrap();
+        assert_eq!(out, "stub: hello there");
+        assert_eq!((u.completion_tokens, u.finish_reason.as_str()), (3, "length"));
+        assert!(e.score("x", &[]).is_err());
+    }
+}

@@ -1,0 +1,142 @@
+//! The server's shared state, built once from the config: one prefilter per distinct head, the routes, the
+//! policy, and (when configured) the LLM side: segment, supervisor and queue client.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tiergate_config::{Config, HeadConfig, RouteKind};
+use tiergate_prefilter::{Classifier, PrefilterHandle};
+use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
+use tokio::sync::Semaphore;
+
+use crate::policy::Policy;
+
+/// One route.
+pub struct Route {
+    /// The `model` name.
+    pub name: String,
+    /// What it does.
+    pub kind: RouteKind,
+    /// Its classifier (classify and answer routes).
+    pub prefilter: Option<PrefilterHandle>,
+}
+
+/// The LLM side.
+pub struct Llm {
+    /// Submits jobs.
+    pub client: Client,
+    /// Runs the workers (dropped after the client at shutdown).
+    pub supervisor: Supervisor,
+}
+
+/// Everything a handler needs.
+pub struct AppState {
+    /// The effective config (served at `/info`, secrets redacted).
+    pub config: Config,
+    /// Routes by name.
+    pub routes: HashMap<String, Route>,
+    /// Route names in config order.
+    pub route_order: Vec<String>,
+    /// The routing policy.
+    pub policy: Arc<Policy>,
+    /// The LLM side, when `reranker.workers > 0`.
+    pub llm: Option<Llm>,
+    /// Renders `/metrics`.
+    pub metrics: Option<PrometheusHandle>,
+    /// The one admission limit for the whole server.
+    pub admission: Arc<Semaphore>,
+    /// Start time.
+    pub started: Instant,
+}
+
+impl AppState {
+    /// Builds the state: loads the prefilters (blocking: call from a blocking context), creates the segment and
+    /// starts the workers.
+    pub fn build(config: Config, metrics: Option<PrometheusHandle>, worker_program: Option<PathBuf>) -> anyhow::Result<Self> {
+        let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
+        let mut routes = HashMap::new();
+        let mut order = Vec::new();
+        let route_cfgs = if config.routes.is_empty() {
+            vec![tiergate_config::RouteConfig { name: "classify".into(), kind: RouteKind::Classify, head: None }]
+        } else {
+            config.routes.clone()
+        };
+        for r in &route_cfgs {
+            let prefilter = if r.kind == RouteKind::Generate {
+                None
+            } else {
+                let head = r.head.clone().unwrap_or_else(|| config.prefilter.head.clone());
+                match handles.iter().find(|(h, _)| *h == head) {
+                    Some((_, h)) => Some(h.clone()),
+                    None => {
+                        let mut pcfg = config.prefilter.clone();
+                        pcfg.head = head.clone();
+                        let classifier = Classifier::from_config(&pcfg)?;
+                        let (handle, _stats) = PrefilterHandle::start(classifier, &pcfg)?;
+                        handles.push((head, handle.clone()));
+                        Some(handle)
+                    }
+                }
+            };
+            order.push(r.name.clone());
+            routes.insert(r.name.clone(), Route { name: r.name.clone(), kind: r.kind, prefilter });
+        }
+        let llm = if config.reranker.workers > 0 { Some(start_llm(&config, worker_program)?) } else { None };
+        Ok(Self {
+            policy: Arc::new(Policy::new(config.routing.clone())),
+            admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
+            config,
+            routes,
+            route_order: order,
+            llm,
+            metrics,
+            started: Instant::now(),
+        })
+    }
+
+    /// Live, ready workers (0 without an LLM side).
+    pub fn live_workers(&self) -> usize {
+        self.llm.as_ref().map_or(0, |l| l.client.live_workers())
+    }
+}
+
+fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
+    let r = &config.reranker;
+    let name = format!("tiergate-{}", std::process::id());
+    let seg = Arc::new(Segment::create(
+        &name,
+        Geometry { slots: r.slots, req_cap: r.request_bytes, resp_cap: r.response_bytes },
+    )?);
+    let program = if r.program.as_os_str().is_empty() {
+        worker_program.ok_or_else(|| anyhow::anyhow!("cannot locate tiergate-reranker; set reranker.program"))?
+    } else {
+        r.program.clone()
+    };
+    let mut args = vec!["--engine".to_string(), r.engine.clone(), "--max-concurrent".into(), r.max_concurrent.to_string()];
+    if r.engine == "mistralrs" {
+        args.extend(["--model".to_string(), r.model.to_string_lossy().into_owned()]);
+        if r.f32_weights {
+            args.push("--f32-weights".into());
+        }
+    }
+    args.extend(r.extra_args.iter().cloned());
+    let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);
+    let supervisor = Supervisor::start(
+        seg.clone(),
+        SupervisorConfig {
+            workers: r.workers,
+            program,
+            args,
+            segment: name,
+            heartbeat_timeout: heartbeat,
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            retry: true,
+        },
+    )?;
+    let client = Client::new(seg, heartbeat)?;
+    Ok(Llm { client, supervisor })
+}

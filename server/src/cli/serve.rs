@@ -1,0 +1,44 @@
+//! `tiergate serve`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::ConfigArgs;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Address to listen on (overrides server.listen); port 0 picks a free port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+}
+
+/// The worker binary shipped next to this one.
+fn worker_program() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.join("tiergate-reranker");
+    p.is_file().then_some(p)
+}
+
+pub fn run(args: &ServeArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
+    let mut cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
+    if let Some(listen) = args.listen {
+        cfg.server.listen = listen;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let reporter = tokio::spawn(async move {
+            if let Ok(addr) = rx.await {
+                // One machine-readable line on stdout, for scripts and tests that start us on port 0.
+                println!("tiergate listening on http://{addr}");
+            }
+        });
+        let result = tiergate_server::serve::run(cfg, worker_program(), tiergate_server::serve::shutdown_signal(), Some(tx)).await;
+        reporter.abort();
+        result
+    })
+}

@@ -1,0 +1,133 @@
+//! The one mapping from errors to HTTP: every error body is OpenAI's
+//! `{"error":{"message","type","param","code"}}`, with the status that fits.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to an HTTP client.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed or invalid request (400); `param` names the field.
+    #[error("{message}")]
+    Invalid { message: String, param: Option<String> },
+    /// Unknown `model` (404).
+    #[error("{0}")]
+    UnknownModel(String),
+    /// No such path (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// Wrong method on a path (405).
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// Body over the limit (413).
+    #[error("request body exceeds the server's size limit (server.max_body_bytes)")]
+    TooLarge,
+    /// Admin credentials missing or wrong (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// `If-Match` does not match the current version (412).
+    #[error("{0}")]
+    PreconditionFailed(String),
+    /// Too many requests (429), with a retry hint in seconds.
+    #[error("{message}")]
+    Overloaded { message: String, retry_after_s: u64 },
+    /// The LLM side cannot serve this request now (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The answer did not come in time (504).
+    #[error("{0}")]
+    Timeout(String),
+    /// A bug or an unexpected failure (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 naming the offending field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::Invalid { message: message.into(), param: Some(param.into()) }
+    }
+
+    /// HTTP status, OpenAI error type and code.
+    pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            ApiError::Invalid { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request"),
+            ApiError::UnknownModel(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
+            ApiError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "authentication_error", "invalid_api_key"),
+            ApiError::PreconditionFailed(_) => (StatusCode::PRECONDITION_FAILED, "invalid_request_error", "version_mismatch"),
+            ApiError::Overloaded { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "overloaded"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", "llm_unavailable"),
+            ApiError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
+        }
+    }
+
+    /// The OpenAI-shaped body.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, kind, code) = self.parts();
+        let param = match self {
+            ApiError::Invalid { param, .. } => param.clone(),
+            ApiError::UnknownModel(_) => Some("model".into()),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, _, _) = self.parts();
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        if let ApiError::Overloaded { retry_after_s, .. } = &self {
+            if let Ok(v) = HeaderValue::from_str(&retry_after_s.to_string()) {
+                resp.headers_mut().insert("retry-after", v);
+            }
+        }
+        if matches!(self, ApiError::Unavailable(_)) {
+            resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+impl From<tiergate_prefilter::PrefilterError> for ApiError {
+    fn from(e: tiergate_prefilter::PrefilterError) -> Self {
+        use tiergate_prefilter::PrefilterError as P;
+        match e {
+            P::Overloaded { .. } => ApiError::Overloaded { message: e.to_string(), retry_after_s: 1 },
+            P::InvalidInput(m) => ApiError::invalid("messages", m),
+            P::Closed => ApiError::Unavailable("the prefilter is shutting down".into()),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_have_the_openai_shape() {
+        let e = ApiError::invalid("temperature", "must be between 0 and 2");
+        let b = e.body();
+        assert_eq!(b["error"]["param"], "temperature");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(e.parts().0, StatusCode::BAD_REQUEST);
+        for (e, status) in [
+            (ApiError::UnknownModel("x".into()), 404),
+            (ApiError::MethodNotAllowed, 405),
+            (ApiError::TooLarge, 413),
+            (ApiError::Overloaded { message: "busy".into(), retry_after_s: 1 }, 429),
+            (ApiError::Unavailable("down".into()), 503),
+            (ApiError::Timeout("late".into()), 504),
+        ] {
+            assert_eq!(e.parts().0.as_u16(), status);
+            let b = e.body();
+            assert!(b["error"]["message"].is_string() && b["error"]["code"].is_string());
+        }
+    }
+}

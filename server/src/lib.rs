@@ -1,0 +1,15 @@
+//! The tiergate server: the OpenAI-compatible HTTP front end (axum), validation, the routing policy with live
+//! tuning, metrics, and supervision of the reranker worker processes through the shared-memory queue.
+//!
+//! Must not depend on mistralrs: the LLM runs in `tiergate-reranker` processes, reached via `tiergate-queue`.
+
+pub mod app;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod openai;
+pub mod policy;
+pub mod routes;
+pub mod serve;
+pub mod util;
+pub mod validate;

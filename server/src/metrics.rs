@@ -1,0 +1,65 @@
+//! Metric names (units in the names), their descriptions and histogram buckets, all in one place.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Requests by route, tier and outcome.
+pub const REQUESTS_TOTAL: &str = "tiergate_requests_total";
+/// End-to-end latency by route and tier.
+pub const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
+/// Prefilter batch sizes.
+pub const PREFILTER_BATCH_SIZE: &str = "tiergate_prefilter_batch_size";
+/// Prefilter forward time per request's batch.
+pub const PREFILTER_SECONDS: &str = "tiergate_prefilter_infer_seconds";
+/// Prefilter queue wait.
+pub const PREFILTER_QUEUE_SECONDS: &str = "tiergate_prefilter_queue_seconds";
+/// Escalation queue depth (jobs in flight).
+pub const QUEUE_DEPTH: &str = "tiergate_escalation_queue_depth";
+/// Time from submitting an escalation to its first event.
+pub const QUEUE_WAIT_SECONDS: &str = "tiergate_escalation_first_event_seconds";
+/// Rerank round trip.
+pub const RERANK_SECONDS: &str = "tiergate_rerank_seconds";
+/// Time to first token of streamed LLM replies.
+pub const TTFT_SECONDS: &str = "tiergate_time_to_first_token_seconds";
+/// Share of classified requests escalated (last 60 s).
+pub const ESCALATION_SHARE: &str = "tiergate_escalation_share_ratio";
+/// θ in force.
+pub const THETA_EFF: &str = "tiergate_theta_eff_ratio";
+/// Utilisation u.
+pub const UTILIZATION: &str = "tiergate_utilization_ratio";
+/// Worker restarts.
+pub const WORKER_RESTARTS: &str = "tiergate_worker_restarts_total";
+/// Policy version.
+pub const POLICY_VERSION: &str = "tiergate_policy_version";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0, 60.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// Installs the global recorder and returns the handle that renders `/metrics`.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(PREFILTER_BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(REQUESTS_TOTAL, "Chat requests by route, tier and outcome");
+    describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "End-to-end request latency by route and tier");
+    describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
+    describe_histogram!(PREFILTER_SECONDS, Unit::Seconds, "Prefilter forward time");
+    describe_histogram!(PREFILTER_QUEUE_SECONDS, Unit::Seconds, "Wait for the prefilter batching thread");
+    describe_gauge!(QUEUE_DEPTH, "Escalation jobs in flight");
+    describe_histogram!(QUEUE_WAIT_SECONDS, Unit::Seconds, "Escalation submit to first event");
+    describe_histogram!(RERANK_SECONDS, Unit::Seconds, "Rerank round trip");
+    describe_histogram!(TTFT_SECONDS, Unit::Seconds, "Time to first streamed LLM token");
+    describe_gauge!(ESCALATION_SHARE, "Share of classified requests escalated over 60 s");
+    describe_gauge!(THETA_EFF, "Escalation threshold in force");
+    describe_gauge!(UTILIZATION, "Smoothed accelerator utilisation u");
+    describe_counter!(WORKER_RESTARTS, "Reranker worker restarts");
+    describe_gauge!(POLICY_VERSION, "Routing policy version");
+}

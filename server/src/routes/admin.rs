@@ -1,0 +1,150 @@
+//! `/admin/routing`: read and change the routing policy live (validated, versioned, audited).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tiergate_config::RoutingConfig;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+
+const FIELDS: &[&str] = &[
+    "mode",
+    "theta_base",
+    "k",
+    "theta_min",
+    "theta_max",
+    "target_share",
+    "slo_p95_ms",
+    "utilization_source",
+    "manual_utilization",
+    "allow_header_override",
+];
+
+/// The client's address, when the connection recorded one (`ConnectInfo`).
+pub struct Peer(pub Option<SocketAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)))
+    }
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<(), ApiError> {
+    match &state.config.server.admin_token {
+        Some(token) => {
+            let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+            if given == Some(token.as_str()) {
+                Ok(())
+            } else {
+                Err(ApiError::Unauthorized("admin endpoints need `Authorization: Bearer <server.admin_token>`".into()))
+            }
+        }
+        None if peer.is_some_and(|p| p.ip().is_loopback()) => Ok(()),
+        None => Err(ApiError::Unauthorized("no admin token is configured: admin is open to loopback clients only".into())),
+    }
+}
+
+fn view(state: &AppState) -> Value {
+    let p = state.policy.current();
+    let live = state.policy.live_view(Instant::now());
+    let mut v = serde_json::to_value(&p.cfg).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("theta_eff".into(), json!(live.theta_eff));
+        o.insert("utilization".into(), json!(live.utilization));
+        o.insert("utilization_in_use".into(), json!(live.utilization_in_use));
+        o.insert("escalated_share_10s".into(), json!(live.escalated_share_10s));
+        o.insert("escalated_share_60s".into(), json!(live.escalated_share_60s));
+        o.insert("queue_depth".into(), json!(state.llm.as_ref().map_or(0, |l| l.client.in_flight())));
+        o.insert("version".into(), json!(p.version));
+    }
+    v
+}
+
+fn with_etag(state: &AppState, body: Value) -> Response {
+    let mut resp = axum::Json(body).into_response();
+    if let Ok(v) = format!("\"{}\"", state.policy.current().version).parse() {
+        resp.headers_mut().insert("etag", v);
+    }
+    resp
+}
+
+/// `GET /admin/routing`.
+pub async fn get_routing(State(state): State<Arc<AppState>>, Peer(peer): Peer, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, peer) {
+        return e.into_response();
+    }
+    with_etag(&state, view(&state))
+}
+
+/// `PATCH /admin/routing`: any subset of the policy fields.
+pub async fn patch_routing(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Value>,
+) -> Response {
+    change(&state, peer, &headers, body, false).unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `PUT /admin/routing`: all of the policy fields.
+pub async fn put_routing(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Value>,
+) -> Response {
+    change(&state, peer, &headers, body, true).unwrap_or_else(IntoResponse::into_response)
+}
+
+fn change(state: &AppState, peer: Option<SocketAddr>, headers: &HeaderMap, body: Value, full: bool) -> Result<Response, ApiError> {
+    authorize(state, headers, peer)?;
+    let obj = body.as_object().ok_or_else(|| ApiError::Invalid { message: "expected a JSON object".into(), param: None })?;
+    for k in obj.keys() {
+        if !FIELDS.contains(&k.as_str()) {
+            return Err(ApiError::invalid(k.clone(), format!("`{k}` is not a policy field (fields: {})", FIELDS.join(", "))));
+        }
+    }
+    if full {
+        if let Some(missing) = FIELDS.iter().find(|f| !obj.contains_key(**f)) {
+            return Err(ApiError::invalid(*missing, format!("PUT needs every policy field; `{missing}` is missing (use PATCH for a subset)")));
+        }
+    }
+    let if_match = match headers.get("if-match").map(|v| v.to_str().map(|s| s.trim().trim_matches('"').parse::<u64>())) {
+        None => None,
+        Some(Ok(Ok(v))) => Some(v),
+        Some(_) => return Err(ApiError::invalid("If-Match", "must be the policy version number")),
+    };
+    let current = state.policy.current();
+    let mut merged = serde_json::to_value(&current.cfg).map_err(|e| ApiError::Internal(e.to_string()))?;
+    if let Some(m) = merged.as_object_mut() {
+        for (k, v) in obj {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    let cfg: RoutingConfig = serde_json::from_value(merged).map_err(|e| ApiError::Invalid { message: format!("invalid policy: {e}"), param: None })?;
+    cfg.validate("routing").map_err(|e| ApiError::Invalid { message: e.to_string(), param: None })?;
+    let (old, new) = state
+        .policy
+        .replace(cfg, if_match)
+        .map_err(|v| ApiError::PreconditionFailed(format!("policy is at version {v}, not the If-Match version")))?;
+    let change = Value::Object(obj.clone()).to_string();
+    tracing::info!(
+        target: "tiergate::audit",
+        from_version = old.version,
+        to_version = new.version,
+        peer = ?peer,
+        change = %change,
+        "routing policy changed"
+    );
+    Ok(with_etag(state, view(state)))
+}

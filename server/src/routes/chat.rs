@@ -1,0 +1,434 @@
+//! `POST /v1/chat/completions`: validate, classify (Tier-0), decide, escalate or answer, respond (JSON or SSE).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tiergate_config::{FailureMode, RouteKind};
+use tiergate_prefilter::Prediction;
+use tiergate_queue::{Candidate, Event, Job, Message, QueueError, Reply, Sampling};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::metrics as m;
+use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
+use crate::validate::{validate, ValidChat};
+
+/// What the response headers report.
+#[derive(Debug, Clone, Default)]
+struct Meta {
+    tier: &'static str,
+    confidence: Option<f32>,
+    threshold: Option<f64>,
+    degraded: Option<&'static str>,
+    prefilter_ms: f64,
+    queue_ms: f64,
+    rerank_ms: f64,
+}
+
+/// The handler.
+pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJson(req): ApiJson<ChatRequest>) -> Response {
+    let started = Instant::now();
+    let valid = match validate(req, |name| state.routes.get(name).map(|r| r.kind)) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let route = valid.route.clone();
+    let result = match valid.kind {
+        RouteKind::Generate => generate(&state, valid, started).await,
+        RouteKind::Classify | RouteKind::Answer => classified(&state, valid, &headers, started).await,
+    };
+    match result {
+        Ok((resp, tier)) => {
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "outcome" => "ok").increment(1);
+            metrics::histogram!(m::REQUEST_SECONDS, "route" => route, "tier" => tier).record(started.elapsed().as_secs_f64());
+            resp
+        }
+        Err(e) => {
+            let code = e.parts().0.as_u16().to_string();
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route, "tier" => "none", "outcome" => code).increment(1);
+            e.into_response()
+        }
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn completion_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("chatcmpl-{:x}{:06x}", now_s(), N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff)
+}
+
+fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
+    let h = resp.headers_mut();
+    let mut put = |k: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    };
+    put("x-tiergate-tier", meta.tier.to_string());
+    if let Some(c) = meta.confidence {
+        put("x-tiergate-confidence", format!("{c:.4}"));
+    }
+    if let Some(t) = meta.threshold {
+        put("x-tiergate-threshold", format!("{t:.4}"));
+    }
+    put("x-tiergate-policy-version", state.policy.current().version.to_string());
+    if let Some(d) = meta.degraded {
+        put("x-tiergate-degraded", d.to_string());
+    }
+    put(
+        "server-timing",
+        format!("prefilter;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}", meta.prefilter_ms, meta.queue_ms, meta.rerank_ms),
+    );
+}
+
+fn queue_error_reason(e: &QueueError) -> &'static str {
+    match e {
+        QueueError::Full { .. } => "queue_full",
+        QueueError::WorkerDown(_) => "worker_down",
+        QueueError::DeadlineExceeded => "deadline",
+        _ => "llm_error",
+    }
+}
+
+fn queue_error_to_api(e: QueueError) -> ApiError {
+    match e {
+        QueueError::Full { .. } => ApiError::Unavailable(format!("{e}: retry later")),
+        QueueError::WorkerDown(_) => ApiError::Unavailable(e.to_string()),
+        QueueError::DeadlineExceeded => ApiError::Timeout("the LLM did not answer in time".into()),
+        QueueError::Invalid(m) => ApiError::invalid("messages", m),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+async fn classified(
+    state: &Arc<AppState>,
+    v: ValidChat,
+    headers: &HeaderMap,
+    started: Instant,
+) -> Result<(Response, &'static str), ApiError> {
+    let route = state.routes.get(&v.route).ok_or_else(|| ApiError::UnknownModel(v.route.clone()))?;
+    let prefilter = route.prefilter.as_ref().ok_or_else(|| ApiError::Internal("route without a classifier".into()))?;
+    let pred = prefilter.classify(&v.text).await?;
+    metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
+    metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
+    metrics::histogram!(m::PREFILTER_QUEUE_SECONDS).record(pred.timings.queue.as_secs_f64());
+    let labels = prefilter.labels();
+    let ambiguity = 1.0 - f64::from(pred.confidence);
+    let override_theta = if state.policy.current().cfg.allow_header_override {
+        match headers.get("x-tiergate-threshold").map(|h| h.to_str().map(str::trim)) {
+            Some(Ok(s)) => Some(
+                s.parse::<f64>()
+                    .ok()
+                    .filter(|t| t.is_finite())
+                    .ok_or_else(|| ApiError::invalid("x-tiergate-threshold", format!("`{s}` is not a number")))?,
+            ),
+            Some(Err(_)) => return Err(ApiError::invalid("x-tiergate-threshold", "not valid text")),
+            None => None,
+        }
+    } else {
+        None
+    };
+    let now = Instant::now();
+    let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
+    let escalate = ambiguity > theta;
+    state.policy.record_decision(now, ambiguity, escalate);
+    let mut meta = Meta {
+        tier: "tier0",
+        confidence: Some(pred.confidence),
+        threshold: Some(theta),
+        prefilter_ms: started.elapsed().as_secs_f64() * 1e3,
+        ..Meta::default()
+    };
+    let prompt_tokens = pred.tokens as u32;
+    let k = state.config.reranker.candidates.min(pred.top.len()).max(1);
+    let top: Vec<(usize, f32)> = pred.top.iter().take(k).copied().collect();
+
+    // Tier-0 answer (also the degraded fallback).
+    let mut final_probs: Vec<(usize, f32)> = top.clone();
+    if escalate {
+        match &state.llm {
+            None => meta.degraded = Some("no_llm"),
+            Some(llm) if v.kind == RouteKind::Answer => {
+                let reply_of = |i: usize| prefilter.replies().get(i).cloned().flatten();
+                let mut system = String::from(
+                    "You are a retail bank's support assistant. The customer's message may match one of these intents \
+                     (with the approved reply):\n",
+                );
+                for (i, _) in &top {
+                    system.push_str(&format!("- {}: {}\n", labels[*i], reply_of(*i).unwrap_or_default()));
+                }
+                system.push_str("Answer the customer in two sentences at most, using the most fitting approved reply.");
+                let messages = vec![
+                    Message { role: "system".into(), content: system },
+                    Message { role: "user".into(), content: v.text.clone() },
+                ];
+                let job = Job::Generate { messages, sampling: sampling(&v) };
+                let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
+                match llm.client.submit(&job, deadline) {
+                    Ok(handle) => {
+                        meta.tier = "llm";
+                        let resp = stream_or_collect(state, &v, handle, meta, prompt_tokens, started).await?;
+                        return Ok((resp, "llm"));
+                    }
+                    Err(e) => degrade(state, &mut meta, &e)?,
+                }
+            }
+            Some(llm) => {
+                let candidates: Vec<Candidate> = top
+                    .iter()
+                    .map(|(i, p)| Candidate { label: labels[*i].clone(), description: None, p: *p })
+                    .collect();
+                let job = Job::Rerank { text: v.text.clone(), candidates, llm_weight: state.config.reranker.llm_weight };
+                let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
+                let t = Instant::now();
+                let outcome = match llm.client.submit(&job, deadline) {
+                    Ok(h) => wait_reply(h).await,
+                    Err(e) => Err(e),
+                };
+                match outcome {
+                    Ok(Reply::Rerank(r)) if r.fused.len() == top.len() => {
+                        meta.tier = "llm";
+                        meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
+                        metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
+                        final_probs = top.iter().zip(&r.fused).map(|((i, _), p)| (*i, *p)).collect();
+                        final_probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+                    }
+                    Ok(_) => degrade(state, &mut meta, &QueueError::Protocol("unexpected reply".into()))?,
+                    Err(e) => degrade(state, &mut meta, &e)?,
+                }
+                state.policy.record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let (best, best_p) = final_probs.first().copied().unwrap_or((pred.label, pred.confidence));
+    if meta.tier == "llm" {
+        meta.confidence = Some(best_p);
+    }
+    let label = labels[best].clone();
+    let content = if v.json_object {
+        json!({
+            "label": label,
+            "confidence": best_p,
+            "tier": meta.tier,
+            "candidates": final_probs.iter().map(|(i, p)| json!({"label": labels[*i], "p": p})).collect::<Vec<_>>(),
+        })
+        .to_string()
+    } else if v.kind == RouteKind::Answer {
+        prefilter.replies().get(best).cloned().flatten().unwrap_or_else(|| label.clone())
+    } else {
+        label.clone()
+    };
+    let logprobs = v.logprobs.then(|| label_logprobs(&pred, labels, &label, best_p, &final_probs, v.top_logprobs));
+    let tier = meta.tier;
+    let resp = respond_text(state, &v, content, logprobs, Usage::new(prompt_tokens, 1), meta);
+    Ok((resp, tier))
+}
+
+fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Result<(), ApiError> {
+    tracing::warn!(error = %e, "escalation failed: answering with Tier-0");
+    if state.config.server.on_escalation_failure == FailureMode::Reject {
+        return Err(queue_error_to_api(e.clone()));
+    }
+    meta.tier = "tier0";
+    meta.degraded = Some(queue_error_reason(e));
+    Ok(())
+}
+
+fn label_logprobs(
+    pred: &Prediction,
+    labels: &[String],
+    label: &str,
+    p: f32,
+    final_probs: &[(usize, f32)],
+    k: usize,
+) -> Logprobs {
+    let ln = |p: f32| f64::from(p.max(1e-12)).ln();
+    let alts: Vec<(usize, f32)> = if final_probs.len() >= k { final_probs.to_vec() } else { pred.top.clone() };
+    Logprobs {
+        content: vec![TokenLogprob {
+            token: label.to_string(),
+            logprob: ln(p),
+            bytes: Some(label.as_bytes().to_vec()),
+            top_logprobs: alts
+                .iter()
+                .take(k)
+                .map(|(i, p)| TopLogprob { token: labels[*i].clone(), logprob: ln(*p), bytes: Some(labels[*i].as_bytes().to_vec()) })
+                .collect(),
+        }],
+    }
+}
+
+fn sampling(v: &ValidChat) -> Sampling {
+    Sampling { max_tokens: v.max_tokens, temperature: v.temperature, top_p: v.top_p, stop: v.stop.clone(), seed: v.seed }
+}
+
+async fn wait_reply(h: tiergate_queue::JobHandle) -> Result<Reply, QueueError> {
+    loop {
+        match h.events.recv_async().await {
+            Ok(Event::Chunk(_)) => continue,
+            Ok(Event::Reply(r)) => return Ok(r),
+            Ok(Event::Error(e)) => return Err(e),
+            Err(_) => return Err(QueueError::Cancelled),
+        }
+    }
+}
+
+/// A one-piece answer (Tier-0, reranked): JSON, or a short SSE stream.
+fn respond_text(state: &AppState, v: &ValidChat, content: String, logprobs: Option<Logprobs>, usage: Usage, meta: Meta) -> Response {
+    let id = completion_id();
+    let created = now_s();
+    let mut resp = if v.stream {
+        let mut events = vec![
+            chunk(&id, created, &v.route, json!({"role": "assistant", "content": ""}), None, None),
+            chunk(&id, created, &v.route, json!({"content": content}), None, logprobs.as_ref()),
+            chunk(&id, created, &v.route, json!({}), Some("stop"), None),
+        ];
+        if v.include_usage {
+            events.push(usage_chunk(&id, created, &v.route, &usage));
+        }
+        events.push(SseEvent::default().data("[DONE]"));
+        let stream = futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>));
+        Sse::new(stream).into_response()
+    } else {
+        axum::Json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": v.route,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "logprobs": logprobs, "finish_reason": "stop"}],
+            "usage": usage,
+        }))
+        .into_response()
+    };
+    apply_headers(&mut resp, state, &meta);
+    resp
+}
+
+fn chunk(id: &str, created: u64, model: &str, delta: serde_json::Value, finish: Option<&str>, logprobs: Option<&Logprobs>) -> SseEvent {
+    SseEvent::default().data(
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        .to_string(),
+    )
+}
+
+fn usage_chunk(id: &str, created: u64, model: &str, usage: &Usage) -> SseEvent {
+    SseEvent::default().data(
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [], "usage": usage})
+        .to_string(),
+    )
+}
+
+async fn generate(state: &Arc<AppState>, v: ValidChat, started: Instant) -> Result<(Response, &'static str), ApiError> {
+    let llm = state.llm.as_ref().ok_or_else(|| ApiError::Unavailable("this server runs no LLM workers".into()))?;
+    let messages = v.messages.iter().map(|m| Message { role: m.role.clone(), content: m.content.clone() }).collect();
+    let job = Job::Generate { messages, sampling: sampling(&v) };
+    let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
+    let handle = llm.client.submit(&job, deadline).map_err(queue_error_to_api)?;
+    let meta = Meta { tier: "llm", ..Meta::default() };
+    let resp = stream_or_collect(state, &v, handle, meta, 0, started).await?;
+    Ok((resp, "llm"))
+}
+
+/// An LLM generation: streamed as SSE, or collected into one JSON response.
+async fn stream_or_collect(
+    state: &Arc<AppState>,
+    v: &ValidChat,
+    handle: tiergate_queue::JobHandle,
+    mut meta: Meta,
+    extra_prompt_tokens: u32,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let id = completion_id();
+    let created = now_s();
+    // Wait for the first event before answering, so errors before any token still get a proper status.
+    let t = Instant::now();
+    let first = handle.events.recv_async().await.map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
+    meta.queue_ms = t.elapsed().as_secs_f64() * 1e3;
+    metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(t.elapsed().as_secs_f64());
+    if let Event::Error(e) = first {
+        return Err(queue_error_to_api(e));
+    }
+    if matches!(first, Event::Chunk(_)) {
+        metrics::histogram!(m::TTFT_SECONDS).record(started.elapsed().as_secs_f64());
+    }
+    if !v.stream {
+        let mut text = String::new();
+        let mut ev = first;
+        let usage = loop {
+            match ev {
+                Event::Chunk(c) => text.push_str(&c),
+                Event::Reply(Reply::Generated(u)) => break u,
+                Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
+                Event::Error(e) => return Err(queue_error_to_api(e)),
+            }
+            ev = handle.events.recv_async().await.map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
+        };
+        let finish = if usage.finish_reason == "length" { "length" } else { "stop" };
+        let mut resp = axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": v.route,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
+                         "finish_reason": finish}],
+            "usage": Usage::new(usage.prompt_tokens + extra_prompt_tokens, usage.completion_tokens),
+        }))
+        .into_response();
+        apply_headers(&mut resp, state, &meta);
+        return Ok(resp);
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
+    let route = v.route.clone();
+    let include_usage = v.include_usage;
+    tokio::spawn(async move {
+        let mut ev = first;
+        let _ = tx.send(chunk(&id, created, &route, json!({"role": "assistant", "content": ""}), None, None)).await;
+        loop {
+            match ev {
+                Event::Chunk(c) => {
+                    if tx.send(chunk(&id, created, &route, json!({"content": c}), None, None)).await.is_err() {
+                        return; // client gone: dropping the handle cancels the job
+                    }
+                }
+                Event::Reply(Reply::Generated(u)) => {
+                    let finish = if u.finish_reason == "length" { "length" } else { "stop" };
+                    let _ = tx.send(chunk(&id, created, &route, json!({}), Some(finish), None)).await;
+                    if include_usage {
+                        let usage = Usage::new(u.prompt_tokens + extra_prompt_tokens, u.completion_tokens);
+                        let _ = tx.send(usage_chunk(&id, created, &route, &usage)).await;
+                    }
+                    break;
+                }
+                Event::Reply(_) | Event::Error(_) => {
+                    let err = match ev {
+                        Event::Error(e) => queue_error_to_api(e),
+                        _ => ApiError::Internal("unexpected reply kind".into()),
+                    };
+                    let _ = tx.send(SseEvent::default().data(err.body().to_string())).await;
+                    break;
+                }
+            }
+            ev = match handle.events.recv_async().await {
+                Ok(e) => e,
+                Err(_) => Event::Error(QueueError::Cancelled),
+            };
+        }
+        let _ = tx.send(SseEvent::default().data("[DONE]")).await;
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let stream = futures_util::StreamExt::map(stream, Ok::<_, Infallible>);
+    let mut resp = Sse::new(stream).into_response();
+    apply_headers(&mut resp, state, &meta);
+    Ok(resp)
+}

@@ -1,0 +1,80 @@
+//! Operations endpoints: `/v1/models`, `/metrics`, `/health`, `/ready`, `/info`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tiergate_config::RouteKind;
+
+use crate::app::AppState;
+use crate::metrics as m;
+
+/// `GET /v1/models`: the routes.
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let created = state.started.elapsed().as_secs();
+    let data: Vec<_> = state
+        .route_order
+        .iter()
+        .filter_map(|n| state.routes.get(n))
+        .map(|r| {
+            let kind = match r.kind {
+                RouteKind::Classify => "classify",
+                RouteKind::Answer => "answer",
+                RouteKind::Generate => "generate",
+            };
+            json!({"id": r.name, "object": "model", "created": created, "owned_by": "tiergate", "tiergate_kind": kind})
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    refresh_gauges(&state);
+    match &state.metrics {
+        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are disabled").into_response(),
+    }
+}
+
+/// Updates the gauges that are sampled rather than counted.
+pub fn refresh_gauges(state: &AppState) {
+    let view = state.policy.live_view(Instant::now());
+    metrics::gauge!(m::THETA_EFF).set(view.theta_eff);
+    metrics::gauge!(m::UTILIZATION).set(view.utilization);
+    metrics::gauge!(m::ESCALATION_SHARE).set(view.escalated_share_60s);
+    metrics::gauge!(m::POLICY_VERSION).set(state.policy.current().version as f64);
+    if let Some(llm) = &state.llm {
+        metrics::gauge!(m::QUEUE_DEPTH).set(llm.client.in_flight() as f64);
+        metrics::counter!(m::WORKER_RESTARTS).absolute(llm.supervisor.stats.restarts.load(std::sync::atomic::Ordering::Relaxed));
+    }
+}
+
+/// `GET /health`: the process is up.
+pub async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+/// `GET /ready`: prefilters loaded (they are, once serving) and a live worker where a route needs one.
+pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let needs_llm = state.routes.values().any(|r| r.kind == RouteKind::Generate) && state.config.reranker.workers > 0;
+    let live = state.live_workers();
+    let ok = !needs_llm || live > 0;
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(json!({"ready": ok, "prefilter": true, "live_workers": live}))).into_response()
+}
+
+/// `GET /info`: the effective config, secrets redacted.
+pub async fn info(State(state): State<Arc<AppState>>) -> Response {
+    let mut cfg = serde_json::to_value(&state.config).unwrap_or_default();
+    if let Some(t) = cfg.pointer_mut("/server/admin_token") {
+        if !t.is_null() {
+            *t = json!("<redacted>");
+        }
+    }
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers()}))
+        .into_response()
+}

@@ -1,0 +1,232 @@
+//! Validation: the wire request becomes a [`ValidChat`] or a 400 that names the field and the limit.
+//! Only `ValidChat` reaches the routing code ("parse, don't validate").
+
+use tiergate_config::RouteKind;
+
+use crate::error::ApiError;
+use crate::openai::{ChatRequest, Content, Stop};
+
+/// Most characters of conversation text accepted.
+pub const MAX_TEXT_CHARS: usize = 32_768;
+/// Most tokens a client may ask to generate.
+pub const MAX_TOKENS_LIMIT: u32 = 4_096;
+/// Default generation length.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// A message after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidMessage {
+    /// `system`, `user` or `assistant` (`developer` maps to `system`, `tool` to `user`).
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// A validated chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidChat {
+    /// Route name.
+    pub route: String,
+    /// Route kind.
+    pub kind: RouteKind,
+    /// The conversation.
+    pub messages: Vec<ValidMessage>,
+    /// The text Tier-0 classifies: the last user turn.
+    pub text: String,
+    /// Stream as SSE.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Tokens to generate at most.
+    pub max_tokens: u32,
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Label probabilities wanted (classify routes).
+    pub logprobs: bool,
+    /// Alternatives per position.
+    pub top_logprobs: usize,
+    /// Reply as a JSON object (classify routes).
+    pub json_object: bool,
+}
+
+/// Validates `req` against the route table (`kind_of` maps a route name to its kind).
+pub fn validate(req: ChatRequest, kind_of: impl Fn(&str) -> Option<RouteKind>) -> Result<ValidChat, ApiError> {
+    let kind = kind_of(&req.model)
+        .ok_or_else(|| ApiError::UnknownModel(format!("the model `{}` does not exist; see GET /v1/models", req.model)))?;
+    if let Some(n) = req.n {
+        if n != 1 {
+            return Err(ApiError::invalid("n", format!("n = {n} is not supported: only 1 choice per request")));
+        }
+    }
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "must contain at least one message"));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    let mut total = 0usize;
+    for (i, m) in req.messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" | "tool" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("unknown role `{other}` (system, developer, user, assistant, tool)"),
+                ))
+            }
+        };
+        let content = match m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
+                let mut out = Vec::new();
+                for (j, p) in parts.into_iter().enumerate() {
+                    if p.kind != "text" {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}].type"),
+                            format!("content part `{}` is not supported (text only)", p.kind),
+                        ));
+                    }
+                    out.push(p.text.unwrap_or_default());
+                }
+                out.join("\n")
+            }
+        };
+        total += content.chars().count();
+        messages.push(ValidMessage { role: role.into(), content });
+    }
+    if total > MAX_TEXT_CHARS {
+        return Err(ApiError::invalid("messages", format!("{total} characters of text; the limit is {MAX_TEXT_CHARS}")));
+    }
+    let text = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user" && !m.content.trim().is_empty())
+        .map(|m| m.content.clone())
+        .ok_or_else(|| ApiError::invalid("messages", "needs a non-empty user message"))?;
+    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
+        None => DEFAULT_MAX_TOKENS,
+        Some(v) if v >= 1 && v <= i64::from(MAX_TOKENS_LIMIT) => v as u32,
+        Some(v) => {
+            let field = if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+            return Err(ApiError::invalid(field, format!("{v} is outside 1..={MAX_TOKENS_LIMIT}")));
+        }
+    };
+    let temperature = match req.temperature {
+        None => None,
+        Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => Some(t as f32),
+        Some(t) => return Err(ApiError::invalid("temperature", format!("{t} is outside 0..=2"))),
+    };
+    let top_p = match req.top_p {
+        None => None,
+        Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => Some(p as f32),
+        Some(p) => return Err(ApiError::invalid("top_p", format!("{p} is outside (0, 1]"))),
+    };
+    let stop = match req.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) if v.len() <= 4 => v,
+        Some(Stop::Many(v)) => return Err(ApiError::invalid("stop", format!("{} stop strings; at most 4", v.len()))),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    let seed = match req.seed {
+        None => None,
+        Some(s) if s >= 0 => Some(s as u64),
+        Some(s) => return Err(ApiError::invalid("seed", format!("{s} must not be negative"))),
+    };
+    let top_logprobs = match req.top_logprobs {
+        None => 0,
+        Some(k) if (0..=20).contains(&k) => k as usize,
+        Some(k) => return Err(ApiError::invalid("top_logprobs", format!("{k} is outside 0..=20"))),
+    };
+    let logprobs = req.logprobs.unwrap_or(false);
+    if top_logprobs > 0 && !logprobs {
+        return Err(ApiError::invalid("top_logprobs", "requires logprobs: true"));
+    }
+    if logprobs && kind == RouteKind::Generate {
+        return Err(ApiError::invalid("logprobs", "log-probabilities are available on classify routes only"));
+    }
+    let json_object = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
+        None | Some("text") => false,
+        Some("json_object") if kind == RouteKind::Classify => true,
+        Some("json_object") => {
+            return Err(ApiError::invalid("response_format", "json_object is available on classify routes only"))
+        }
+        Some(other) => return Err(ApiError::invalid("response_format", format!("type `{other}` is not supported"))),
+    };
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    Ok(ValidChat {
+        route: req.model,
+        kind,
+        messages,
+        text,
+        stream,
+        include_usage,
+        max_tokens,
+        temperature,
+        top_p,
+        stop,
+        seed,
+        logprobs,
+        top_logprobs,
+        json_object,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(v: serde_json::Value) -> ChatRequest {
+        serde_json::from_value(v).unwrap()
+    }
+    fn kinds(name: &str) -> Option<RouteKind> {
+        match name {
+            "classify" => Some(RouteKind::Classify),
+            "generate" => Some(RouteKind::Generate),
+            _ => None,
+        }
+    }
+    fn param(e: ApiError) -> String {
+        e.body()["error"]["param"].as_str().unwrap_or("").to_string()
+    }
+
+    #[test]
+    fn accepts_a_full_request_and_picks_the_last_user_turn() {
+        let v = validate(
+            req(serde_json::json!({"model":"classify","messages":[
+                {"role":"system","content":"be brief"},{"role":"user","content":"first"},
+                {"role":"assistant","content":"ok"},{"role":"user","content":[{"type":"text","text":"second"}]}],
+                "max_completion_tokens": 10, "temperature": 0.5, "stop": "x", "logprobs": true, "top_logprobs": 3,
+                "response_format": {"type":"json_object"}, "stream": true, "stream_options": {"include_usage": true},
+                "some_future_field": 1})),
+            kinds,
+        )
+        .unwrap();
+        assert_eq!(v.text, "second");
+        assert_eq!((v.max_tokens, v.top_logprobs, v.stop.len()), (10, 3, 1));
+        assert!(v.stream && v.include_usage && v.json_object && v.logprobs);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let bad = |j: serde_json::Value| validate(req(j), kinds).unwrap_err();
+        assert!(matches!(bad(serde_json::json!({"model":"nope","messages":[{"role":"user","content":"x"}]})), ApiError::UnknownModel(_)));
+        assert_eq!(param(bad(serde_json::json!({"model":"classify","n":2,"messages":[{"role":"user","content":"x"}]}))), "n");
+        assert_eq!(param(bad(serde_json::json!({"model":"classify","messages":[]}))), "messages");
+        assert_eq!(param(bad(serde_json::json!({"model":"classify","temperature":3,"messages":[{"role":"user","content":"x"}]}))), "temperature");
+        assert_eq!(param(bad(serde_json::json!({"model":"classify","max_tokens":0,"messages":[{"role":"user","content":"x"}]}))), "max_tokens");
+        assert_eq!(param(bad(serde_json::json!({"model":"classify","messages":[{"role":"robot","content":"x"}]}))), "messages[0].role");
+        assert_eq!(param(bad(serde_json::json!({"model":"generate","logprobs":true,"messages":[{"role":"user","content":"x"}]}))), "logprobs");
+        assert_eq!(param(bad(serde_json::json!({"model":"classify","messages":[{"role":"system","content":"x"}]}))), "messages");
+    }
+}

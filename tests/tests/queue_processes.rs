@@ -1,0 +1,271 @@
+//! The escalation channel across real processes: the server-side client and supervisor in this test process,
+//! `tiergate-reranker` workers (stub engine) as children. Covers round trips, streaming, `Full`, deadlines,
+//! `kill -9` mid-flight with retry and restart, hangs, garbage replies, and stale segments.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiergate_queue::layout::MAX_WORKERS;
+use tiergate_queue::{
+    Candidate, Client, Event, Geometry, Job, Message, QueueError, Reply, Sampling, Segment, Supervisor,
+    SupervisorConfig,
+};
+use tiergate_tests::binary;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+fn name() -> String {
+    format!("tiergate-test-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst))
+}
+
+fn geo(slots: usize) -> Geometry {
+    Geometry { slots, req_cap: 8192, resp_cap: 16384 }
+}
+
+struct Rig {
+    client: Client,
+    sup: Supervisor,
+    seg: Arc<Segment>,
+}
+
+fn rig(slots: usize, workers: usize, stub_args: &[&str]) -> Rig {
+    let n = name();
+    let seg = Arc::new(Segment::create(&n, geo(slots)).unwrap());
+    let mut args = vec!["--engine".to_string(), "stub".to_string(), "--heartbeat-ms".into(), "20".into()];
+    args.extend(stub_args.iter().map(|s| s.to_string()));
+    let sup = Supervisor::start(
+        seg.clone(),
+        SupervisorConfig {
+            workers,
+            program: binary("tiergate-reranker"),
+            args,
+            segment: n,
+            heartbeat_timeout: Duration::from_millis(400),
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+            retry: true,
+        },
+    )
+    .unwrap();
+    let client = Client::new(seg.clone(), Duration::from_millis(400)).unwrap();
+    let start = Instant::now();
+    while client.live_workers() < workers {
+        assert!(start.elapsed() < Duration::from_secs(10), "workers did not become ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Rig { client, sup, seg }
+}
+
+fn rerank_job(text: &str) -> Job {
+    Job::Rerank {
+        text: text.into(),
+        candidates: vec![
+            Candidate { label: "card_arrival".into(), description: None, p: 0.4 },
+            Candidate { label: "exchange_rate".into(), description: None, p: 0.6 },
+        ],
+        llm_weight: 0.5,
+    }
+}
+
+#[test]
+fn rerank_round_trip_and_streamed_generation() {
+    let r = rig(8, 1, &[]);
+    let h = r.client.submit(&rerank_job("my card has not arrived"), Duration::from_secs(5)).unwrap();
+    let Reply::Rerank(rr) = h.wait_reply().unwrap() else { panic!("not a rerank reply") };
+    assert!(rr.llm[0] > rr.llm[1], "stub prefers the label sharing words: {rr:?}");
+    assert!((rr.fused.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+
+    let job = Job::Generate {
+        messages: vec![Message { role: "user".into(), content: "tell me about fees".into() }],
+        sampling: Sampling { max_tokens: 16, ..Default::default() },
+    };
+    let h = r.client.submit(&job, Duration::from_secs(5)).unwrap();
+    let mut text = String::new();
+    let mut chunks = 0;
+    let usage = loop {
+        match h.events.recv_timeout(Duration::from_secs(5)).unwrap() {
+            Event::Chunk(c) => {
+                chunks += 1;
+                text.push_str(&c);
+            }
+            Event::Reply(Reply::Generated(u)) => break u,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(text, "stub: tell me about fees");
+    assert_eq!(chunks, 5);
+    assert_eq!(usage.completion_tokens, 5);
+    assert_eq!(r.client.in_flight(), 0);
+}
+
+#[test]
+fn a_flooded_queue_answers_full_at_once() {
+    let r = rig(4, 1, &["--stub-delay-ms", "2000", "--max-concurrent", "1"]);
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(r.client.submit(&rerank_job("x"), Duration::from_secs(10)).unwrap());
+    }
+    let t = Instant::now();
+    let err = r.client.submit(&rerank_job("x"), Duration::from_secs(10)).err().unwrap();
+    let took = t.elapsed();
+    assert_eq!(err, QueueError::Full { slots: 4 });
+    // Microseconds in practice (see the queue bench); the bound here only catches a blocking submit.
+    assert!(took < Duration::from_millis(50), "Full took {took:?}");
+    drop(handles);
+}
+
+#[test]
+fn deadlines_are_enforced_and_the_slot_comes_back() {
+    let r = rig(2, 1, &["--stub-delay-ms", "600", "--max-concurrent", "1"]);
+    let t = Instant::now();
+    let h = r.client.submit(&rerank_job("slow"), Duration::from_millis(100)).unwrap();
+    assert_eq!(h.wait_reply().unwrap_err(), QueueError::DeadlineExceeded);
+    assert!(t.elapsed() < Duration::from_millis(300), "deadline reported after {:?}", t.elapsed());
+    // The worker lets go of the cancelled job; both slots serve again.
+    let start = Instant::now();
+    loop {
+        match r.client.submit(&rerank_job("again"), Duration::from_secs(5)) {
+            Ok(h) => {
+                assert!(h.wait_reply().is_ok());
+                break;
+            }
+            Err(QueueError::Full { .. }) if start.elapsed() < Duration::from_secs(3) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn kill_9_mid_flight_every_job_ends_exactly_once_and_the_worker_restarts() {
+    let r = rig(64, 2, &["--stub-delay-ms", "150", "--max-concurrent", "4"]);
+    let client = Arc::new(r.client);
+    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut producers = Vec::new();
+    for p in 0..4 {
+        let (client, outcomes) = (client.clone(), outcomes.clone());
+        producers.push(std::thread::spawn(move || {
+            for k in 0..10 {
+                let h = loop {
+                    match client.submit(&rerank_job(&format!("job {p} {k}")), Duration::from_secs(3)) {
+                        Ok(h) => break h,
+                        Err(QueueError::Full { .. }) | Err(QueueError::WorkerDown(_)) => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        Err(e) => panic!("submit: {e}"),
+                    }
+                };
+                let t = Instant::now();
+                let mut events = Vec::new();
+                while let Ok(e) = h.events.recv_timeout(Duration::from_secs(5)) {
+                    events.push(e);
+                }
+                assert!(t.elapsed() < Duration::from_secs(9), "a job hung past its deadline");
+                outcomes.lock().unwrap().push(events);
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let victim = r.seg.header().workers[0].pid.load(Ordering::SeqCst);
+    assert!(victim > 0);
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    for p in producers {
+        p.join().unwrap();
+    }
+    let outcomes = outcomes.lock().unwrap();
+    assert_eq!(outcomes.len(), 40);
+    let mut down = 0;
+    for events in outcomes.iter() {
+        // Exactly one terminal event per job, and nothing after it.
+        assert_eq!(events.len(), 1, "{events:?}");
+        match &events[0] {
+            Event::Reply(_) => {}
+            Event::Error(QueueError::WorkerDown(_)) => down += 1,
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert!(down <= 4, "retry should save most of the victim's jobs ({down} failed)");
+    assert!(r.sup.stats.restarts.load(Ordering::SeqCst) >= 1);
+    // The restarted worker registers again and serves.
+    let start = Instant::now();
+    loop {
+        let pid = r.seg.header().workers[0].pid.load(Ordering::SeqCst);
+        if pid != 0 && pid != victim && client.live_workers() == 2 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "worker 0 did not come back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let h = client.submit(&rerank_job("after restart"), Duration::from_secs(5)).unwrap();
+    assert!(h.wait_reply().is_ok());
+}
+
+#[test]
+fn a_hung_worker_is_killed_and_its_job_retried() {
+    // Job 2 of each worker process freezes the whole process (heartbeat included): the supervisor must notice,
+    // kill, reap, and retry the job on the restarted worker (where it is job 1).
+    let r = rig(4, 1, &["--stub-hang-after", "2"]);
+    assert!(r.client.submit(&rerank_job("fine"), Duration::from_secs(5)).unwrap().wait_reply().is_ok());
+    let t = Instant::now();
+    let h = r.client.submit(&rerank_job("freeze"), Duration::from_secs(8)).unwrap();
+    let reply = h.wait_reply();
+    assert!(reply.is_ok(), "retried on the restarted worker: {reply:?}");
+    assert!(t.elapsed() < Duration::from_secs(6));
+    assert!(r.sup.stats.retried.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn a_crash_with_no_retry_left_is_worker_down() {
+    // Every fresh worker crashes on its first job: the job is retried once, then fails WorkerDown.
+    let r = rig(4, 1, &["--stub-crash-after", "1"]);
+    let h = r.client.submit(&rerank_job("boom"), Duration::from_secs(8)).unwrap();
+    assert!(matches!(h.wait_reply(), Err(QueueError::WorkerDown(_))));
+}
+
+#[test]
+fn garbage_fails_one_job_only() {
+    let r = rig(4, 1, &["--stub-garbage-every", "2"]);
+    let first = r.client.submit(&rerank_job("one"), Duration::from_secs(5)).unwrap().wait_reply();
+    let second = r.client.submit(&rerank_job("two"), Duration::from_secs(5)).unwrap().wait_reply();
+    let third = r.client.submit(&rerank_job("three"), Duration::from_secs(5)).unwrap().wait_reply();
+    assert!(first.is_ok());
+    assert!(matches!(second, Err(QueueError::Protocol(_))), "{second:?}");
+    assert!(third.is_ok());
+    // Garbage request bytes fail their job only, too.
+    let bad = r.client.submit_bytes(b"{not json", Duration::from_secs(5)).unwrap().wait_reply();
+    assert!(matches!(bad, Err(QueueError::Engine(_))), "{bad:?}");
+    assert!(r.client.submit(&rerank_job("four"), Duration::from_secs(5)).unwrap().wait_reply().is_err());
+    assert!(r.client.submit(&rerank_job("five"), Duration::from_secs(5)).unwrap().wait_reply().is_ok());
+}
+
+#[test]
+fn no_live_worker_is_worker_down_at_once() {
+    let seg = Arc::new(Segment::create(&name(), geo(4)).unwrap());
+    let client = Client::new(seg, Duration::from_millis(200)).unwrap();
+    let err = client.submit(&rerank_job("x"), Duration::from_secs(1)).err().unwrap();
+    assert!(matches!(err, QueueError::WorkerDown(_)));
+    assert!(MAX_WORKERS >= 2);
+}
+
+#[test]
+fn stale_segments_are_removed_and_live_ones_never_touched() {
+    let n = name();
+    let mut live_child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let seg = Segment::create(&n, geo(2)).unwrap();
+    // Pretend the segment belongs to the live child.
+    let creator = &seg.header().creator_pid as *const u32 as *mut u32;
+    unsafe { creator.write_volatile(live_child.id()) };
+    std::mem::forget(seg); // leave the name behind, as a killed process would
+    let err = Segment::create(&n, geo(2)).err().unwrap();
+    assert!(err.to_string().contains("running instance"), "{err}");
+    live_child.kill().unwrap();
+    live_child.wait().unwrap();
+    // Now its creator is dead: the next start removes it and creates a fresh one.
+    let mut fresh = Segment::create(&n, geo(2)).unwrap();
+    assert_eq!(fresh.header().creator_pid, std::process::id());
+    fresh.set_owner(true);
+}
