@@ -1,21 +1,22 @@
 //! The mistralrs engine: the only module that uses mistralrs (its API changes between releases).
 //!
-//! Scoring is one-token multiple choice: the candidates are listed as lettered options and the model's
-//! log-probabilities for the option letters at the first generated position give the distribution (one
-//! prefill plus one decode step). Generation streams the chat reply.
+//! Scoring is candidate log-likelihood after a fixed prompt (prefill only, one pass per candidate, sent
+//! one after the other). Generation streams the chat reply.
 
 use std::path::{Path, PathBuf};
 
+use either::Either;
+use mistralrs::core::{RequestMessage, ResponseOk};
 use mistralrs::{
-    ChatCompletionChunkResponse, GgufModelBuilder, IsqType, Model, RequestBuilder, Response, StopTokens,
-    TextMessageRole, TextModelBuilder,
+    ChatCompletionChunkResponse, Constraint, GgufModelBuilder, IsqType, Model, NormalRequest, Request, RequestBuilder,
+    Response, SamplingParams, StopTokens, TextMessageRole, TextMessages, TextModelBuilder,
 };
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
 use crate::engine::{Engine, EngineError, Scored};
 
-/// Option letters; a rerank job may carry at most this many candidates.
-const LETTERS: &[&str] = &["A", "B", "C", "D", "E", "F", "G", "H", "I", "J"];
+/// Most candidates per rerank job.
+const MAX_CANDIDATES: usize = 10;
 
 /// How to load the model.
 #[derive(Debug, Clone)]
@@ -33,6 +34,7 @@ pub struct MistralEngine {
     rt: tokio::runtime::Runtime,
     model: Model,
     name: String,
+    raw_lock: tokio::sync::Mutex<()>,
 }
 
 fn failed(e: impl std::fmt::Display) -> EngineError {
@@ -85,7 +87,7 @@ impl MistralEngine {
             }
         })?;
         let name = path.file_name().map_or_else(|| "llm".into(), |n| n.to_string_lossy().into_owned());
-        Ok(Self { rt, model, name })
+        Ok(Self { rt, model, name, raw_lock: tokio::sync::Mutex::new(()) })
     }
 }
 
@@ -97,18 +99,31 @@ fn role(r: &str) -> TextMessageRole {
     }
 }
 
-/// The multiple-choice prompt for a rerank job.
-pub fn rerank_prompt(text: &str, candidates: &[Candidate]) -> String {
-    let mut p = format!("Customer message: \"{}\"\n\nWhich intent does the message express?\n", text.trim());
-    for (letter, c) in LETTERS.iter().zip(candidates) {
-        let name = c.label.replace(['_', '-'], " ");
-        match &c.description {
-            Some(d) if !d.trim().is_empty() => p.push_str(&format!("{letter}) {name}: {}\n", d.trim())),
-            _ => p.push_str(&format!("{letter}) {name}\n")),
-        }
+/// The prompt a candidate label is scored after.
+pub fn rerank_prompt(text: &str) -> String {
+    format!("Customer message: \"{}\"\nIn a few words, what does the customer want?", text.trim())
+}
+
+/// Mean log-probability of the last `n` tokens of `tokens` under the logits of the positions before them.
+fn label_mean_logprob(chunks: &[mistralrs::Tensor], tokens: &[u32], n: usize) -> Result<f32, EngineError> {
+    let logits = mistralrs::Tensor::cat(chunks, 0)
+        .and_then(|t| t.to_dtype(mistralrs::DType::F32))
+        .and_then(|t| t.to_device(&mistralrs::Device::Cpu))
+        .map_err(failed)?;
+    let rows = logits.dims().first().copied().unwrap_or(0);
+    let len = tokens.len();
+    if rows < len || n == 0 || n >= len {
+        return Err(failed(format!("raw logits have {rows} rows for {len} tokens")));
     }
-    p.push_str("\nAnswer with the letter only.");
-    p
+    let mut total = 0f32;
+    for j in len - n..len {
+        let row: Vec<f32> = logits.get(j - 1).and_then(|r| r.to_vec1::<f32>()).map_err(failed)?;
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = row.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
+        let t = tokens[j] as usize;
+        total += row.get(t).copied().ok_or_else(|| failed("token id outside the vocabulary"))? - lse;
+    }
+    Ok(total / n as f32)
 }
 
 impl Engine for MistralEngine {
@@ -116,45 +131,77 @@ impl Engine for MistralEngine {
         &self.name
     }
 
+    /// Candidate log-likelihood: for each candidate, one prefill of `prompt ++ label` with raw logits, scoring
+    /// the label's tokens (mean log-probability per token, so long labels are not penalised). The requests
+    /// run one after the other (mistralrs gives raw logits for a batch of one only); the shared prompt prefix is
+    /// the same token sequence for all of them (mistralrs' prefix cache can reuse it). Probabilities: softmax of
+    /// the means.
     fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError> {
-        if candidates.is_empty() || candidates.len() > LETTERS.len() {
+        if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
             return Err(EngineError::Invalid(format!(
-                "a rerank job needs 1..={} candidates, got {}",
-                LETTERS.len(),
+                "a rerank job needs 1..={MAX_CANDIDATES} candidates, got {}",
                 candidates.len()
             )));
         }
-        let request = RequestBuilder::new()
-            .add_message(TextMessageRole::System, "You classify customer messages. Reply with one letter.")
-            .add_message(TextMessageRole::User, rerank_prompt(text, candidates))
-            .return_logprobs(true)
-            .set_sampler_topn_logprobs(20)
-            .set_sampler_max_len(1)
-            .set_deterministic_sampler();
-        let response = self.rt.block_on(self.model.send_chat_request(request)).map_err(failed)?;
-        let choice = response.choices.first().ok_or_else(|| failed("no choice in the response"))?;
-        let top = choice
-            .logprobs
-            .as_ref()
-            .and_then(|l| l.content.as_ref())
-            .and_then(|c| c.first())
-            .map(|first| first.top_logprobs.clone())
-            .unwrap_or_default();
-        let mut logits = vec![f32::NEG_INFINITY; candidates.len()];
-        for t in &top {
-            let token = t.bytes.as_deref().unwrap_or("").trim().trim_end_matches(')');
-            if let Some(i) = LETTERS.iter().take(candidates.len()).position(|l| *l == token) {
-                logits[i] = logits[i].max(t.logprob);
+        self.rt.block_on(async {
+            let prompt = TextMessages::new()
+                .add_message(TextMessageRole::System, "You name the intent of customer messages to a bank.")
+                .add_message(TextMessageRole::User, rerank_prompt(text));
+            let prefix = self
+                .model
+                .tokenize(Either::Left(prompt), None, true, true, None)
+                .await
+                .map_err(failed)?;
+            let runner = self.model.inner();
+            let mut pending = Vec::with_capacity(candidates.len());
+            for c in candidates {
+                let label = format!("{}.", c.label.replace(['_', '-'], " "));
+                let cand = self
+                    .model
+                    .tokenize(Either::Right(label), None, false, false, None)
+                    .await
+                    .map_err(failed)?;
+                if cand.is_empty() {
+                    return Err(EngineError::Invalid(format!("label `{}` has no tokens", c.label)));
+                }
+                let tokens: Vec<u32> = prefix.iter().chain(cand.iter()).copied().collect();
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                let request = Request::Normal(Box::new(NormalRequest {
+                    messages: RequestMessage::CompletionTokens(tokens),
+                    sampling_params: SamplingParams { max_len: Some(0), ..SamplingParams::deterministic() },
+                    response: tx,
+                    return_logprobs: false,
+                    is_streaming: false,
+                    id: 0,
+                    constraint: Constraint::None,
+                    suffix: None,
+                    tools: None,
+                    tool_choice: None,
+                    logits_processors: None,
+                    return_raw_logits: true,
+                    web_search_options: None,
+                    model_id: None,
+                    truncate_sequence: false,
+                }));
+                pending.push((request, rx, cand.len()));
             }
-        }
-        // Letters outside the top-20 get a floor below the smallest one seen.
-        let floor = logits.iter().copied().filter(|v| v.is_finite()).fold(0.0f32, f32::min) - 5.0;
-        let max = logits.iter().map(|v| if v.is_finite() { *v } else { floor }).fold(f32::MIN, f32::max);
-        let exps: Vec<f32> = logits.iter().map(|v| ((if v.is_finite() { *v } else { floor }) - max).exp()).collect();
-        let sum: f32 = exps.iter().sum();
-        Ok(Scored {
-            probs: exps.iter().map(|e| e / sum).collect(),
-            prompt_tokens: response.usage.prompt_tokens as u32,
+            // mistralrs returns raw logits only for a batch of one: score one sequence at a time, and one job
+            // at a time (the lock), so two concurrent rerank jobs are never batched together.
+            let _one_at_a_time = self.raw_lock.lock().await;
+            let mut means = Vec::with_capacity(pending.len());
+            for (request, mut rx, n) in pending {
+                runner.get_sender(None).map_err(failed)?.send(request).await.map_err(failed)?;
+                let response = rx.recv().await.ok_or_else(|| failed("engine closed the response channel"))?;
+                let ResponseOk::Raw { logits_chunks, tokens } = response.as_result().map_err(|e| failed(format!("{e:?}")))?
+                else {
+                    return Err(failed("expected raw logits"));
+                };
+                means.push(label_mean_logprob(&logits_chunks, &tokens, n)?);
+            }
+            let max = means.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = means.iter().map(|m| (m - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            Ok(Scored { probs: exps.iter().map(|e| e / sum).collect(), prompt_tokens: prefix.len() as u32 })
         })
     }
 
@@ -172,7 +219,10 @@ impl Engine for MistralEngine {
             request = request.add_message(role(&m.role), &m.content);
         }
         match sampling.temperature {
-            Some(t) if t <= 0.0 => request = request.set_deterministic_sampler(),
+            // The deterministic sampler resets all sampling parameters: restore the length after it.
+            Some(t) if t <= 0.0 => {
+                request = request.set_deterministic_sampler().set_sampler_max_len(sampling.max_tokens.max(1) as usize)
+            }
             Some(t) => request = request.set_sampler_temperature(f64::from(t)),
             None => {}
         }

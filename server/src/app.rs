@@ -30,6 +30,8 @@ pub struct Llm {
     pub client: Client,
     /// Runs the workers (dropped after the client at shutdown).
     pub supervisor: Supervisor,
+    /// The shared-memory segment's name.
+    pub segment: String,
 }
 
 /// Everything a handler needs.
@@ -105,7 +107,10 @@ impl AppState {
 
 fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
     let r = &config.reranker;
-    let name = format!("tiergate-{}", std::process::id());
+    // Unique per server instance in this process (tests run several).
+    static INSTANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("tiergate-{}-{n}", std::process::id());
     let seg = Arc::new(Segment::create(
         &name,
         Geometry { slots: r.slots, req_cap: r.request_bytes, resp_cap: r.response_bytes },
@@ -124,6 +129,7 @@ fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result
     }
     args.extend(r.extra_args.iter().cloned());
     let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);
+    let name_for_info = name.clone();
     let supervisor = Supervisor::start(
         seg.clone(),
         SupervisorConfig {
@@ -138,5 +144,5 @@ fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result
         },
     )?;
     let client = Client::new(seg, heartbeat)?;
-    Ok(Llm { client, supervisor })
+    Ok(Llm { client, supervisor, segment: name_for_info })
 }

@@ -148,7 +148,8 @@ fn policy_changes_live_under_traffic_without_errors() {
 fn sigterm_drains_stops_workers_and_removes_the_segment() {
     let mut s = start(STUB);
     let pid = s.child.id();
-    let segment = format!("/dev/shm/tiergate-{pid}");
+    let info: Value = ureq::get(&format!("{}/info", s.base)).call().unwrap().into_json().unwrap();
+    let segment = format!("/dev/shm/{}", info["segment"].as_str().unwrap());
     assert!(std::path::Path::new(&segment).exists(), "{segment}");
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let t = Instant::now();

@@ -335,7 +335,7 @@ fn remove_if_stale(name: &str) -> Result<()> {
         None
     };
     match pid {
-        Some(pid) if pid != std::process::id() && pid_alive(pid) => {
+        Some(pid) if pid_alive(pid) => {
             shm.set_owner(false);
             Err(QueueError::Segment(format!(
                 "segment `{name}` belongs to a running instance (pid {pid}); choose another name"

@@ -75,6 +75,7 @@ pub async fn info(State(state): State<Arc<AppState>>) -> Response {
             *t = json!("<redacted>");
         }
     }
-    axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers()}))
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
+                      "segment": state.llm.as_ref().map(|l| l.segment.clone())}))
         .into_response()
 }
