@@ -351,24 +351,13 @@ fn fine_tune(
             total / steps.max(1) as f64
         ));
     }
-    // Refit the head on the tuned features (cheap, and it absorbs the last encoder steps).
-    let x_train = embed_all(&tokenizer, &encoder, train_rows)?;
-    let head = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS / 2, rng, &device)?;
-    let x_dev = embed_all(&tokenizer, &encoder, dev_rows)?;
-    let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
-
+    // Save the tuned encoder, then reload it through the inference path (no autograd graph, fast kernels) to
+    // refit the head on the tuned features and score the dev split.
     let enc_out = opts.out.join("encoder");
     std::fs::create_dir_all(&enc_out).map_err(|e| PrefilterError::file(&enc_out, e))?;
     let saved = enc_out.join("model.safetensors");
-    enc_map
-        .save(&saved)
-        .map_err(|e| PrefilterError::file(&saved, e))?;
-    for f in [
-        "config.json",
-        "tokenizer.json",
-        "modules.json",
-        "1_Pooling/config.json",
-    ] {
+    enc_map.save(&saved).map_err(|e| PrefilterError::file(&saved, e))?;
+    for f in ["config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json"] {
         let src = opts.encoder.join(f);
         if src.is_file() {
             let dst = enc_out.join(f);
@@ -378,13 +367,19 @@ fn fine_tune(
             std::fs::copy(&src, &dst).map_err(|e| PrefilterError::file(&dst, e))?;
         }
     }
+    drop(encoder);
+    let (tokenizer, tuned) = load_encoder(&enc_out, PoolingConfig::Auto, opts.max_tokens)?;
+    let x_train = embed_all(&tokenizer, &tuned, train_rows)?;
+    let head = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS / 2, rng, &device)?;
+    let x_dev = embed_all(&tokenizer, &tuned, dev_rows)?;
+    let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
     let b = head
         .bias()
         .cloned()
         .ok_or_else(|| PrefilterError::Training("no bias".into()))?;
     Ok((
         PathBuf::from("encoder"),
-        encoder.hidden_size(),
+        tuned.hidden_size(),
         head.weight().clone(),
         b,
         dev_logits,
