@@ -11,11 +11,11 @@ mod serving;
 
 pub use error::ConfigError;
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
+pub use prefilter::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
 pub use serving::{
     FailureMode, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig,
     UtilizationSource,
 };
-pub use prefilter::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
 
 use serde::{Deserialize, Serialize};
 
@@ -44,7 +44,10 @@ impl Config {
         let mut seen = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             if r.name.trim().is_empty() || !seen.insert(r.name.as_str()) {
-                return Err(ConfigError::invalid(format!("routes[{i}].name"), "must be non-empty and unique"));
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].name"),
+                    "must be non-empty and unique",
+                ));
             }
             if let Some(h) = &r.head {
                 let mut p = self.prefilter.clone();

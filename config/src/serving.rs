@@ -132,7 +132,10 @@ impl RoutingConfig {
             if v.is_finite() && (0.0..=1.0).contains(&v) {
                 Ok(())
             } else {
-                Err(ConfigError::invalid(format!("{at}.{name}"), format!("{v} is outside [0, 1]")))
+                Err(ConfigError::invalid(
+                    format!("{at}.{name}"),
+                    format!("{v} is outside [0, 1]"),
+                ))
             }
         };
         unit("theta_base", self.theta_base)?;
@@ -141,7 +144,10 @@ impl RoutingConfig {
         unit("target_share", self.target_share)?;
         unit("manual_utilization", self.manual_utilization)?;
         if !(self.k.is_finite() && (-1.0..=1.0).contains(&self.k)) {
-            return Err(ConfigError::invalid(format!("{at}.k"), format!("{} is outside [-1, 1]", self.k)));
+            return Err(ConfigError::invalid(
+                format!("{at}.k"),
+                format!("{} is outside [-1, 1]", self.k),
+            ));
         }
         if self.theta_min > self.theta_max {
             return Err(ConfigError::invalid(
@@ -150,7 +156,10 @@ impl RoutingConfig {
             ));
         }
         if !(self.slo_p95_ms.is_finite() && self.slo_p95_ms > 0.0) {
-            return Err(ConfigError::invalid(format!("{at}.slo_p95_ms"), "must be a positive number"));
+            return Err(ConfigError::invalid(
+                format!("{at}.slo_p95_ms"),
+                "must be a positive number",
+            ));
         }
         Ok(())
     }
@@ -243,22 +252,37 @@ impl RerankerConfig {
     /// Checks the section.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
         if self.engine != "stub" && self.engine != "mistralrs" {
-            return Err(ConfigError::invalid(format!("{at}.engine"), format!("`{}`: use stub or mistralrs", self.engine)));
+            return Err(ConfigError::invalid(
+                format!("{at}.engine"),
+                format!("`{}`: use stub or mistralrs", self.engine),
+            ));
         }
         if self.workers > 16 {
             return Err(ConfigError::invalid(format!("{at}.workers"), "at most 16"));
         }
         if !(1..=65_536).contains(&self.slots) {
-            return Err(ConfigError::invalid(format!("{at}.slots"), "must be in 1..=65536"));
+            return Err(ConfigError::invalid(
+                format!("{at}.slots"),
+                "must be in 1..=65536",
+            ));
         }
         if self.request_bytes < 1024 || self.response_bytes < 8192 {
-            return Err(ConfigError::invalid(format!("{at}.request_bytes"), "request >= 1024 and response >= 8192 bytes"));
+            return Err(ConfigError::invalid(
+                format!("{at}.request_bytes"),
+                "request >= 1024 and response >= 8192 bytes",
+            ));
         }
         if !(0.0..=1.0).contains(&self.llm_weight) {
-            return Err(ConfigError::invalid(format!("{at}.llm_weight"), "must be in [0, 1]"));
+            return Err(ConfigError::invalid(
+                format!("{at}.llm_weight"),
+                "must be in [0, 1]",
+            ));
         }
         if !(1..=10).contains(&self.candidates) {
-            return Err(ConfigError::invalid(format!("{at}.candidates"), "must be in 1..=10"));
+            return Err(ConfigError::invalid(
+                format!("{at}.candidates"),
+                "must be in 1..=10",
+            ));
         }
         Ok(())
     }

@@ -278,7 +278,8 @@ fn fine_tune(
     // The features come from the inference encoder (same weights, faster kernels).
     let t0 = Instant::now();
     let x_train = {
-        let (tok, frozen_encoder) = load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
+        let (tok, frozen_encoder) =
+            load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
         embed_all(&tok, &frozen_encoder, train_rows)?
     };
     let frozen = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS, rng, &device)?;
@@ -356,8 +357,15 @@ fn fine_tune(
     let enc_out = opts.out.join("encoder");
     std::fs::create_dir_all(&enc_out).map_err(|e| PrefilterError::file(&enc_out, e))?;
     let saved = enc_out.join("model.safetensors");
-    enc_map.save(&saved).map_err(|e| PrefilterError::file(&saved, e))?;
-    for f in ["config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json"] {
+    enc_map
+        .save(&saved)
+        .map_err(|e| PrefilterError::file(&saved, e))?;
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "modules.json",
+        "1_Pooling/config.json",
+    ] {
         let src = opts.encoder.join(f);
         if src.is_file() {
             let dst = enc_out.join(f);

@@ -10,7 +10,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tiergate_queue::{Candidate, Client, Geometry, Job, QueueError, Segment, Supervisor, SupervisorConfig};
+use tiergate_queue::{
+    Candidate, Client, Geometry, Job, QueueError, Segment, Supervisor, SupervisorConfig,
+};
 
 fn pct(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -21,7 +23,11 @@ fn job_1kb() -> Job {
     Job::Rerank {
         text: "x".repeat(880),
         candidates: (0..5)
-            .map(|i| Candidate { label: format!("label_{i}"), description: None, p: 0.2 })
+            .map(|i| Candidate {
+                label: format!("label_{i}"),
+                description: None,
+                p: 0.2,
+            })
             .collect(),
         llm_weight: 0.5,
     }
@@ -51,7 +57,12 @@ fn supervisor(seg: &Arc<Segment>, name: &str, delay_ms: u64) -> anyhow::Result<S
         SupervisorConfig {
             workers: 1,
             program,
-            args: vec!["--engine".into(), "stub".into(), "--stub-delay-ms".into(), delay_ms.to_string()],
+            args: vec![
+                "--engine".into(),
+                "stub".into(),
+                "--stub-delay-ms".into(),
+                delay_ms.to_string(),
+            ],
             segment: name.into(),
             heartbeat_timeout: Duration::from_secs(2),
             backoff_initial: Duration::from_millis(50),
@@ -64,7 +75,10 @@ fn supervisor(seg: &Arc<Segment>, name: &str, delay_ms: u64) -> anyhow::Result<S
 fn wait_ready(client: &Client) -> anyhow::Result<()> {
     let t = Instant::now();
     while client.live_workers() == 0 {
-        anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "worker did not start");
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(10),
+            "worker did not start"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
@@ -79,7 +93,14 @@ fn main() -> anyhow::Result<()> {
 
     // 1. Queue round trip.
     let name = format!("tiergate-bench-{}", std::process::id());
-    let seg = Arc::new(Segment::create(&name, Geometry { slots: 64, req_cap: 4096, resp_cap: 8192 })?);
+    let seg = Arc::new(Segment::create(
+        &name,
+        Geometry {
+            slots: 64,
+            req_cap: 4096,
+            resp_cap: 8192,
+        },
+    )?);
     let sup = supervisor(&seg, &name, 0)?;
     let client = Client::new(seg.clone(), Duration::from_secs(2))?;
     wait_ready(&client)?;
@@ -106,7 +127,9 @@ fn main() -> anyhow::Result<()> {
     let mut sock = loop {
         match UnixStream::connect(&path) {
             Ok(s) => break s,
-            Err(_) if t.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
             Err(e) => return Err(e.into()),
         }
     };
@@ -130,11 +153,22 @@ fn main() -> anyhow::Result<()> {
     println!("round trip, {bytes}-byte rerank job, stub worker process, {n} sequential jobs:");
     println!("  shared-memory queue : p50 {q50:7.1} us  p99 {q99:7.1} us  p99.9 {q999:7.1} us");
     println!("  unix socket (1 KB)  : p50 {u50:7.1} us  p99 {u99:7.1} us  p99.9 {u999:7.1} us");
-    println!("  ratio queue/socket  : p50 {:.2}  p99 {:.2}", q50 / u50, q99 / u99);
+    println!(
+        "  ratio queue/socket  : p50 {:.2}  p99 {:.2}",
+        q50 / u50,
+        q99 / u99
+    );
 
     // 2. Flood: a slow worker, all slots taken, then time the refusals.
     let name = format!("tiergate-bench-flood-{}", std::process::id());
-    let seg = Arc::new(Segment::create(&name, Geometry { slots: 32, req_cap: 4096, resp_cap: 8192 })?);
+    let seg = Arc::new(Segment::create(
+        &name,
+        Geometry {
+            slots: 32,
+            req_cap: 4096,
+            resp_cap: 8192,
+        },
+    )?);
     let sup = supervisor(&seg, &name, 10_000)?;
     let client = Client::new(seg.clone(), Duration::from_secs(2))?;
     wait_ready(&client)?;

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use either::Either;
 use mistralrs::core::{RequestMessage, ResponseOk};
 use mistralrs::{
-    ChatCompletionChunkResponse, Constraint, GgufModelBuilder, IsqType, Model, NormalRequest, Request, RequestBuilder,
-    Response, SamplingParams, StopTokens, TextMessageRole, TextMessages, TextModelBuilder,
+    ChatCompletionChunkResponse, Constraint, GgufModelBuilder, IsqType, Model, NormalRequest,
+    Request, RequestBuilder, Response, SamplingParams, StopTokens, TextMessageRole, TextMessages,
+    TextModelBuilder,
 };
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
@@ -48,7 +49,11 @@ fn isq_type(s: &str) -> Result<IsqType, EngineError> {
         "q5_0" => IsqType::Q5_0,
         "q5_1" => IsqType::Q5_1,
         "q8_0" => IsqType::Q8_0,
-        other => return Err(EngineError::Invalid(format!("unknown --isq `{other}` (q4_0, q4_1, q5_0, q5_1, q8_0)"))),
+        other => {
+            return Err(EngineError::Invalid(format!(
+                "unknown --isq `{other}` (q4_0, q4_1, q5_0, q5_1, q8_0)"
+            )))
+        }
     })
 }
 
@@ -62,21 +67,31 @@ impl MistralEngine {
             .map_err(failed)?;
         let path = &opts.model;
         if !path.exists() {
-            return Err(EngineError::Invalid(format!("model {} not found", path.display())));
+            return Err(EngineError::Invalid(format!(
+                "model {} not found",
+                path.display()
+            )));
         }
         let force_cpu = !cfg!(feature = "cuda");
         let model = rt.block_on(async {
             if path.is_file() {
                 let dir = path.parent().unwrap_or(Path::new("."));
-                let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+                let file = path
+                    .file_name()
+                    .and_then(|f| f.to_str())
+                    .unwrap_or_default();
+                // No prefix cache: a cached prefix would drop the logits scoring needs.
                 let mut b = GgufModelBuilder::new(dir.to_string_lossy(), vec![file.to_string()])
-                    .with_max_num_seqs(opts.max_seqs);
+                    .with_max_num_seqs(opts.max_seqs)
+                    .with_prefix_cache_n(None);
                 if force_cpu {
                     b = b.with_force_cpu();
                 }
                 b.build().await.map_err(failed)
             } else {
-                let mut b = TextModelBuilder::new(path.to_string_lossy()).with_max_num_seqs(opts.max_seqs);
+                let mut b = TextModelBuilder::new(path.to_string_lossy())
+                    .with_max_num_seqs(opts.max_seqs)
+                    .with_prefix_cache_n(None);
                 if let Some(q) = &opts.isq {
                     b = b.with_isq(isq_type(q)?);
                 }
@@ -86,8 +101,15 @@ impl MistralEngine {
                 b.build().await.map_err(failed)
             }
         })?;
-        let name = path.file_name().map_or_else(|| "llm".into(), |n| n.to_string_lossy().into_owned());
-        Ok(Self { rt, model, name, raw_lock: tokio::sync::Mutex::new(()) })
+        let name = path
+            .file_name()
+            .map_or_else(|| "llm".into(), |n| n.to_string_lossy().into_owned());
+        Ok(Self {
+            rt,
+            model,
+            name,
+            raw_lock: tokio::sync::Mutex::new(()),
+        })
     }
 }
 
@@ -101,27 +123,44 @@ fn role(r: &str) -> TextMessageRole {
 
 /// The prompt a candidate label is scored after.
 pub fn rerank_prompt(text: &str) -> String {
-    format!("Customer message: \"{}\"\nIn a few words, what does the customer want?", text.trim())
+    format!(
+        "Customer message: \"{}\"\nIn a few words, what does the customer want?",
+        text.trim()
+    )
 }
 
 /// Mean log-probability of the last `n` tokens of `tokens` under the logits of the positions before them.
-fn label_mean_logprob(chunks: &[mistralrs::Tensor], tokens: &[u32], n: usize) -> Result<f32, EngineError> {
+fn label_mean_logprob(
+    chunks: &[mistralrs::Tensor],
+    tokens: &[u32],
+    n: usize,
+) -> Result<f32, EngineError> {
     let logits = mistralrs::Tensor::cat(chunks, 0)
         .and_then(|t| t.to_dtype(mistralrs::DType::F32))
         .and_then(|t| t.to_device(&mistralrs::Device::Cpu))
         .map_err(failed)?;
+    // The rows are the logits of the last `rows` positions (all of them unless a cached prefix was skipped).
     let rows = logits.dims().first().copied().unwrap_or(0);
     let len = tokens.len();
-    if rows < len || n == 0 || n >= len {
-        return Err(failed(format!("raw logits have {rows} rows for {len} tokens")));
+    if n == 0 || n >= len || rows < n + 1 || rows > len {
+        return Err(failed(format!(
+            "raw logits have {rows} rows for {len} tokens ({n} scored)"
+        )));
     }
+    let offset = len - rows;
     let mut total = 0f32;
-    for j in len - n..len {
-        let row: Vec<f32> = logits.get(j - 1).and_then(|r| r.to_vec1::<f32>()).map_err(failed)?;
+    for (j, &token) in tokens.iter().enumerate().skip(len - n) {
+        let row: Vec<f32> = logits
+            .get(j - 1 - offset)
+            .and_then(|r| r.to_vec1::<f32>())
+            .map_err(failed)?;
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let lse = row.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
-        let t = tokens[j] as usize;
-        total += row.get(t).copied().ok_or_else(|| failed("token id outside the vocabulary"))? - lse;
+        total += row
+            .get(token as usize)
+            .copied()
+            .ok_or_else(|| failed("token id outside the vocabulary"))?
+            - lse;
     }
     Ok(total / n as f32)
 }
@@ -134,8 +173,7 @@ impl Engine for MistralEngine {
     /// Candidate log-likelihood: for each candidate, one prefill of `prompt ++ label` with raw logits, scoring
     /// the label's tokens (mean log-probability per token, so long labels are not penalised). The requests
     /// run one after the other (mistralrs gives raw logits for a batch of one only); the shared prompt prefix is
-    /// the same token sequence for all of them (mistralrs' prefix cache can reuse it). Probabilities: softmax of
-    /// the means.
+    /// the same token sequence for all of them. Probabilities: softmax of the means.
     fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError> {
         if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
             return Err(EngineError::Invalid(format!(
@@ -145,7 +183,10 @@ impl Engine for MistralEngine {
         }
         self.rt.block_on(async {
             let prompt = TextMessages::new()
-                .add_message(TextMessageRole::System, "You name the intent of customer messages to a bank.")
+                .add_message(
+                    TextMessageRole::System,
+                    "You name the intent of customer messages to a bank.",
+                )
                 .add_message(TextMessageRole::User, rerank_prompt(text));
             let prefix = self
                 .model
@@ -162,13 +203,19 @@ impl Engine for MistralEngine {
                     .await
                     .map_err(failed)?;
                 if cand.is_empty() {
-                    return Err(EngineError::Invalid(format!("label `{}` has no tokens", c.label)));
+                    return Err(EngineError::Invalid(format!(
+                        "label `{}` has no tokens",
+                        c.label
+                    )));
                 }
                 let tokens: Vec<u32> = prefix.iter().chain(cand.iter()).copied().collect();
                 let (tx, rx) = tokio::sync::mpsc::channel(1);
                 let request = Request::Normal(Box::new(NormalRequest {
                     messages: RequestMessage::CompletionTokens(tokens),
-                    sampling_params: SamplingParams { max_len: Some(0), ..SamplingParams::deterministic() },
+                    sampling_params: SamplingParams {
+                        max_len: Some(0),
+                        ..SamplingParams::deterministic()
+                    },
                     response: tx,
                     return_logprobs: false,
                     is_streaming: false,
@@ -190,9 +237,20 @@ impl Engine for MistralEngine {
             let _one_at_a_time = self.raw_lock.lock().await;
             let mut means = Vec::with_capacity(pending.len());
             for (request, mut rx, n) in pending {
-                runner.get_sender(None).map_err(failed)?.send(request).await.map_err(failed)?;
-                let response = rx.recv().await.ok_or_else(|| failed("engine closed the response channel"))?;
-                let ResponseOk::Raw { logits_chunks, tokens } = response.as_result().map_err(|e| failed(format!("{e:?}")))?
+                runner
+                    .get_sender(None)
+                    .map_err(failed)?
+                    .send(request)
+                    .await
+                    .map_err(failed)?;
+                let response = rx
+                    .recv()
+                    .await
+                    .ok_or_else(|| failed("engine closed the response channel"))?;
+                let ResponseOk::Raw {
+                    logits_chunks,
+                    tokens,
+                } = response.as_result().map_err(|e| failed(format!("{e:?}")))?
                 else {
                     return Err(failed("expected raw logits"));
                 };
@@ -201,7 +259,10 @@ impl Engine for MistralEngine {
             let max = means.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let exps: Vec<f32> = means.iter().map(|m| (m - max).exp()).collect();
             let sum: f32 = exps.iter().sum();
-            Ok(Scored { probs: exps.iter().map(|e| e / sum).collect(), prompt_tokens: prefix.len() as u32 })
+            Ok(Scored {
+                probs: exps.iter().map(|e| e / sum).collect(),
+                prompt_tokens: prefix.len() as u32,
+            })
         })
     }
 
@@ -214,14 +275,17 @@ impl Engine for MistralEngine {
         if messages.is_empty() {
             return Err(EngineError::Invalid("no messages".into()));
         }
-        let mut request = RequestBuilder::new().set_sampler_max_len(sampling.max_tokens.max(1) as usize);
+        let mut request =
+            RequestBuilder::new().set_sampler_max_len(sampling.max_tokens.max(1) as usize);
         for m in messages {
             request = request.add_message(role(&m.role), &m.content);
         }
         match sampling.temperature {
             // The deterministic sampler resets all sampling parameters: restore the length after it.
             Some(t) if t <= 0.0 => {
-                request = request.set_deterministic_sampler().set_sampler_max_len(sampling.max_tokens.max(1) as usize)
+                request = request
+                    .set_deterministic_sampler()
+                    .set_sampler_max_len(sampling.max_tokens.max(1) as usize)
             }
             Some(t) => request = request.set_sampler_temperature(f64::from(t)),
             None => {}
@@ -233,12 +297,22 @@ impl Engine for MistralEngine {
             request = request.set_sampler_stop_toks(StopTokens::Seqs(sampling.stop.clone()));
         }
         self.rt.block_on(async {
-            let mut stream = self.model.stream_chat_request(request).await.map_err(failed)?;
-            let mut usage = Usage { prompt_tokens: 0, completion_tokens: 0, finish_reason: "stop".into() };
+            let mut stream = self
+                .model
+                .stream_chat_request(request)
+                .await
+                .map_err(failed)?;
+            let mut usage = Usage {
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                finish_reason: "stop".into(),
+            };
             let mut sent = 0u32;
             while let Some(event) = stream.next().await {
                 match event {
-                    Response::Chunk(ChatCompletionChunkResponse { choices, usage: u, .. }) => {
+                    Response::Chunk(ChatCompletionChunkResponse {
+                        choices, usage: u, ..
+                    }) => {
                         if let Some(c) = choices.first() {
                             if let Some(text) = c.delta.content.as_deref() {
                                 if !text.is_empty() {
@@ -263,7 +337,9 @@ impl Engine for MistralEngine {
                         usage.completion_tokens = done.usage.completion_tokens as u32;
                         break;
                     }
-                    Response::InternalError(e) | Response::ValidationError(e) => return Err(failed(e)),
+                    Response::InternalError(e) | Response::ValidationError(e) => {
+                        return Err(failed(e))
+                    }
                     Response::ModelError(m, _) => return Err(failed(m)),
                     _ => {}
                 }

@@ -32,7 +32,10 @@ struct Args {
     #[arg(long, value_enum, default_value_t = EngineKind::Stub)]
     engine: EngineKind,
     /// The model: a .gguf file or a Hugging Face folder.
-    #[arg(long, default_value = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    #[arg(
+        long,
+        default_value = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
     model: std::path::PathBuf,
     /// In-situ quantisation for a Hugging Face folder (q4_0, q4_1, q5_0, q5_1, q8_0).
     #[arg(long)]
@@ -110,7 +113,9 @@ fn load_llm(args: &Args) -> anyhow::Result<Arc<dyn Engine>> {
         isq: args.isq.clone(),
         max_seqs: args.max_concurrent.max(1),
     };
-    Ok(Arc::new(tiergate_reranker::llm::MistralEngine::load(&opts)?))
+    Ok(Arc::new(tiergate_reranker::llm::MistralEngine::load(
+        &opts,
+    )?))
 }
 
 #[cfg(not(feature = "llm"))]

@@ -24,14 +24,16 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
     let hb = worker.clone();
     let period = cfg.heartbeat;
     // The heartbeat runs on its own thread: a long job must not look like a hang, a frozen process must.
-    let spawned = std::thread::Builder::new().name("heartbeat".into()).spawn(move || loop {
-        if hb.should_exit() {
-            tracing::info!("server gone or shutting down: exiting");
-            std::process::exit(0);
-        }
-        hb.heartbeat();
-        std::thread::sleep(period);
-    });
+    let spawned = std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || loop {
+            if hb.should_exit() {
+                tracing::info!("server gone or shutting down: exiting");
+                std::process::exit(0);
+            }
+            hb.heartbeat();
+            std::thread::sleep(period);
+        });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the heartbeat thread");
         return 1;
@@ -71,7 +73,11 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
         return;
     }
     match job {
-        Job::Rerank { text, candidates, llm_weight } => match engine.score(&text, &candidates) {
+        Job::Rerank {
+            text,
+            candidates,
+            llm_weight,
+        } => match engine.score(&text, &candidates) {
             Ok(scored) if scored.probs.len() == candidates.len() => {
                 let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
                 let fused = fuse(&tier0, &scored.probs, llm_weight);

@@ -30,7 +30,10 @@ pub struct StubEngine {
 impl StubEngine {
     /// A stub with these knobs.
     pub fn new(knobs: StubKnobs) -> Self {
-        Self { knobs, jobs: AtomicU64::new(0) }
+        Self {
+            knobs,
+            jobs: AtomicU64::new(0),
+        }
     }
 
     fn start_job(&self) -> bool {
@@ -44,13 +47,19 @@ impl StubEngine {
             // SAFETY: raise only sends a signal to this process; SIGSTOP stops every thread until SIGCONT/SIGKILL.
             unsafe { libc::raise(libc::SIGSTOP) };
         }
-        self.knobs.garbage_every.is_some_and(|k| k > 0 && n % k == 0)
+        self.knobs
+            .garbage_every
+            .is_some_and(|k| k > 0 && n.is_multiple_of(k))
     }
 }
 
 /// Words of a label (`card_arrival` → `card`, `arrival`).
 fn label_words(label: &str) -> Vec<String> {
-    label.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_lowercase).collect()
+    label
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
 }
 
 impl Engine for StubEngine {
@@ -69,13 +78,25 @@ impl Engine for StubEngine {
             return Err(EngineError::Invalid("no candidates".into()));
         }
         std::thread::sleep(self.knobs.delay);
-        let words: Vec<String> = text.split(|c: char| !c.is_alphanumeric()).map(str::to_lowercase).collect();
+        let words: Vec<String> = text
+            .split(|c: char| !c.is_alphanumeric())
+            .map(str::to_lowercase)
+            .collect();
         let raw: Vec<f32> = candidates
             .iter()
-            .map(|c| 1.0 + label_words(&c.label).iter().filter(|w| words.contains(w)).count() as f32 * 3.0)
+            .map(|c| {
+                1.0 + label_words(&c.label)
+                    .iter()
+                    .filter(|w| words.contains(w))
+                    .count() as f32
+                    * 3.0
+            })
             .collect();
         let sum: f32 = raw.iter().sum();
-        Ok(Scored { probs: raw.iter().map(|r| r / sum).collect(), prompt_tokens: words.len() as u32 })
+        Ok(Scored {
+            probs: raw.iter().map(|r| r / sum).collect(),
+            prompt_tokens: words.len() as u32,
+        })
     }
 
     /// Echoes the last user message word by word: `stub: w1 w2 …`, at most `max_tokens` tokens.
@@ -85,7 +106,11 @@ impl Engine for StubEngine {
         sampling: &Sampling,
         on_token: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Usage, EngineError> {
-        let last = messages.iter().rev().find(|m| m.role == "user").map_or("", |m| m.content.as_str());
+        let last = messages
+            .iter()
+            .rev()
+            .find(|m| m.role == "user")
+            .map_or("", |m| m.content.as_str());
         let tokens: Vec<String> = std::iter::once("stub:".to_string())
             .chain(last.split_whitespace().map(|w| format!(" {w}")))
             .collect();
@@ -102,7 +127,10 @@ impl Engine for StubEngine {
             sent += 1;
         }
         Ok(Usage {
-            prompt_tokens: messages.iter().map(|m| m.content.split_whitespace().count() as u32).sum(),
+            prompt_tokens: messages
+                .iter()
+                .map(|m| m.content.split_whitespace().count() as u32)
+                .sum(),
             completion_tokens: sent,
             finish_reason: reason.into(),
         })
@@ -114,25 +142,47 @@ mod tests {
     use super::*;
 
     fn cand(label: &str) -> Candidate {
-        Candidate { label: label.into(), description: None, p: 0.5 }
+        Candidate {
+            label: label.into(),
+            description: None,
+            p: 0.5,
+        }
     }
 
     #[test]
     fn stub_scores_shared_words_and_echoes() {
         let e = StubEngine::new(StubKnobs::default());
-        let s = e.score("my card has not arrived", &[cand("card_arrival"), cand("exchange_rate")]).unwrap();
+        let s = e
+            .score(
+                "my card has not arrived",
+                &[cand("card_arrival"), cand("exchange_rate")],
+            )
+            .unwrap();
         assert!(s.probs[0] > s.probs[1]);
         assert!((s.probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         let mut out = String::new();
-        let msgs = vec![Message { role: "user".into(), content: "hello there world".into() }];
+        let msgs = vec![Message {
+            role: "user".into(),
+            content: "hello there world".into(),
+        }];
         let u = e
-            .generate(&msgs, &Sampling { max_tokens: 3, ..Default::default() }, &mut |t| {
-                out.push_str(t);
-                true
-            })
+            .generate(
+                &msgs,
+                &Sampling {
+                    max_tokens: 3,
+                    ..Default::default()
+                },
+                &mut |t| {
+                    out.push_str(t);
+                    true
+                },
+            )
             .unwrap();
         assert_eq!(out, "stub: hello there");
-        assert_eq!((u.completion_tokens, u.finish_reason.as_str()), (3, "length"));
+        assert_eq!(
+            (u.completion_tokens, u.finish_reason.as_str()),
+            (3, "length")
+        );
         assert!(e.score("x", &[]).is_err());
     }
 }

@@ -57,12 +57,20 @@ pub struct AppState {
 impl AppState {
     /// Builds the state: loads the prefilters (blocking: call from a blocking context), creates the segment and
     /// starts the workers.
-    pub fn build(config: Config, metrics: Option<PrometheusHandle>, worker_program: Option<PathBuf>) -> anyhow::Result<Self> {
+    pub fn build(
+        config: Config,
+        metrics: Option<PrometheusHandle>,
+        worker_program: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
         let mut routes = HashMap::new();
         let mut order = Vec::new();
         let route_cfgs = if config.routes.is_empty() {
-            vec![tiergate_config::RouteConfig { name: "classify".into(), kind: RouteKind::Classify, head: None }]
+            vec![tiergate_config::RouteConfig {
+                name: "classify".into(),
+                kind: RouteKind::Classify,
+                head: None,
+            }]
         } else {
             config.routes.clone()
         };
@@ -70,7 +78,10 @@ impl AppState {
             let prefilter = if r.kind == RouteKind::Generate {
                 None
             } else {
-                let head = r.head.clone().unwrap_or_else(|| config.prefilter.head.clone());
+                let head = r
+                    .head
+                    .clone()
+                    .unwrap_or_else(|| config.prefilter.head.clone());
                 match handles.iter().find(|(h, _)| *h == head) {
                     Some((_, h)) => Some(h.clone()),
                     None => {
@@ -84,9 +95,20 @@ impl AppState {
                 }
             };
             order.push(r.name.clone());
-            routes.insert(r.name.clone(), Route { name: r.name.clone(), kind: r.kind, prefilter });
+            routes.insert(
+                r.name.clone(),
+                Route {
+                    name: r.name.clone(),
+                    kind: r.kind,
+                    prefilter,
+                },
+            );
         }
-        let llm = if config.reranker.workers > 0 { Some(start_llm(&config, worker_program)?) } else { None };
+        let llm = if config.reranker.workers > 0 {
+            Some(start_llm(&config, worker_program)?)
+        } else {
+            None
+        };
         Ok(Self {
             policy: Arc::new(Policy::new(config.routing.clone())),
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
@@ -113,16 +135,30 @@ fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result
     let name = format!("tiergate-{}-{n}", std::process::id());
     let seg = Arc::new(Segment::create(
         &name,
-        Geometry { slots: r.slots, req_cap: r.request_bytes, resp_cap: r.response_bytes },
+        Geometry {
+            slots: r.slots,
+            req_cap: r.request_bytes,
+            resp_cap: r.response_bytes,
+        },
     )?);
     let program = if r.program.as_os_str().is_empty() {
-        worker_program.ok_or_else(|| anyhow::anyhow!("cannot locate tiergate-reranker; set reranker.program"))?
+        worker_program.ok_or_else(|| {
+            anyhow::anyhow!("cannot locate tiergate-reranker; set reranker.program")
+        })?
     } else {
         r.program.clone()
     };
-    let mut args = vec!["--engine".to_string(), r.engine.clone(), "--max-concurrent".into(), r.max_concurrent.to_string()];
+    let mut args = vec![
+        "--engine".to_string(),
+        r.engine.clone(),
+        "--max-concurrent".into(),
+        r.max_concurrent.to_string(),
+    ];
     if r.engine == "mistralrs" {
-        args.extend(["--model".to_string(), r.model.to_string_lossy().into_owned()]);
+        args.extend([
+            "--model".to_string(),
+            r.model.to_string_lossy().into_owned(),
+        ]);
         if r.f32_weights {
             args.push("--f32-weights".into());
         }
@@ -144,5 +180,9 @@ fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result
         },
     )?;
     let client = Client::new(seg, heartbeat)?;
-    Ok(Llm { client, supervisor, segment: name_for_info })
+    Ok(Llm {
+        client,
+        supervisor,
+        segment: name_for_info,
+    })
 }

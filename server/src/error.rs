@@ -10,7 +10,10 @@ use serde_json::json;
 pub enum ApiError {
     /// Malformed or invalid request (400); `param` names the field.
     #[error("{message}")]
-    Invalid { message: String, param: Option<String> },
+    Invalid {
+        message: String,
+        param: Option<String>,
+    },
     /// Unknown `model` (404).
     #[error("{0}")]
     UnknownModel(String),
@@ -46,23 +49,62 @@ pub enum ApiError {
 impl ApiError {
     /// A 400 naming the offending field.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError::Invalid { message: message.into(), param: Some(param.into()) }
+        ApiError::Invalid {
+            message: message.into(),
+            param: Some(param.into()),
+        }
     }
 
     /// HTTP status, OpenAI error type and code.
     pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
-            ApiError::Invalid { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request"),
-            ApiError::UnknownModel(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
+            ApiError::Invalid { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_request",
+            ),
+            ApiError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+            ),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
-            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
-            ApiError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "request_too_large"),
-            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "authentication_error", "invalid_api_key"),
-            ApiError::PreconditionFailed(_) => (StatusCode::PRECONDITION_FAILED, "invalid_request_error", "version_mismatch"),
-            ApiError::Overloaded { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "overloaded"),
-            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", "llm_unavailable"),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method_not_allowed",
+            ),
+            ApiError::TooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "request_too_large",
+            ),
+            ApiError::Unauthorized(_) => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_api_key",
+            ),
+            ApiError::PreconditionFailed(_) => (
+                StatusCode::PRECONDITION_FAILED,
+                "invalid_request_error",
+                "version_mismatch",
+            ),
+            ApiError::Overloaded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "overloaded",
+            ),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "llm_unavailable",
+            ),
             ApiError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout"),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "internal_error",
+            ),
         }
     }
 
@@ -88,7 +130,8 @@ impl IntoResponse for ApiError {
             }
         }
         if matches!(self, ApiError::Unavailable(_)) {
-            resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
         }
         resp
     }
@@ -98,7 +141,10 @@ impl From<tiergate_prefilter::PrefilterError> for ApiError {
     fn from(e: tiergate_prefilter::PrefilterError) -> Self {
         use tiergate_prefilter::PrefilterError as P;
         match e {
-            P::Overloaded { .. } => ApiError::Overloaded { message: e.to_string(), retry_after_s: 1 },
+            P::Overloaded { .. } => ApiError::Overloaded {
+                message: e.to_string(),
+                retry_after_s: 1,
+            },
             P::InvalidInput(m) => ApiError::invalid("messages", m),
             P::Closed => ApiError::Unavailable("the prefilter is shutting down".into()),
             other => ApiError::Internal(other.to_string()),
@@ -121,7 +167,13 @@ mod tests {
             (ApiError::UnknownModel("x".into()), 404),
             (ApiError::MethodNotAllowed, 405),
             (ApiError::TooLarge, 413),
-            (ApiError::Overloaded { message: "busy".into(), retry_after_s: 1 }, 429),
+            (
+                ApiError::Overloaded {
+                    message: "busy".into(),
+                    retry_after_s: 1,
+                },
+                429,
+            ),
             (ApiError::Unavailable("down".into()), 503),
             (ApiError::Timeout("late".into()), 504),
         ] {

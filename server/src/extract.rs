@@ -31,12 +31,21 @@ fn map_rejection(r: JsonRejection) -> ApiError {
         return ApiError::TooLarge;
     }
     match r {
-        JsonRejection::JsonDataError(e) => ApiError::Invalid { message: format!("invalid request body: {}", e.body_text()), param: None },
-        JsonRejection::JsonSyntaxError(e) => ApiError::Invalid { message: format!("malformed JSON: {}", e.body_text()), param: None },
+        JsonRejection::JsonDataError(e) => ApiError::Invalid {
+            message: format!("invalid request body: {}", e.body_text()),
+            param: None,
+        },
+        JsonRejection::JsonSyntaxError(e) => ApiError::Invalid {
+            message: format!("malformed JSON: {}", e.body_text()),
+            param: None,
+        },
         JsonRejection::MissingJsonContentType(_) => ApiError::Invalid {
             message: "expected `Content-Type: application/json`".into(),
             param: None,
         },
-        other => ApiError::Invalid { message: other.body_text(), param: None },
+        other => ApiError::Invalid {
+            message: other.body_text(),
+            param: None,
+        },
     }
 }

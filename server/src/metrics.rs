@@ -32,7 +32,8 @@ pub const WORKER_RESTARTS: &str = "tiergate_worker_restarts_total";
 pub const POLICY_VERSION: &str = "tiergate_policy_version";
 
 const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0, 60.0,
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
+    60.0,
 ];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
@@ -49,15 +50,34 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS_TOTAL, "Chat requests by route, tier and outcome");
-    describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "End-to-end request latency by route and tier");
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "End-to-end request latency by route and tier"
+    );
     describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
     describe_histogram!(PREFILTER_SECONDS, Unit::Seconds, "Prefilter forward time");
-    describe_histogram!(PREFILTER_QUEUE_SECONDS, Unit::Seconds, "Wait for the prefilter batching thread");
+    describe_histogram!(
+        PREFILTER_QUEUE_SECONDS,
+        Unit::Seconds,
+        "Wait for the prefilter batching thread"
+    );
     describe_gauge!(QUEUE_DEPTH, "Escalation jobs in flight");
-    describe_histogram!(QUEUE_WAIT_SECONDS, Unit::Seconds, "Escalation submit to first event");
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Escalation submit to first event"
+    );
     describe_histogram!(RERANK_SECONDS, Unit::Seconds, "Rerank round trip");
-    describe_histogram!(TTFT_SECONDS, Unit::Seconds, "Time to first streamed LLM token");
-    describe_gauge!(ESCALATION_SHARE, "Share of classified requests escalated over 60 s");
+    describe_histogram!(
+        TTFT_SECONDS,
+        Unit::Seconds,
+        "Time to first streamed LLM token"
+    );
+    describe_gauge!(
+        ESCALATION_SHARE,
+        "Share of classified requests escalated over 60 s"
+    );
     describe_gauge!(THETA_EFF, "Escalation threshold in force");
     describe_gauge!(UTILIZATION, "Smoothed accelerator utilisation u");
     describe_counter!(WORKER_RESTARTS, "Reranker worker restarts");

@@ -121,7 +121,11 @@ pub struct Usage {
 impl Usage {
     /// Usage from the two counts.
     pub fn new(prompt: u32, completion: u32) -> Self {
-        Self { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion }
+        Self {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+        }
     }
 }
 

@@ -53,7 +53,11 @@ pub struct LiveView {
 }
 
 fn prune<T>(q: &mut VecDeque<(Instant, T)>, now: Instant) {
-    while q.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) > WINDOW) || q.len() > MAX_SAMPLES {
+    while q
+        .front()
+        .is_some_and(|(t, _)| now.saturating_duration_since(*t) > WINDOW)
+        || q.len() > MAX_SAMPLES
+    {
         q.pop_front();
     }
 }
@@ -73,23 +77,35 @@ impl Policy {
     pub fn new(cfg: RoutingConfig) -> Self {
         Self {
             current: RwLock::new(Arc::new(Versioned { cfg, version: 1 })),
-            live: Mutex::new(Live { source: "none", ..Live::default() }),
+            live: Mutex::new(Live {
+                source: "none",
+                ..Live::default()
+            }),
         }
     }
 
     /// The policy in force.
     pub fn current(&self) -> Arc<Versioned> {
-        self.current.read().map_or_else(|p| p.into_inner().clone(), |g| g.clone())
+        self.current
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |g| g.clone())
     }
 
     /// Replaces the fields if `if_match` (when given) equals the current version; returns (old, new).
-    pub fn replace(&self, cfg: RoutingConfig, if_match: Option<u64>) -> Result<(Arc<Versioned>, Arc<Versioned>), u64> {
+    pub fn replace(
+        &self,
+        cfg: RoutingConfig,
+        if_match: Option<u64>,
+    ) -> Result<(Arc<Versioned>, Arc<Versioned>), u64> {
         let mut guard = self.current.write().unwrap_or_else(|p| p.into_inner());
         let old = guard.clone();
         if if_match.is_some_and(|v| v != old.version) {
             return Err(old.version);
         }
-        let new = Arc::new(Versioned { cfg, version: old.version + 1 });
+        let new = Arc::new(Versioned {
+            cfg,
+            version: old.version + 1,
+        });
         *guard = new.clone();
         drop(guard);
         if let Ok(mut live) = self.live.lock() {
@@ -101,7 +117,11 @@ impl Policy {
     /// Records a utilisation sample (already smoothed by the sampler) and its source.
     pub fn set_utilization(&self, u: f64, source: &'static str) {
         if let Ok(mut live) = self.live.lock() {
-            live.utilization = if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 };
+            live.utilization = if u.is_finite() {
+                u.clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
             live.source = source;
         }
     }
@@ -145,7 +165,9 @@ impl Policy {
     pub fn record_escalated_latency(&self, now: Instant, ms: f64) {
         let p = self.current();
         let c = &p.cfg;
-        let Ok(mut live) = self.live.lock() else { return };
+        let Ok(mut live) = self.live.lock() else {
+            return;
+        };
         live.escalated_ms.push_back((now, ms));
         prune(&mut live.escalated_ms, now);
         if c.mode != RoutingMode::Slo {
@@ -209,7 +231,10 @@ mod tests {
     use tiergate_config::RoutingConfig;
 
     fn cfg(mode: RoutingMode) -> RoutingConfig {
-        RoutingConfig { mode, ..RoutingConfig::default() }
+        RoutingConfig {
+            mode,
+            ..RoutingConfig::default()
+        }
     }
 
     #[test]
@@ -218,11 +243,17 @@ mod tests {
         let now = Instant::now();
         assert!((p.theta_eff(now) - 0.65).abs() < 1e-12);
         p.set_utilization(0.85, "workers");
-        assert!((p.theta_eff(now) - (0.65 + 0.15 * 0.85)).abs() < 1e-12, "≈ 0.77 at 85%");
+        assert!(
+            (p.theta_eff(now) - (0.65 + 0.15 * 0.85)).abs() < 1e-12,
+            "≈ 0.77 at 85%"
+        );
         let mut c = cfg(RoutingMode::Load);
         c.theta_max = 0.7;
         p.replace(c, None).unwrap();
-        assert!((p.theta_eff(now) - 0.7).abs() < 1e-12, "clamped to theta_max");
+        assert!(
+            (p.theta_eff(now) - 0.7).abs() < 1e-12,
+            "clamped to theta_max"
+        );
     }
 
     #[test]
@@ -255,7 +286,10 @@ mod tests {
         for _ in 0..1000 {
             p.record_escalated_latency(now, 3000.0);
         }
-        assert!((p.theta_eff(now) - 0.9).abs() < 1e-9, "bounded by theta_max");
+        assert!(
+            (p.theta_eff(now) - 0.9).abs() < 1e-9,
+            "bounded by theta_max"
+        );
     }
 
     #[test]

@@ -29,11 +29,14 @@ pub async fn run(
     let listener = TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
     let cfg = config.clone();
-    let state = Arc::new(tokio::task::spawn_blocking(move || AppState::build(cfg, metrics, worker_program)).await??);
+    let state = Arc::new(
+        tokio::task::spawn_blocking(move || AppState::build(cfg, metrics, worker_program))
+            .await??,
+    );
     tokio::spawn(sample_utilization(Arc::downgrade(&state)));
-    let app = router(state.clone()).layer(tower_http::timeout::RequestBodyTimeoutLayer::new(Duration::from_millis(
-        config.server.body_timeout_ms,
-    )));
+    let app = router(state.clone()).layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        Duration::from_millis(config.server.body_timeout_ms),
+    ));
     tracing::info!(%addr, routes = ?state.route_order, "tiergate listening");
     if let Some(tx) = ready {
         let _ = tx.send(addr);
@@ -75,7 +78,10 @@ pub async fn run(
     let drain = Duration::from_millis(config.server.drain_ms);
     tracing::info!(?drain, "shutting down: draining in-flight requests");
     let t = Instant::now();
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("drain deadline passed; closing remaining connections");
     }
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");

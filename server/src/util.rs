@@ -15,7 +15,10 @@ const ALPHA: f64 = 0.3;
 
 /// Samples u every 500 ms into the policy, until the state is dropped (it holds only a weak reference).
 pub async fn sample_utilization(state: Weak<AppState>) {
-    let nvml = tokio::task::spawn_blocking(|| nvml_wrapper::Nvml::init().ok()).await.ok().flatten();
+    let nvml = tokio::task::spawn_blocking(|| nvml_wrapper::Nvml::init().ok())
+        .await
+        .ok()
+        .flatten();
     if nvml.is_some() {
         tracing::info!("NVML initialised: GPU utilisation drives the load-adaptive threshold");
     }
@@ -38,7 +41,12 @@ pub async fn sample_utilization(state: Weak<AppState>) {
             let llm = state.llm.as_ref()?;
             let h = llm.client.segment().header();
             let live = llm.client.live_workers().max(1) as f64;
-            let busy: u64 = h.workers.iter().take(MAX_WORKERS).map(|w| w.busy_ns.load(Ordering::Relaxed)).sum();
+            let busy: u64 = h
+                .workers
+                .iter()
+                .take(MAX_WORKERS)
+                .map(|w| w.busy_ns.load(Ordering::Relaxed))
+                .sum();
             let now = Instant::now();
             let (t0, b0) = last_busy.replace((now, busy))?;
             let dt = now.duration_since(t0).as_nanos() as f64;
@@ -54,7 +62,11 @@ pub async fn sample_utilization(state: Weak<AppState>) {
             },
         };
         if let Some(u) = sample {
-            smooth = if source == "manual" { u } else { ALPHA * u + (1.0 - ALPHA) * smooth };
+            smooth = if source == "manual" {
+                u
+            } else {
+                ALPHA * u + (1.0 - ALPHA) * smooth
+            };
             state.policy.set_utilization(smooth, source);
         } else {
             state.policy.set_utilization(smooth, "none");

@@ -56,16 +56,29 @@ pub struct ValidChat {
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
-pub fn validate(req: ChatRequest, kind_of: impl Fn(&str) -> Option<RouteKind>) -> Result<ValidChat, ApiError> {
-    let kind = kind_of(&req.model)
-        .ok_or_else(|| ApiError::UnknownModel(format!("the model `{}` does not exist; see GET /v1/models", req.model)))?;
+pub fn validate(
+    req: ChatRequest,
+    kind_of: impl Fn(&str) -> Option<RouteKind>,
+) -> Result<ValidChat, ApiError> {
+    let kind = kind_of(&req.model).ok_or_else(|| {
+        ApiError::UnknownModel(format!(
+            "the model `{}` does not exist; see GET /v1/models",
+            req.model
+        ))
+    })?;
     if let Some(n) = req.n {
         if n != 1 {
-            return Err(ApiError::invalid("n", format!("n = {n} is not supported: only 1 choice per request")));
+            return Err(ApiError::invalid(
+                "n",
+                format!("n = {n} is not supported: only 1 choice per request"),
+            ));
         }
     }
     if req.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "must contain at least one message"));
+        return Err(ApiError::invalid(
+            "messages",
+            "must contain at least one message",
+        ));
     }
     let mut messages = Vec::with_capacity(req.messages.len());
     let mut total = 0usize;
@@ -99,10 +112,16 @@ pub fn validate(req: ChatRequest, kind_of: impl Fn(&str) -> Option<RouteKind>) -
             }
         };
         total += content.chars().count();
-        messages.push(ValidMessage { role: role.into(), content });
+        messages.push(ValidMessage {
+            role: role.into(),
+            content,
+        });
     }
     if total > MAX_TEXT_CHARS {
-        return Err(ApiError::invalid("messages", format!("{total} characters of text; the limit is {MAX_TEXT_CHARS}")));
+        return Err(ApiError::invalid(
+            "messages",
+            format!("{total} characters of text; the limit is {MAX_TEXT_CHARS}"),
+        ));
     }
     let text = messages
         .iter()
@@ -114,14 +133,26 @@ pub fn validate(req: ChatRequest, kind_of: impl Fn(&str) -> Option<RouteKind>) -
         None => DEFAULT_MAX_TOKENS,
         Some(v) if v >= 1 && v <= i64::from(MAX_TOKENS_LIMIT) => v as u32,
         Some(v) => {
-            let field = if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-            return Err(ApiError::invalid(field, format!("{v} is outside 1..={MAX_TOKENS_LIMIT}")));
+            let field = if req.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            return Err(ApiError::invalid(
+                field,
+                format!("{v} is outside 1..={MAX_TOKENS_LIMIT}"),
+            ));
         }
     };
     let temperature = match req.temperature {
         None => None,
         Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => Some(t as f32),
-        Some(t) => return Err(ApiError::invalid("temperature", format!("{t} is outside 0..=2"))),
+        Some(t) => {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("{t} is outside 0..=2"),
+            ))
+        }
     };
     let top_p = match req.top_p {
         None => None,
@@ -132,7 +163,12 @@ pub fn validate(req: ChatRequest, kind_of: impl Fn(&str) -> Option<RouteKind>) -
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) if v.len() <= 4 => v,
-        Some(Stop::Many(v)) => return Err(ApiError::invalid("stop", format!("{} stop strings; at most 4", v.len()))),
+        Some(Stop::Many(v)) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("{} stop strings; at most 4", v.len()),
+            ))
+        }
     };
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
@@ -140,30 +176,54 @@ pub fn validate(req: ChatRequest, kind_of: impl Fn(&str) -> Option<RouteKind>) -
     let seed = match req.seed {
         None => None,
         Some(s) if s >= 0 => Some(s as u64),
-        Some(s) => return Err(ApiError::invalid("seed", format!("{s} must not be negative"))),
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "seed",
+                format!("{s} must not be negative"),
+            ))
+        }
     };
     let top_logprobs = match req.top_logprobs {
         None => 0,
         Some(k) if (0..=20).contains(&k) => k as usize,
-        Some(k) => return Err(ApiError::invalid("top_logprobs", format!("{k} is outside 0..=20"))),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("{k} is outside 0..=20"),
+            ))
+        }
     };
     let logprobs = req.logprobs.unwrap_or(false);
     if top_logprobs > 0 && !logprobs {
         return Err(ApiError::invalid("top_logprobs", "requires logprobs: true"));
     }
     if logprobs && kind == RouteKind::Generate {
-        return Err(ApiError::invalid("logprobs", "log-probabilities are available on classify routes only"));
+        return Err(ApiError::invalid(
+            "logprobs",
+            "log-probabilities are available on classify routes only",
+        ));
     }
     let json_object = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
         None | Some("text") => false,
         Some("json_object") if kind == RouteKind::Classify => true,
         Some("json_object") => {
-            return Err(ApiError::invalid("response_format", "json_object is available on classify routes only"))
+            return Err(ApiError::invalid(
+                "response_format",
+                "json_object is available on classify routes only",
+            ))
         }
-        Some(other) => return Err(ApiError::invalid("response_format", format!("type `{other}` is not supported"))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!("type `{other}` is not supported"),
+            ))
+        }
     };
     let stream = req.stream.unwrap_or(false);
-    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    let include_usage = req
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
     Ok(ValidChat {
         route: req.model,
         kind,
@@ -197,7 +257,10 @@ mod tests {
         }
     }
     fn param(e: ApiError) -> String {
-        e.body()["error"]["param"].as_str().unwrap_or("").to_string()
+        e.body()["error"]["param"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
     }
 
     #[test]
@@ -220,13 +283,49 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let bad = |j: serde_json::Value| validate(req(j), kinds).unwrap_err();
-        assert!(matches!(bad(serde_json::json!({"model":"nope","messages":[{"role":"user","content":"x"}]})), ApiError::UnknownModel(_)));
-        assert_eq!(param(bad(serde_json::json!({"model":"classify","n":2,"messages":[{"role":"user","content":"x"}]}))), "n");
-        assert_eq!(param(bad(serde_json::json!({"model":"classify","messages":[]}))), "messages");
-        assert_eq!(param(bad(serde_json::json!({"model":"classify","temperature":3,"messages":[{"role":"user","content":"x"}]}))), "temperature");
-        assert_eq!(param(bad(serde_json::json!({"model":"classify","max_tokens":0,"messages":[{"role":"user","content":"x"}]}))), "max_tokens");
-        assert_eq!(param(bad(serde_json::json!({"model":"classify","messages":[{"role":"robot","content":"x"}]}))), "messages[0].role");
-        assert_eq!(param(bad(serde_json::json!({"model":"generate","logprobs":true,"messages":[{"role":"user","content":"x"}]}))), "logprobs");
-        assert_eq!(param(bad(serde_json::json!({"model":"classify","messages":[{"role":"system","content":"x"}]}))), "messages");
+        assert!(matches!(
+            bad(serde_json::json!({"model":"nope","messages":[{"role":"user","content":"x"}]})),
+            ApiError::UnknownModel(_)
+        ));
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"classify","n":2,"messages":[{"role":"user","content":"x"}]})
+            )),
+            "n"
+        );
+        assert_eq!(
+            param(bad(serde_json::json!({"model":"classify","messages":[]}))),
+            "messages"
+        );
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"classify","temperature":3,"messages":[{"role":"user","content":"x"}]})
+            )),
+            "temperature"
+        );
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"classify","max_tokens":0,"messages":[{"role":"user","content":"x"}]})
+            )),
+            "max_tokens"
+        );
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"classify","messages":[{"role":"robot","content":"x"}]})
+            )),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"generate","logprobs":true,"messages":[{"role":"user","content":"x"}]})
+            )),
+            "logprobs"
+        );
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"classify","messages":[{"role":"system","content":"x"}]})
+            )),
+            "messages"
+        );
     }
 }

@@ -20,7 +20,11 @@ use tower::ServiceExt;
 
 fn worker_program() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_BIN_EXE_tiergate")).with_file_name("tiergate-reranker");
-    assert!(p.is_file(), "{} not built: run `cargo test --workspace`", p.display());
+    assert!(
+        p.is_file(),
+        "{} not built: run `cargo test --workspace`",
+        p.display()
+    );
     p
 }
 
@@ -37,16 +41,40 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     cfg.prefilter.max_tokens = 16;
     cfg.prefilter.head = HeadConfig::FewShot {
         labels: vec![
-            FewShotLabel { label: "card_lost".into(), examples: vec!["card lost".into(), "card stolen".into()], reply: Some("Freeze your card.".into()) },
-            FewShotLabel { label: "pay_bill".into(), examples: vec!["pay bill".into()], reply: Some("Go to Payments.".into()) },
-            FewShotLabel { label: "greeting".into(), examples: vec!["hello hi".into()], reply: Some("Hello!".into()) },
+            FewShotLabel {
+                label: "card_lost".into(),
+                examples: vec!["card lost".into(), "card stolen".into()],
+                reply: Some("Freeze your card.".into()),
+            },
+            FewShotLabel {
+                label: "pay_bill".into(),
+                examples: vec!["pay bill".into()],
+                reply: Some("Go to Payments.".into()),
+            },
+            FewShotLabel {
+                label: "greeting".into(),
+                examples: vec!["hello hi".into()],
+                reply: Some("Hello!".into()),
+            },
         ],
         temperature: 0.05,
     };
     cfg.routes = vec![
-        RouteConfig { name: "classify".into(), kind: RouteKind::Classify, head: None },
-        RouteConfig { name: "answer".into(), kind: RouteKind::Answer, head: None },
-        RouteConfig { name: "generate".into(), kind: RouteKind::Generate, head: None },
+        RouteConfig {
+            name: "classify".into(),
+            kind: RouteKind::Classify,
+            head: None,
+        },
+        RouteConfig {
+            name: "answer".into(),
+            kind: RouteKind::Answer,
+            head: None,
+        },
+        RouteConfig {
+            name: "generate".into(),
+            kind: RouteKind::Generate,
+            head: None,
+        },
     ];
     cfg.reranker.workers = workers;
     cfg.reranker.engine = "stub".into();
@@ -57,22 +85,41 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     let state = Arc::new(AppState::build(cfg, None, Some(worker_program())).unwrap());
     let t = Instant::now();
     while state.live_workers() < workers {
-        assert!(t.elapsed() < Duration::from_secs(10), "stub worker did not start");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "stub worker did not start"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    Rig { app: router(state.clone()), state, _tiny: tiny }
+    Rig {
+        app: router(state.clone()),
+        state,
+        _tiny: tiny,
+    }
 }
 
-async fn call(app: &axum::Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+async fn call(
+    app: &axum::Router,
+    req: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.unwrap().to_bytes().to_vec();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
     (status, headers, body)
 }
 
 fn post(uri: &str, body: Value) -> Request<Body> {
-    Request::post(uri).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
+    Request::post(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
 }
 
 fn chat(model: &str, text: &str) -> Value {
@@ -83,32 +130,65 @@ fn assert_openai_error(status: StatusCode, body: &[u8], want: u16) -> Value {
     assert_eq!(status.as_u16(), want, "{}", String::from_utf8_lossy(body));
     let v: Value = serde_json::from_slice(body).unwrap();
     let e = &v["error"];
-    assert!(e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    assert!(
+        e["message"].is_string()
+            && e["type"].is_string()
+            && e.get("param").is_some()
+            && e.get("code").is_some(),
+        "{v}"
+    );
     v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classify_answer_and_headers() {
     let r = rig(1, |_| {});
-    let (s, h, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "card lost"))).await;
+    let (s, h, b) = call(
+        &r.app,
+        post("/v1/chat/completions", chat("classify", "card lost")),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     let v: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "card_lost");
     assert_eq!(v["model"], "classify");
     assert_eq!(v["object"], "chat.completion");
     assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
-    for k in ["x-tiergate-tier", "x-tiergate-confidence", "x-tiergate-threshold", "x-tiergate-policy-version", "x-request-id", "server-timing"] {
+    for k in [
+        "x-tiergate-tier",
+        "x-tiergate-confidence",
+        "x-tiergate-threshold",
+        "x-tiergate-policy-version",
+        "x-request-id",
+        "server-timing",
+    ] {
         assert!(h.get(k).is_some(), "missing header {k}");
     }
-    assert!(h["server-timing"].to_str().unwrap().contains("prefilter;dur="));
-    let (_, _, b) = call(&r.app, post("/v1/chat/completions", chat("answer", "pay bill"))).await;
+    assert!(h["server-timing"]
+        .to_str()
+        .unwrap()
+        .contains("prefilter;dur="));
+    let (_, _, b) = call(
+        &r.app,
+        post("/v1/chat/completions", chat("answer", "pay bill")),
+    )
+    .await;
     let v: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], "Go to Payments.");
     // Models list.
-    let (s, _, b) = call(&r.app, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    let (s, _, b) = call(
+        &r.app,
+        Request::get("/v1/models").body(Body::empty()).unwrap(),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     let v: Value = serde_json::from_slice(&b).unwrap();
-    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["classify", "answer", "generate"]);
 }
 
@@ -116,19 +196,25 @@ async fn classify_answer_and_headers() {
 async fn threshold_header_forces_tiers_and_rerank_fuses() {
     let r = rig(1, |_| {});
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut().insert("x-tiergate-threshold", "1.0".parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-threshold", "1.0".parse().unwrap());
     let (_, h, _) = call(&r.app, req).await;
     assert_eq!(h["x-tiergate-tier"], "tier0");
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut().insert("x-tiergate-threshold", "-1".parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-threshold", "-1".parse().unwrap());
     let (s, h, b) = call(&r.app, req).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(h["x-tiergate-tier"], "llm");
     assert!(h.get("x-tiergate-degraded").is_none());
     let v: Value = serde_json::from_slice(&b).unwrap();
-    assert_eq!(v["choices"][0]["message"]["content"], "card_lost", "stub shares the words card, lost");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "card_lost",
+        "stub shares the words card, lost"
+    );
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut().insert("x-tiergate-threshold", "abc".parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-threshold", "abc".parse().unwrap());
     let (s, _, b) = call(&r.app, req).await;
     assert_openai_error(s, &b, 400);
 }
@@ -147,14 +233,20 @@ async fn logprobs_and_json_object_on_classify() {
     assert_eq!(lp["token"], "greeting");
     assert!(lp["logprob"].as_f64().unwrap() <= 0.0);
     assert_eq!(lp["top_logprobs"].as_array().unwrap().len(), 2);
-    let content: Value = serde_json::from_str(v["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    let content: Value =
+        serde_json::from_str(v["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
     assert_eq!(content["label"], "greeting");
     assert!(content["confidence"].is_number() && content["tier"].is_string());
-    assert!(content["candidates"][0]["label"].is_string() && content["candidates"][0]["p"].is_number());
+    assert!(
+        content["candidates"][0]["label"].is_string() && content["candidates"][0]["p"].is_number()
+    );
 }
 
 fn sse_data(body: &[u8]) -> Vec<String> {
-    String::from_utf8_lossy(body).lines().filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect()
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,14 +257,30 @@ async fn streaming_classify_and_generate() {
     body["stream_options"] = json!({"include_usage": true});
     let (s, h, b) = call(&r.app, post("/v1/chat/completions", body)).await;
     assert_eq!(s, StatusCode::OK);
-    assert!(h["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(h["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let data = sse_data(&b);
     assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
-    assert!(chunks.iter().all(|c| c["model"] == "classify" && c["object"] == "chat.completion.chunk"));
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["model"] == "classify" && c["object"] == "chat.completion.chunk"));
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
     assert_eq!(text, "pay_bill");
-    assert!(chunks.last().unwrap()["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        chunks.last().unwrap()["usage"]["total_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     let mut body = chat("generate", "hello there");
     body["stream"] = json!(true);
@@ -181,10 +289,18 @@ async fn streaming_classify_and_generate() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(h["x-tiergate-tier"], "llm");
     let data = sse_data(&b);
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
     assert_eq!(text, "stub: hello there");
-    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "stop"));
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "stop"));
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 3);
 
     let mut body = chat("generate", "one two three four");
@@ -200,12 +316,23 @@ async fn streaming_classify_and_generate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_has_the_openai_shape_and_status() {
     let r = rig(0, |_| {});
-    let raw = |body: &str| Request::post("/v1/chat/completions").header("content-type", "application/json").body(Body::from(body.to_string())).unwrap();
+    let raw = |body: &str| {
+        Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
     let (s, _, b) = call(&r.app, raw("{not json")).await;
     assert_openai_error(s, &b, 400);
     let (s, _, b) = call(&r.app, raw(r#"{"model":"classify","messages":5}"#)).await;
     assert_openai_error(s, &b, 400);
-    let (s, _, b) = call(&r.app, Request::post("/v1/chat/completions").body(Body::from("{}")).unwrap()).await;
+    let (s, _, b) = call(
+        &r.app,
+        Request::post("/v1/chat/completions")
+            .body(Body::from("{}"))
+            .unwrap(),
+    )
+    .await;
     assert_openai_error(s, &b, 400);
     let (s, _, b) = call(&r.app, post("/v1/chat/completions", chat("nope", "x"))).await;
     let v = assert_openai_error(s, &b, 404);
@@ -216,7 +343,13 @@ async fn every_error_has_the_openai_shape_and_status() {
     assert_eq!(assert_openai_error(s, &b, 400)["error"]["param"], "n");
     let (s, _, b) = call(&r.app, Request::get("/nope").body(Body::empty()).unwrap()).await;
     assert_openai_error(s, &b, 404);
-    let (s, _, b) = call(&r.app, Request::delete("/v1/chat/completions").body(Body::empty()).unwrap()).await;
+    let (s, _, b) = call(
+        &r.app,
+        Request::delete("/v1/chat/completions")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
     assert_openai_error(s, &b, 405);
     let big = chat("classify", &"x".repeat(20_000));
     let (s, _, b) = call(&r.app, post("/v1/chat/completions", big)).await;
@@ -226,7 +359,8 @@ async fn every_error_has_the_openai_shape_and_status() {
     assert_openai_error(s, &b, 503);
     assert!(h.get("retry-after").is_some());
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut().insert("x-tiergate-threshold", "-1".parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-threshold", "-1".parse().unwrap());
     let (s, h, _) = call(&r.app, req).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(h["x-tiergate-degraded"], "no_llm");
@@ -243,36 +377,46 @@ async fn admission_limit_is_429_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_escalations_degrade_or_reject_as_configured() {
     // Every stub worker crashes on its first job: the job is retried once, then fails with WorkerDown.
-    let crash = |c: &mut Config| c.reranker.extra_args = vec!["--stub-crash-after".into(), "1".into()];
+    let crash =
+        |c: &mut Config| c.reranker.extra_args = vec!["--stub-crash-after".into(), "1".into()];
     let r = rig(1, crash);
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut().insert("x-tiergate-threshold", "-1".parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-threshold", "-1".parse().unwrap());
     let (s, h, b) = call(&r.app, req).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(h["x-tiergate-degraded"], "worker_down");
     assert_eq!(h["x-tiergate-tier"], "tier0");
     let v: Value = serde_json::from_slice(&b).unwrap();
-    assert_eq!(v["choices"][0]["message"]["content"], "card_lost", "the Tier-0 answer");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "card_lost",
+        "the Tier-0 answer"
+    );
 
     let r = rig(1, |c| {
         crash(c);
         c.server.on_escalation_failure = tiergate_config::FailureMode::Reject;
     });
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut().insert("x-tiergate-threshold", "-1".parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-threshold", "-1".parse().unwrap());
     let (s, _, b) = call(&r.app, req).await;
     assert_openai_error(s, &b, 503);
 }
 
 fn admin(method: &str, body: Option<Value>, token: bool, if_match: Option<&str>) -> Request<Body> {
-    let mut b = Request::builder().method(method).uri("/admin/routing").header("content-type", "application/json");
+    let mut b = Request::builder()
+        .method(method)
+        .uri("/admin/routing")
+        .header("content-type", "application/json");
     if token {
         b = b.header("authorization", "Bearer secret");
     }
     if let Some(v) = if_match {
         b = b.header("if-match", v);
     }
-    b.body(body.map_or_else(Body::empty, |v| Body::from(v.to_string()))).unwrap()
+    b.body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,27 +427,76 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
     let (s, _, b) = call(&r.app, admin("GET", None, true, None)).await;
     assert_eq!(s, StatusCode::OK);
     let v: Value = serde_json::from_slice(&b).unwrap();
-    for k in ["mode", "theta_base", "k", "theta_min", "theta_max", "target_share", "slo_p95_ms", "utilization_source",
-              "manual_utilization", "theta_eff", "utilization", "escalated_share_10s", "escalated_share_60s", "queue_depth", "version"] {
+    for k in [
+        "mode",
+        "theta_base",
+        "k",
+        "theta_min",
+        "theta_max",
+        "target_share",
+        "slo_p95_ms",
+        "utilization_source",
+        "manual_utilization",
+        "theta_eff",
+        "utilization",
+        "escalated_share_10s",
+        "escalated_share_60s",
+        "queue_depth",
+        "version",
+    ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
     assert_eq!(v["version"], 1);
-    let (s, _, b) = call(&r.app, admin("PATCH", Some(json!({"theta_base": 0.5, "mode": "static"})), true, Some("1"))).await;
+    let (s, _, b) = call(
+        &r.app,
+        admin(
+            "PATCH",
+            Some(json!({"theta_base": 0.5, "mode": "static"})),
+            true,
+            Some("1"),
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     let v: Value = serde_json::from_slice(&b).unwrap();
-    assert_eq!((v["version"].as_u64(), v["theta_eff"].as_f64()), (Some(2), Some(0.5)));
+    assert_eq!(
+        (v["version"].as_u64(), v["theta_eff"].as_f64()),
+        (Some(2), Some(0.5))
+    );
     // Invalid values and unknown fields are refused; the policy stays.
-    let (s, _, b) = call(&r.app, admin("PATCH", Some(json!({"theta_base": 3})), true, None)).await;
-    assert!(assert_openai_error(s, &b, 400)["error"]["message"].to_string().contains("theta_base"));
-    let (s, _, b) = call(&r.app, admin("PATCH", Some(json!({"thetta": 0.1})), true, None)).await;
+    let (s, _, b) = call(
+        &r.app,
+        admin("PATCH", Some(json!({"theta_base": 3})), true, None),
+    )
+    .await;
+    assert!(assert_openai_error(s, &b, 400)["error"]["message"]
+        .to_string()
+        .contains("theta_base"));
+    let (s, _, b) = call(
+        &r.app,
+        admin("PATCH", Some(json!({"thetta": 0.1})), true, None),
+    )
+    .await;
     assert_openai_error(s, &b, 400);
-    let (s, _, b) = call(&r.app, admin("PATCH", Some(json!({"k": 0.1})), true, Some("1"))).await;
+    let (s, _, b) = call(
+        &r.app,
+        admin("PATCH", Some(json!({"k": 0.1})), true, Some("1")),
+    )
+    .await;
     assert_openai_error(s, &b, 412);
-    let (s, _, b) = call(&r.app, admin("PUT", Some(json!({"theta_base": 0.4})), true, None)).await;
+    let (s, _, b) = call(
+        &r.app,
+        admin("PUT", Some(json!({"theta_base": 0.4})), true, None),
+    )
+    .await;
     assert_openai_error(s, &b, 400);
     assert_eq!(r.state.policy.current().version, 2);
     // The response header reports the new version.
-    let (_, h, _) = call(&r.app, post("/v1/chat/completions", chat("classify", "card lost"))).await;
+    let (_, h, _) = call(
+        &r.app,
+        post("/v1/chat/completions", chat("classify", "card lost")),
+    )
+    .await;
     assert_eq!(h["x-tiergate-policy-version"], "2");
     assert_eq!(h["x-tiergate-threshold"], "0.5000");
 }
@@ -318,5 +511,8 @@ async fn health_ready_info_redact_the_token() {
     let (s, _, b) = call(&r.app, Request::get("/info").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK);
     let text = String::from_utf8_lossy(&b);
-    assert!(!text.contains("secret") && text.contains("<redacted>"), "{text}");
+    assert!(
+        !text.contains("secret") && text.contains("<redacted>"),
+        "{text}"
+    );
 }

@@ -3,9 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-/// The workspace root.
+/// The workspace root. Read at run time (cargo sets `CARGO_MANIFEST_DIR` for tests): a path baked in at
+/// compile time would point at whichever clone last built this crate in a shared target directory.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    Path::new(&manifest)
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))

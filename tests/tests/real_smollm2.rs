@@ -8,26 +8,50 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tiergate_queue::{
-    Candidate, Client, Event, Geometry, Job, Message, Reply, Sampling, Segment, Supervisor, SupervisorConfig,
+    Candidate, Client, Event, Geometry, Job, Message, Reply, Sampling, Segment, Supervisor,
+    SupervisorConfig,
 };
 use tiergate_tests::{binary, root};
 
 fn cand(label: &str) -> Candidate {
-    Candidate { label: label.into(), description: None, p: 1.0 / 3.0 }
+    Candidate {
+        label: label.into(),
+        description: None,
+        p: 1.0 / 3.0,
+    }
 }
 
 #[test]
 fn smollm2_reranks_easy_cases_and_streams_a_reply() {
     let model = root().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(model.is_file(), "{} missing: run scripts/fetch-models.sh", model.display());
+    assert!(
+        model.is_file(),
+        "{} missing: run scripts/fetch-models.sh",
+        model.display()
+    );
     let name = format!("tiergate-test-llm-{}", std::process::id());
-    let seg = Arc::new(Segment::create(&name, Geometry { slots: 8, req_cap: 8192, resp_cap: 65536 }).unwrap());
+    let seg = Arc::new(
+        Segment::create(
+            &name,
+            Geometry {
+                slots: 8,
+                req_cap: 8192,
+                resp_cap: 65536,
+            },
+        )
+        .unwrap(),
+    );
     let _sup = Supervisor::start(
         seg.clone(),
         SupervisorConfig {
             workers: 1,
             program: binary("tiergate-reranker"),
-            args: vec!["--engine".into(), "mistralrs".into(), "--model".into(), model.to_string_lossy().into()],
+            args: vec![
+                "--engine".into(),
+                "mistralrs".into(),
+                "--model".into(),
+                model.to_string_lossy().into(),
+            ],
             segment: name,
             heartbeat_timeout: Duration::from_secs(5),
             backoff_initial: Duration::from_millis(200),
@@ -39,28 +63,70 @@ fn smollm2_reranks_easy_cases_and_streams_a_reply() {
     let client = Client::new(seg, Duration::from_secs(5)).unwrap();
     let t = Instant::now();
     while client.live_workers() == 0 {
-        assert!(t.elapsed() < Duration::from_secs(120), "the SmolLM2 worker did not become ready");
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the SmolLM2 worker did not become ready"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let cases = [
-        ("What is the exchange rate from dollars to euros?", ["card lost", "exchange rate", "open account"], 1),
-        ("I want to speak to a human agent now", ["speak to human", "exchange rate", "card lost"], 0),
-        ("Someone stole my credit card yesterday", ["exchange rate", "open account", "card lost"], 2),
+        (
+            "What is the exchange rate from dollars to euros?",
+            ["card lost", "exchange rate", "open account"],
+            1,
+        ),
+        (
+            "I want to speak to a human agent now",
+            ["speak to human", "exchange rate", "card lost"],
+            0,
+        ),
+        (
+            "Someone stole my credit card yesterday",
+            ["exchange rate", "open account", "card lost"],
+            2,
+        ),
     ];
     for (text, labels, want) in cases {
-        let job = Job::Rerank { text: text.into(), candidates: labels.iter().map(|l| cand(l)).collect(), llm_weight: 1.0 };
+        let job = Job::Rerank {
+            text: text.into(),
+            candidates: labels.iter().map(|l| cand(l)).collect(),
+            llm_weight: 1.0,
+        };
         let t = Instant::now();
-        let Reply::Rerank(r) = client.submit(&job, Duration::from_secs(60)).unwrap().wait_reply().unwrap() else {
+        let Reply::Rerank(r) = client
+            .submit(&job, Duration::from_secs(60))
+            .unwrap()
+            .wait_reply()
+            .unwrap()
+        else {
             panic!("not a rerank reply")
         };
-        let best = r.llm.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
-        eprintln!("rerank {text:?}: {:?} in {:?} ({} prompt tokens)", r.llm, t.elapsed(), r.prompt_tokens);
+        let best = r
+            .llm
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
+        eprintln!(
+            "rerank {text:?}: {:?} in {:?} ({} prompt tokens)",
+            r.llm,
+            t.elapsed(),
+            r.prompt_tokens
+        );
         assert_eq!(best, want, "{text}: {:?}", r.llm);
         assert!((r.llm.iter().sum::<f32>() - 1.0).abs() < 1e-4);
     }
     let job = Job::Generate {
-        messages: vec![Message { role: "user".into(), content: "Say hello in one short sentence.".into() }],
-        sampling: Sampling { max_tokens: 24, temperature: Some(0.0), ..Default::default() },
+        messages: vec![Message {
+            role: "user".into(),
+            content: "Say hello in one short sentence.".into(),
+        }],
+        sampling: Sampling {
+            max_tokens: 24,
+            temperature: Some(0.0),
+            ..Default::default()
+        },
     };
     let h = client.submit(&job, Duration::from_secs(120)).unwrap();
     let mut chunks = Vec::new();

@@ -169,12 +169,17 @@ impl Client {
             );
         }
         if !slot::publish(s, gen) {
-            return Err(QueueError::Protocol("slot changed while being written".into()));
+            return Err(QueueError::Protocol(
+                "slot changed while being written".into(),
+            ));
         }
         let h = seg.header();
         h.jobs_posted.fetch_add(1, Release);
         futex::wake(&h.jobs_posted, 1);
-        Ok(JobHandle { events: rx, slot: i })
+        Ok(JobHandle {
+            events: rx,
+            slot: i,
+        })
     }
 }
 
@@ -196,7 +201,8 @@ pub fn live_workers(seg: &Segment, timeout_ns: u64) -> usize {
         .iter()
         .take(MAX_WORKERS)
         .filter(|w| {
-            w.ready.load(Acquire) == 1 && now.saturating_sub(w.heartbeat_ns.load(Acquire)) < timeout_ns
+            w.ready.load(Acquire) == 1
+                && now.saturating_sub(w.heartbeat_ns.load(Acquire)) < timeout_ns
         })
         .count()
 }
@@ -214,9 +220,12 @@ fn dispatch(shared: &Shared) {
         let progressed = sweep(shared);
         if !progressed {
             // Spin briefly for low round-trip latency, then sleep until a worker posts (deadlines: 1 ms grain).
-            futex::wait_until(&h.replies_posted, Duration::from_millis(1), Duration::from_micros(30), || {
-                h.replies_posted.load(Acquire) != seen || shared.stop.load(Acquire)
-            });
+            futex::wait_until(
+                &h.replies_posted,
+                Duration::from_millis(1),
+                Duration::from_micros(30),
+                || h.replies_posted.load(Acquire) != seen || shared.stop.load(Acquire),
+            );
         }
     }
     // Shutting down: every open job ends with Cancelled; slots still held by workers are left to them.
@@ -251,7 +260,9 @@ fn sweep(shared: &Shared) -> bool {
         if gen != f.gen {
             // Only this client releases its slots, so this is corruption by a peer.
             if !f.resolved {
-                let _ = f.tx.send(Event::Error(QueueError::Protocol("slot generation changed".into())));
+                let _ = f.tx.send(Event::Error(QueueError::Protocol(
+                    "slot generation changed".into(),
+                )));
             }
             finished.push(i);
             continue;
@@ -316,7 +327,10 @@ fn forward_frames(seg: &Segment, i: usize, f: &mut Inflight, st: u32) -> bool {
         }
     };
     if committed > seg.resp_cap() {
-        fail(f, QueueError::Protocol(format!("response length {committed} exceeds the slot")));
+        fail(
+            f,
+            QueueError::Protocol(format!("response length {committed} exceeds the slot")),
+        );
         return true;
     }
     let bytes = match seg.read_response(i, f.consumed, committed) {
@@ -348,7 +362,10 @@ fn forward_frames(seg: &Segment, i: usize, f: &mut Inflight, st: u32) -> bool {
                 }
             }
             if !f.resolved && st == state::DONE && f.consumed < committed {
-                fail(f, QueueError::Protocol("trailing garbage after the last frame".into()));
+                fail(
+                    f,
+                    QueueError::Protocol("trailing garbage after the last frame".into()),
+                );
             }
         }
         Err(e) => fail(f, e),

@@ -56,7 +56,12 @@ pub fn wake(word: &AtomicU32, n: i32) {
 
 /// Waits until `ready()` is true or `timeout` passes: spins briefly (a wake-up costs tens of microseconds on
 /// a busy 2-core machine), then sleeps on `word` in short slices. Returns whether `ready()` became true.
-pub fn wait_until(word: &AtomicU32, timeout: Duration, spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
+pub fn wait_until(
+    word: &AtomicU32,
+    timeout: Duration,
+    spin: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> bool {
     use std::sync::atomic::Ordering::Acquire;
     let start = Instant::now();
     while start.elapsed() < spin {

@@ -166,7 +166,11 @@ impl Segment {
             Ok(s) => s,
             Err(ShmemError::MappingIdExists) => {
                 remove_if_stale(name)?;
-                ShmemConf::new().os_id(name).size(len).create().map_err(seg_err)?
+                ShmemConf::new()
+                    .os_id(name)
+                    .size(len)
+                    .create()
+                    .map_err(seg_err)?
             }
             Err(e) => return Err(seg_err(e)),
         };
@@ -203,7 +207,9 @@ impl Segment {
 
     fn validate(&self) -> Result<()> {
         if self.len < HEADER_BYTES {
-            return Err(QueueError::Protocol("segment smaller than its header".into()));
+            return Err(QueueError::Protocol(
+                "segment smaller than its header".into(),
+            ));
         }
         let h = self.header();
         // SAFETY: the header lies inside the mapping (checked above); magic is read volatile once.
@@ -219,9 +225,11 @@ impl Segment {
         if h.size != self.len as u64
             || need > self.len as u128
             || slot_size < SLOT_HEADER_BYTES + h.req_cap as usize + h.resp_cap as usize
-            || slot_size % 64 != 0
+            || !slot_size.is_multiple_of(64)
         {
-            return Err(QueueError::Protocol("segment geometry does not fit the mapping".into()));
+            return Err(QueueError::Protocol(
+                "segment geometry does not fit the mapping".into(),
+            ));
         }
         Ok(())
     }
@@ -269,9 +277,13 @@ impl Segment {
 
     /// Copies `len` bytes of slot `i`'s request (len checked against the capacity).
     pub fn read_request(&self, i: usize, len: usize) -> Result<Vec<u8>> {
-        let (p, cap) = self.area(i, true).ok_or_else(|| QueueError::Protocol("slot index".into()))?;
+        let (p, cap) = self
+            .area(i, true)
+            .ok_or_else(|| QueueError::Protocol("slot index".into()))?;
         if len > cap {
-            return Err(QueueError::Protocol(format!("request length {len} > capacity {cap}")));
+            return Err(QueueError::Protocol(format!(
+                "request length {len} > capacity {cap}"
+            )));
         }
         // SAFETY: [p, p+len) lies in the request area; the slot's state makes the producer done writing.
         Ok(unsafe { std::slice::from_raw_parts(p, len) }.to_vec())
@@ -279,9 +291,14 @@ impl Segment {
 
     /// Writes slot `i`'s request bytes (the caller owns the slot in state WRITING).
     pub fn write_request(&self, i: usize, bytes: &[u8]) -> Result<()> {
-        let (p, cap) = self.area(i, true).ok_or_else(|| QueueError::Protocol("slot index".into()))?;
+        let (p, cap) = self
+            .area(i, true)
+            .ok_or_else(|| QueueError::Protocol("slot index".into()))?;
         if bytes.len() > cap {
-            return Err(QueueError::Invalid(format!("job of {} bytes > slot capacity {cap}", bytes.len())));
+            return Err(QueueError::Invalid(format!(
+                "job of {} bytes > slot capacity {cap}",
+                bytes.len()
+            )));
         }
         // SAFETY: in bounds; the WRITING state gives this caller exclusive use of the area.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
@@ -290,9 +307,13 @@ impl Segment {
 
     /// Copies response bytes `[from, to)` of slot `i` (bounds-checked).
     pub fn read_response(&self, i: usize, from: usize, to: usize) -> Result<Vec<u8>> {
-        let (p, cap) = self.area(i, false).ok_or_else(|| QueueError::Protocol("slot index".into()))?;
+        let (p, cap) = self
+            .area(i, false)
+            .ok_or_else(|| QueueError::Protocol("slot index".into()))?;
         if from > to || to > cap {
-            return Err(QueueError::Protocol(format!("response range {from}..{to} outside 0..{cap}")));
+            return Err(QueueError::Protocol(format!(
+                "response range {from}..{to} outside 0..{cap}"
+            )));
         }
         // SAFETY: in bounds; bytes below the committed length are no longer written by the worker.
         Ok(unsafe { std::slice::from_raw_parts(p.add(from), to - from) }.to_vec())
@@ -342,7 +363,11 @@ fn remove_if_stale(name: &str) -> Result<()> {
             )))
         }
         _ => {
-            tracing::warn!(segment = name, ?pid, "removing stale segment left by a dead process");
+            tracing::warn!(
+                segment = name,
+                ?pid,
+                "removing stale segment left by a dead process"
+            );
             shm.set_owner(true); // unlinked on drop
             Ok(())
         }

@@ -175,13 +175,20 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_partial_frames_wait() {
-        let reply = Reply::Generated(Usage { prompt_tokens: 3, completion_tokens: 2, finish_reason: "stop".into() });
+        let reply = Reply::Generated(Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            finish_reason: "stop".into(),
+        });
         let mut bytes = encode_frame(frame::CHUNK, "Hel".as_bytes());
         bytes.extend(encode_frame(frame::CHUNK, "lo".as_bytes()));
         let json = serde_json::to_vec(&reply).unwrap();
         bytes.extend(encode_frame(frame::REPLY, &json));
         let (frames, used) = decode_frames(&bytes[..bytes.len() - 1]).unwrap();
-        assert_eq!(frames, vec![Frame::Chunk("Hel".into()), Frame::Chunk("lo".into())]);
+        assert_eq!(
+            frames,
+            vec![Frame::Chunk("Hel".into()), Frame::Chunk("lo".into())]
+        );
         let (rest, used2) = decode_frames(&bytes[used..]).unwrap();
         assert_eq!(rest, vec![Frame::Reply(reply)]);
         assert_eq!(used + used2, bytes.len());
@@ -189,10 +196,22 @@ mod tests {
 
     #[test]
     fn garbage_is_a_protocol_error_not_a_panic() {
-        assert!(decode_frames(&[1, 0, 0, 0, 9, b'x']).is_err(), "unknown kind");
-        assert!(decode_frames(&[2, 0, 0, 0, frame::CHUNK, 0xff, 0xfe]).is_err(), "not UTF-8");
-        assert!(decode_frames(&[3, 0, 0, 0, frame::REPLY, b'{', b'x', b'}']).is_err(), "bad JSON");
+        assert!(
+            decode_frames(&[1, 0, 0, 0, 9, b'x']).is_err(),
+            "unknown kind"
+        );
+        assert!(
+            decode_frames(&[2, 0, 0, 0, frame::CHUNK, 0xff, 0xfe]).is_err(),
+            "not UTF-8"
+        );
+        assert!(
+            decode_frames(&[3, 0, 0, 0, frame::REPLY, b'{', b'x', b'}']).is_err(),
+            "bad JSON"
+        );
         let (f, used) = decode_frames(&[0xff, 0xff, 0xff, 0xff, frame::CHUNK]).unwrap();
-        assert!(f.is_empty() && used == 0, "a frame claiming 4 GB just waits (the reader bounds it)");
+        assert!(
+            f.is_empty() && used == 0,
+            "a frame claiming 4 GB just waits (the reader bounds it)"
+        );
     }
 }

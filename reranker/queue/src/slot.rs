@@ -12,7 +12,9 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire};
 use crate::layout::{pack, state, unpack, SlotHeader};
 
 fn cas(slot: &SlotHeader, from: u64, to: u64) -> bool {
-    slot.word.compare_exchange(from, to, AcqRel, Acquire).is_ok()
+    slot.word
+        .compare_exchange(from, to, AcqRel, Acquire)
+        .is_ok()
 }
 
 /// Current (generation, state).
@@ -33,7 +35,11 @@ pub fn publish(slot: &SlotHeader, gen: u32) -> bool {
 
 /// Producer: READY → FREE(g+1), taking back a job no worker has started.
 pub fn withdraw(slot: &SlotHeader, gen: u32) -> bool {
-    cas(slot, pack(gen, state::READY), pack(gen.wrapping_add(1), state::FREE))
+    cas(
+        slot,
+        pack(gen, state::READY),
+        pack(gen.wrapping_add(1), state::FREE),
+    )
 }
 
 /// Worker: READY → TAKEN. Returns the generation taken.
@@ -59,8 +65,15 @@ pub fn requeue(slot: &SlotHeader, gen: u32) -> bool {
 
 /// Producer: DONE/ABORTED → FREE(g+1), after reading the outcome.
 pub fn release(slot: &SlotHeader, gen: u32) -> bool {
-    cas(slot, pack(gen, state::DONE), pack(gen.wrapping_add(1), state::FREE))
-        || cas(slot, pack(gen, state::ABORTED), pack(gen.wrapping_add(1), state::FREE))
+    cas(
+        slot,
+        pack(gen, state::DONE),
+        pack(gen.wrapping_add(1), state::FREE),
+    ) || cas(
+        slot,
+        pack(gen, state::ABORTED),
+        pack(gen.wrapping_add(1), state::FREE),
+    )
 }
 
 #[cfg(test)]
@@ -87,7 +100,10 @@ mod tests {
                 Op::Finish(d) => (s == TAKEN && d == 0, (g, DONE)),
                 Op::Abort(d) => (s == TAKEN && d == 0, (g, ABORTED)),
                 Op::Requeue(d) => (s == TAKEN && d == 0, (g, READY)),
-                Op::Release(d) => ((s == DONE || s == ABORTED) && d == 0, (g.wrapping_add(1), FREE)),
+                Op::Release(d) => (
+                    (s == DONE || s == ABORTED) && d == 0,
+                    (g.wrapping_add(1), FREE),
+                ),
             };
             if ok {
                 (self.gen, self.st) = next;

@@ -24,7 +24,9 @@ impl QueueWorker {
     /// Registers as worker `index` (0-based, below [`MAX_WORKERS`]).
     pub fn attach(seg: Arc<Segment>, index: usize) -> Result<Self> {
         if index >= MAX_WORKERS {
-            return Err(QueueError::Invalid(format!("worker index {index} >= {MAX_WORKERS}")));
+            return Err(QueueError::Invalid(format!(
+                "worker index {index} >= {MAX_WORKERS}"
+            )));
         }
         let creator_pid = seg.header().creator_pid;
         let w = Self {
@@ -90,10 +92,10 @@ impl QueueWorker {
             finished: false,
         };
         let len = s.req_len.load(Acquire) as usize;
-        let parsed = self
-            .seg
-            .read_request(i, len)
-            .and_then(|b| serde_json::from_slice::<Job>(&b).map_err(|e| QueueError::Protocol(format!("bad job: {e}"))));
+        let parsed = self.seg.read_request(i, len).and_then(|b| {
+            serde_json::from_slice::<Job>(&b)
+                .map_err(|e| QueueError::Protocol(format!("bad job: {e}")))
+        });
         match parsed {
             Ok(job) => Some(TakenJob { job, taken }),
             Err(e) => {
@@ -204,7 +206,10 @@ impl Taken {
         r.jobs_done.fetch_add(1, Relaxed);
         if let Some(s) = self.seg.slot(self.slot) {
             if !slot::finish(s, self.gen) {
-                tracing::warn!(slot = self.slot, "job no longer ours (reclaimed); reply dropped");
+                tracing::warn!(
+                    slot = self.slot,
+                    "job no longer ours (reclaimed); reply dropped"
+                );
             }
         }
         let h = self.seg.header();

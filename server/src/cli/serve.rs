@@ -23,12 +23,18 @@ fn worker_program() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-pub fn run(args: &ServeArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
-    let mut cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
+pub fn run(
+    args: &ServeArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<()> {
+    let mut cfg =
+        tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
     if let Some(listen) = args.listen {
         cfg.server.listen = listen;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let reporter = tokio::spawn(async move {
@@ -37,7 +43,13 @@ pub fn run(args: &ServeArgs, env: impl IntoIterator<Item = (String, String)>) ->
                 println!("tiergate listening on http://{addr}");
             }
         });
-        let result = tiergate_server::serve::run(cfg, worker_program(), tiergate_server::serve::shutdown_signal(), Some(tx)).await;
+        let result = tiergate_server::serve::run(
+            cfg,
+            worker_program(),
+            tiergate_server::serve::shutdown_signal(),
+            Some(tx),
+        )
+        .await;
         reporter.abort();
         result
     })

@@ -35,22 +35,38 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Peer(parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)))
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        ))
     }
 }
 
-fn authorize(state: &AppState, headers: &HeaderMap, peer: Option<SocketAddr>) -> Result<(), ApiError> {
+fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<SocketAddr>,
+) -> Result<(), ApiError> {
     match &state.config.server.admin_token {
         Some(token) => {
-            let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+            let given = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
             if given == Some(token.as_str()) {
                 Ok(())
             } else {
-                Err(ApiError::Unauthorized("admin endpoints need `Authorization: Bearer <server.admin_token>`".into()))
+                Err(ApiError::Unauthorized(
+                    "admin endpoints need `Authorization: Bearer <server.admin_token>`".into(),
+                ))
             }
         }
         None if peer.is_some_and(|p| p.ip().is_loopback()) => Ok(()),
-        None => Err(ApiError::Unauthorized("no admin token is configured: admin is open to loopback clients only".into())),
+        None => Err(ApiError::Unauthorized(
+            "no admin token is configured: admin is open to loopback clients only".into(),
+        )),
     }
 }
 
@@ -62,9 +78,18 @@ fn view(state: &AppState) -> Value {
         o.insert("theta_eff".into(), json!(live.theta_eff));
         o.insert("utilization".into(), json!(live.utilization));
         o.insert("utilization_in_use".into(), json!(live.utilization_in_use));
-        o.insert("escalated_share_10s".into(), json!(live.escalated_share_10s));
-        o.insert("escalated_share_60s".into(), json!(live.escalated_share_60s));
-        o.insert("queue_depth".into(), json!(state.llm.as_ref().map_or(0, |l| l.client.in_flight())));
+        o.insert(
+            "escalated_share_10s".into(),
+            json!(live.escalated_share_10s),
+        );
+        o.insert(
+            "escalated_share_60s".into(),
+            json!(live.escalated_share_60s),
+        );
+        o.insert(
+            "queue_depth".into(),
+            json!(state.llm.as_ref().map_or(0, |l| l.client.in_flight())),
+        );
         o.insert("version".into(), json!(p.version));
     }
     v
@@ -79,7 +104,11 @@ fn with_etag(state: &AppState, body: Value) -> Response {
 }
 
 /// `GET /admin/routing`.
-pub async fn get_routing(State(state): State<Arc<AppState>>, Peer(peer): Peer, headers: HeaderMap) -> Response {
+pub async fn get_routing(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> Response {
     if let Err(e) = authorize(&state, &headers, peer) {
         return e.into_response();
     }
@@ -106,37 +135,73 @@ pub async fn put_routing(
     change(&state, peer, &headers, body, true).unwrap_or_else(IntoResponse::into_response)
 }
 
-fn change(state: &AppState, peer: Option<SocketAddr>, headers: &HeaderMap, body: Value, full: bool) -> Result<Response, ApiError> {
+fn change(
+    state: &AppState,
+    peer: Option<SocketAddr>,
+    headers: &HeaderMap,
+    body: Value,
+    full: bool,
+) -> Result<Response, ApiError> {
     authorize(state, headers, peer)?;
-    let obj = body.as_object().ok_or_else(|| ApiError::Invalid { message: "expected a JSON object".into(), param: None })?;
+    let obj = body.as_object().ok_or_else(|| ApiError::Invalid {
+        message: "expected a JSON object".into(),
+        param: None,
+    })?;
     for k in obj.keys() {
         if !FIELDS.contains(&k.as_str()) {
-            return Err(ApiError::invalid(k.clone(), format!("`{k}` is not a policy field (fields: {})", FIELDS.join(", "))));
+            return Err(ApiError::invalid(
+                k.clone(),
+                format!(
+                    "`{k}` is not a policy field (fields: {})",
+                    FIELDS.join(", ")
+                ),
+            ));
         }
     }
     if full {
         if let Some(missing) = FIELDS.iter().find(|f| !obj.contains_key(**f)) {
-            return Err(ApiError::invalid(*missing, format!("PUT needs every policy field; `{missing}` is missing (use PATCH for a subset)")));
+            return Err(ApiError::invalid(
+                *missing,
+                format!(
+                    "PUT needs every policy field; `{missing}` is missing (use PATCH for a subset)"
+                ),
+            ));
         }
     }
-    let if_match = match headers.get("if-match").map(|v| v.to_str().map(|s| s.trim().trim_matches('"').parse::<u64>())) {
+    let if_match = match headers.get("if-match").map(|v| {
+        v.to_str()
+            .map(|s| s.trim().trim_matches('"').parse::<u64>())
+    }) {
         None => None,
         Some(Ok(Ok(v))) => Some(v),
-        Some(_) => return Err(ApiError::invalid("If-Match", "must be the policy version number")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "If-Match",
+                "must be the policy version number",
+            ))
+        }
     };
     let current = state.policy.current();
-    let mut merged = serde_json::to_value(&current.cfg).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let mut merged =
+        serde_json::to_value(&current.cfg).map_err(|e| ApiError::Internal(e.to_string()))?;
     if let Some(m) = merged.as_object_mut() {
         for (k, v) in obj {
             m.insert(k.clone(), v.clone());
         }
     }
-    let cfg: RoutingConfig = serde_json::from_value(merged).map_err(|e| ApiError::Invalid { message: format!("invalid policy: {e}"), param: None })?;
-    cfg.validate("routing").map_err(|e| ApiError::Invalid { message: e.to_string(), param: None })?;
-    let (old, new) = state
-        .policy
-        .replace(cfg, if_match)
-        .map_err(|v| ApiError::PreconditionFailed(format!("policy is at version {v}, not the If-Match version")))?;
+    let cfg: RoutingConfig = serde_json::from_value(merged).map_err(|e| ApiError::Invalid {
+        message: format!("invalid policy: {e}"),
+        param: None,
+    })?;
+    cfg.validate("routing").map_err(|e| ApiError::Invalid {
+        message: e.to_string(),
+        param: None,
+    })?;
+    let (old, new) = state.policy.replace(cfg, if_match).map_err(|v| {
+        ApiError::PreconditionFailed(format!(
+            "policy is at version {v}, not the If-Match version"
+        ))
+    })?;
     let change = Value::Object(obj.clone()).to_string();
     tracing::info!(
         target: "tiergate::audit",

@@ -33,7 +33,11 @@ struct Meta {
 }
 
 /// The handler.
-pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJson(req): ApiJson<ChatRequest>) -> Response {
+pub async fn chat(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Response {
     let started = Instant::now();
     let valid = match validate(req, |name| state.routes.get(name).map(|r| r.kind)) {
         Ok(v) => v,
@@ -42,12 +46,15 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJso
     let route = valid.route.clone();
     let result = match valid.kind {
         RouteKind::Generate => generate(&state, valid, started).await,
-        RouteKind::Classify | RouteKind::Answer => classified(&state, valid, &headers, started).await,
+        RouteKind::Classify | RouteKind::Answer => {
+            classified(&state, valid, &headers, started).await
+        }
     };
     match result {
         Ok((resp, tier)) => {
             metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "outcome" => "ok").increment(1);
-            metrics::histogram!(m::REQUEST_SECONDS, "route" => route, "tier" => tier).record(started.elapsed().as_secs_f64());
+            metrics::histogram!(m::REQUEST_SECONDS, "route" => route, "tier" => tier)
+                .record(started.elapsed().as_secs_f64());
             resp
         }
         Err(e) => {
@@ -59,13 +66,19 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, ApiJso
 }
 
 fn now_s() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn completion_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("chatcmpl-{:x}{:06x}", now_s(), N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff)
+    format!(
+        "chatcmpl-{:x}{:06x}",
+        now_s(),
+        N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+    )
 }
 
 fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
@@ -82,13 +95,19 @@ fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
     if let Some(t) = meta.threshold {
         put("x-tiergate-threshold", format!("{t:.4}"));
     }
-    put("x-tiergate-policy-version", state.policy.current().version.to_string());
+    put(
+        "x-tiergate-policy-version",
+        state.policy.current().version.to_string(),
+    );
     if let Some(d) = meta.degraded {
         put("x-tiergate-degraded", d.to_string());
     }
     put(
         "server-timing",
-        format!("prefilter;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}", meta.prefilter_ms, meta.queue_ms, meta.rerank_ms),
+        format!(
+            "prefilter;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}",
+            meta.prefilter_ms, meta.queue_ms, meta.rerank_ms
+        ),
     );
 }
 
@@ -117,8 +136,14 @@ async fn classified(
     headers: &HeaderMap,
     started: Instant,
 ) -> Result<(Response, &'static str), ApiError> {
-    let route = state.routes.get(&v.route).ok_or_else(|| ApiError::UnknownModel(v.route.clone()))?;
-    let prefilter = route.prefilter.as_ref().ok_or_else(|| ApiError::Internal("route without a classifier".into()))?;
+    let route = state
+        .routes
+        .get(&v.route)
+        .ok_or_else(|| ApiError::UnknownModel(v.route.clone()))?;
+    let prefilter = route
+        .prefilter
+        .as_ref()
+        .ok_or_else(|| ApiError::Internal("route without a classifier".into()))?;
     let pred = prefilter.classify(&v.text).await?;
     metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
     metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
@@ -126,14 +151,16 @@ async fn classified(
     let labels = prefilter.labels();
     let ambiguity = 1.0 - f64::from(pred.confidence);
     let override_theta = if state.policy.current().cfg.allow_header_override {
-        match headers.get("x-tiergate-threshold").map(|h| h.to_str().map(str::trim)) {
-            Some(Ok(s)) => Some(
-                s.parse::<f64>()
-                    .ok()
-                    .filter(|t| t.is_finite())
-                    .ok_or_else(|| ApiError::invalid("x-tiergate-threshold", format!("`{s}` is not a number")))?,
-            ),
-            Some(Err(_)) => return Err(ApiError::invalid("x-tiergate-threshold", "not valid text")),
+        match headers
+            .get("x-tiergate-threshold")
+            .map(|h| h.to_str().map(str::trim))
+        {
+            Some(Ok(s)) => Some(s.parse::<f64>().ok().filter(|t| t.is_finite()).ok_or_else(
+                || ApiError::invalid("x-tiergate-threshold", format!("`{s}` is not a number")),
+            )?),
+            Some(Err(_)) => {
+                return Err(ApiError::invalid("x-tiergate-threshold", "not valid text"))
+            }
             None => None,
         }
     } else {
@@ -166,19 +193,34 @@ async fn classified(
                      (with the approved reply):\n",
                 );
                 for (i, _) in &top {
-                    system.push_str(&format!("- {}: {}\n", labels[*i], reply_of(*i).unwrap_or_default()));
+                    system.push_str(&format!(
+                        "- {}: {}\n",
+                        labels[*i],
+                        reply_of(*i).unwrap_or_default()
+                    ));
                 }
                 system.push_str("Answer the customer in two sentences at most, using the most fitting approved reply.");
                 let messages = vec![
-                    Message { role: "system".into(), content: system },
-                    Message { role: "user".into(), content: v.text.clone() },
+                    Message {
+                        role: "system".into(),
+                        content: system,
+                    },
+                    Message {
+                        role: "user".into(),
+                        content: v.text.clone(),
+                    },
                 ];
-                let job = Job::Generate { messages, sampling: sampling(&v) };
+                let job = Job::Generate {
+                    messages,
+                    sampling: sampling(&v),
+                };
                 let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
                 match llm.client.submit(&job, deadline) {
                     Ok(handle) => {
                         meta.tier = "llm";
-                        let resp = stream_or_collect(state, &v, handle, meta, prompt_tokens, started).await?;
+                        let resp =
+                            stream_or_collect(state, &v, handle, meta, prompt_tokens, started)
+                                .await?;
                         return Ok((resp, "llm"));
                     }
                     Err(e) => degrade(state, &mut meta, &e)?,
@@ -187,9 +229,17 @@ async fn classified(
             Some(llm) => {
                 let candidates: Vec<Candidate> = top
                     .iter()
-                    .map(|(i, p)| Candidate { label: labels[*i].clone(), description: None, p: *p })
+                    .map(|(i, p)| Candidate {
+                        label: labels[*i].clone(),
+                        description: None,
+                        p: *p,
+                    })
                     .collect();
-                let job = Job::Rerank { text: v.text.clone(), candidates, llm_weight: state.config.reranker.llm_weight };
+                let job = Job::Rerank {
+                    text: v.text.clone(),
+                    candidates,
+                    llm_weight: state.config.reranker.llm_weight,
+                };
                 let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
                 let t = Instant::now();
                 let outcome = match llm.client.submit(&job, deadline) {
@@ -201,17 +251,31 @@ async fn classified(
                         meta.tier = "llm";
                         meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
                         metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
-                        final_probs = top.iter().zip(&r.fused).map(|((i, _), p)| (*i, *p)).collect();
+                        final_probs = top
+                            .iter()
+                            .zip(&r.fused)
+                            .map(|((i, _), p)| (*i, *p))
+                            .collect();
                         final_probs.sort_by(|a, b| b.1.total_cmp(&a.1));
                     }
-                    Ok(_) => degrade(state, &mut meta, &QueueError::Protocol("unexpected reply".into()))?,
+                    Ok(_) => degrade(
+                        state,
+                        &mut meta,
+                        &QueueError::Protocol("unexpected reply".into()),
+                    )?,
                     Err(e) => degrade(state, &mut meta, &e)?,
                 }
-                state.policy.record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
+                state.policy.record_escalated_latency(
+                    Instant::now(),
+                    started.elapsed().as_secs_f64() * 1e3,
+                );
             }
         }
     }
-    let (best, best_p) = final_probs.first().copied().unwrap_or((pred.label, pred.confidence));
+    let (best, best_p) = final_probs
+        .first()
+        .copied()
+        .unwrap_or((pred.label, pred.confidence));
     if meta.tier == "llm" {
         meta.confidence = Some(best_p);
     }
@@ -225,13 +289,27 @@ async fn classified(
         })
         .to_string()
     } else if v.kind == RouteKind::Answer {
-        prefilter.replies().get(best).cloned().flatten().unwrap_or_else(|| label.clone())
+        prefilter
+            .replies()
+            .get(best)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| label.clone())
     } else {
         label.clone()
     };
-    let logprobs = v.logprobs.then(|| label_logprobs(&pred, labels, &label, best_p, &final_probs, v.top_logprobs));
+    let logprobs = v
+        .logprobs
+        .then(|| label_logprobs(&pred, labels, &label, best_p, &final_probs, v.top_logprobs));
     let tier = meta.tier;
-    let resp = respond_text(state, &v, content, logprobs, Usage::new(prompt_tokens, 1), meta);
+    let resp = respond_text(
+        state,
+        &v,
+        content,
+        logprobs,
+        Usage::new(prompt_tokens, 1),
+        meta,
+    );
     Ok((resp, tier))
 }
 
@@ -254,7 +332,11 @@ fn label_logprobs(
     k: usize,
 ) -> Logprobs {
     let ln = |p: f32| f64::from(p.max(1e-12)).ln();
-    let alts: Vec<(usize, f32)> = if final_probs.len() >= k { final_probs.to_vec() } else { pred.top.clone() };
+    let alts: Vec<(usize, f32)> = if final_probs.len() >= k {
+        final_probs.to_vec()
+    } else {
+        pred.top.clone()
+    };
     Logprobs {
         content: vec![TokenLogprob {
             token: label.to_string(),
@@ -263,14 +345,24 @@ fn label_logprobs(
             top_logprobs: alts
                 .iter()
                 .take(k)
-                .map(|(i, p)| TopLogprob { token: labels[*i].clone(), logprob: ln(*p), bytes: Some(labels[*i].as_bytes().to_vec()) })
+                .map(|(i, p)| TopLogprob {
+                    token: labels[*i].clone(),
+                    logprob: ln(*p),
+                    bytes: Some(labels[*i].as_bytes().to_vec()),
+                })
                 .collect(),
         }],
     }
 }
 
 fn sampling(v: &ValidChat) -> Sampling {
-    Sampling { max_tokens: v.max_tokens, temperature: v.temperature, top_p: v.top_p, stop: v.stop.clone(), seed: v.seed }
+    Sampling {
+        max_tokens: v.max_tokens,
+        temperature: v.temperature,
+        top_p: v.top_p,
+        stop: v.stop.clone(),
+        seed: v.seed,
+    }
 }
 
 async fn wait_reply(h: tiergate_queue::JobHandle) -> Result<Reply, QueueError> {
@@ -285,13 +377,34 @@ async fn wait_reply(h: tiergate_queue::JobHandle) -> Result<Reply, QueueError> {
 }
 
 /// A one-piece answer (Tier-0, reranked): JSON, or a short SSE stream.
-fn respond_text(state: &AppState, v: &ValidChat, content: String, logprobs: Option<Logprobs>, usage: Usage, meta: Meta) -> Response {
+fn respond_text(
+    state: &AppState,
+    v: &ValidChat,
+    content: String,
+    logprobs: Option<Logprobs>,
+    usage: Usage,
+    meta: Meta,
+) -> Response {
     let id = completion_id();
     let created = now_s();
     let mut resp = if v.stream {
         let mut events = vec![
-            chunk(&id, created, &v.route, json!({"role": "assistant", "content": ""}), None, None),
-            chunk(&id, created, &v.route, json!({"content": content}), None, logprobs.as_ref()),
+            chunk(
+                &id,
+                created,
+                &v.route,
+                json!({"role": "assistant", "content": ""}),
+                None,
+                None,
+            ),
+            chunk(
+                &id,
+                created,
+                &v.route,
+                json!({"content": content}),
+                None,
+                logprobs.as_ref(),
+            ),
             chunk(&id, created, &v.route, json!({}), Some("stop"), None),
         ];
         if v.include_usage {
@@ -316,7 +429,14 @@ fn respond_text(state: &AppState, v: &ValidChat, content: String, logprobs: Opti
     resp
 }
 
-fn chunk(id: &str, created: u64, model: &str, delta: serde_json::Value, finish: Option<&str>, logprobs: Option<&Logprobs>) -> SseEvent {
+fn chunk(
+    id: &str,
+    created: u64,
+    model: &str,
+    delta: serde_json::Value,
+    finish: Option<&str>,
+    logprobs: Option<&Logprobs>,
+) -> SseEvent {
     SseEvent::default().data(
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
@@ -332,13 +452,36 @@ fn usage_chunk(id: &str, created: u64, model: &str, usage: &Usage) -> SseEvent {
     )
 }
 
-async fn generate(state: &Arc<AppState>, v: ValidChat, started: Instant) -> Result<(Response, &'static str), ApiError> {
-    let llm = state.llm.as_ref().ok_or_else(|| ApiError::Unavailable("this server runs no LLM workers".into()))?;
-    let messages = v.messages.iter().map(|m| Message { role: m.role.clone(), content: m.content.clone() }).collect();
-    let job = Job::Generate { messages, sampling: sampling(&v) };
+async fn generate(
+    state: &Arc<AppState>,
+    v: ValidChat,
+    started: Instant,
+) -> Result<(Response, &'static str), ApiError> {
+    let llm = state
+        .llm
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("this server runs no LLM workers".into()))?;
+    let messages = v
+        .messages
+        .iter()
+        .map(|m| Message {
+            role: m.role.clone(),
+            content: m.content.clone(),
+        })
+        .collect();
+    let job = Job::Generate {
+        messages,
+        sampling: sampling(&v),
+    };
     let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-    let handle = llm.client.submit(&job, deadline).map_err(queue_error_to_api)?;
-    let meta = Meta { tier: "llm", ..Meta::default() };
+    let handle = llm
+        .client
+        .submit(&job, deadline)
+        .map_err(queue_error_to_api)?;
+    let meta = Meta {
+        tier: "llm",
+        ..Meta::default()
+    };
     let resp = stream_or_collect(state, &v, handle, meta, 0, started).await?;
     Ok((resp, "llm"))
 }
@@ -356,7 +499,11 @@ async fn stream_or_collect(
     let created = now_s();
     // Wait for the first event before answering, so errors before any token still get a proper status.
     let t = Instant::now();
-    let first = handle.events.recv_async().await.map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
+    let first = handle
+        .events
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
     meta.queue_ms = t.elapsed().as_secs_f64() * 1e3;
     metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(t.elapsed().as_secs_f64());
     if let Event::Error(e) = first {
@@ -375,9 +522,17 @@ async fn stream_or_collect(
                 Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
                 Event::Error(e) => return Err(queue_error_to_api(e)),
             }
-            ev = handle.events.recv_async().await.map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
+            ev = handle
+                .events
+                .recv_async()
+                .await
+                .map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
         };
-        let finish = if usage.finish_reason == "length" { "length" } else { "stop" };
+        let finish = if usage.finish_reason == "length" {
+            "length"
+        } else {
+            "stop"
+        };
         let mut resp = axum::Json(json!({
             "id": id, "object": "chat.completion", "created": created, "model": v.route,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
@@ -393,19 +548,46 @@ async fn stream_or_collect(
     let include_usage = v.include_usage;
     tokio::spawn(async move {
         let mut ev = first;
-        let _ = tx.send(chunk(&id, created, &route, json!({"role": "assistant", "content": ""}), None, None)).await;
+        let _ = tx
+            .send(chunk(
+                &id,
+                created,
+                &route,
+                json!({"role": "assistant", "content": ""}),
+                None,
+                None,
+            ))
+            .await;
         loop {
             match ev {
                 Event::Chunk(c) => {
-                    if tx.send(chunk(&id, created, &route, json!({"content": c}), None, None)).await.is_err() {
+                    if tx
+                        .send(chunk(
+                            &id,
+                            created,
+                            &route,
+                            json!({"content": c}),
+                            None,
+                            None,
+                        ))
+                        .await
+                        .is_err()
+                    {
                         return; // client gone: dropping the handle cancels the job
                     }
                 }
                 Event::Reply(Reply::Generated(u)) => {
-                    let finish = if u.finish_reason == "length" { "length" } else { "stop" };
-                    let _ = tx.send(chunk(&id, created, &route, json!({}), Some(finish), None)).await;
+                    let finish = if u.finish_reason == "length" {
+                        "length"
+                    } else {
+                        "stop"
+                    };
+                    let _ = tx
+                        .send(chunk(&id, created, &route, json!({}), Some(finish), None))
+                        .await;
                     if include_usage {
-                        let usage = Usage::new(u.prompt_tokens + extra_prompt_tokens, u.completion_tokens);
+                        let usage =
+                            Usage::new(u.prompt_tokens + extra_prompt_tokens, u.completion_tokens);
                         let _ = tx.send(usage_chunk(&id, created, &route, &usage)).await;
                     }
                     break;
@@ -415,7 +597,9 @@ async fn stream_or_collect(
                         Event::Error(e) => queue_error_to_api(e),
                         _ => ApiError::Internal("unexpected reply kind".into()),
                     };
-                    let _ = tx.send(SseEvent::default().data(err.body().to_string())).await;
+                    let _ = tx
+                        .send(SseEvent::default().data(err.body().to_string()))
+                        .await;
                     break;
                 }
             }

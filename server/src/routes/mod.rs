@@ -22,14 +22,22 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/models", get(ops::models))
-        .route("/admin/routing", get(admin::get_routing).patch(admin::patch_routing).put(admin::put_routing))
+        .route(
+            "/admin/routing",
+            get(admin::get_routing)
+                .patch(admin::patch_routing)
+                .put(admin::put_routing),
+        )
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
         .route("/info", get(ops::info))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), admission))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admission,
+        ))
         .layer(axum::middleware::from_fn(too_large_and_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -38,8 +46,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// The one admission point: every request takes a permit or gets 429.
 async fn admission(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Ok(_permit) = state.admission.clone().try_acquire_owned() else {
-        return ApiError::Overloaded { message: "server at its in-flight limit; retry shortly".into(), retry_after_s: 1 }
-            .into_response();
+        return ApiError::Overloaded {
+            message: "server at its in-flight limit; retry shortly".into(),
+            retry_after_s: 1,
+        }
+        .into_response();
     };
     next.run(req).await
 }
@@ -55,9 +66,20 @@ async fn too_large_and_request_id(req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .filter(|s| !s.is_empty() && s.len() <= 128)
         .map(str::to_string)
-        .unwrap_or_else(|| format!("tg-{:x}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        .unwrap_or_else(|| {
+            format!(
+                "tg-{:x}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            )
+        });
     let mut resp = next.run(req).await;
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE && resp.headers().get("content-type").is_none_or(|v| v != "application/json") {
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && resp
+            .headers()
+            .get("content-type")
+            .is_none_or(|v| v != "application/json")
+    {
         resp = ApiError::TooLarge.into_response();
     }
     if let Ok(v) = HeaderValue::from_str(&id) {

@@ -49,7 +49,12 @@ pub fn refresh_gauges(state: &AppState) {
     metrics::gauge!(m::POLICY_VERSION).set(state.policy.current().version as f64);
     if let Some(llm) = &state.llm {
         metrics::gauge!(m::QUEUE_DEPTH).set(llm.client.in_flight() as f64);
-        metrics::counter!(m::WORKER_RESTARTS).absolute(llm.supervisor.stats.restarts.load(std::sync::atomic::Ordering::Relaxed));
+        metrics::counter!(m::WORKER_RESTARTS).absolute(
+            llm.supervisor
+                .stats
+                .restarts
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
     }
 }
 
@@ -60,11 +65,20 @@ pub async fn health() -> Response {
 
 /// `GET /ready`: prefilters loaded (they are, once serving) and a live worker where a route needs one.
 pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    let needs_llm = state.routes.values().any(|r| r.kind == RouteKind::Generate) && state.config.reranker.workers > 0;
+    let needs_llm = state.routes.values().any(|r| r.kind == RouteKind::Generate)
+        && state.config.reranker.workers > 0;
     let live = state.live_workers();
     let ok = !needs_llm || live > 0;
-    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(json!({"ready": ok, "prefilter": true, "live_workers": live}))).into_response()
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"ready": ok, "prefilter": true, "live_workers": live})),
+    )
+        .into_response()
 }
 
 /// `GET /info`: the effective config, secrets redacted.
