@@ -1,6 +1,5 @@
 //! The worker's job loop: take jobs from the queue, run several at once on the engine, answer, heartbeat.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,30 +39,29 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
     }
     worker.set_ready(true);
     tracing::info!(engine = engine.name(), "worker ready");
-    let active = Arc::new(AtomicUsize::new(0));
-    loop {
-        if worker.should_exit() {
-            return 0;
-        }
-        if active.load(Ordering::Acquire) >= cfg.max_concurrent.max(1) {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        }
-        let Some(taken) = worker.take(Duration::from_millis(100)) else {
-            continue;
-        };
-        active.fetch_add(1, Ordering::AcqRel);
-        let (engine, active2) = (engine.clone(), active.clone());
-        let run = move || {
-            run_job(engine.as_ref(), taken.job, taken.taken);
-            active2.fetch_sub(1, Ordering::AcqRel);
-        };
-        if let Err(e) = std::thread::Builder::new().name("job".into()).spawn(run) {
-            // The job's `Taken` was moved into the failed closure and dropped: it answered with an error.
-            tracing::error!(error = %e, "cannot start a job thread");
-            active.fetch_sub(1, Ordering::AcqRel);
+    // A fixed set of job threads, each taking jobs itself: no thread spawn and no hand-off on the job path.
+    let mut threads = Vec::new();
+    for i in 0..cfg.max_concurrent.max(1) {
+        let (worker, engine) = (worker.clone(), engine.clone());
+        let spawned = std::thread::Builder::new().name(format!("job-{i}")).spawn(move || {
+            while !worker.should_exit() {
+                if let Some(taken) = worker.take(Duration::from_millis(100)) {
+                    run_job(engine.as_ref(), taken.job, taken.taken);
+                }
+            }
+        });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!(error = %e, "cannot start a job thread"),
         }
     }
+    if threads.is_empty() {
+        return 1;
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    0
 }
 
 /// Runs one job and answers it.
