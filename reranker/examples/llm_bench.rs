@@ -9,11 +9,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tiergate_queue::{Candidate, Client, Geometry, Job, Reply, Segment, Supervisor, SupervisorConfig};
+use tiergate_queue::{
+    Candidate, Client, Geometry, Job, Reply, Segment, Supervisor, SupervisorConfig,
+};
 
 const QUERY: &str = "Hello, I ordered a new debit card about two weeks ago and it still has not arrived at my home \
                      address, what should I do now?";
-const LABELS: &[&str] = &["card_arrival", "lost_or_stolen_card", "activate_card", "change_pin", "card_declined"];
+const LABELS: &[&str] = &[
+    "card_arrival",
+    "lost_or_stolen_card",
+    "activate_card",
+    "change_pin",
+    "card_declined",
+];
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -25,13 +33,25 @@ fn main() -> anyhow::Result<()> {
 
     // 1. Through the queue.
     let name = format!("tiergate-llm-bench-{}", std::process::id());
-    let seg = Arc::new(Segment::create(&name, Geometry { slots: 8, req_cap: 8192, resp_cap: 65536 })?);
+    let seg = Arc::new(Segment::create(
+        &name,
+        Geometry {
+            slots: 8,
+            req_cap: 8192,
+            resp_cap: 65536,
+        },
+    )?);
     let program = std::env::current_exe()?
         .parent()
         .and_then(|p| p.parent())
         .map(|p| p.join("tiergate-reranker"))
         .ok_or_else(|| anyhow::anyhow!("cannot locate tiergate-reranker"))?;
-    let mut wargs = vec!["--engine".to_string(), "mistralrs".into(), "--model".into(), model.clone()];
+    let mut wargs = vec![
+        "--engine".to_string(),
+        "mistralrs".into(),
+        "--model".into(),
+        model.clone(),
+    ];
     if f32_weights {
         wargs.push("--f32-weights".into());
     }
@@ -51,12 +71,22 @@ fn main() -> anyhow::Result<()> {
     let client = Client::new(seg, Duration::from_secs(10))?;
     let t = Instant::now();
     while client.live_workers() == 0 {
-        anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "worker did not start");
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(120),
+            "worker did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let job = Job::Rerank {
         text: QUERY.into(),
-        candidates: LABELS.iter().map(|l| Candidate { label: (*l).into(), description: None, p: 0.2 }).collect(),
+        candidates: LABELS
+            .iter()
+            .map(|l| Candidate {
+                label: (*l).into(),
+                description: None,
+                p: 0.2,
+            })
+            .collect(),
         llm_weight: 1.0,
     };
     let mut times = Vec::new();
@@ -64,7 +94,10 @@ fn main() -> anyhow::Result<()> {
     let mut llm = Vec::new();
     for i in 0..4 {
         let t = Instant::now();
-        let Reply::Rerank(r) = client.submit(&job, Duration::from_secs(120))?.wait_reply()? else {
+        let Reply::Rerank(r) = client
+            .submit(&job, Duration::from_secs(120))?
+            .wait_reply()?
+        else {
             anyhow::bail!("unexpected reply")
         };
         if i > 0 {
@@ -94,8 +127,9 @@ fn main() -> anyhow::Result<()> {
     let mut file = std::fs::File::open(&model)?;
     let content = candle_core::quantized::gguf_file::Content::read(&mut file)?;
     let device = candle_core::Device::Cpu;
-    let mut weights =
-        candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut file, &device)?;
+    let mut weights = candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+        content, &mut file, &device,
+    )?;
     let len = prompt_tokens as usize + 3;
     let ids: Vec<u32> = (0..len as u32).map(|i| 100 + i * 7).collect();
     let input = candle_core::Tensor::new(ids.as_slice(), &device)?.unsqueeze(0)?;

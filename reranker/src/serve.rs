@@ -43,13 +43,15 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
     let mut threads = Vec::new();
     for i in 0..cfg.max_concurrent.max(1) {
         let (worker, engine) = (worker.clone(), engine.clone());
-        let spawned = std::thread::Builder::new().name(format!("job-{i}")).spawn(move || {
-            while !worker.should_exit() {
-                if let Some(taken) = worker.take(Duration::from_millis(100)) {
-                    run_job(engine.as_ref(), taken.job, taken.taken);
+        let spawned = std::thread::Builder::new()
+            .name(format!("job-{i}"))
+            .spawn(move || {
+                while !worker.should_exit() {
+                    if let Some(taken) = worker.take(Duration::from_millis(100)) {
+                        run_job(engine.as_ref(), taken.job, taken.taken);
+                    }
                 }
-            }
-        });
+            });
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start a job thread"),

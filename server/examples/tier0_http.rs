@@ -26,7 +26,9 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 }
 
 async fn request(stream: &mut TcpStream, text: &str, buf: &mut Vec<u8>) -> anyhow::Result<()> {
-    let body = serde_json::json!({"model": "classify", "messages": [{"role": "user", "content": text}]}).to_string();
+    let body =
+        serde_json::json!({"model": "classify", "messages": [{"role": "user", "content": text}]})
+            .to_string();
     let req = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -43,7 +45,10 @@ async fn request(stream: &mut TcpStream, text: &str, buf: &mut Vec<u8>) -> anyho
             anyhow::ensure!(head.starts_with("http/1.1 200"), "status: {head}");
             let len: usize = head
                 .lines()
-                .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                .find_map(|l| {
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap_or(0))
+                })
                 .unwrap_or(0);
             if buf.len() >= end + 4 + len {
                 return Ok(());
@@ -77,7 +82,14 @@ async fn main() -> anyhow::Result<()> {
 
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(tiergate_server::serve::run(cfg, None, async move { let _ = stop_rx.await; }, Some(tx)));
+    let server = tokio::spawn(tiergate_server::serve::run(
+        cfg,
+        None,
+        async move {
+            let _ = stop_rx.await;
+        },
+        Some(tx),
+    ));
     let addr = rx.await?;
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
@@ -91,7 +103,11 @@ async fn main() -> anyhow::Result<()> {
         request(&mut s, TEXTS[i % TEXTS.len()], &mut buf).await?;
         http_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let (r50, h50, h99) = (pct(&mut raw_ms, 0.5), pct(&mut http_ms, 0.5), pct(&mut http_ms, 0.99));
+    let (r50, h50, h99) = (
+        pct(&mut raw_ms, 0.5),
+        pct(&mut http_ms, 0.5),
+        pct(&mut http_ms, 0.99),
+    );
     println!("one at a time, {n} requests: raw prefilter p50 {r50:.2} ms; HTTP p50 {h50:.2} ms (p99 {h99:.2} ms); overhead p50 {:.2} ms", h50 - r50);
 
     for clients in [1usize, 2, 4, 8, 16, 32] {

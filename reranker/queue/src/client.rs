@@ -28,6 +28,9 @@ pub enum Event {
     Error(QueueError),
 }
 
+/// How long the dispatcher polls before sleeping: a futex wake-up from idle costs tens of microseconds here.
+const SPIN: Duration = Duration::from_micros(30);
+
 struct Inflight {
     gen: u32,
     tx: flume::Sender<Event>,
@@ -220,12 +223,9 @@ fn dispatch(shared: &Shared) {
         let progressed = sweep(shared);
         if !progressed {
             // Spin briefly for low round-trip latency, then sleep until a worker posts (deadlines: 1 ms grain).
-            futex::wait_until(
-                &h.replies_posted,
-                Duration::from_millis(1),
-                Duration::from_micros(30),
-                || h.replies_posted.load(Acquire) != seen || shared.stop.load(Acquire),
-            );
+            futex::wait_until(&h.replies_posted, Duration::from_millis(1), SPIN, || {
+                h.replies_posted.load(Acquire) != seen || shared.stop.load(Acquire)
+            });
         }
     }
     // Shutting down: every open job ends with Cancelled; slots still held by workers are left to them.
