@@ -199,6 +199,9 @@ pub struct RerankerConfig {
     pub llm_weight: f32,
     /// Candidates sent to the LLM.
     pub candidates: usize,
+    /// Escalations allowed in flight before new ones degrade at once ("deadline out of reach": a longer
+    /// queue only makes every escalated request wait longer). 0: workers × max_concurrent × 2.
+    pub max_in_flight: usize,
 }
 
 impl Default for RerankerConfig {
@@ -219,6 +222,7 @@ impl Default for RerankerConfig {
             generate_deadline_ms: 60_000,
             llm_weight: 0.5,
             candidates: 5,
+            max_in_flight: 0,
         }
     }
 }
@@ -249,6 +253,14 @@ pub struct RouteConfig {
 }
 
 impl RerankerConfig {
+    /// The escalation in-flight bound in force.
+    pub fn in_flight_limit(&self) -> usize {
+        match self.max_in_flight {
+            0 => (self.workers * self.max_concurrent * 2).max(1),
+            n => n,
+        }
+    }
+
     /// Checks the section.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
         if self.engine != "stub" && self.engine != "mistralrs" {

@@ -5,6 +5,9 @@ use tiergate_queue::{Candidate, Message, Sampling, Usage};
 /// An engine failure (reported to the submitter as the job's error).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The submitter gave up; the work was stopped.
+    #[error("cancelled")]
+    Cancelled,
     /// The request cannot be run (empty candidates, prompt too long, …).
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -27,8 +30,14 @@ pub trait Engine: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &str;
 
-    /// Scores `candidates` as answers for `text` (prefill-only multiple choice).
-    fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError>;
+    /// Scores `candidates` as answers for `text` (prefill only). `cancelled` says whether the submitter has
+    /// given up (deadline, disconnect): an engine checks it between passes and stops early.
+    fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError>;
 
     /// Called as each job starts; fault injection (only the stub does anything here). True: answer this job
     /// with garbage.

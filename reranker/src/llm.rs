@@ -174,7 +174,12 @@ impl Engine for MistralEngine {
     /// the label's tokens (mean log-probability per token, so long labels are not penalised). The requests
     /// run one after the other (mistralrs gives raw logits for a batch of one only); the shared prompt prefix is
     /// the same token sequence for all of them. Probabilities: softmax of the means.
-    fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError> {
+    fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError> {
         if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
             return Err(EngineError::Invalid(format!(
                 "a rerank job needs 1..={MAX_CANDIDATES} candidates, got {}",
@@ -237,6 +242,9 @@ impl Engine for MistralEngine {
             let _one_at_a_time = self.raw_lock.lock().await;
             let mut means = Vec::with_capacity(pending.len());
             for (request, mut rx, n) in pending {
+                if cancelled() {
+                    return Err(EngineError::Cancelled);
+                }
                 runner
                     .get_sender(None)
                     .map_err(failed)?

@@ -77,7 +77,7 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
             text,
             candidates,
             llm_weight,
-        } => match engine.score(&text, &candidates) {
+        } => match engine.score(&text, &candidates, &|| taken.cancelled()) {
             Ok(scored) if scored.probs.len() == candidates.len() => {
                 let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
                 let fused = fuse(&tier0, &scored.probs, llm_weight);

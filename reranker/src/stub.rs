@@ -73,7 +73,12 @@ impl Engine for StubEngine {
     }
 
     /// Score ∝ 1 + (words the text shares with the label): deterministic and easy to predict in tests.
-    fn score(&self, text: &str, candidates: &[Candidate]) -> Result<Scored, EngineError> {
+    fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        _cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError> {
         if candidates.is_empty() {
             return Err(EngineError::Invalid("no candidates".into()));
         }
@@ -156,6 +161,7 @@ mod tests {
             .score(
                 "my card has not arrived",
                 &[cand("card_arrival"), cand("exchange_rate")],
+                &|| false,
             )
             .unwrap();
         assert!(s.probs[0] > s.probs[1]);
@@ -183,6 +189,6 @@ mod tests {
             (u.completion_tokens, u.finish_reason.as_str()),
             (3, "length")
         );
-        assert!(e.score("x", &[]).is_err());
+        assert!(e.score("x", &[], &|| false).is_err());
     }
 }

@@ -50,7 +50,7 @@ pub struct WorkerRecord {
     pub ready: AtomicU32,
     /// Last heartbeat, monotonic nanoseconds.
     pub heartbeat_ns: AtomicU64,
-    /// Total nanoseconds spent running jobs (the utilisation signal without a GPU).
+    /// Nanoseconds during which at least one job was running (the utilisation signal without a GPU).
     pub busy_ns: AtomicU64,
     /// Jobs finished.
     pub jobs_done: AtomicU64,

@@ -1,6 +1,7 @@
 //! The worker's side: register in the header, heartbeat, take READY jobs, stream frames back, finish.
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,10 @@ pub struct QueueWorker {
     seg: Arc<Segment>,
     index: usize,
     creator_pid: u32,
+    /// Jobs this process is running now (shared with each `Taken`).
+    active: Arc<AtomicUsize>,
+    /// Last heartbeat, for the busy-time accounting.
+    last_beat: std::sync::Mutex<Instant>,
 }
 
 impl QueueWorker {
@@ -33,6 +38,8 @@ impl QueueWorker {
             seg,
             index,
             creator_pid,
+            active: Arc::new(AtomicUsize::new(0)),
+            last_beat: std::sync::Mutex::new(Instant::now()),
         };
         let r = w.record();
         r.pid.store(std::process::id(), Release);
@@ -54,9 +61,18 @@ impl QueueWorker {
         self.record().ready.store(u32::from(ready), Release);
     }
 
-    /// Publishes liveness.
+    /// Publishes liveness, and adds the time since the last heartbeat to the busy counter when at least one
+    /// job was running: a continuous busy fraction, not bursts credited when long jobs end.
     pub fn heartbeat(&self) {
-        self.record().heartbeat_ns.store(now_ns(), Release);
+        let r = self.record();
+        r.heartbeat_ns.store(now_ns(), Release);
+        if let Ok(mut last) = self.last_beat.lock() {
+            let elapsed = last.elapsed();
+            *last = Instant::now();
+            if self.active.load(Acquire) > 0 {
+                r.busy_ns.fetch_add(elapsed.as_nanos() as u64, Relaxed);
+            }
+        }
     }
 
     /// True when the server asked workers to stop or is gone.
@@ -81,13 +97,14 @@ impl QueueWorker {
         let (i, gen) = found?;
         let s = self.seg.slot(i)?;
         s.worker.store(self.index as u32 + 1, Release);
+        self.active.fetch_add(1, AcqRel);
         let mut taken = Taken {
             seg: self.seg.clone(),
             worker: self.index,
             slot: i,
             gen,
             written: s.resp_len.load(Acquire) as usize,
-            started: Instant::now(),
+            active: self.active.clone(),
             deadline_ns: s.deadline_ns.load(Relaxed),
             finished: false,
         };
@@ -114,7 +131,7 @@ pub struct Taken {
     slot: usize,
     gen: u32,
     written: usize,
-    started: Instant,
+    active: Arc<AtomicUsize>,
     deadline_ns: u64,
     finished: bool,
 }
@@ -200,10 +217,10 @@ impl Taken {
             return;
         }
         self.finished = true;
-        let busy = self.started.elapsed().as_nanos() as u64;
-        let r = &self.seg.header().workers[self.worker];
-        r.busy_ns.fetch_add(busy, Relaxed);
-        r.jobs_done.fetch_add(1, Relaxed);
+        self.active.fetch_sub(1, AcqRel);
+        self.seg.header().workers[self.worker]
+            .jobs_done
+            .fetch_add(1, Relaxed);
         if let Some(s) = self.seg.slot(self.slot) {
             if !slot::finish(s, self.gen) {
                 tracing::warn!(

@@ -186,6 +186,16 @@ async fn classified(
     if escalate {
         match &state.llm {
             None => meta.degraded = Some("no_llm"),
+            Some(llm) if llm.client.in_flight() >= state.config.reranker.in_flight_limit() => {
+                // The LLM is already behind: queueing more only pushes everyone past their deadline.
+                degrade(
+                    state,
+                    &mut meta,
+                    &QueueError::Full {
+                        slots: llm.client.in_flight(),
+                    },
+                )?
+            }
             Some(llm) if v.kind == RouteKind::Answer => {
                 let reply_of = |i: usize| prefilter.replies().get(i).cloned().flatten();
                 let mut system = String::from(
@@ -226,6 +236,14 @@ async fn classified(
                     Err(e) => degrade(state, &mut meta, &e)?,
                 }
             }
+            Some(llm)
+                if llm.rerank_out_of_reach(
+                    Duration::from_millis(state.config.reranker.rerank_deadline_ms),
+                    state.config.reranker.workers,
+                ) =>
+            {
+                degrade(state, &mut meta, &QueueError::DeadlineExceeded)?
+            }
             Some(llm) => {
                 let candidates: Vec<Candidate> = top
                     .iter()
@@ -242,6 +260,7 @@ async fn classified(
                 };
                 let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
                 let t = Instant::now();
+                let ahead = llm.client.in_flight() as u32 + 1;
                 let outcome = match llm.client.submit(&job, deadline) {
                     Ok(h) => wait_reply(h).await,
                     Err(e) => Err(e),
@@ -250,6 +269,8 @@ async fn classified(
                     Ok(Reply::Rerank(r)) if r.fused.len() == top.len() => {
                         meta.tier = "llm";
                         meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
+                        // Service time ≈ latency shared by the jobs that were queued with this one.
+                        llm.record_rerank(t.elapsed() / ahead);
                         metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
                         final_probs = top
                             .iter()
