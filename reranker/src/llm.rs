@@ -15,6 +15,7 @@ use mistralrs::{
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
 use crate::engine::{Engine, EngineError, Scored};
+use crate::fusion::normalise;
 
 /// Most candidates per rerank job.
 const MAX_CANDIDATES: usize = 10;
@@ -266,9 +267,8 @@ impl Engine for MistralEngine {
             }
             let max = means.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let exps: Vec<f32> = means.iter().map(|m| (m - max).exp()).collect();
-            let sum: f32 = exps.iter().sum();
             Ok(Scored {
-                probs: exps.iter().map(|e| e / sum).collect(),
+                probs: normalise(&exps),
                 prompt_tokens: prefix.len() as u32,
             })
         })

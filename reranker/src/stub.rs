@@ -7,6 +7,7 @@ use std::time::Duration;
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
 use crate::engine::{Engine, EngineError, Scored};
+use crate::fusion::normalise;
 
 /// Fault-injection and timing knobs.
 #[derive(Debug, Clone, Default)]
@@ -97,9 +98,8 @@ impl Engine for StubEngine {
                     * 3.0
             })
             .collect();
-        let sum: f32 = raw.iter().sum();
         Ok(Scored {
-            probs: raw.iter().map(|r| r / sum).collect(),
+            probs: normalise(&raw),
             prompt_tokens: words.len() as u32,
         })
     }
