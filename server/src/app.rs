@@ -157,6 +157,10 @@ fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result
     static INSTANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = format!("tiergate-{}-{n}", std::process::id());
+    let swept = tiergate_queue::layout::sweep_stale("tiergate-");
+    if swept > 0 {
+        tracing::info!(swept, "removed segments left by killed tiergate processes");
+    }
     let seg = Arc::new(Segment::create(
         &name,
         Geometry {

@@ -381,4 +381,16 @@ fn stale_segments_are_removed_and_live_ones_never_touched() {
     let mut fresh = Segment::create(&n, geo(2)).unwrap();
     assert_eq!(fresh.header().creator_pid, std::process::id());
     fresh.set_owner(true);
+    drop(fresh);
+    // A segment of a dead creator under a name nobody will reuse is found by the sweep at start-up.
+    let other = name();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    dead.wait().unwrap();
+    let seg = Segment::create(&other, geo(2)).unwrap();
+    let creator = &seg.header().creator_pid as *const u32 as *mut u32;
+    unsafe { creator.write_volatile(dead.id()) };
+    std::mem::forget(seg);
+    assert!(std::path::Path::new(&format!("/dev/shm/{other}")).exists());
+    assert!(tiergate_queue::layout::sweep_stale(&other) >= 1);
+    assert!(!std::path::Path::new(&format!("/dev/shm/{other}")).exists());
 }

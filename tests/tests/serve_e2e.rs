@@ -19,7 +19,16 @@ struct Server {
 }
 
 impl Drop for Server {
+    /// SIGTERM first (the server removes its segment and stops its workers), SIGKILL after 10 s.
     fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -344,6 +344,22 @@ impl Segment {
     }
 }
 
+/// Removes every segment named `{prefix}…` whose creator process is dead (segments of killed servers whose
+/// names a new instance would never reuse). Returns how many were removed. Linux: lists `/dev/shm`.
+pub fn sweep_stale(prefix: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && remove_if_stale(&name).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Removes a segment whose creator is dead. A segment with a live creator is an error.
 fn remove_if_stale(name: &str) -> Result<()> {
     let mut shm = ShmemConf::new().os_id(name).open().map_err(seg_err)?;
