@@ -325,3 +325,74 @@ fn missing_and_corrupt_files_are_named() {
     assert!(err.contains("head.json"), "{err}");
     let _ = PoolingConfig::Auto;
 }
+
+/// Writes a tiny random checkpoint of another family (built with candle-transformers' own loader, so the
+/// weight names are the ones it expects), with a sequence-classification head and `id2label`.
+fn tiny_family(model_type: &str) -> tempfile::TempDir {
+    use candle_nn::VarMap;
+    use candle_transformers::models::{distilbert, xlm_roberta};
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = 4 + tiergate_prefilter::testing::TINY_WORDS.len();
+    let id2label = serde_json::json!({"0": "neg", "1": "pos"});
+    let config = match model_type {
+        "distilbert" => serde_json::json!({
+            "model_type": "distilbert", "vocab_size": vocab, "dim": 32, "n_layers": 2, "n_heads": 4,
+            "hidden_dim": 64, "activation": "gelu", "max_position_embeddings": 64, "initializer_range": 0.02,
+            "pad_token_id": 0, "id2label": id2label,
+        }),
+        _ => serde_json::json!({
+            "model_type": "xlm-roberta", "vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 64, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "max_position_embeddings": 64,
+            "type_vocab_size": 1, "layer_norm_eps": 1e-5, "pad_token_id": 0,
+            "position_embedding_type": "absolute", "id2label": id2label,
+        }),
+    };
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        tiergate_prefilter::testing::tokenizer_json().to_string(),
+    )
+    .unwrap();
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    if model_type == "distilbert" {
+        let cfg: distilbert::Config = serde_json::from_value(config).unwrap();
+        distilbert::DistilBertModel::load(vb.clone(), &cfg).unwrap();
+        candle_nn::linear(32, 32, vb.pp("pre_classifier")).unwrap();
+        candle_nn::linear(32, 2, vb.pp("classifier")).unwrap();
+    } else {
+        let cfg: xlm_roberta::Config = serde_json::from_value(config).unwrap();
+        xlm_roberta::XLMRobertaModel::new(&cfg, vb.pp("roberta")).unwrap();
+        candle_nn::linear(32, 32, vb.pp("classifier.dense")).unwrap();
+        candle_nn::linear(32, 2, vb.pp("classifier.out_proj")).unwrap();
+    }
+    varmap.save(dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+#[test]
+fn distilbert_and_xlm_roberta_checkpoints_load_with_their_heads() {
+    for family in ["distilbert", "xlm-roberta"] {
+        let dir = tiny_family(family);
+        let c = Classifier::from_dir(dir.path(), 16).unwrap_or_else(|e| panic!("{family}: {e}"));
+        assert_eq!(c.labels(), ["neg", "pos"], "{family}");
+        let toks: Vec<_> = ["card lost", "pay my bill please now"]
+            .iter()
+            .map(|t| c.tokenizer.encode(t).unwrap())
+            .collect();
+        let probs = c.probabilities(&toks.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(probs.len(), 2);
+        for p in &probs {
+            assert!(
+                (p.iter().sum::<f32>() - 1.0).abs() < 1e-5,
+                "{family}: {p:?}"
+            );
+        }
+        // Padding must not change a sequence's answer: alone vs batched with a longer one.
+        let alone = c.probabilities(&[&toks[0]]).unwrap();
+        for (a, b) in alone[0].iter().zip(&probs[0]) {
+            assert!((a - b).abs() < 1e-4, "{family}: padded {b} vs alone {a}");
+        }
+    }
+}
