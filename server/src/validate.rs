@@ -53,6 +53,8 @@ pub struct ValidChat {
     pub top_logprobs: usize,
     /// Reply as a JSON object (classify routes).
     pub json_object: bool,
+    /// End-user id, recorded in the request's log line.
+    pub user: Option<String>,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
@@ -219,6 +221,7 @@ pub fn validate(
             ))
         }
     };
+    let user = req.user.map(|u| u.chars().take(256).collect::<String>());
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
         .stream_options
@@ -239,6 +242,7 @@ pub fn validate(
         logprobs,
         top_logprobs,
         json_object,
+        user,
     })
 }
 

@@ -44,6 +44,7 @@ pub async fn chat(
         Err(e) => return e.into_response(),
     };
     let route = valid.route.clone();
+    tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let result = match valid.kind {
         RouteKind::Generate => generate(&state, valid, started).await,
         RouteKind::Classify | RouteKind::Answer => {
