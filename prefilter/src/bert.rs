@@ -74,11 +74,6 @@ impl Packed {
             longest,
         })
     }
-
-    /// Number of real tokens.
-    pub fn tokens(&self) -> usize {
-        self.lens.iter().sum()
-    }
 }
 
 /// Up to this many rows, dense layers use the transposed product (see [`Dense::forward`]).

@@ -127,12 +127,6 @@ impl Classifier {
         let x = self.encoder.embed(inputs)?;
         Ok(self.head.probabilities(&x)?.to_vec2::<f32>()?)
     }
-
-    /// Uncalibrated logits for a batch (used for fitting the temperature).
-    pub fn logits(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
-        let x = self.encoder.embed(inputs)?;
-        Ok(self.head.logits(&x)?.to_vec2::<f32>()?)
-    }
 }
 
 /// Loads the tokenizer and encoder of a folder.

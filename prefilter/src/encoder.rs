@@ -190,11 +190,6 @@ impl Encoder {
         self.hidden_size
     }
 
-    /// The resolved pooling.
-    pub fn pooling(&self) -> Pooling {
-        self.pooling
-    }
-
     /// The folder the encoder was loaded from.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -78,7 +78,7 @@ pub fn evaluate(
     }
     let mut cfg = opts.prefilter.clone();
     cfg.top_k = cfg.top_k.max(5);
-    let (handle, _stats) = PrefilterHandle::start(classifier, &cfg)?;
+    let handle = PrefilterHandle::start(classifier, &cfg)?;
     let index: HashMap<&str, usize> = handle
         .labels()
         .iter()

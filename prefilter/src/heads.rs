@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use candle_nn::{Linear, Module, VarBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -291,9 +291,4 @@ pub fn save_trained(
     let text =
         serde_json::to_string_pretty(meta).map_err(|e| PrefilterError::corrupt(&meta_path, e))?;
     std::fs::write(&meta_path, text).map_err(|e| PrefilterError::file(&meta_path, e))
-}
-
-/// Index of the largest value in each row.
-pub fn argmax_rows(probs: &Tensor) -> Result<Vec<u32>> {
-    Ok(probs.argmax(D::Minus1)?.to_vec1::<u32>()?)
 }

@@ -158,23 +158,9 @@ pub struct PrefilterHandle {
     capacity: usize,
 }
 
-/// Counters the batching thread keeps.
-#[derive(Debug, Default)]
-pub struct RuntimeStats {
-    /// Forward passes run.
-    pub batches: std::sync::atomic::AtomicU64,
-    /// Requests answered.
-    pub requests: std::sync::atomic::AtomicU64,
-    /// Requests skipped because their caller had gone.
-    pub cancelled: std::sync::atomic::AtomicU64,
-}
-
 impl PrefilterHandle {
     /// Starts the batching thread that owns `classifier`.
-    pub fn start(
-        classifier: Classifier,
-        cfg: &PrefilterConfig,
-    ) -> Result<(Self, Arc<RuntimeStats>)> {
+    pub fn start(classifier: Classifier, cfg: &PrefilterConfig) -> Result<Self> {
         let limits = BatchLimits {
             max_batch: cfg.max_batch,
             token_budget: cfg.token_budget,
@@ -188,7 +174,6 @@ impl PrefilterHandle {
             replies: Arc::new(classifier.replies.clone()),
             capacity: cfg.queue_capacity,
         };
-        let stats = Arc::new(RuntimeStats::default());
         let top_k = cfg.top_k;
         let workers = match cfg.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -196,7 +181,7 @@ impl PrefilterHandle {
         };
         let classifier = Arc::new(classifier);
         for i in 0..workers {
-            let (classifier, rx, stats) = (classifier.clone(), rx.clone(), stats.clone());
+            let (classifier, rx) = (classifier.clone(), rx.clone());
             // Each worker runs inside its own one-thread rayon pool, so candle's matmuls stay on this thread
             // instead of contending for the global pool with the other workers.
             let pool = rayon::ThreadPoolBuilder::new()
@@ -208,12 +193,12 @@ impl PrefilterHandle {
                 })?;
             std::thread::Builder::new()
                 .name(format!("tiergate-prefilter-{i}-owner"))
-                .spawn(move || pool.install(|| run(&classifier, rx, limits, top_k, &stats)))
+                .spawn(move || pool.install(|| run(&classifier, rx, limits, top_k)))
                 .map_err(|e| {
                     PrefilterError::Unsupported(format!("cannot start the prefilter thread: {e}"))
                 })?;
         }
-        Ok((handle, stats))
+        Ok(handle)
     }
 
     /// Label names, in probability order.
@@ -270,14 +255,7 @@ impl PrefilterHandle {
     }
 }
 
-fn run(
-    classifier: &Classifier,
-    rx: flume::Receiver<Job>,
-    limits: BatchLimits,
-    top_k: usize,
-    stats: &RuntimeStats,
-) {
-    use std::sync::atomic::Ordering::Relaxed;
+fn run(classifier: &Classifier, rx: flume::Receiver<Job>, limits: BatchLimits, top_k: usize) {
     let mut state = BatchState::new(limits);
     loop {
         if state.is_empty() {
@@ -303,9 +281,6 @@ fn run(
             }
         }
         let batch = state.next_batch();
-        stats
-            .cancelled
-            .fetch_add(std::mem::take(&mut state.cancelled), Relaxed);
         if batch.is_empty() {
             continue;
         }
@@ -313,8 +288,6 @@ fn run(
         let inputs: Vec<&Tokens> = batch.iter().map(|j| &j.tokens).collect();
         let result = classifier.probabilities(&inputs);
         let infer = started.elapsed();
-        stats.batches.fetch_add(1, Relaxed);
-        stats.requests.fetch_add(batch.len() as u64, Relaxed);
         let n = batch.len();
         match result {
             Ok(rows) => {

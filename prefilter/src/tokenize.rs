@@ -20,7 +20,6 @@ pub struct Tokens {
 /// A Hugging Face `tokenizer.json` with our truncation and no padding (the batcher pads).
 pub struct TextTokenizer {
     inner: Tokenizer,
-    max_tokens: usize,
 }
 
 impl TextTokenizer {
@@ -39,12 +38,7 @@ impl TextTokenizer {
                 stride: 0,
             }))
             .map_err(|e| PrefilterError::corrupt(path, e))?;
-        Ok(Self { inner, max_tokens })
-    }
-
-    /// The truncation limit in tokens.
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
+        Ok(Self { inner })
     }
 
     /// Tokenises one input (with the model's special tokens).

@@ -132,7 +132,7 @@ fn few_shot_head_maps_its_own_examples_to_their_label() {
     );
     let c = Classifier::from_config(&cfg).unwrap();
     assert_eq!(c.replies[0].as_deref(), Some("r1"));
-    let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
+    let handle = PrefilterHandle::start(c, &cfg).unwrap();
     for (text, want) in [("card lost", 0), ("pay bill", 1), ("hello hi", 2)] {
         let p = handle.classify_blocking(text).unwrap();
         assert_eq!(p.label, want, "{text}: {:?}", p.probs);
@@ -188,7 +188,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     );
     let c = Classifier::from_config(&cfg).unwrap();
     assert_eq!(c.labels(), ["balance", "greet", "lost", "pay"]);
-    let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
+    let handle = PrefilterHandle::start(c, &cfg).unwrap();
     assert_eq!(
         handle.classify_blocking("please card lost").unwrap().label,
         2
@@ -263,7 +263,7 @@ fn full_queue_is_a_typed_overload_and_nothing_is_lost() {
     cfg.queue_capacity = 2;
     cfg.workers = 1;
     let c = Classifier::from_config(&cfg).unwrap();
-    let (handle, _) = PrefilterHandle::start(c, &cfg).unwrap();
+    let handle = PrefilterHandle::start(c, &cfg).unwrap();
     let mut accepted = Vec::new();
     let mut overloaded = 0;
     for _ in 0..2000 {

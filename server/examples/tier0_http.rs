@@ -68,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Raw prefilter: the same classifier, called directly.
     let classifier = Classifier::from_config(&cfg.prefilter)?;
-    let (raw, _) = PrefilterHandle::start(classifier, &cfg.prefilter)?;
+    let raw = PrefilterHandle::start(classifier, &cfg.prefilter)?;
     for t in TEXTS {
         raw.classify(t).await?;
     }

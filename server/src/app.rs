@@ -112,7 +112,7 @@ impl AppState {
                         let mut pcfg = config.prefilter.clone();
                         pcfg.head = head.clone();
                         let classifier = Classifier::from_config(&pcfg)?;
-                        let (handle, _stats) = PrefilterHandle::start(classifier, &pcfg)?;
+                        let handle = PrefilterHandle::start(classifier, &pcfg)?;
                         handles.push((head, handle.clone()));
                         Some(handle)
                     }

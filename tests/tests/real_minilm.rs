@@ -127,7 +127,7 @@ fn embedded_default_label_set_routes_plain_queries() {
     let mut cfg = tiergate_config::load(None, Vec::new(), &[]).unwrap();
     cfg.prefilter.encoder = minilm_dir();
     let c = Classifier::from_config(&cfg.prefilter).unwrap();
-    let (h, _) = PrefilterHandle::start(c, &cfg.prefilter).unwrap();
+    let h = PrefilterHandle::start(c, &cfg.prefilter).unwrap();
     let cases = [
         ("somebody stole my debit card", "lost_or_stolen_card"),
         ("I need to talk to a person", "speak_to_human"),

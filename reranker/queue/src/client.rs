@@ -63,16 +63,32 @@ pub struct JobHandle {
 }
 
 impl JobHandle {
-    /// Waits for the final reply, ignoring chunks (for rerank jobs and tests).
+    /// Waits for the final reply, ignoring chunks (for rerank jobs and tests). Blocks this thread.
     pub fn wait_reply(&self) -> Result<Reply> {
         loop {
-            match self.events.recv() {
-                Ok(Event::Chunk(_)) => continue,
-                Ok(Event::Reply(r)) => return Ok(r),
-                Ok(Event::Error(e)) => return Err(e),
-                Err(_) => return Err(QueueError::Cancelled),
+            if let Some(r) = final_event(self.events.recv()) {
+                return r;
             }
         }
+    }
+
+    /// [`JobHandle::wait_reply`] for async callers.
+    pub async fn reply(&self) -> Result<Reply> {
+        loop {
+            if let Some(r) = final_event(self.events.recv_async().await) {
+                return r;
+            }
+        }
+    }
+}
+
+/// The outcome if `event` ends the job (chunks do not; a closed channel means the job was cancelled).
+fn final_event(event: std::result::Result<Event, flume::RecvError>) -> Option<Result<Reply>> {
+    match event {
+        Ok(Event::Chunk(_)) => None,
+        Ok(Event::Reply(r)) => Some(Ok(r)),
+        Ok(Event::Error(e)) => Some(Err(e)),
+        Err(_) => Some(Err(QueueError::Cancelled)),
     }
 }
 

@@ -145,11 +145,6 @@ pub struct TakenJob {
 }
 
 impl Taken {
-    /// Slot index (diagnostics).
-    pub fn slot(&self) -> usize {
-        self.slot
-    }
-
     /// True when the submitter cancelled or the deadline passed: stop working on it.
     pub fn cancelled(&self) -> bool {
         let Some(s) = self.seg.slot(self.slot) else {

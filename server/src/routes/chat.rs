@@ -263,7 +263,7 @@ async fn classified(
                 let t = Instant::now();
                 let ahead = llm.client.in_flight() as u32 + 1;
                 let outcome = match llm.client.submit(&job, deadline) {
-                    Ok(h) => wait_reply(h).await,
+                    Ok(h) => h.reply().await,
                     Err(e) => Err(e),
                 };
                 match outcome {
@@ -384,17 +384,6 @@ fn sampling(v: &ValidChat) -> Sampling {
         top_p: v.top_p,
         stop: v.stop.clone(),
         seed: v.seed,
-    }
-}
-
-async fn wait_reply(h: tiergate_queue::JobHandle) -> Result<Reply, QueueError> {
-    loop {
-        match h.events.recv_async().await {
-            Ok(Event::Chunk(_)) => continue,
-            Ok(Event::Reply(r)) => return Ok(r),
-            Ok(Event::Error(e)) => return Err(e),
-            Err(_) => return Err(QueueError::Cancelled),
-        }
     }
 }
 
