@@ -1,0 +1,160 @@
+//! Command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Parser};
+
+use crate::parse_duration;
+use crate::schedule::ScheduleSpec;
+
+/// Load-test an OpenAI-compatible chat endpoint and report each tiergate channel (Tier-0, escalated,
+/// degraded, errors) separately.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tiergate-bench", version)]
+#[command(group(ArgGroup::new("load").required(true).args(["rate", "concurrency"])))]
+pub struct Args {
+    /// Base URL of the server, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub url: String,
+
+    /// Workload: CSV (text[,label[,route]], header optional) or JSONL ({"text", "label"?, "route"?}).
+    /// Without it, synthetic unlabelled requests.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+
+    /// Route (`model`) to call; default: the first classify route the server lists in /v1/models.
+    #[arg(long)]
+    pub route: Option<String>,
+
+    /// Open loop: requests per second (the schedule's base rate).
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Open loop: exponential inter-arrival times (Poisson process) instead of constant spacing.
+    #[arg(long, requires = "rate")]
+    pub poisson: bool,
+
+    /// Closed loop: this many clients, each sending its next request when the previous one ends.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+
+    /// How long to send (default 60s unless --requests is given).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// How many requests to send (stops at whichever of --duration and --requests comes first).
+    #[arg(long)]
+    pub requests: Option<u64>,
+
+    /// Arrival-rate schedule (open loop only): `constant`, `ramp[:from=R0]` (R0 → --rate over the run), or
+    /// `surge[:at=20s,for=20s,x=3]` (base → ×x for a while → base; default the middle third, ×3).
+    #[arg(long, default_value = "constant")]
+    pub schedule: ScheduleSpec,
+
+    /// Ask for server-sent events and measure time to first token.
+    #[arg(long)]
+    pub stream: bool,
+
+    /// Seed for workload sampling and Poisson arrivals.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Write the full report as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// Write a self-contained HTML report with charts.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+
+    /// Run the workload under four policies (Tier-0 only, LLM only, hybrid static, hybrid load) via
+    /// /admin/routing, restoring the server's policy afterwards.
+    #[arg(long)]
+    pub compare: bool,
+
+    /// SLO file (TOML, `[[slo]]` lines); default: the chat and batch SLOs.
+    #[arg(long)]
+    pub slo: Option<PathBuf>,
+
+    /// Exit with status 2 when an SLO line fails.
+    #[arg(long)]
+    pub fail_on_slo: bool,
+
+    /// Per-request timeout, counted from the intended send time.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// Open loop: most requests outstanding at once; arrivals beyond it wait (their latency still counts
+    /// from the intended time) and give up as `client_backlog` errors at --timeout.
+    #[arg(long, default_value_t = 4096)]
+    pub max_in_flight: usize,
+
+    /// `max_tokens` for each request (generate routes).
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+
+    /// Bearer token for /admin/routing (scraping and --compare).
+    #[arg(long, env = "TIERGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Bearer token for the chat endpoint.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// --compare: pause between variants, waiting for the server's LLM queue to drain (at most this long).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl Args {
+    /// Check what clap cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(r) = self.rate {
+            if !r.is_finite() || r <= 0.0 {
+                return Err(format!(
+                    "--rate {r}: must be a positive number of requests per second"
+                ));
+            }
+        }
+        if self.concurrency == Some(0) {
+            return Err("--concurrency must be at least 1".into());
+        }
+        if self.requests == Some(0) {
+            return Err("--requests must be at least 1".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("--max-in-flight must be at least 1".into());
+        }
+        if self.concurrency.is_some() && !matches!(self.schedule, ScheduleSpec::Constant) {
+            return Err(
+                "--schedule shapes an arrival rate: use it with --rate, not --concurrency".into(),
+            );
+        }
+        if !matches!(self.schedule, ScheduleSpec::Constant) && self.duration.is_none() {
+            return Err(
+                "--schedule ramp/surge needs --duration (the shape is laid over it)".into(),
+            );
+        }
+        if !(self.url.starts_with("http://")) {
+            return Err(format!(
+                "--url {}: expected http://HOST:PORT (TLS is not supported; put the bench next to the server)",
+                self.url
+            ));
+        }
+        Ok(())
+    }
+
+    /// The send window (60 s unless only --requests bounds the run).
+    pub fn window(&self) -> Option<Duration> {
+        match (self.duration, self.requests) {
+            (Some(d), _) => Some(d),
+            (None, Some(_)) => None,
+            (None, None) => Some(Duration::from_secs(60)),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The HTTP side: one pooled HTTP/1.1 client (hyper), the chat call (JSON or SSE) and small JSON helpers.
+
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// Most bytes read from one response.
+const MAX_BODY: usize = 16 << 20;
+
+/// What one chat call came back with.
+#[derive(Debug, Clone)]
+pub struct ChatResult {
+    /// HTTP status; 0 when no response arrived.
+    pub status: u16,
+    /// Error type: the OpenAI `error.type`, or `http_<status>`, `connection_error`, `transport_error`,
+    /// `bad_response`, `timeout`, `client_backlog`.
+    pub error: Option<String>,
+    pub tier: Option<String>,
+    pub degraded: Option<String>,
+    /// First content token (streaming) — for a JSON answer, the whole answer is the first token.
+    pub first_token: Option<Instant>,
+    pub content: String,
+    pub tokens_out: u32,
+}
+
+impl ChatResult {
+    pub fn failed(error: &str) -> Self {
+        Self {
+            status: 0,
+            error: Some(error.to_string()),
+            tier: None,
+            degraded: None,
+            first_token: None,
+            content: String::new(),
+            tokens_out: 0,
+        }
+    }
+}
+
+/// A pooled client bound to one base URL.
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+    api_key: Option<String>,
+}
+
+impl HttpClient {
+    pub fn new(base: &str, api_key: Option<String>) -> Self {
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .build(conn);
+        Self {
+            client,
+            base: base.trim_end_matches('/').to_string(),
+            api_key,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: Bytes,
+        extra: &[(String, String)],
+    ) -> Result<Request<Full<Bytes>>, String> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        if !body.is_empty() {
+            b = b.header("content-type", "application/json");
+        }
+        if let Some(t) = bearer {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in extra {
+            b = b.header(k.as_str(), v.as_str());
+        }
+        b.body(Full::new(body))
+            .map_err(|e| format!("cannot build a request to {}{path}: {e}", self.base))
+    }
+
+    /// A JSON request (admin, models); returns status and parsed body (`null` when not JSON).
+    pub async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), String> {
+        let bytes = match body {
+            Some(v) => Bytes::from(serde_json::to_vec(v).map_err(|e| e.to_string())?),
+            None => Bytes::new(),
+        };
+        let req = self.request(method, path, bearer, bytes, &[])?;
+        let resp =
+            tokio::time::timeout(std::time::Duration::from_secs(10), self.client.request(req))
+                .await
+                .map_err(|_| format!("{}{path}: no answer in 10 s", self.base))?
+                .map_err(|e| format!("{}{path}: {}", self.base, describe(&e)))?;
+        let status = resp.status().as_u16();
+        let body = read_limited(resp.into_body()).await?;
+        Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    }
+
+    /// One chat completion. `body` is the serialised request.
+    pub async fn chat(&self, body: Bytes, stream: bool, extra: &[(String, String)]) -> ChatResult {
+        let req = match self.request(
+            Method::POST,
+            "/v1/chat/completions",
+            self.api_key.as_deref(),
+            body,
+            extra,
+        ) {
+            Ok(r) => r,
+            Err(_) => return ChatResult::failed("client_error"),
+        };
+        let resp = match self.client.request(req).await {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => return ChatResult::failed("connection_error"),
+            Err(_) => return ChatResult::failed("transport_error"),
+        };
+        let status = resp.status().as_u16();
+        let header = |k: &str| {
+            resp.headers()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let mut out = ChatResult {
+            status,
+            error: None,
+            tier: header("x-tiergate-tier"),
+            degraded: header("x-tiergate-degraded"),
+            first_token: None,
+            content: String::new(),
+            tokens_out: 0,
+        };
+        let body = resp.into_body();
+        if !(200..300).contains(&status) {
+            let raw = read_limited(body).await.unwrap_or_default();
+            let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+            out.error = Some(
+                v["error"]["type"]
+                    .as_str()
+                    .or_else(|| v["error"]["code"].as_str())
+                    .map_or_else(|| format!("http_{status}"), str::to_string),
+            );
+            return out;
+        }
+        if stream {
+            read_sse(body, &mut out).await;
+        } else {
+            match read_limited(body).await {
+                Ok(raw) => {
+                    out.first_token = Some(Instant::now());
+                    match serde_json::from_slice::<Value>(&raw) {
+                        Ok(v) => {
+                            out.content = v["choices"][0]["message"]["content"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_string();
+                            out.tokens_out = v["usage"]["completion_tokens"]
+                                .as_u64()
+                                .map_or(0, |n| n as u32);
+                            if v["choices"][0].is_null() {
+                                out.error = Some("bad_response".into());
+                            }
+                        }
+                        Err(_) => out.error = Some("bad_response".into()),
+                    }
+                }
+                Err(_) => out.error = Some("transport_error".into()),
+            }
+        }
+        out
+    }
+}
+
+fn describe(e: &hyper_util::client::legacy::Error) -> String {
+    use std::error::Error;
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+async fn read_limited(mut body: hyper::body::Incoming) -> Result<Bytes, String> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Some(d) = frame.data_ref() {
+            if buf.len() + d.len() > MAX_BODY {
+                return Err("response over 16 MiB".into());
+            }
+            buf.extend_from_slice(d);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// Read server-sent events: content deltas (first one = first token), `usage`, `error`, `[DONE]`.
+async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunks = 0u32;
+    let mut done = false;
+    let mut usage: Option<u32> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            out.error = Some("transport_error".into());
+            return;
+        };
+        let Some(d) = frame.data_ref() else { continue };
+        buf.extend_from_slice(d);
+        if buf.len() > MAX_BODY {
+            out.error = Some("bad_response".into());
+            return;
+        }
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                out.error = Some("bad_response".into());
+                continue;
+            };
+            if !v["error"].is_null() {
+                out.error = Some(
+                    v["error"]["type"]
+                        .as_str()
+                        .unwrap_or("stream_error")
+                        .to_string(),
+                );
+                continue;
+            }
+            if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+                if !c.is_empty() {
+                    if out.first_token.is_none() {
+                        out.first_token = Some(Instant::now());
+                    }
+                    chunks += 1;
+                    out.content.push_str(c);
+                }
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                usage = Some(n as u32);
+            }
+        }
+    }
+    out.tokens_out = usage.unwrap_or(chunks);
+    if !done && out.error.is_none() {
+        out.error = Some("stream_truncated".into());
+    }
+}
+
+/// The chat request body for one workload item.
+pub fn chat_body(route: &str, text: &str, stream: bool, max_tokens: Option<u32>) -> Bytes {
+    let mut v = json!({
+        "model": route,
+        "messages": [{"role": "user", "content": text}],
+    });
+    if stream {
+        v["stream"] = json!(true);
+        v["stream_options"] = json!({"include_usage": true});
+    }
+    if let Some(m) = max_tokens {
+        v["max_tokens"] = json!(m);
+    }
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}

@@ -1,0 +1,276 @@
+//! The report: per-channel tables, latency bands, SLO lines, client overhead, the server's view; as text
+//! and as JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::run::RunData;
+use crate::scrape::Scrape;
+use crate::slo::{check, SloLine, SloResult};
+use crate::stats::{histogram, series, Channel, ChannelStats, Outcome, Percentiles, Second};
+
+/// What the client itself cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientOverhead {
+    /// CPU time of the bench process (user + system), seconds.
+    pub cpu_s: f64,
+    /// … per request, microseconds.
+    pub cpu_us_per_request: f64,
+    /// … as a share of one core over the run.
+    pub cores_busy: f64,
+    /// How late requests left against their intended time (timer + scheduling), ms.
+    pub send_lag: Option<Percentiles>,
+    /// Requests answered (any status) per second of the run.
+    pub achieved_rps: f64,
+}
+
+/// One run (one variant under --compare).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub name: String,
+    pub settings: Value,
+    pub requests: u64,
+    pub elapsed_s: f64,
+    pub interrupted: bool,
+    /// tier0, escalated, degraded, untiered, errors, then `served` (all answers) and `all`.
+    pub channels: Vec<ChannelStats>,
+    pub slo: Vec<SloResult>,
+    pub client: ClientOverhead,
+    pub series: Vec<Second>,
+    pub scrape: Scrape,
+}
+
+impl RunReport {
+    pub fn build(name: &str, settings: Value, data: &RunData, slo: &[SloLine]) -> Self {
+        let os = &data.outcomes;
+        let total = os.len() as u64;
+        let e = data.elapsed_s;
+        let mut channels: Vec<ChannelStats> = Channel::ALL
+            .iter()
+            .map(|&ch| {
+                ChannelStats::of(
+                    ch.name(),
+                    os.iter().filter(move |o| Channel::of(o) == ch),
+                    total,
+                    e,
+                )
+            })
+            .collect();
+        channels.push(ChannelStats::of(
+            "served",
+            os.iter().filter(|o| o.error.is_none()),
+            total,
+            e,
+        ));
+        channels.push(ChannelStats::of("all", os.iter(), total, e));
+        let slo = check(slo, &channels);
+        let lag = histogram(os.iter().map(|o: &Outcome| o.lag_us));
+        Self {
+            name: name.to_string(),
+            settings,
+            requests: total,
+            elapsed_s: e,
+            interrupted: data.interrupted,
+            slo,
+            client: ClientOverhead {
+                cpu_s: data.client_cpu_s,
+                cpu_us_per_request: if total == 0 {
+                    0.0
+                } else {
+                    data.client_cpu_s * 1e6 / total as f64
+                },
+                cores_busy: data.client_cpu_s / e.max(1e-9),
+                send_lag: Percentiles::of(&lag),
+                achieved_rps: total as f64 / e.max(1e-9),
+            },
+            series: series(os),
+            scrape: data.scrape.clone(),
+            channels,
+        }
+    }
+
+    pub fn channel(&self, name: &str) -> Option<&ChannelStats> {
+        self.channels.iter().find(|c| c.channel == name)
+    }
+
+    /// Escalated + degraded over served answers.
+    pub fn escalation_share(&self) -> Option<f64> {
+        let served = self.channel("served")?.count;
+        let esc = self.channel("escalated")?.count + self.channel("degraded")?.count;
+        (served > 0).then(|| esc as f64 / served as f64)
+    }
+
+    pub fn slo_passed(&self) -> bool {
+        self.slo.iter().all(|r| r.pass)
+    }
+
+    /// The terminal report.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "\n== {} — {} requests in {:.1} s{} ==",
+            self.name,
+            self.requests,
+            self.elapsed_s,
+            if self.interrupted {
+                " (interrupted)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            s,
+            "{:<10} {:>7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>18} {:>6}  band",
+            "channel",
+            "count",
+            "share",
+            "p50 ms",
+            "p90",
+            "p95",
+            "p99",
+            "p99.9",
+            "mean",
+            "req/s",
+            "tok/s",
+            "TTFT p50/p99 ms",
+            "acc"
+        );
+        for c in &self.channels {
+            if c.count == 0 && !matches!(c.channel.as_str(), "tier0" | "escalated" | "served") {
+                continue;
+            }
+            let l = c.latency.clone().unwrap_or_default();
+            let dash = c.latency.is_none();
+            let f = |x: f64| if dash { "-".to_string() } else { ms(x) };
+            let ttft = c.ttft.as_ref().map_or("-".to_string(), |t| {
+                format!("{}/{}", ms(t.p50_ms), ms(t.p99_ms))
+            });
+            let _ = writeln!(
+                s,
+                "{:<10} {:>7} {:>5.1}% {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1} {:>8.1} {:>18} {:>6}  {}",
+                c.channel,
+                c.count,
+                c.share * 100.0,
+                f(l.p50_ms),
+                f(l.p90_ms),
+                f(l.p95_ms),
+                f(l.p99_ms),
+                f(l.p999_ms),
+                f(l.mean_ms),
+                c.requests_per_s,
+                c.tokens_per_s,
+                ttft,
+                c.accuracy.map_or("-".to_string(), |a| format!("{a:.3}")),
+                c.band.unwrap_or("-"),
+            );
+        }
+        for c in self
+            .channels
+            .iter()
+            .filter(|c| c.count > 0 && c.channel != "all")
+        {
+            if let (Some(l), Some(b)) = (&c.latency, c.band) {
+                let _ = writeln!(s, "  {} P95 {} ms → {b}", c.channel, ms(l.p95_ms));
+            }
+        }
+        if let Some(errs) = self.channel("errors").filter(|c| c.count > 0) {
+            let list: Vec<String> = errs
+                .errors
+                .iter()
+                .map(|(k, v)| format!("{k} × {v}"))
+                .collect();
+            let _ = writeln!(s, "  errors: {}", list.join(", "));
+        }
+        if let Some(share) = self.escalation_share() {
+            let _ = writeln!(
+                s,
+                "  escalation share (escalated + degraded of served): {:.1}%",
+                share * 100.0
+            );
+        }
+        let c = &self.client;
+        let _ = writeln!(
+            s,
+            "  client: {:.1} µs CPU per request ({:.2} cores busy), send lag p50 {} / p99 {} ms, {:.1} req/s achieved",
+            c.cpu_us_per_request,
+            c.cores_busy,
+            c.send_lag.as_ref().map_or("-".into(), |l| ms(l.p50_ms)),
+            c.send_lag.as_ref().map_or("-".into(), |l| ms(l.p99_ms)),
+            c.achieved_rps
+        );
+        let sc = &self.scrape;
+        if let Some(why) = &sc.unavailable {
+            let _ = writeln!(s, "  server view: not scraped ({why})");
+        } else if !sc.samples.is_empty() {
+            let stat = |f: &dyn Fn(&crate::scrape::Sample) -> Option<f64>| {
+                let v: Vec<f64> = sc.samples.iter().filter_map(f).collect();
+                if v.is_empty() {
+                    return "-".to_string();
+                }
+                let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mean = v.iter().sum::<f64>() / v.len() as f64;
+                format!("{min:.2}/{mean:.2}/{max:.2}")
+            };
+            let _ = writeln!(
+                s,
+                "  server view (min/mean/max of {} scrapes): θ_eff {}, utilisation {}, queue depth {}",
+                sc.samples.len(),
+                stat(&|x| x.theta_eff),
+                stat(&|x| x.utilization),
+                stat(&|x| x.queue_depth),
+            );
+        }
+        if !self.slo.is_empty() {
+            let _ = writeln!(
+                s,
+                "  {:<32} {:>10} {:>12} {:>12}  result",
+                "SLO", "channel", "target", "measured"
+            );
+            for r in &self.slo {
+                let target = match (r.line.max, r.line.min) {
+                    (Some(m), _) => format!("≤ {m}"),
+                    (_, Some(m)) => format!("≥ {m}"),
+                    _ => "-".into(),
+                };
+                let _ = writeln!(
+                    s,
+                    "  {:<32} {:>10} {:>12} {:>12}  {}",
+                    r.line.name,
+                    r.line.channel,
+                    target,
+                    r.measured
+                        .map_or("no data".to_string(), |m| format!("{m:.1}")),
+                    if r.pass { "PASS" } else { "FAIL" }
+                );
+            }
+        }
+        s
+    }
+}
+
+/// Milliseconds with sensible precision.
+pub fn ms(x: f64) -> String {
+    if x < 10.0 {
+        format!("{x:.2}")
+    } else if x < 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// The whole output of one invocation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub tool: &'static str,
+    pub version: &'static str,
+    pub url: String,
+    pub route: String,
+    pub runs: Vec<RunReport>,
+    pub comparison: Option<Vec<crate::compare::Row>>,
+    pub notes: Vec<String>,
+}

@@ -1,0 +1,383 @@
+//! One load run: open loop (arrivals on a schedule, latency from the intended send time) or closed loop
+//! (N clients back to back), collected into outcomes, with the server scraped alongside.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::http::{chat_body, ChatResult, HttpClient};
+use crate::schedule::Schedule;
+use crate::scrape::{scrape_loop, Scrape};
+use crate::stats::{Channel, Outcome};
+use crate::workload::{Item, Sampler};
+
+/// Open or closed loop.
+#[derive(Debug, Clone)]
+pub enum Load {
+    Open {
+        schedule: Schedule,
+        poisson: bool,
+        max_in_flight: usize,
+    },
+    Closed {
+        clients: usize,
+    },
+}
+
+/// Everything one run needs.
+#[derive(Clone)]
+pub struct Plan {
+    pub items: Arc<Vec<Item>>,
+    /// The route for items without their own.
+    pub route: String,
+    /// `tiergate_kind` of each listed route; labels are checked on classify routes and on servers that
+    /// do not say.
+    pub route_kinds: HashMap<String, Option<String>>,
+    pub stream: bool,
+    pub max_tokens: Option<u32>,
+    pub timeout: Duration,
+    pub load: Load,
+    pub window: Option<Duration>,
+    pub requests: Option<u64>,
+    pub seed: u64,
+    pub extra_headers: Vec<(String, String)>,
+    pub admin_token: Option<String>,
+    pub progress: bool,
+    /// Shown in the progress line.
+    pub name: String,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct RunData {
+    pub outcomes: Vec<Outcome>,
+    /// Start to last answer, seconds.
+    pub elapsed_s: f64,
+    pub scrape: Scrape,
+    /// CPU time the bench process spent (user + system), seconds.
+    pub client_cpu_s: f64,
+    pub interrupted: bool,
+}
+
+/// User + system CPU time of this process, seconds.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is always valid.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0.0;
+        }
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+struct Shared {
+    client: HttpClient,
+    stream: bool,
+    extra: Vec<(String, String)>,
+    start: Instant,
+    timeout: Duration,
+}
+
+struct Prepared {
+    body: Bytes,
+    label: Option<String>,
+    check_label: bool,
+}
+
+impl Plan {
+    fn prepare(&self, idx: usize) -> Prepared {
+        let item = &self.items[idx];
+        let route = item.route.as_deref().unwrap_or(&self.route);
+        let check_label = match self.route_kinds.get(route) {
+            Some(Some(kind)) => kind == "classify",
+            _ => true,
+        };
+        Prepared {
+            body: chat_body(route, &item.text, self.stream, self.max_tokens),
+            label: item.label.clone(),
+            check_label,
+        }
+    }
+}
+
+async fn one(s: &Shared, p: Prepared, intended: Instant) -> Outcome {
+    let deadline = intended + s.timeout;
+    let sent = Instant::now();
+    let r = match tokio::time::timeout_at(
+        deadline.into(),
+        s.client.chat(p.body.clone(), s.stream, &s.extra),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => ChatResult::failed("timeout"),
+    };
+    finish(s, r, intended, sent, &p)
+}
+
+fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepared) -> Outcome {
+    let end = Instant::now();
+    let us = |t: Instant| t.saturating_duration_since(intended).as_micros() as u64;
+    let correct = match (&r.error, &p.label) {
+        (None, Some(l)) if p.check_label => Some(r.content.trim().eq_ignore_ascii_case(l.trim())),
+        _ => None,
+    };
+    Outcome {
+        at_s: intended.saturating_duration_since(s.start).as_secs_f64(),
+        latency_us: us(end),
+        ttft_us: if r.error.is_none() {
+            Some(us(r.first_token.unwrap_or(end)))
+        } else {
+            None
+        },
+        lag_us: us(sent),
+        status: r.status,
+        error: r.error,
+        tier: r.tier,
+        degraded: r.degraded,
+        tokens_out: r.tokens_out,
+        correct,
+    }
+}
+
+/// Run one load pass.
+pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<bool>) -> RunData {
+    let cpu0 = cpu_seconds();
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        stream: plan.stream,
+        extra: plan.extra_headers.clone(),
+        start,
+        timeout: plan.timeout,
+    });
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
+    let sent = Arc::new(AtomicU64::new(0));
+
+    // The server's view, once a second.
+    let scrape = Arc::new(Mutex::new(Scrape::default()));
+    let (scrape_stop, scrape_stop_rx) = watch::channel(false);
+    let scraper = tokio::spawn(scrape_loop(
+        client.clone(),
+        plan.admin_token.clone(),
+        start,
+        scrape_stop_rx,
+        scrape.clone(),
+    ));
+
+    let driver = {
+        let plan = plan.clone();
+        let shared = shared.clone();
+        let sent = sent.clone();
+        let stop = stop.clone();
+        match plan.load.clone() {
+            Load::Open {
+                schedule,
+                poisson,
+                max_in_flight,
+            } => tokio::spawn(open_loop(
+                plan,
+                shared,
+                schedule,
+                poisson,
+                max_in_flight,
+                tx,
+                sent,
+                stop,
+            )),
+            Load::Closed { clients } => {
+                tokio::spawn(closed_loop(plan, shared, clients, tx, sent, stop))
+            }
+        }
+    };
+
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    let tty = std::io::stderr().is_terminal();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = 0usize;
+    loop {
+        tokio::select! {
+            o = rx.recv() => match o {
+                Some(o) => outcomes.push(o),
+                None => break,
+            },
+            _ = tick.tick(), if plan.progress => {
+                let secs = start.elapsed().as_secs();
+                if tty || secs.is_multiple_of(5) {
+                    let theta = scrape
+                        .lock()
+                        .ok()
+                        .and_then(|s| s.samples.last().and_then(|x| x.theta_eff));
+                    progress_line(&plan.name, start, &sent, &outcomes[last..], outcomes.len(), theta, tty);
+                }
+                last = outcomes.len();
+            }
+        }
+    }
+    if plan.progress && tty {
+        eprintln!();
+    }
+    let _ = driver.await;
+    let elapsed_s = start.elapsed().as_secs_f64();
+    let _ = scrape_stop.send(true);
+    let _ = scraper.await;
+    let scrape = scrape.lock().map(|s| s.clone()).unwrap_or_default();
+    RunData {
+        outcomes,
+        elapsed_s,
+        scrape,
+        client_cpu_s: cpu_seconds() - cpu0,
+        interrupted: *stop.borrow(),
+    }
+}
+
+fn progress_line(
+    name: &str,
+    start: Instant,
+    sent: &AtomicU64,
+    recent: &[Outcome],
+    done: usize,
+    theta: Option<f64>,
+    tty: bool,
+) {
+    let mut lat: Vec<u64> = recent.iter().map(|o| o.latency_us).collect();
+    lat.sort_unstable();
+    let p99 = lat
+        .get(((lat.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .map_or("-".to_string(), |v| format!("{:.1}", *v as f64 / 1e3));
+    let errs = recent.iter().filter(|o| o.error.is_some()).count();
+    let served = recent.len() - errs;
+    let esc = recent
+        .iter()
+        .filter(|o| matches!(Channel::of(o), Channel::Escalated | Channel::Degraded))
+        .count();
+    let share = if served > 0 {
+        format!("{:.0}%", 100.0 * esc as f64 / served as f64)
+    } else {
+        "-".into()
+    };
+    let line = format!(
+        "{name} {:>4}s sent {} done {done} | last 1s: {} answers, {errs} errors, p99 {p99} ms, escalated {share}{}",
+        start.elapsed().as_secs(),
+        sent.load(Ordering::Relaxed),
+        recent.len(),
+        theta.map_or(String::new(), |t| format!(", θ_eff {t:.3}")),
+    );
+    let mut err = std::io::stderr().lock();
+    if tty {
+        let _ = write!(err, "\r\x1b[2K{line}");
+    } else {
+        let _ = writeln!(err, "{line}");
+    }
+    let _ = err.flush();
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn open_loop(
+    plan: Plan,
+    shared: Arc<Shared>,
+    schedule: Schedule,
+    poisson: bool,
+    max_in_flight: usize,
+    tx: mpsc::UnboundedSender<Outcome>,
+    sent: Arc<AtomicU64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let sem = Arc::new(Semaphore::new(max_in_flight));
+    let mut sampler = Sampler::new(plan.items.len(), plan.seed);
+    let start = shared.start;
+    for (n, offset) in schedule.arrivals(poisson, plan.seed).enumerate() {
+        if plan.requests.is_some_and(|r| n as u64 >= r) || *stop.borrow() {
+            break;
+        }
+        let intended = start + offset;
+        tokio::select! {
+            _ = tokio::time::sleep_until(intended.into()) => {}
+            _ = stop.changed() => break,
+        }
+        let p = plan.prepare(sampler.next_index());
+        sent.fetch_add(1, Ordering::Relaxed);
+        let permit = match tokio::time::timeout_at(
+            (intended + shared.timeout).into(),
+            sem.clone().acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(p)) => p,
+            _ => {
+                let now = Instant::now();
+                let _ = tx.send(finish(
+                    &shared,
+                    ChatResult::failed("client_backlog"),
+                    intended,
+                    now,
+                    &p,
+                ));
+                continue;
+            }
+        };
+        let tx = tx.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let o = one(&shared, p, intended).await;
+            drop(permit);
+            let _ = tx.send(o);
+        });
+    }
+}
+
+async fn closed_loop(
+    plan: Plan,
+    shared: Arc<Shared>,
+    clients: usize,
+    tx: mpsc::UnboundedSender<Outcome>,
+    sent: Arc<AtomicU64>,
+    stop: watch::Receiver<bool>,
+) {
+    let sampler = Arc::new(Mutex::new(Sampler::new(plan.items.len(), plan.seed)));
+    let end = plan.window.map(|w| shared.start + w);
+    let plan = Arc::new(plan);
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (plan, shared, tx, sent, stop, sampler) = (
+            plan.clone(),
+            shared.clone(),
+            tx.clone(),
+            sent.clone(),
+            stop.clone(),
+            sampler.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                if *stop.borrow() || end.is_some_and(|e| Instant::now() >= e) {
+                    break;
+                }
+                let n = sent.fetch_add(1, Ordering::Relaxed);
+                if plan.requests.is_some_and(|r| n >= r) {
+                    sent.fetch_sub(1, Ordering::Relaxed);
+                    break;
+                }
+                let Ok(idx) = sampler.lock().map(|mut s| s.next_index()) else {
+                    break;
+                };
+                let p = plan.prepare(idx);
+                let o = one(&shared, p, Instant::now()).await;
+                if tx.send(o).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}

@@ -1,0 +1,361 @@
+//! Per-request outcomes, channels, HDR histograms and the per-second series.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// One finished request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// Intended send time, seconds from the start of the run.
+    pub at_s: f64,
+    /// End to end, from the intended send time, microseconds.
+    pub latency_us: u64,
+    /// Time to first token from the intended send time (for JSON answers: the whole answer).
+    pub ttft_us: Option<u64>,
+    /// How late the client actually sent it, microseconds.
+    pub lag_us: u64,
+    pub status: u16,
+    pub error: Option<String>,
+    pub tier: Option<String>,
+    pub degraded: Option<String>,
+    pub tokens_out: u32,
+    /// `None` when the request had no label (or the route does not answer with labels).
+    pub correct: Option<bool>,
+}
+
+/// Where an answer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// Answered by the encoder.
+    Tier0,
+    /// Answered with the LLM.
+    Escalated,
+    /// Meant for the LLM, answered by Tier-0 (LLM full, down or late).
+    Degraded,
+    /// A 2xx answer without tiergate's tier header (another server).
+    Untiered,
+    /// No answer.
+    Errors,
+}
+
+impl Channel {
+    pub const ALL: [Channel; 5] = [
+        Channel::Tier0,
+        Channel::Escalated,
+        Channel::Degraded,
+        Channel::Untiered,
+        Channel::Errors,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Channel::Tier0 => "tier0",
+            Channel::Escalated => "escalated",
+            Channel::Degraded => "degraded",
+            Channel::Untiered => "untiered",
+            Channel::Errors => "errors",
+        }
+    }
+
+    pub fn of(o: &Outcome) -> Channel {
+        if o.error.is_some() {
+            Channel::Errors
+        } else if o.degraded.is_some() {
+            Channel::Degraded
+        } else {
+            match o.tier.as_deref() {
+                Some("tier0") => Channel::Tier0,
+                Some(_) => Channel::Escalated,
+                None => Channel::Untiered,
+            }
+        }
+    }
+}
+
+/// The latency band (DESIGN.md) of a P95.
+pub fn band(p95_ms: f64) -> &'static str {
+    match p95_ms {
+        x if x <= 80.0 => "Tier-0",
+        x if x <= 300.0 => "Tier-1",
+        x if x <= 1200.0 => "Tier-2",
+        x if x <= 4500.0 => "Tier-3",
+        x if x <= 12000.0 => "Tier-4",
+        _ => "none",
+    }
+}
+
+/// Percentiles of a set of microsecond values, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
+}
+
+/// An HDR histogram over 1 µs … 1 h at 3 significant digits.
+pub fn histogram(values: impl Iterator<Item = u64>) -> Histogram<u64> {
+    #[allow(clippy::expect_used)] // constant, valid bounds
+    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds");
+    for v in values {
+        h.saturating_record(v.max(1));
+    }
+    h
+}
+
+impl Percentiles {
+    pub fn of(h: &Histogram<u64>) -> Option<Self> {
+        if h.is_empty() {
+            return None;
+        }
+        let q = |x: f64| h.value_at_quantile(x) as f64 / 1e3;
+        Some(Self {
+            p50_ms: q(0.50),
+            p90_ms: q(0.90),
+            p95_ms: q(0.95),
+            p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            mean_ms: h.mean() / 1e3,
+            max_ms: h.max() as f64 / 1e3,
+        })
+    }
+}
+
+/// Everything reported for one channel (or for all served requests).
+#[derive(Debug, Clone, Serialize)]
+pub struct ChannelStats {
+    pub channel: String,
+    pub count: u64,
+    /// Of all requests sent.
+    pub share: f64,
+    pub latency: Option<Percentiles>,
+    pub ttft: Option<Percentiles>,
+    pub requests_per_s: f64,
+    pub tokens_per_s: f64,
+    pub tokens_out: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub labelled: u64,
+    pub correct: u64,
+    pub accuracy: Option<f64>,
+    /// The latency band of the P95.
+    pub band: Option<&'static str>,
+    /// The CDF for the charts: (latency ms, fraction ≤).
+    #[serde(skip)]
+    pub cdf: Vec<(f64, f64)>,
+}
+
+impl ChannelStats {
+    pub fn of<'a>(
+        name: &str,
+        outcomes: impl Iterator<Item = &'a Outcome> + Clone,
+        total: u64,
+        elapsed_s: f64,
+    ) -> Self {
+        let lat = histogram(outcomes.clone().map(|o| o.latency_us));
+        let ttft = histogram(outcomes.clone().filter_map(|o| o.ttft_us));
+        let count = lat.len();
+        let tokens_out: u64 = outcomes.clone().map(|o| u64::from(o.tokens_out)).sum();
+        let mut errors = BTreeMap::new();
+        for e in outcomes.clone().filter_map(|o| o.error.as_ref()) {
+            *errors.entry(e.clone()).or_insert(0) += 1;
+        }
+        let labelled = outcomes.clone().filter(|o| o.correct.is_some()).count() as u64;
+        let correct = outcomes.clone().filter(|o| o.correct == Some(true)).count() as u64;
+        let latency = Percentiles::of(&lat);
+        let cdf = if lat.is_empty() {
+            Vec::new()
+        } else {
+            lat.iter_recorded()
+                .map(|v| (v.value_iterated_to() as f64 / 1e3, v.quantile_iterated_to()))
+                .collect()
+        };
+        let elapsed = elapsed_s.max(1e-9);
+        Self {
+            channel: name.to_string(),
+            count,
+            share: if total == 0 {
+                0.0
+            } else {
+                count as f64 / total as f64
+            },
+            band: latency.as_ref().map(|l| band(l.p95_ms)),
+            latency,
+            ttft: Percentiles::of(&ttft),
+            requests_per_s: count as f64 / elapsed,
+            tokens_per_s: tokens_out as f64 / elapsed,
+            tokens_out,
+            errors,
+            labelled,
+            correct,
+            accuracy: (labelled > 0).then(|| correct as f64 / labelled as f64),
+            cdf,
+        }
+    }
+}
+
+/// One second of the run (by intended send time).
+#[derive(Debug, Clone, Serialize)]
+pub struct Second {
+    pub t: u64,
+    /// Requests sent in this second, by channel name.
+    pub count: BTreeMap<&'static str, u64>,
+    /// p50 and p99 latency (ms) by channel name.
+    pub p50_ms: BTreeMap<&'static str, f64>,
+    pub p99_ms: BTreeMap<&'static str, f64>,
+    /// (escalated + degraded) / served.
+    pub escalated_share: Option<f64>,
+}
+
+/// The per-second series.
+pub fn series(outcomes: &[Outcome]) -> Vec<Second> {
+    let secs = outcomes
+        .iter()
+        .map(|o| o.at_s.max(0.0) as u64)
+        .max()
+        .map_or(0, |m| m + 1);
+    let mut buckets: Vec<Vec<&Outcome>> = vec![Vec::new(); secs as usize];
+    for o in outcomes {
+        buckets[o.at_s.max(0.0) as usize].push(o);
+    }
+    buckets
+        .iter()
+        .enumerate()
+        .map(|(t, os)| {
+            let mut s = Second {
+                t: t as u64,
+                count: BTreeMap::new(),
+                p50_ms: BTreeMap::new(),
+                p99_ms: BTreeMap::new(),
+                escalated_share: None,
+            };
+            for ch in Channel::ALL {
+                let mut v: Vec<u64> = os
+                    .iter()
+                    .filter(|o| Channel::of(o) == ch)
+                    .map(|o| o.latency_us)
+                    .collect();
+                if v.is_empty() {
+                    continue;
+                }
+                v.sort_unstable();
+                let q = |x: f64| {
+                    v[((v.len() as f64 * x).ceil() as usize).clamp(1, v.len()) - 1] as f64 / 1e3
+                };
+                s.count.insert(ch.name(), v.len() as u64);
+                s.p50_ms.insert(ch.name(), q(0.5));
+                s.p99_ms.insert(ch.name(), q(0.99));
+            }
+            let served = os.iter().filter(|o| o.error.is_none()).count();
+            let esc = os
+                .iter()
+                .filter(|o| matches!(Channel::of(o), Channel::Escalated | Channel::Degraded))
+                .count();
+            if served > 0 {
+                s.escalated_share = Some(esc as f64 / served as f64);
+            }
+            s
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(at: f64, ms: u64, tier: Option<&str>, degraded: bool, error: bool) -> Outcome {
+        Outcome {
+            at_s: at,
+            latency_us: ms * 1000,
+            ttft_us: Some(ms * 500),
+            lag_us: 0,
+            status: if error { 429 } else { 200 },
+            error: error.then(|| "rate_limit".to_string()),
+            tier: tier.map(str::to_string),
+            degraded: degraded.then(|| "queue_full".to_string()),
+            tokens_out: 2,
+            correct: Some(ms < 50),
+        }
+    }
+
+    #[test]
+    fn bands_follow_the_design_table() {
+        assert_eq!(band(12.0), "Tier-0");
+        assert_eq!(band(80.0), "Tier-0");
+        assert_eq!(band(80.1), "Tier-1");
+        assert_eq!(band(2140.0), "Tier-3");
+        assert_eq!(band(1200.0), "Tier-2");
+        assert_eq!(band(12000.0), "Tier-4");
+        assert_eq!(band(12001.0), "none");
+    }
+
+    #[test]
+    fn channels_from_headers() {
+        assert_eq!(
+            Channel::of(&o(0.0, 1, Some("tier0"), false, false)),
+            Channel::Tier0
+        );
+        assert_eq!(
+            Channel::of(&o(0.0, 1, Some("llm"), false, false)),
+            Channel::Escalated
+        );
+        assert_eq!(
+            Channel::of(&o(0.0, 1, Some("tier0"), true, false)),
+            Channel::Degraded
+        );
+        assert_eq!(
+            Channel::of(&o(0.0, 1, None, false, false)),
+            Channel::Untiered
+        );
+        assert_eq!(
+            Channel::of(&o(0.0, 1, Some("tier0"), false, true)),
+            Channel::Errors
+        );
+    }
+
+    #[test]
+    fn channel_stats_percentiles_accuracy_errors() {
+        let os: Vec<Outcome> = (1..=100)
+            .map(|i| o(0.5, i, Some("tier0"), false, i > 98))
+            .collect();
+        let s = ChannelStats::of("all", os.iter(), 200, 2.0);
+        assert_eq!(s.count, 100);
+        assert!((s.share - 0.5).abs() < 1e-9);
+        let l = s.latency.clone().unwrap();
+        assert!((l.p50_ms - 50.0).abs() < 0.1, "{l:?}");
+        assert!((l.p99_ms - 99.0).abs() < 0.1, "{l:?}");
+        assert!((l.mean_ms - 50.5).abs() < 0.1);
+        assert_eq!(s.errors.get("rate_limit"), Some(&2));
+        assert_eq!(s.correct, 49);
+        assert_eq!(s.accuracy, Some(0.49));
+        assert!((s.requests_per_s - 50.0).abs() < 1e-9);
+        assert!((s.tokens_per_s - 100.0).abs() < 1e-9);
+        // P95 of 1..=100 ms is 95 ms: past the 80 ms of Tier-0.
+        assert_eq!(s.band, Some("Tier-1"));
+        assert!((s.cdf.last().unwrap().1 - 1.0).abs() < 1e-9);
+        let empty = ChannelStats::of("none", os.iter().take(0), 10, 1.0);
+        assert!(empty.latency.is_none() && empty.band.is_none() && empty.accuracy.is_none());
+    }
+
+    #[test]
+    fn per_second_series() {
+        let os = vec![
+            o(0.1, 10, Some("tier0"), false, false),
+            o(0.2, 30, Some("llm"), false, false),
+            o(2.5, 10, Some("tier0"), true, false),
+            o(2.6, 10, Some("tier0"), false, true),
+        ];
+        let s = series(&os);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].count["tier0"], 1);
+        assert_eq!(s[0].escalated_share, Some(0.5));
+        assert!(s[1].count.is_empty() && s[1].escalated_share.is_none());
+        assert_eq!(s[2].escalated_share, Some(1.0));
+        assert_eq!(s[2].p99_ms["degraded"], 10.0);
+    }
+}
