@@ -69,15 +69,24 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-/// An SVG line chart. `ylog`: log10 y axis (values ≤ 0 dropped).
-pub fn chart(
-    title: &str,
-    xlabel: &str,
-    ylabel: &str,
-    lines: &[Line],
-    ylog: bool,
-    yfix: Option<(f64, f64)>,
-) -> String {
+/// Axis scales of a chart.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scale {
+    /// log10 x axis (values ≤ 0 dropped).
+    pub xlog: bool,
+    /// log10 y axis (values ≤ 0 dropped).
+    pub ylog: bool,
+    /// Fixed y range.
+    pub y: Option<(f64, f64)>,
+}
+
+/// An SVG line chart; lines with few points also get a marker per point.
+pub fn chart(title: &str, xlabel: &str, ylabel: &str, lines: &[Line], scale: Scale) -> String {
+    let Scale {
+        xlog,
+        ylog,
+        y: yfix,
+    } = scale;
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -86,10 +95,15 @@ pub fn chart(
         esc(title)
     );
     let ty = |y: f64| if ylog { y.log10() } else { y };
+    let tx = |x: f64| if xlog { x.log10() } else { x };
+    let keep = |&(x, y): &(f64, f64)| {
+        x.is_finite() && y.is_finite() && (!ylog || y > 0.0) && (!xlog || x > 0.0)
+    };
     let pts: Vec<(f64, f64)> = lines
         .iter()
         .flat_map(|l| l.pts.iter().copied())
-        .filter(|(x, y)| x.is_finite() && y.is_finite() && (!ylog || *y > 0.0))
+        .filter(keep)
+        .map(|(x, y)| (tx(x), y))
         .collect();
     if pts.is_empty() {
         let _ = write!(
@@ -105,7 +119,10 @@ pub fn chart(
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
             (a.min(p.0), b.max(p.0))
         });
-    if x1 <= x0 {
+    if xlog {
+        x0 = x0.floor();
+        x1 = x1.ceil().max(x0 + 1.0);
+    } else if x1 <= x0 {
         x0 -= 0.5;
         x1 += 0.5;
     }
@@ -128,7 +145,7 @@ pub fn chart(
         y1 *= 1.05;
     }
     let (pw, ph) = (W - ML - MR, H - MT - MB);
-    let sx = |x: f64| ML + (x - x0) / (x1 - x0) * pw;
+    let sx = |x: f64| ML + (tx(x) - x0) / (x1 - x0) * pw;
     let sy = |y: f64| MT + ph - (ty(y) - y0) / (y1 - y0) * ph;
     // Axes and grid.
     let _ = write!(
@@ -151,7 +168,12 @@ pub fn chart(
             fmt_tick(t)
         );
     }
-    for t in nice_ticks(x0, x1) {
+    let xticks: Vec<f64> = if xlog {
+        (x0 as i32..=x1 as i32).map(|e| 10f64.powi(e)).collect()
+    } else {
+        nice_ticks(x0, x1)
+    };
+    for t in xticks {
         let x = sx(t);
         let _ = write!(
             svg,
@@ -173,26 +195,28 @@ pub fn chart(
     );
     // Lines and legend.
     for (i, l) in lines.iter().enumerate() {
-        let path: Vec<String> = l
+        let xy: Vec<(f64, f64)> = l
             .pts
             .iter()
-            .filter(|(x, y)| x.is_finite() && y.is_finite() && (!ylog || *y > 0.0))
-            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y).clamp(MT, MT + ph)))
+            .filter(|p| keep(p))
+            .map(|&(x, y)| (sx(x), sy(y).clamp(MT, MT + ph)))
             .collect();
+        let path: Vec<String> = xy.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
         let dash = if l.dashed {
             r#" stroke-dasharray="5,3""#
         } else {
             ""
         };
-        if path.len() == 1 {
-            let _ = write!(
-                svg,
-                r#"<circle cx="{}" r="2.5" fill="{}" cy="{}"/>"#,
-                path[0].split(',').next().unwrap_or("0"),
-                l.color,
-                path[0].split(',').nth(1).unwrap_or("0")
-            );
-        } else if !path.is_empty() {
+        if xy.len() < 40 && !l.dashed {
+            for (x, y) in &xy {
+                let _ = write!(
+                    svg,
+                    r#"<circle cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{}"/>"#,
+                    l.color
+                );
+            }
+        }
+        if path.len() > 1 {
             let _ = write!(
                 svg,
                 r#"<polyline fill="none" stroke="{}" stroke-width="1.6"{dash} points="{}"/>"#,
@@ -353,54 +377,55 @@ pub fn run_charts(r: &RunReport) -> Vec<String> {
             .filter_map(|s| s.queue_depth.map(|v| (s.t, v)))
             .collect(),
     }];
+    let unit = Scale {
+        y: Some((0.0, 1.0)),
+        ..Scale::default()
+    };
     vec![
         chart(
             "Latency over time per channel (by send second)",
             "seconds",
             "latency ms (log)",
             &lat,
-            true,
-            None,
+            Scale {
+                ylog: true,
+                ..Scale::default()
+            },
         ),
         chart(
             "θ_eff and utilisation over time (scraped)",
             "seconds",
             "value",
             &theta,
-            false,
-            Some((0.0, 1.0)),
+            unit,
         ),
         chart(
             "Latency CDF per channel",
-            "latency ms",
+            "latency ms (log)",
             "fraction ≤",
             &cdf,
-            false,
-            Some((0.0, 1.0)),
+            Scale { xlog: true, ..unit },
         ),
         chart(
             "Escalation share over time",
             "seconds",
             "escalated + degraded / served",
             &share,
-            false,
-            Some((0.0, 1.0)),
+            unit,
         ),
         chart(
             "Requests per second by channel (by send second)",
             "seconds",
             "requests/s",
             &rate,
-            false,
-            None,
+            Scale::default(),
         ),
         chart(
             "LLM queue depth (scraped)",
             "seconds",
             "jobs in flight",
             &depth,
-            false,
-            None,
+            Scale::default(),
         ),
     ]
 }
@@ -454,12 +479,21 @@ mod tests {
             dashed: true,
             pts: vec![(0.0, 1.0), (1.0, 10.0), (2.0, 100.0)],
         };
-        let svg = chart("t", "x", "y", &[l], true, None);
+        let svg = chart(
+            "t",
+            "x",
+            "y",
+            &[l],
+            Scale {
+                ylog: true,
+                ..Scale::default()
+            },
+        );
         assert!(
             svg.contains("<polyline") && svg.contains("a&lt;b") && svg.contains("stroke-dasharray")
         );
         assert!(svg.ends_with("</svg>"));
-        let empty = chart("t", "x", "y", &[], false, None);
+        let empty = chart("t", "x", "y", &[], Scale::default());
         assert!(empty.contains("no data"));
     }
 }

@@ -183,16 +183,22 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
                 schedule,
                 poisson,
                 max_in_flight,
-            } => tokio::spawn(open_loop(
-                plan,
-                shared,
-                schedule,
-                poisson,
-                max_in_flight,
-                tx,
-                sent,
-                stop,
-            )),
+            } => {
+                let rt = tokio::runtime::Handle::current();
+                tokio::task::spawn_blocking(move || {
+                    open_loop(
+                        rt,
+                        plan,
+                        shared,
+                        schedule,
+                        poisson,
+                        max_in_flight,
+                        tx,
+                        sent,
+                        stop,
+                    )
+                })
+            }
             Load::Closed { clients } => {
                 tokio::spawn(closed_loop(plan, shared, clients, tx, sent, stop))
             }
@@ -281,8 +287,12 @@ fn progress_line(
     let _ = err.flush();
 }
 
+/// The open-loop dispatcher. It runs on its own OS thread: `std::thread::sleep` wakes within tens of
+/// microseconds of the intended time, where tokio's millisecond timer wheel would add up to a millisecond
+/// of send lag (and spinning to avoid that would take a core from the server under test).
 #[allow(clippy::too_many_arguments)]
-async fn open_loop(
+fn open_loop(
+    rt: tokio::runtime::Handle,
     plan: Plan,
     shared: Arc<Shared>,
     schedule: Schedule,
@@ -290,44 +300,52 @@ async fn open_loop(
     max_in_flight: usize,
     tx: mpsc::UnboundedSender<Outcome>,
     sent: Arc<AtomicU64>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let sem = Arc::new(Semaphore::new(max_in_flight));
     let mut sampler = Sampler::new(plan.items.len(), plan.seed);
     let start = shared.start;
-    for (n, offset) in schedule.arrivals(poisson, plan.seed).enumerate() {
+    'arrivals: for (n, offset) in schedule.arrivals(poisson, plan.seed).enumerate() {
         if plan.requests.is_some_and(|r| n as u64 >= r) || *stop.borrow() {
             break;
         }
         let intended = start + offset;
-        tokio::select! {
-            _ = tokio::time::sleep_until(intended.into()) => {}
-            _ = stop.changed() => break,
+        loop {
+            let now = Instant::now();
+            if now >= intended {
+                break;
+            }
+            std::thread::sleep((intended - now).min(Duration::from_millis(50)));
+            if *stop.borrow() {
+                break 'arrivals;
+            }
         }
         let p = plan.prepare(sampler.next_index());
         sent.fetch_add(1, Ordering::Relaxed);
-        let permit = match tokio::time::timeout_at(
-            (intended + shared.timeout).into(),
-            sem.clone().acquire_owned(),
-        )
-        .await
-        {
-            Ok(Ok(p)) => p,
-            _ => {
-                let now = Instant::now();
-                let _ = tx.send(finish(
-                    &shared,
-                    ChatResult::failed("client_backlog"),
-                    intended,
-                    now,
-                    &p,
-                ));
-                continue;
-            }
+        let permit = match sem.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => rt
+                .block_on(tokio::time::timeout_at(
+                    (intended + shared.timeout).into(),
+                    sem.clone().acquire_owned(),
+                ))
+                .ok()
+                .and_then(Result::ok),
+        };
+        let Some(permit) = permit else {
+            let now = Instant::now();
+            let _ = tx.send(finish(
+                &shared,
+                ChatResult::failed("client_backlog"),
+                intended,
+                now,
+                &p,
+            ));
+            continue;
         };
         let tx = tx.clone();
         let shared = shared.clone();
-        tokio::spawn(async move {
+        rt.spawn(async move {
             let o = one(&shared, p, intended).await;
             drop(permit);
             let _ = tx.send(o);

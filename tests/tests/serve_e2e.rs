@@ -256,3 +256,70 @@ fn real_smollm2_behind_serve_generates_and_reranks() {
     );
     assert!(r.header("server-timing").unwrap().contains("rerank;dur="));
 }
+
+/// `tiergate-bench` against the real server (real MiniLM, stub LLM worker process): channels from the real
+/// headers, the real /admin/routing scraped and driven by --compare, and the policy restored afterwards.
+#[test]
+fn bench_drives_the_real_server_and_compares_policies() {
+    let s = start(STUB);
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("bench.json");
+    let data = root().join("bench/workloads/bank24.jsonl");
+    let out = Command::new(binary("tiergate-bench"))
+        .args(["--url", &s.base, "--data", data.to_str().unwrap()])
+        .args([
+            "--rate",
+            "40",
+            "--requests",
+            "80",
+            "--compare",
+            "--quiet",
+            "--seed",
+            "5",
+        ])
+        .args(["--json", json_path.to_str().unwrap()])
+        .env_remove("TIERGATE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    assert_eq!(r["route"], "classify");
+    let rows = r["comparison"].as_array().unwrap();
+    let share = |i: usize| rows[i]["escalation_share"].as_f64().unwrap();
+    assert_eq!(share(0), 0.0, "tier0-only escalates nothing: {rows:?}");
+    assert!(
+        share(1) > 0.9,
+        "llm-only escalates (nearly) everything: {rows:?}"
+    );
+    assert!(share(3) < share(1), "{rows:?}");
+    for run in r["runs"].as_array().unwrap() {
+        assert_eq!(run["requests"], 80);
+        let ch = |n: &str| {
+            run["channels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["channel"] == n)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(ch("errors")["count"], 0, "{}", run["name"]);
+        assert_eq!(ch("untiered")["count"], 0);
+        assert!(!run["scrape"]["samples"].as_array().unwrap().is_empty());
+    }
+    // Tier-0 alone on the bench workload: the encoder knows these intents.
+    assert!(rows[0]["accuracy"].as_f64().unwrap() >= 0.8, "{rows:?}");
+    // The server's own policy is back.
+    let v: Value = ureq::get(&format!("{}/admin/routing", s.base))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(v["mode"], "load");
+    assert_eq!(v["theta_base"].as_f64(), Some(0.65));
+}
