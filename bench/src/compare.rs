@@ -7,24 +7,14 @@ use std::time::{Duration, Instant};
 use hyper::Method;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+use tiergate_config::RoutingConfig;
 
 use crate::http::HttpClient;
 use crate::report::{ms, RunReport};
 use crate::scrape::routing;
 
 /// The policy fields /admin/routing accepts (what we save and restore).
-pub const POLICY_FIELDS: &[&str] = &[
-    "mode",
-    "theta_base",
-    "k",
-    "theta_min",
-    "theta_max",
-    "target_share",
-    "slo_p95_ms",
-    "utilization_source",
-    "manual_utilization",
-    "allow_header_override",
-];
+pub const POLICY_FIELDS: &[&str] = RoutingConfig::FIELDS;
 
 /// A policy to run under.
 #[derive(Debug, Clone)]

@@ -172,6 +172,38 @@ fn workload(dir: &std::path::Path) -> std::path::PathBuf {
     p
 }
 
+/// A mock server, a temp dir and the workload in it.
+struct Fixture {
+    url: String,
+    mock: Mock,
+    dir: tempfile::TempDir,
+    data: String,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let (addr, mock) = mock();
+        let dir = tempfile::tempdir().unwrap();
+        let data = workload(dir.path()).to_str().unwrap().to_string();
+        Self {
+            url: format!("http://{addr}"),
+            mock,
+            dir,
+            data,
+        }
+    }
+
+    /// A path in the temp dir.
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_string()
+    }
+
+    /// The JSON report written to `name`.
+    fn report(&self, name: &str) -> Value {
+        serde_json::from_slice(&std::fs::read(self.path(name)).unwrap()).unwrap()
+    }
+}
+
 fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tiergate-bench"))
         .args(args)
@@ -196,15 +228,13 @@ fn count(run: &Value, name: &str) -> u64 {
 
 #[test]
 fn open_loop_splits_channels_and_scores_labels() {
-    let (addr, _) = mock();
-    let dir = tempfile::tempdir().unwrap();
-    let data = workload(dir.path());
-    let json_path = dir.path().join("r.json");
+    let f = Fixture::new();
+    let json_path = f.path("r.json");
     let out = bench(&[
         "--url",
-        &format!("http://{addr}"),
+        &f.url,
         "--data",
-        data.to_str().unwrap(),
+        &f.data,
         "--rate",
         "200",
         "--poisson",
@@ -213,7 +243,7 @@ fn open_loop_splits_channels_and_scores_labels() {
         "--seed",
         "3",
         "--json",
-        json_path.to_str().unwrap(),
+        &json_path,
         "--admin-token",
         "secret",
     ]);
@@ -223,7 +253,7 @@ fn open_loop_splits_channels_and_scores_labels() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let r: Value = f.report("r.json");
     assert_eq!(
         r["route"], "classify",
         "the first classify route is the default"
@@ -286,22 +316,20 @@ fn open_loop_splits_channels_and_scores_labels() {
 
 #[test]
 fn streaming_closed_loop_measures_ttft_and_reports_missing_admin() {
-    let (addr, _) = mock();
-    let dir = tempfile::tempdir().unwrap();
-    let data = workload(dir.path());
-    let json_path = dir.path().join("r.json");
+    let f = Fixture::new();
+    let json_path = f.path("r.json");
     let out = bench(&[
         "--url",
-        &format!("http://{addr}"),
+        &f.url,
         "--data",
-        data.to_str().unwrap(),
+        &f.data,
         "--concurrency",
         "4",
         "--requests",
         "60",
         "--stream",
         "--json",
-        json_path.to_str().unwrap(),
+        &json_path,
         "--quiet",
     ]);
     assert!(
@@ -309,7 +337,7 @@ fn streaming_closed_loop_measures_ttft_and_reports_missing_admin() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let r: Value = f.report("r.json");
     let run = &r["runs"][0];
     assert_eq!(run["requests"], 60);
     let served = channel(run, "served");
@@ -333,24 +361,21 @@ fn streaming_closed_loop_measures_ttft_and_reports_missing_admin() {
 
 #[test]
 fn slo_verdict_sets_the_exit_code_only_when_asked() {
-    let (addr, _) = mock();
-    let dir = tempfile::tempdir().unwrap();
-    let data = workload(dir.path());
-    let slo = dir.path().join("slo.toml");
+    let f = Fixture::new();
+    let slo = f.path("slo.toml");
     std::fs::write(&slo, "[[slo]]\nname = \"escalations in 1 ms\"\nchannel = \"escalated\"\nmetric = \"p99_ms\"\nmax = 1\n").unwrap();
-    let url = format!("http://{addr}");
     let base = [
         "--url",
-        &url,
+        &f.url,
         "--data",
-        data.to_str().unwrap(),
+        &f.data,
         "--rate",
         "100",
         "--requests",
         "60",
         "--quiet",
         "--slo",
-        slo.to_str().unwrap(),
+        &slo,
     ];
     let out = bench(&base);
     assert!(out.status.success());
@@ -370,16 +395,13 @@ fn slo_verdict_sets_the_exit_code_only_when_asked() {
 
 #[test]
 fn compare_runs_four_policies_and_restores_the_server_policy() {
-    let (addr, m) = mock();
-    let dir = tempfile::tempdir().unwrap();
-    let data = workload(dir.path());
-    let json_path = dir.path().join("r.json");
-    let html_path = dir.path().join("r.html");
+    let f = Fixture::new();
+    let (json_path, html_path) = (f.path("r.json"), f.path("r.html"));
     let out = bench(&[
         "--url",
-        &format!("http://{addr}"),
+        &f.url,
         "--data",
-        data.to_str().unwrap(),
+        &f.data,
         "--rate",
         "150",
         "--requests",
@@ -388,9 +410,9 @@ fn compare_runs_four_policies_and_restores_the_server_policy() {
         "--admin-token",
         "secret",
         "--json",
-        json_path.to_str().unwrap(),
+        &json_path,
         "--html",
-        html_path.to_str().unwrap(),
+        &html_path,
         "--quiet",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -399,7 +421,7 @@ fn compare_runs_four_policies_and_restores_the_server_policy() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let r: Value = f.report("r.json");
     let rows = r["comparison"].as_array().unwrap();
     let names: Vec<&str> = rows
         .iter()
@@ -423,12 +445,12 @@ fn compare_runs_four_policies_and_restores_the_server_policy() {
     );
     assert!(stdout.contains("comparison (ratios against hybrid-load)"));
     // The server's policy is back: mode load, theta 0.3 — the last PATCH is the restore.
-    let p = m.policy.lock().unwrap().clone();
+    let p = f.mock.policy.lock().unwrap().clone();
     assert_eq!(p["mode"], "load");
     assert_eq!(p["theta_base"].as_f64(), Some(0.3));
-    assert_eq!(m.patches.lock().unwrap().len(), 5);
+    assert_eq!(f.mock.patches.lock().unwrap().len(), 5);
     // One self-contained page with the charts of each variant.
-    let html = std::fs::read_to_string(&html_path).unwrap();
+    let html = std::fs::read_to_string(f.path("r.html")).unwrap();
     for title in [
         "Latency over time per channel",
         "θ_eff and utilisation over time",

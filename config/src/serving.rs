@@ -126,6 +126,21 @@ impl Default for RoutingConfig {
 }
 
 impl RoutingConfig {
+    /// The policy's field names: what `/admin/routing` accepts (PATCH: any subset, PUT: all) and what a
+    /// client saves to put a policy back.
+    pub const FIELDS: &'static [&'static str] = &[
+        "mode",
+        "theta_base",
+        "k",
+        "theta_min",
+        "theta_max",
+        "target_share",
+        "slo_p95_ms",
+        "utilization_source",
+        "manual_utilization",
+        "allow_header_override",
+    ];
+
     /// Checks the policy; errors name the field.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
         let unit = |name: &str, v: f64| {
@@ -297,5 +312,20 @@ impl RerankerConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RoutingConfig;
+
+    #[test]
+    fn policy_field_list_matches_the_serialised_policy() {
+        let v = serde_json::to_value(RoutingConfig::default()).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut fields = RoutingConfig::FIELDS.to_vec();
+        keys.sort_unstable();
+        fields.sort_unstable();
+        assert_eq!(keys, fields);
     }
 }

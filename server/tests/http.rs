@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind};
+use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind, RoutingConfig};
 use tiergate_prefilter::testing::TinyModel;
 use tiergate_server::app::AppState;
 use tiergate_server::routes::router;
@@ -427,23 +427,15 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
     let (s, _, b) = call(&r.app, admin("GET", None, true, None)).await;
     assert_eq!(s, StatusCode::OK);
     let v: Value = serde_json::from_slice(&b).unwrap();
-    for k in [
-        "mode",
-        "theta_base",
-        "k",
-        "theta_min",
-        "theta_max",
-        "target_share",
-        "slo_p95_ms",
-        "utilization_source",
-        "manual_utilization",
+    let live = [
         "theta_eff",
         "utilization",
         "escalated_share_10s",
         "escalated_share_60s",
         "queue_depth",
         "version",
-    ] {
+    ];
+    for k in RoutingConfig::FIELDS.iter().chain(&live) {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
     assert_eq!(v["version"], 1);

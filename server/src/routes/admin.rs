@@ -15,18 +15,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 
-const FIELDS: &[&str] = &[
-    "mode",
-    "theta_base",
-    "k",
-    "theta_min",
-    "theta_max",
-    "target_share",
-    "slo_p95_ms",
-    "utilization_source",
-    "manual_utilization",
-    "allow_header_override",
-];
+const FIELDS: &[&str] = RoutingConfig::FIELDS;
 
 /// The client's address, when the connection recorded one (`ConnectInfo`).
 pub struct Peer(pub Option<SocketAddr>);
