@@ -94,6 +94,11 @@ pub struct Args {
     #[arg(long)]
     pub max_tokens: Option<u32>,
 
+    /// Extra request header `Name: value` on every chat request, e.g. `x-tiergate-threshold: 0.5` to route
+    /// this run with its own threshold (repeatable).
+    #[arg(long = "header", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+
     /// Bearer token for /admin/routing (scraping and --compare).
     #[arg(long, env = "TIERGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -109,6 +114,19 @@ pub struct Args {
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// `Name: value` → (name, value), both checked as HTTP header parts.
+pub fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--header `{s}`: expected `Name: value`"))?;
+    let (name, value) = (name.trim(), value.trim());
+    hyper::header::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("--header `{s}`: `{name}` is not a header name"))?;
+    hyper::header::HeaderValue::from_str(value)
+        .map_err(|_| format!("--header `{s}`: the value is not valid header text"))?;
+    Ok((name.to_string(), value.to_string()))
 }
 
 impl Args {

@@ -44,7 +44,22 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::args::parse_header;
     use super::parse_duration;
+
+    #[test]
+    fn headers() {
+        assert_eq!(
+            parse_header("x-tiergate-threshold: 0.5"),
+            Ok(("x-tiergate-threshold".into(), "0.5".into()))
+        );
+        assert!(parse_header("no colon")
+            .unwrap_err()
+            .contains("Name: value"));
+        assert!(parse_header("bad name: 1")
+            .unwrap_err()
+            .contains("not a header name"));
+    }
     use std::time::Duration;
 
     #[test]

@@ -104,6 +104,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         "stream": args.stream,
         "seed": args.seed,
         "timeout_s": args.timeout.as_secs_f64(),
+        "headers": args.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>(),
     });
     let plan = Plan {
         items: Arc::new(items),
@@ -116,7 +117,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         window,
         requests: args.requests,
         seed: args.seed,
-        extra_headers: Vec::new(),
+        extra_headers: args.headers.clone(),
         admin_token: args.admin_token.clone(),
         progress: !args.quiet,
         name: "run".into(),

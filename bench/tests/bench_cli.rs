@@ -63,13 +63,16 @@ async fn routing_patch(State(m): State<Mock>, h: HeaderMap, Json(body): Json<Val
     Json(p.clone()).into_response()
 }
 
-async fn chat(State(m): State<Mock>, Json(req): Json<Value>) -> Response {
+async fn chat(State(m): State<Mock>, h: HeaderMap, Json(req): Json<Value>) -> Response {
     let text = req["messages"][0]["content"]
         .as_str()
         .unwrap_or("")
         .to_string();
     let stream = req["stream"].as_bool().unwrap_or(false);
-    let theta = m.policy.lock().unwrap()["theta_base"].as_f64().unwrap();
+    let theta = match h.get("x-tiergate-threshold") {
+        Some(v) => v.to_str().unwrap().parse::<f64>().unwrap(),
+        None => m.policy.lock().unwrap()["theta_base"].as_f64().unwrap(),
+    };
     let kind = text.split_whitespace().next().unwrap_or("");
     let ambiguity = if kind == "easy" { 0.05 } else { 0.5 };
     let escalate = ambiguity > theta;
@@ -528,4 +531,49 @@ fn bad_input_is_refused_with_a_clear_message() {
     assert!(msg.contains("no request reached"), "{msg}");
     // Missing --rate/--concurrency is clap's error (exit 2).
     assert_eq!(bench(&["--url", &url]).status.code(), Some(2));
+}
+
+#[test]
+fn extra_headers_reach_the_server() {
+    let f = Fixture::new();
+    let json_path = f.path("r.json");
+    let run = |theta: &str| {
+        let header = format!("x-tiergate-threshold: {theta}");
+        let out = bench(&[
+            "--url",
+            &f.url,
+            "--data",
+            &f.data,
+            "--rate",
+            "200",
+            "--requests",
+            "40",
+            "--quiet",
+            "--header",
+            &header,
+            "--json",
+            &json_path,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = f.report("r.json");
+        assert_eq!(r["runs"][0]["settings"]["headers"][0], header);
+        r["runs"][0].clone()
+    };
+    // θ = 1 in the header: nothing escalates although the server's policy says 0.3.
+    let never = run("1.0");
+    assert_eq!(count(&never, "escalated") + count(&never, "degraded"), 0);
+    // θ = 0: everything answerable escalates.
+    let always = run("0.0");
+    assert_eq!(count(&always, "tier0"), 0);
+    assert!(count(&always, "escalated") > 0);
+    assert_eq!(
+        bench(&["--url", &f.url, "--rate", "1", "--header", "nocolon"])
+            .status
+            .code(),
+        Some(2)
+    );
 }
