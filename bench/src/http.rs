@@ -10,6 +10,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
+use crate::stats::intern;
+
 /// Most bytes read from one response.
 const MAX_BODY: usize = 16 << 20;
 
@@ -20,9 +22,9 @@ pub struct ChatResult {
     pub status: u16,
     /// Error type: the OpenAI `error.type`, or `http_<status>`, `connection_error`, `transport_error`,
     /// `bad_response`, `timeout`, `client_backlog`.
-    pub error: Option<String>,
-    pub tier: Option<String>,
-    pub degraded: Option<String>,
+    pub error: Option<&'static str>,
+    pub tier: Option<&'static str>,
+    pub degraded: Option<&'static str>,
     /// First content token (streaming) — for a JSON answer, the whole answer is the first token.
     pub first_token: Option<Instant>,
     pub content: String,
@@ -30,10 +32,10 @@ pub struct ChatResult {
 }
 
 impl ChatResult {
-    pub fn failed(error: &str) -> Self {
+    pub fn failed(error: &'static str) -> Self {
         Self {
             status: 0,
-            error: Some(error.to_string()),
+            error: Some(error),
             tier: None,
             degraded: None,
             first_token: None,
@@ -138,7 +140,7 @@ impl HttpClient {
             resp.headers()
                 .get(k)
                 .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
+                .map(intern)
         };
         let mut out = ChatResult {
             status,
@@ -157,7 +159,7 @@ impl HttpClient {
                 v["error"]["type"]
                     .as_str()
                     .or_else(|| v["error"]["code"].as_str())
-                    .map_or_else(|| format!("http_{status}"), str::to_string),
+                    .map_or_else(|| intern(&format!("http_{status}")), intern),
             );
             return out;
         }
@@ -177,13 +179,13 @@ impl HttpClient {
                                 .as_u64()
                                 .map_or(0, |n| n as u32);
                             if v["choices"][0].is_null() {
-                                out.error = Some("bad_response".into());
+                                out.error = Some("bad_response");
                             }
                         }
-                        Err(_) => out.error = Some("bad_response".into()),
+                        Err(_) => out.error = Some("bad_response"),
                     }
                 }
-                Err(_) => out.error = Some("transport_error".into()),
+                Err(_) => out.error = Some("transport_error"),
             }
         }
         out
@@ -224,13 +226,13 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
     let mut usage: Option<u32> = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            out.error = Some("transport_error".into());
+            out.error = Some("transport_error");
             return;
         };
         let Some(d) = frame.data_ref() else { continue };
         buf.extend_from_slice(d);
         if buf.len() > MAX_BODY {
-            out.error = Some("bad_response".into());
+            out.error = Some("bad_response");
             return;
         }
         while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
@@ -245,16 +247,13 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
                 continue;
             }
             let Ok(v) = serde_json::from_str::<Value>(data) else {
-                out.error = Some("bad_response".into());
+                out.error = Some("bad_response");
                 continue;
             };
             if !v["error"].is_null() {
-                out.error = Some(
-                    v["error"]["type"]
-                        .as_str()
-                        .unwrap_or("stream_error")
-                        .to_string(),
-                );
+                out.error = Some(intern(
+                    v["error"]["type"].as_str().unwrap_or("stream_error"),
+                ));
                 continue;
             }
             if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
@@ -273,7 +272,7 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
     }
     out.tokens_out = usage.unwrap_or(chunks);
     if !done && out.error.is_none() {
-        out.error = Some("stream_truncated".into());
+        out.error = Some("stream_truncated");
     }
 }
 

@@ -191,7 +191,7 @@ mod tests {
                 lag_us: 0,
                 status: 200,
                 error: None,
-                tier: Some("tier0".into()),
+                tier: Some("tier0"),
                 degraded: None,
                 tokens_out: 10,
                 correct: None,

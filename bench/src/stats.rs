@@ -17,12 +17,36 @@ pub struct Outcome {
     /// How late the client actually sent it, microseconds.
     pub lag_us: u64,
     pub status: u16,
-    pub error: Option<String>,
-    pub tier: Option<String>,
-    pub degraded: Option<String>,
+    pub error: Option<&'static str>,
+    pub tier: Option<&'static str>,
+    pub degraded: Option<&'static str>,
     pub tokens_out: u32,
     /// `None` when the request had no label (or the route does not answer with labels).
     pub correct: Option<bool>,
+}
+
+/// Most distinct strings [`intern`] keeps; past it, new values read `other` (a server sending a new tier or
+/// error name on every response cannot grow the bench's memory).
+const INTERN_MAX: usize = 1024;
+
+/// A `'static` copy of a short label (tier, degraded reason, error type), made once per distinct value, so a
+/// stored outcome owns no heap memory (~100 bytes per request in all).
+pub fn intern(s: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static TABLE: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let Ok(mut t) = TABLE.get_or_init(|| Mutex::new(HashSet::new())).lock() else {
+        return "other";
+    };
+    if let Some(&v) = t.get(s) {
+        return v;
+    }
+    if t.len() >= INTERN_MAX {
+        return "other";
+    }
+    let v: &'static str = Box::leak(s.to_string().into_boxed_str());
+    t.insert(v);
+    v
 }
 
 /// Where an answer went.
@@ -66,7 +90,7 @@ impl Channel {
         } else if o.degraded.is_some() {
             Channel::Degraded
         } else {
-            match o.tier.as_deref() {
+            match o.tier {
                 Some("tier0") => Channel::Tier0,
                 Some(_) => Channel::Escalated,
                 None => Channel::Untiered,
@@ -162,8 +186,8 @@ impl ChannelStats {
         let count = lat.len();
         let tokens_out: u64 = outcomes.clone().map(|o| u64::from(o.tokens_out)).sum();
         let mut errors = BTreeMap::new();
-        for e in outcomes.clone().filter_map(|o| o.error.as_ref()) {
-            *errors.entry(e.clone()).or_insert(0) += 1;
+        for e in outcomes.clone().filter_map(|o| o.error) {
+            *errors.entry(e.to_string()).or_insert(0) += 1;
         }
         let labelled = outcomes.clone().filter(|o| o.correct.is_some()).count() as u64;
         let correct = outcomes.clone().filter(|o| o.correct == Some(true)).count() as u64;
@@ -275,12 +299,29 @@ mod tests {
             ttft_us: Some(ms * 500),
             lag_us: 0,
             status: if error { 429 } else { 200 },
-            error: error.then(|| "rate_limit".to_string()),
-            tier: tier.map(str::to_string),
-            degraded: degraded.then(|| "queue_full".to_string()),
+            error: error.then_some("rate_limit"),
+            tier: tier.map(intern),
+            degraded: degraded.then_some("queue_full"),
             tokens_out: 2,
             correct: Some(ms < 50),
         }
+    }
+
+    #[test]
+    fn interning_is_stable_and_bounded() {
+        let a = intern("tier0");
+        assert!(std::ptr::eq(a, intern(&String::from("tier0"))));
+        for i in 0..INTERN_MAX + 10 {
+            intern(&format!("t{i}"));
+        }
+        assert_eq!(intern("never-seen-before"), "other");
+        assert_eq!(intern("tier0"), "tier0");
+        // What the bench keeps per request.
+        assert!(
+            std::mem::size_of::<Outcome>() <= 96,
+            "{}",
+            std::mem::size_of::<Outcome>()
+        );
     }
 
     #[test]
