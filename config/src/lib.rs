@@ -11,7 +11,9 @@ mod serving;
 
 pub use error::ConfigError;
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
-pub use prefilter::{FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig};
+pub use prefilter::{
+    FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
+};
 pub use serving::{
     FailureMode, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig,
     UtilizationSource,

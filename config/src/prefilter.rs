@@ -32,6 +32,35 @@ pub struct PrefilterConfig {
     /// 0 picks the number of CPU cores. Whole batches in parallel use the cores better than splitting each
     /// matmul across them.
     pub workers: usize,
+    /// Arithmetic of the encoder's dense layers at inference: `auto` (int8 where the CPU has AVX-512 VNNI and
+    /// the encoder is BERT-family, else f32), `f32`, or `int8` (an error where it cannot run).
+    pub precision: Precision,
+}
+
+/// Arithmetic of the encoder's dense layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// int8 where it runs, else f32.
+    #[default]
+    Auto,
+    /// f32 throughout.
+    F32,
+    /// i8 weights (per output channel) and activations (per row) on AVX-512 VNNI.
+    Int8,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "f32" => Ok(Self::F32),
+            "int8" => Ok(Self::Int8),
+            other => Err(format!("precision `{other}`: expected auto, f32 or int8")),
+        }
+    }
 }
 
 impl Default for PrefilterConfig {
@@ -47,6 +76,7 @@ impl Default for PrefilterConfig {
             queue_capacity: 1_024,
             top_k: 5,
             workers: 0,
+            precision: Precision::Auto,
         }
     }
 }

@@ -1,10 +1,10 @@
 //! Raw encoder speed, without the batching runtime: `cargo run -p tiergate-prefilter --example forward_bench
-//! -- models/all-MiniLM-L6-v2 [tokens] [iterations]`. Prints batch-1 latency and batch-32 throughput of the
+//! -- models/all-MiniLM-L6-v2 [tokens] [iterations] [auto|f32|int8]`. Prints batch-1 latency and batch-32 throughput of the
 //! packed forward (the number the runtime's figures should be compared with).
 
 use std::time::Instant;
 
-use tiergate_config::PoolingConfig;
+use tiergate_config::{PoolingConfig, Precision};
 use tiergate_prefilter::classifier::load_encoder;
 use tiergate_prefilter::tokenize::Tokens;
 
@@ -15,7 +15,13 @@ fn main() -> anyhow::Result<()> {
         .map_or("models/all-MiniLM-L6-v2", String::as_str);
     let len: usize = args.get(2).map_or(Ok(16), |s| s.parse())?;
     let iters: usize = args.get(3).map_or(Ok(200), |s| s.parse())?;
-    let (_, enc) = load_encoder(std::path::Path::new(dir), PoolingConfig::Auto, 64)?;
+    let precision: Precision = args
+        .get(4)
+        .map_or(Ok(Precision::Auto), |s| s.parse())
+        .map_err(anyhow::Error::msg)?;
+    let (_, mut enc) = load_encoder(std::path::Path::new(dir), PoolingConfig::Auto, 64)?;
+    let used = enc.set_precision(precision)?;
+    println!("precision: {used:?}");
     let t = Tokens {
         ids: (0..len as u32).map(|i| 1000 + i * 37).collect(),
         type_ids: vec![0; len],

@@ -85,6 +85,8 @@ enum Dense {
     /// whole weight on every call with a scalar strided copy, which at a few dozen rows cost more than the
     /// multiply itself (perf: 56% of batch-1 time).
     Frozen { wt: Tensor, b: Tensor },
+    /// Inference with i8 weights on AVX-512 VNNI.
+    Int8(crate::int8::QDense),
     /// Training: the variables themselves (several are concatenated along the output on each call, so the
     /// optimiser's in-place updates are seen).
     Live(Vec<Linear>),
@@ -111,12 +113,33 @@ impl Dense {
                 wt.t()?.matmul(&x.t()?)?.t()?.broadcast_add(b)?
             }
             Dense::Frozen { wt, b } => x.matmul(wt)?.broadcast_add(b)?,
+            Dense::Int8(q) => {
+                let m = x.dim(0)?;
+                let xv = x.flatten_all()?.to_vec1::<f32>()?;
+                Tensor::from_vec(q.forward(&xv, m), (m, q.out_features()), x.device())?
+            }
             Dense::Live(parts) if parts.len() == 1 => parts[0].forward(x)?,
             Dense::Live(parts) => {
                 let (w, b) = cat_parts(parts)?;
                 x.matmul(&w.t()?)?.broadcast_add(&b)?
             }
         })
+    }
+}
+
+impl Dense {
+    /// The int8 form of a frozen layer (a live or already-int8 one is returned as is).
+    fn into_int8(self) -> Result<Self> {
+        match self {
+            Dense::Frozen { wt, b } => {
+                let w = wt.t()?.contiguous()?;
+                let (out, k) = w.dims2()?;
+                let wv = w.flatten_all()?.to_vec1::<f32>()?;
+                let bv = b.to_vec1::<f32>()?;
+                Ok(Dense::Int8(crate::int8::QDense::new(&wv, &bv, out, k)))
+            }
+            other => Ok(other),
+        }
     }
 }
 
@@ -210,6 +233,21 @@ impl PackedBert {
             act: cfg.hidden_act,
             trainable,
         })
+    }
+
+    /// Switches every dense layer to int8 (AVX-512 VNNI; the caller checks [`crate::int8::available`]).
+    /// Inference only: a trainable model keeps f32.
+    pub fn to_int8(&mut self) -> Result<()> {
+        if self.trainable {
+            return Ok(());
+        }
+        for l in &mut self.layers {
+            for d in [&mut l.qkv, &mut l.attn_out, &mut l.up, &mut l.down] {
+                let f = std::mem::replace(d, Dense::Live(Vec::new()));
+                *d = f.into_int8()?;
+            }
+        }
+        Ok(())
     }
 
     fn layer_norm(&self, ln: &LayerNorm, x: &Tensor) -> Result<Tensor> {

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use candle_core::Tensor;
-use tiergate_config::{HeadConfig, PoolingConfig, PrefilterConfig};
+use tiergate_config::{HeadConfig, PoolingConfig, Precision, PrefilterConfig};
 
 use crate::encoder::{mmap_weights, Encoder};
 use crate::error::{PrefilterError, Result};
@@ -26,13 +26,18 @@ impl Classifier {
     /// Builds the classifier a [`PrefilterConfig`] describes.
     pub fn from_config(cfg: &PrefilterConfig) -> Result<Self> {
         match &cfg.head {
-            HeadConfig::Trained(t) => Self::from_trained_dir(&t.dir, cfg.max_tokens),
-            HeadConfig::Checkpoint => Self::from_checkpoint_dir(&cfg.encoder, cfg.max_tokens),
+            HeadConfig::Trained(t) => Self::from_trained_dir(&t.dir, cfg.max_tokens, cfg.precision),
+            HeadConfig::Checkpoint => {
+                Self::from_checkpoint_dir(&cfg.encoder, cfg.max_tokens, cfg.precision)
+            }
             HeadConfig::FewShot {
                 labels,
                 temperature,
             } => {
-                let (tokenizer, encoder) = load_encoder(&cfg.encoder, cfg.pooling, cfg.max_tokens)?;
+                let (tokenizer, mut encoder) =
+                    load_encoder(&cfg.encoder, cfg.pooling, cfg.max_tokens)?;
+                // Before the label embeddings, so examples and queries go through the same arithmetic.
+                encoder.set_precision(cfg.precision)?;
                 let mut embeddings = Vec::with_capacity(labels.len());
                 for l in labels {
                     let texts: Vec<&str> = l
@@ -57,11 +62,11 @@ impl Classifier {
 
     /// Loads `dir` as either a folder written by `tiergate train` (it has `head.json`) or a Hugging Face
     /// sequence-classification checkpoint.
-    pub fn from_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
+    pub fn from_dir(dir: &Path, max_tokens: usize, precision: Precision) -> Result<Self> {
         if dir.join("head.json").is_file() {
-            Self::from_trained_dir(dir, max_tokens)
+            Self::from_trained_dir(dir, max_tokens, precision)
         } else if dir.join("config.json").is_file() {
-            Self::from_checkpoint_dir(dir, max_tokens)
+            Self::from_checkpoint_dir(dir, max_tokens, precision)
         } else {
             Err(PrefilterError::file(
                 dir,
@@ -70,10 +75,11 @@ impl Classifier {
         }
     }
 
-    fn from_trained_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
+    fn from_trained_dir(dir: &Path, max_tokens: usize, precision: Precision) -> Result<Self> {
         let (meta, head) = heads::load_trained(dir)?;
         let encoder_dir = meta.encoder_dir(dir);
-        let (tokenizer, encoder) = load_encoder(&encoder_dir, PoolingConfig::Auto, max_tokens)?;
+        let (tokenizer, mut encoder) = load_encoder(&encoder_dir, PoolingConfig::Auto, max_tokens)?;
+        encoder.set_precision(precision)?;
         if encoder.hidden_size() != meta.hidden_size {
             return Err(PrefilterError::corrupt(
                 dir.join("head.json"),
@@ -94,16 +100,17 @@ impl Classifier {
         })
     }
 
-    fn from_checkpoint_dir(dir: &Path, max_tokens: usize) -> Result<Self> {
+    fn from_checkpoint_dir(dir: &Path, max_tokens: usize, precision: Precision) -> Result<Self> {
         let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_tokens)?;
         let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
-        let encoder = Encoder::load(
+        let mut encoder = Encoder::load(
             dir,
             PoolingConfig::Cls,
             vb.clone(),
             tokenizer.pad_id(),
             false,
         )?;
+        encoder.set_precision(precision)?;
         let head = Head::from_checkpoint(&encoder, &vb)?;
         let replies = vec![None; head.labels.len()];
         Ok(Self {

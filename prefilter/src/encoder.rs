@@ -8,7 +8,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::{bert, distilbert, xlm_roberta};
 
 use serde::Deserialize;
-use tiergate_config::PoolingConfig;
+use tiergate_config::{PoolingConfig, Precision};
 
 use crate::bert::{first_token, mean_pool, Packed, PackedBert};
 use crate::error::{PrefilterError, Result};
@@ -178,6 +178,28 @@ impl Encoder {
             device: Device::Cpu,
             pad_id,
         })
+    }
+
+    /// Sets the arithmetic of the dense layers; returns what is used. `Auto` picks int8 for the BERT family
+    /// on a CPU with AVX-512 VNNI, else f32; `Int8` fails where it cannot run. Switching back to f32 after
+    /// int8 needs a reload.
+    pub fn set_precision(&mut self, p: Precision) -> Result<Precision> {
+        let can = crate::int8::available();
+        match (p, &mut self.backbone) {
+            (Precision::F32, _) => Ok(Precision::F32),
+            (Precision::Auto | Precision::Int8, Backbone::Bert(m)) if can => {
+                m.to_int8()?;
+                Ok(Precision::Int8)
+            }
+            (Precision::Auto, _) => Ok(Precision::F32),
+            (Precision::Int8, Backbone::Bert(_)) => Err(PrefilterError::Unsupported(
+                "prefilter.precision = int8 needs a CPU with AVX-512 VNNI; use auto or f32".into(),
+            )),
+            (Precision::Int8, _) => Err(PrefilterError::Unsupported(format!(
+                "prefilter.precision = int8 is implemented for BERT-family encoders, not {:?}; use auto or f32",
+                self.family
+            ))),
+        }
     }
 
     /// The model family.

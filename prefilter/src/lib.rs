@@ -14,6 +14,7 @@ pub mod error;
 pub mod eval;
 pub mod fastops;
 pub mod heads;
+pub mod int8;
 pub mod runtime;
 pub mod testing;
 pub mod tokenize;

@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{AdamW, Linear, Module, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use tiergate_config::PoolingConfig;
+use tiergate_config::{PoolingConfig, Precision};
 
 use crate::calibrate::{argmax, ece, fit_temperature, softmax};
 use crate::classifier::{embed_texts, load_encoder};
@@ -37,6 +37,8 @@ pub struct TrainOptions {
     pub max_tokens: usize,
     /// Output folder.
     pub out: PathBuf,
+    /// Arithmetic of the inference encoder whose embeddings the head is fitted on (use what serving uses).
+    pub precision: Precision,
 }
 
 /// What training measured.
@@ -116,8 +118,9 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
             progress,
         )?
     } else {
-        let (tokenizer, encoder) =
+        let (tokenizer, mut encoder) =
             load_encoder(&opts.encoder, PoolingConfig::Auto, opts.max_tokens)?;
+        encoder.set_precision(opts.precision)?;
         let t0 = Instant::now();
         let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
         let x_dev = embed_all(&tokenizer, &encoder, &dev_rows)?;
@@ -376,7 +379,8 @@ fn fine_tune(
         }
     }
     drop(encoder);
-    let (tokenizer, tuned) = load_encoder(&enc_out, PoolingConfig::Auto, opts.max_tokens)?;
+    let (tokenizer, mut tuned) = load_encoder(&enc_out, PoolingConfig::Auto, opts.max_tokens)?;
+    tuned.set_precision(opts.precision)?;
     let x_train = embed_all(&tokenizer, &tuned, train_rows)?;
     let head = fit_linear_head(&x_train, y_train, n_labels, HEAD_EPOCHS / 2, rng, &device)?;
     let x_dev = embed_all(&tokenizer, &tuned, dev_rows)?;

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert;
 use tiergate_config::{
-    FewShotLabel, HeadConfig, PoolingConfig, PrefilterConfig, TrainedHeadConfig,
+    FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
 };
 use tiergate_prefilter::bert::{Packed, PackedBert};
 use tiergate_prefilter::data::DataSpec;
@@ -89,7 +89,7 @@ fn packed_forward_matches_candle_transformers_bert() {
 #[test]
 fn checkpoint_head_uses_id2label_and_returns_distributions() {
     let tiny = TinyModel::create(3).unwrap();
-    let c = Classifier::from_dir(tiny.dir.path(), 16).unwrap();
+    let c = Classifier::from_dir(tiny.dir.path(), 16, Precision::Auto).unwrap();
     assert_eq!(c.labels(), ["label0", "label1", "label2"]);
     let toks: Vec<_> = ["card lost", "pay my bill please"]
         .iter()
@@ -170,6 +170,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
             fine_tune_epochs: 1,
             max_tokens: 16,
             out: out.clone(),
+            precision: Precision::Auto,
         },
         &mut |_| {},
     )
@@ -226,13 +227,14 @@ fn fine_tuning_writes_a_loadable_encoder() {
             fine_tune_epochs: 1,
             max_tokens: 16,
             out: out.clone(),
+            precision: Precision::Auto,
         },
         &mut |_| {},
     )
     .unwrap();
     assert!(report.dev.accuracy >= 0.9, "{}", report.dev.accuracy);
     assert!(out.join("encoder/model.safetensors").is_file());
-    let c = Classifier::from_dir(&out, 16).unwrap();
+    let c = Classifier::from_dir(&out, 16, Precision::Auto).unwrap();
     let t = c.tokenizer.encode("card lost the").unwrap();
     let p = c.probabilities(&[&t]).unwrap();
     assert_eq!(tiergate_prefilter::calibrate::argmax(&p[0]).0, 0);
@@ -297,10 +299,16 @@ fn missing_and_corrupt_files_are_named() {
     let tiny = TinyModel::create(2).unwrap();
     let dir = tiny.dir.path();
     std::fs::write(dir.join("model.safetensors"), b"not a safetensors file").unwrap();
-    let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
+    let err = Classifier::from_dir(dir, 16, Precision::Auto)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("model.safetensors"), "{err}");
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
+    let err = Classifier::from_dir(dir, 16, Precision::Auto)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         err.contains("model.safetensors") && err.contains("not found"),
         "{err}"
@@ -308,9 +316,12 @@ fn missing_and_corrupt_files_are_named() {
     let tiny = TinyModel::create(2).unwrap();
     let dir = tiny.dir.path();
     std::fs::write(dir.join("config.json"), "{ broken").unwrap();
-    let err = Classifier::from_dir(dir, 16).err().unwrap().to_string();
+    let err = Classifier::from_dir(dir, 16, Precision::Auto)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("config.json"), "{err}");
-    let err = Classifier::from_dir(Path::new("/nonexistent-model"), 16)
+    let err = Classifier::from_dir(Path::new("/nonexistent-model"), 16, Precision::Auto)
         .err()
         .unwrap()
         .to_string();
@@ -375,7 +386,8 @@ fn tiny_family(model_type: &str) -> tempfile::TempDir {
 fn distilbert_and_xlm_roberta_checkpoints_load_with_their_heads() {
     for family in ["distilbert", "xlm-roberta"] {
         let dir = tiny_family(family);
-        let c = Classifier::from_dir(dir.path(), 16).unwrap_or_else(|e| panic!("{family}: {e}"));
+        let c = Classifier::from_dir(dir.path(), 16, Precision::Auto)
+            .unwrap_or_else(|e| panic!("{family}: {e}"));
         assert_eq!(c.labels(), ["neg", "pos"], "{family}");
         let toks: Vec<_> = ["card lost", "pay my bill please now"]
             .iter()
@@ -395,4 +407,19 @@ fn distilbert_and_xlm_roberta_checkpoints_load_with_their_heads() {
             assert!((a - b).abs() < 1e-4, "{family}: padded {b} vs alone {a}");
         }
     }
+}
+
+#[test]
+fn int8_precision_is_refused_where_it_cannot_run() {
+    let dir = tiny_family("distilbert");
+    let err = Classifier::from_dir(dir.path(), 16, Precision::Int8)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("int8") && (err.contains("BERT-family") || err.contains("VNNI")),
+        "{err}"
+    );
+    // `auto` falls back to f32 there.
+    assert!(Classifier::from_dir(dir.path(), 16, Precision::Auto).is_ok());
 }

@@ -46,8 +46,12 @@ pub enum Split {
 pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
     let cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
     let data = tiergate_prefilter::data::read(&args.data.spec())?;
-    let classifier = Classifier::from_dir(&args.classifier, cfg.prefilter.max_tokens)
-        .with_context(|| format!("loading classifier {}", args.classifier.display()))?;
+    let classifier = Classifier::from_dir(
+        &args.classifier,
+        cfg.prefilter.max_tokens,
+        cfg.prefilter.precision,
+    )
+    .with_context(|| format!("loading classifier {}", args.classifier.display()))?;
     let opts = EvalOptions {
         prefilter: cfg.prefilter.clone(),
         latency_samples: args.latency_samples,

@@ -32,6 +32,10 @@ pub struct TrainArgs {
     /// Output folder (head.json, head.safetensors[, encoder/]).
     #[arg(long)]
     pub out: PathBuf,
+    /// Arithmetic of the encoder the head is fitted on: auto (int8 with AVX-512 VNNI, else f32), f32, int8.
+    /// Use what `prefilter.precision` will be when serving.
+    #[arg(long, default_value = "auto")]
+    pub precision: tiergate_config::Precision,
 }
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
@@ -44,6 +48,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         fine_tune_epochs: args.epochs,
         max_tokens: args.max_tokens,
         out: args.out.clone(),
+        precision: args.precision,
     };
     let report = train(&opts, &mut |line| eprintln!("train: {line}"))?;
     println!(
