@@ -89,6 +89,7 @@ pub struct Encoder {
     dir: PathBuf,
     device: Device,
     pad_id: u32,
+    precision: Precision,
 }
 
 #[derive(Deserialize)]
@@ -177,6 +178,7 @@ impl Encoder {
             dir: dir.to_path_buf(),
             device: Device::Cpu,
             pad_id,
+            precision: Precision::F32,
         })
     }
 
@@ -185,21 +187,32 @@ impl Encoder {
     /// int8 needs a reload.
     pub fn set_precision(&mut self, p: Precision) -> Result<Precision> {
         let can = crate::int8::available();
-        match (p, &mut self.backbone) {
-            (Precision::F32, _) => Ok(Precision::F32),
+        let used = match (p, &mut self.backbone) {
+            (Precision::F32, _) => self.precision,
             (Precision::Auto | Precision::Int8, Backbone::Bert(m)) if can => {
                 m.to_int8()?;
-                Ok(Precision::Int8)
+                Precision::Int8
             }
-            (Precision::Auto, _) => Ok(Precision::F32),
-            (Precision::Int8, Backbone::Bert(_)) => Err(PrefilterError::Unsupported(
-                "prefilter.precision = int8 needs a CPU with AVX-512 VNNI; use auto or f32".into(),
-            )),
-            (Precision::Int8, _) => Err(PrefilterError::Unsupported(format!(
+            (Precision::Auto, _) => self.precision,
+            (Precision::Int8, Backbone::Bert(_)) => {
+                return Err(PrefilterError::Unsupported(
+                    "prefilter.precision = int8 needs a CPU with AVX-512 VNNI; use auto or f32".into(),
+                ))
+            }
+            (Precision::Int8, _) => {
+                return Err(PrefilterError::Unsupported(format!(
                 "prefilter.precision = int8 is implemented for BERT-family encoders, not {:?}; use auto or f32",
                 self.family
-            ))),
-        }
+            )))
+            }
+        };
+        self.precision = used;
+        Ok(used)
+    }
+
+    /// The arithmetic of the dense layers in use (`F32` or `Int8`).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The model family.

@@ -112,6 +112,12 @@ impl AppState {
                         let mut pcfg = config.prefilter.clone();
                         pcfg.head = head.clone();
                         let classifier = Classifier::from_config(&pcfg)?;
+                        tracing::info!(
+                            route = %r.name,
+                            precision = ?classifier.encoder.precision(),
+                            labels = classifier.labels().len(),
+                            "prefilter loaded"
+                        );
                         let handle = PrefilterHandle::start(classifier, &pcfg)?;
                         handles.push((head, handle.clone()));
                         Some(handle)
