@@ -20,6 +20,9 @@ use crate::fusion::normalise;
 /// Most candidates per rerank job.
 const MAX_CANDIDATES: usize = 10;
 
+/// Longest wait for mistralrs to retire a scored sequence before the next one is sent.
+const RETIRE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// How to load the model.
 #[derive(Debug, Clone)]
 pub struct LlmOptions {
@@ -264,6 +267,13 @@ impl Engine for MistralEngine {
                     return Err(failed("expected raw logits"));
                 };
                 means.push(label_mean_logprob(&logits_chunks, &tokens, n)?);
+                // mistralrs answers before it retires the sequence; a request sent in between can be
+                // scheduled with it, and a raw-logits step with two sequences fails ("Raw response only
+                // supports batch size of 1"), killing the engine. Its responder is dropped when the sequence
+                // is freed: wait for that (bounded) before the next candidate.
+                let _ =
+                    tokio::time::timeout(RETIRE_WAIT, async { while rx.recv().await.is_some() {} })
+                        .await;
             }
             let max = means.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let exps: Vec<f32> = means.iter().map(|m| (m - max).exp()).collect();
