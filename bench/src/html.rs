@@ -56,6 +56,15 @@ fn nice_ticks(lo: f64, hi: f64) -> Vec<f64> {
     out
 }
 
+/// Tick values over an axis range: powers of ten on a log axis (`lo`, `hi` are exponents there).
+fn ticks(lo: f64, hi: f64, log: bool) -> Vec<f64> {
+    if log {
+        (lo as i32..=hi as i32).map(|e| 10f64.powi(e)).collect()
+    } else {
+        nice_ticks(lo, hi)
+    }
+}
+
 fn fmt_tick(v: f64) -> String {
     if v == 0.0 {
         "0".into()
@@ -152,12 +161,7 @@ pub fn chart(title: &str, xlabel: &str, ylabel: &str, lines: &[Line], scale: Sca
         svg,
         r##"<rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>"##
     );
-    let yticks: Vec<f64> = if ylog {
-        (y0 as i32..=y1 as i32).map(|e| 10f64.powi(e)).collect()
-    } else {
-        nice_ticks(y0, y1)
-    };
-    for t in yticks {
+    for t in ticks(y0, y1, ylog) {
         let y = sy(t);
         let _ = write!(
             svg,
@@ -168,12 +172,7 @@ pub fn chart(title: &str, xlabel: &str, ylabel: &str, lines: &[Line], scale: Sca
             fmt_tick(t)
         );
     }
-    let xticks: Vec<f64> = if xlog {
-        (x0 as i32..=x1 as i32).map(|e| 10f64.powi(e)).collect()
-    } else {
-        nice_ticks(x0, x1)
-    };
-    for t in xticks {
+    for t in ticks(x0, x1, xlog) {
         let x = sx(t);
         let _ = write!(
             svg,
@@ -251,34 +250,16 @@ pub fn run_charts(r: &RunReport) -> Vec<String> {
         .collect();
     let mut lat = Vec::new();
     for &ch in &present {
-        let p = |q: fn(&crate::stats::Second) -> Option<f64>| -> Vec<(f64, f64)> {
+        let pts = |p99: bool| -> Vec<(f64, f64)> {
             r.series
                 .iter()
-                .filter_map(|s| q(s).map(|v| (s.t as f64, v)))
+                .filter_map(|s| {
+                    let m = if p99 { &s.p99_ms } else { &s.p50_ms };
+                    m.get(ch).map(|v| (s.t as f64, *v))
+                })
                 .collect()
         };
-        let (p99, p50) = match ch {
-            "tier0" => (
-                p(|s| s.p99_ms.get("tier0").copied()),
-                p(|s| s.p50_ms.get("tier0").copied()),
-            ),
-            "escalated" => (
-                p(|s| s.p99_ms.get("escalated").copied()),
-                p(|s| s.p50_ms.get("escalated").copied()),
-            ),
-            "degraded" => (
-                p(|s| s.p99_ms.get("degraded").copied()),
-                p(|s| s.p50_ms.get("degraded").copied()),
-            ),
-            "untiered" => (
-                p(|s| s.p99_ms.get("untiered").copied()),
-                p(|s| s.p50_ms.get("untiered").copied()),
-            ),
-            _ => (
-                p(|s| s.p99_ms.get("errors").copied()),
-                p(|s| s.p50_ms.get("errors").copied()),
-            ),
-        };
+        let (p99, p50) = (pts(true), pts(false));
         lat.push(Line {
             name: format!("{ch} p99"),
             color: color(ch),

@@ -33,6 +33,18 @@ const INTERN_MAX: usize = 1024;
 /// stored outcome owns no heap memory (~100 bytes per request in all).
 pub fn intern(s: &str) -> &'static str {
     use std::collections::HashSet;
+    // tiergate's own values skip the shared table (this runs once or twice per response).
+    const KNOWN: &[&str] = &[
+        "tier0",
+        "llm",
+        "queue_full",
+        "worker_down",
+        "deadline",
+        "no_llm",
+    ];
+    if let Some(k) = KNOWN.iter().find(|k| **k == s) {
+        return k;
+    }
     use std::sync::{Mutex, OnceLock};
     static TABLE: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
     let Ok(mut t) = TABLE.get_or_init(|| Mutex::new(HashSet::new())).lock() else {

@@ -72,10 +72,6 @@ impl QDense {
         self.out
     }
 
-    pub fn in_features(&self) -> usize {
-        self.k
-    }
-
     /// `x` is `[m, k]` row-major; returns `[m, out]`. Call only where [`available`] is true.
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, kp) = (self.k, self.kp);

@@ -15,31 +15,15 @@ use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_tests::{banking77_csv, binary, minilm_dir};
 
 fn cosine(a: &Tensor, b: &Tensor) -> f32 {
-    let dot = (a * b)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let na = a
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .sqrt()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let nb = b
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .sqrt()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    dot / (na * nb)
+    let dot = |x: &Tensor, y: &Tensor| {
+        (x * y)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    dot(a, b) / (dot(a, a) * dot(b, b)).sqrt()
 }
 
 #[test]
