@@ -7,6 +7,7 @@
 mod error;
 mod load;
 mod prefilter;
+mod prompts;
 mod serving;
 
 pub use error::ConfigError;
@@ -14,6 +15,7 @@ pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
 pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
 };
+pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
     FailureMode, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig,
     UtilizationSource,
@@ -55,6 +57,9 @@ impl Config {
                 let mut p = self.prefilter.clone();
                 p.head = h.clone();
                 p.validate(&format!("routes[{i}]"))?;
+            }
+            if let Some(pr) = &r.prompts {
+                pr.validate(&format!("routes[{i}].prompts"))?;
             }
         }
         Ok(())

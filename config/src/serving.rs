@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ConfigError, HeadConfig};
+use crate::{ConfigError, HeadConfig, PromptConfig};
 
 /// HTTP front end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,8 +210,18 @@ pub struct RerankerConfig {
     pub rerank_deadline_ms: u64,
     /// Deadline of a generation, milliseconds.
     pub generate_deadline_ms: u64,
-    /// Weight of the LLM's distribution when fusing with Tier-0.
+    /// Weight of the LLM's distribution when fusing with Tier-0, for heads without a fitted `fusion.json`
+    /// (`tiergate fit-fusion` writes one next to a trained head; it wins over this value).
     pub llm_weight: f32,
+    /// Temperature of the LLM's candidate scores before fusion (same precedence as `llm_weight`).
+    pub llm_temperature: f32,
+    /// Arithmetic of the scoring model: `f32` (weights dequantised at load: faster prefill on CPU, ~4x the
+    /// memory of the file) or `quantized` (as stored).
+    pub scoring_weights: String,
+    /// Memory for cached label prefixes (channel scoring) per worker, in MiB.
+    pub prefix_cache_mib: usize,
+    /// Prompt templates (a route's own `prompts` win).
+    pub prompts: PromptConfig,
     /// Candidates sent to the LLM.
     pub candidates: usize,
     /// Escalations allowed in flight before new ones degrade at once ("deadline out of reach": a longer
@@ -236,6 +246,10 @@ impl Default for RerankerConfig {
             rerank_deadline_ms: 10_000,
             generate_deadline_ms: 60_000,
             llm_weight: 0.5,
+            llm_temperature: 1.0,
+            scoring_weights: "f32".into(),
+            prefix_cache_mib: 512,
+            prompts: PromptConfig::default(),
             candidates: 5,
             max_in_flight: 0,
         }
@@ -265,6 +279,9 @@ pub struct RouteConfig {
     /// A head of its own (e.g. a trained one); by default the `[prefilter]` head.
     #[serde(default)]
     pub head: Option<HeadConfig>,
+    /// Prompt templates of its own; by default `[reranker.prompts]`.
+    #[serde(default)]
+    pub prompts: Option<PromptConfig>,
 }
 
 impl RerankerConfig {
@@ -305,6 +322,19 @@ impl RerankerConfig {
                 "must be in [0, 1]",
             ));
         }
+        if !(self.llm_temperature.is_finite() && self.llm_temperature > 0.0) {
+            return Err(ConfigError::invalid(
+                format!("{at}.llm_temperature"),
+                "must be a positive number",
+            ));
+        }
+        if self.scoring_weights != "f32" && self.scoring_weights != "quantized" {
+            return Err(ConfigError::invalid(
+                format!("{at}.scoring_weights"),
+                format!("`{}`: use f32 or quantized", self.scoring_weights),
+            ));
+        }
+        self.prompts.validate(&format!("{at}.prompts"))?;
         if !(1..=10).contains(&self.candidates) {
             return Err(ConfigError::invalid(
                 format!("{at}.candidates"),

@@ -20,6 +20,10 @@ pub struct Classifier {
     pub head: Head,
     /// Reply text per label (answer routes), where configured.
     pub replies: Vec<Option<String>>,
+    /// Example utterances per label (few-shot examples, or a trained head's representatives).
+    pub examples: Vec<Vec<String>>,
+    /// The fusion fitted for this head (`fusion.json` in a trained head's folder).
+    pub fusion: Option<crate::heads::FittedFusion>,
 }
 
 impl Classifier {
@@ -55,6 +59,8 @@ impl Classifier {
                     encoder,
                     head,
                     replies: labels.iter().map(|l| l.reply.clone()).collect(),
+                    examples: labels.iter().map(|l| l.examples.clone()).collect(),
+                    fusion: None,
                 })
             }
         }
@@ -92,11 +98,15 @@ impl Classifier {
             ));
         }
         let replies = vec![None; head.labels.len()];
+        let mut examples = meta.examples.clone();
+        examples.resize(head.labels.len(), Vec::new());
         Ok(Self {
             tokenizer: tokenizer.into(),
             encoder,
             head,
             replies,
+            examples,
+            fusion: crate::heads::FittedFusion::load(dir)?,
         })
     }
 
@@ -113,11 +123,14 @@ impl Classifier {
         encoder.set_precision(precision)?;
         let head = Head::from_checkpoint(&encoder, &vb)?;
         let replies = vec![None; head.labels.len()];
+        let examples = vec![Vec::new(); head.labels.len()];
         Ok(Self {
             tokenizer: tokenizer.into(),
             encoder,
             head,
             replies,
+            examples,
+            fusion: None,
         })
     }
 

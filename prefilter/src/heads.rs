@@ -189,6 +189,60 @@ pub struct TrainedHeadMeta {
     pub fine_tuned: bool,
     /// Dev-split figures measured at training time.
     pub dev: DevReport,
+    /// Representative training utterances per label (label order): the ones nearest their label's mean
+    /// embedding. What an escalation's LLM reads to know what a label means.
+    #[serde(default)]
+    pub examples: Vec<Vec<String>>,
+}
+
+/// `fusion.json` next to a head: how the LLM's scores are fused with Tier-0's, fitted by `tiergate
+/// fit-fusion` on a dev split with the LLM actually deployed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FittedFusion {
+    /// Weight of the LLM's distribution (0: the LLM changes nothing).
+    pub llm_weight: f32,
+    /// Temperature of the LLM's scores.
+    pub llm_temperature: f32,
+    /// The LLM (file name) and scoring method the fit was made with.
+    pub llm: String,
+    /// Escalated dev rows the fit saw.
+    pub rows: usize,
+    /// Tier-0 accuracy on those rows.
+    pub tier0_accuracy: f64,
+    /// Fused accuracy on those rows with the fitted values.
+    pub fused_accuracy: f64,
+}
+
+impl FittedFusion {
+    /// File name inside the head folder.
+    pub const FILE: &'static str = "fusion.json";
+
+    /// Reads `dir/fusion.json` when present.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(Self::FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let f: Self = read_json(&path)?;
+        if !(f.llm_weight.is_finite() && (0.0..=1.0).contains(&f.llm_weight))
+            || !(f.llm_temperature.is_finite() && f.llm_temperature > 0.0)
+        {
+            return Err(PrefilterError::corrupt(
+                &path,
+                "llm_weight must be in [0, 1] and llm_temperature positive",
+            ));
+        }
+        Ok(Some(f))
+    }
+
+    /// Writes `dir/fusion.json`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(Self::FILE);
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| PrefilterError::corrupt(&path, e))?;
+        std::fs::write(&path, text).map_err(|e| PrefilterError::file(&path, e))
+    }
 }
 
 /// Figures measured on the dev split when the head was trained.

@@ -155,6 +155,8 @@ pub struct PrefilterHandle {
     tokenizer: Arc<TextTokenizer>,
     labels: Arc<Vec<String>>,
     replies: Arc<Vec<Option<String>>>,
+    examples: Arc<Vec<Vec<String>>>,
+    fusion: Option<crate::heads::FittedFusion>,
     capacity: usize,
 }
 
@@ -172,6 +174,8 @@ impl PrefilterHandle {
             tokenizer: classifier.tokenizer.clone(),
             labels: Arc::new(classifier.labels().to_vec()),
             replies: Arc::new(classifier.replies.clone()),
+            examples: Arc::new(classifier.examples.clone()),
+            fusion: classifier.fusion.clone(),
             capacity: cfg.queue_capacity,
         };
         let top_k = cfg.top_k;
@@ -209,6 +213,16 @@ impl PrefilterHandle {
     /// Reply text per label, where configured.
     pub fn replies(&self) -> &[Option<String>] {
         &self.replies
+    }
+
+    /// Example utterances per label (empty where none are known).
+    pub fn examples(&self) -> &[Vec<String>] {
+        &self.examples
+    }
+
+    /// The fusion fitted for this head, when its folder has one.
+    pub fn fitted_fusion(&self) -> Option<&crate::heads::FittedFusion> {
+        self.fusion.as_ref()
     }
 
     /// Requests waiting for the batching thread now.

@@ -107,6 +107,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
 
     let device = Device::Cpu;
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let mut examples = Vec::new();
     let (encoder_dir, hidden, head_w, head_b, dev_logits) = if opts.fine_tune {
         fine_tune(
             opts,
@@ -138,6 +139,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
             &device,
         )?;
         let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
+        examples = representatives(&x_train, &y_train, &train_rows, labels.len())?;
         let w = head.weight().clone();
         let b = head
             .bias()
@@ -152,6 +154,14 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         )
     };
 
+    if examples.is_empty() {
+        // Fine-tuned: pick them with the tuned encoder, which is what serves.
+        let (tokenizer, mut encoder) =
+            load_encoder(&encoder_dir, PoolingConfig::Auto, opts.max_tokens)?;
+        encoder.set_precision(opts.precision)?;
+        let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
+        examples = representatives(&x_train, &y_train, &train_rows, labels.len())?;
+    }
     let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
     let temperature = fit_temperature(&dev_logits, &y_dev);
     let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
@@ -174,6 +184,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         hidden_size: hidden,
         fine_tuned: opts.fine_tune,
         dev: dev.clone(),
+        examples,
     };
     save_trained(&opts.out, &meta, &head_w, &head_b)?;
     Ok(TrainReport {
@@ -184,6 +195,56 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         temperature,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Representative utterances kept per label.
+const REPRESENTATIVES: usize = 8;
+
+/// Per label, the distinct training texts nearest the label's mean (cosine on pooled embeddings), nearest
+/// first: what the label's examples look like, without keeping the training set.
+pub fn representatives(
+    x: &Tensor,
+    y: &[u32],
+    rows: &[Example],
+    n_labels: usize,
+) -> Result<Vec<Vec<String>>> {
+    let x = x.to_vec2::<f32>()?;
+    let unit = |v: &[f32]| -> Vec<f32> {
+        let n = v.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
+        v.iter().map(|a| a / n).collect()
+    };
+    let mut out = Vec::with_capacity(n_labels);
+    for label in 0..n_labels as u32 {
+        let members: Vec<usize> = (0..y.len()).filter(|&i| y[i] == label).collect();
+        let Some(first) = members.first() else {
+            out.push(Vec::new());
+            continue;
+        };
+        let mut mean = vec![0f32; x[*first].len()];
+        for &i in &members {
+            for (m, v) in mean.iter_mut().zip(unit(&x[i])) {
+                *m += v;
+            }
+        }
+        let mean = unit(&mean);
+        let mut scored: Vec<(f32, usize)> = members
+            .iter()
+            .map(|&i| (unit(&x[i]).iter().zip(&mean).map(|(a, b)| a * b).sum(), i))
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut picked: Vec<String> = Vec::new();
+        for (_, i) in scored {
+            let t = rows[i].text.trim();
+            if !picked.iter().any(|p| p.eq_ignore_ascii_case(t)) {
+                picked.push(t.to_string());
+            }
+            if picked.len() == REPRESENTATIVES {
+                break;
+            }
+        }
+        out.push(picked);
+    }
+    Ok(out)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {

@@ -26,10 +26,13 @@ fn job_1kb() -> Job {
             .map(|i| Candidate {
                 label: format!("label_{i}"),
                 description: None,
+                examples: vec![],
                 p: 0.2,
             })
             .collect(),
         llm_weight: 0.5,
+        llm_temperature: 1.0,
+        prompt: Default::default(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The contract between the job loop and an LLM engine.
 
+use tiergate_config::PromptConfig;
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
 /// An engine failure (reported to the submitter as the job's error).
@@ -19,8 +20,8 @@ pub enum EngineError {
 /// The LLM's view of a rerank job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
-    /// Probability per candidate (input order), summing to 1.
-    pub probs: Vec<f32>,
+    /// Score per candidate (input order), log domain: the LLM's distribution is their softmax.
+    pub scores: Vec<f32>,
     /// Prompt tokens read.
     pub prompt_tokens: u32,
 }
@@ -30,12 +31,14 @@ pub trait Engine: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &str;
 
-    /// Scores `candidates` as answers for `text` (prefill only). `cancelled` says whether the submitter has
-    /// given up (deadline, disconnect): an engine checks it between passes and stops early.
+    /// Scores `candidates` as answers for `text` (prefill only) with the route's prompt templates.
+    /// `cancelled` says whether the submitter has given up (deadline, disconnect): an engine checks it
+    /// between passes and stops early.
     fn score(
         &self,
         text: &str,
         candidates: &[Candidate],
+        prompt: &PromptConfig,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError>;
 

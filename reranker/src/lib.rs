@@ -1,11 +1,15 @@
-//! The reranker worker: an [`Engine`] trait with a mistralrs engine (`llm`, the only module that uses
-//! mistralrs) and a deterministic stub engine, the score fusion, and the job loop that serves the
-//! shared-memory queue. Must not depend on axum; the server talks to this process only through the queue.
+//! The reranker worker: an [`Engine`] trait with the LLM engine (`llm`, the only module that uses mistralrs:
+//! generation and tokenisation) and a deterministic stub engine; one-pass candidate scoring on a llama
+//! forward of our own (`llama`, `scoring`) with prompts rendered from the route's templates (`prompt`); and
+//! the job loop that serves the shared-memory queue. Must not depend on axum; the server talks to this
+//! process only through the queue.
 
 pub mod engine;
-pub mod fusion;
 #[cfg(feature = "llm")]
 pub mod llm;
+pub mod llama;
+pub mod prompt;
+pub mod scoring;
 pub mod serve;
 pub mod stub;
 

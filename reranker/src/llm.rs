@@ -1,27 +1,27 @@
 //! The mistralrs engine: the only module that uses mistralrs (its API changes between releases).
 //!
-//! Scoring is candidate log-likelihood after a fixed prompt (prefill only, one pass per candidate, sent
-//! one after the other). Generation streams the chat reply.
+//! mistralrs streams generated replies and tokenises text for the scorer; candidate scoring runs on our own
+//! forward ([`crate::scoring`]), because mistralrs 0.8.1 gives raw logits only for a batch of one and no
+//! prompt log-probabilities, so it would need one prefill per candidate.
 
 use std::path::{Path, PathBuf};
 
 use either::Either;
-use mistralrs::core::{RequestMessage, ResponseOk};
 use mistralrs::{
-    ChatCompletionChunkResponse, Constraint, GgufModelBuilder, IsqType, Model, NormalRequest,
-    Request, RequestBuilder, Response, SamplingParams, StopTokens, TextMessageRole, TextMessages,
-    TextModelBuilder,
+    ChatCompletionChunkResponse, GgufModelBuilder, IsqType, Model, RequestBuilder, Response,
+    StopTokens, TextMessageRole, TextModelBuilder,
 };
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
+use tiergate_config::PromptConfig;
+
 use crate::engine::{Engine, EngineError, Scored};
-use crate::fusion::normalise;
+use crate::llama::{Llama, WeightFormat};
+use crate::scoring::{Scorer, Tokenize};
 
 /// Most candidates per rerank job.
 const MAX_CANDIDATES: usize = 10;
 
-/// Longest wait for mistralrs to retire a scored sequence before the next one is sent.
-const RETIRE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How to load the model.
 #[derive(Debug, Clone)]
@@ -32,6 +32,10 @@ pub struct LlmOptions {
     pub isq: Option<String>,
     /// Sequences the engine batches together.
     pub max_seqs: usize,
+    /// Arithmetic of the scoring forward.
+    pub scoring_weights: WeightFormat,
+    /// Bytes of cached label prefixes.
+    pub prefix_cache_bytes: usize,
 }
 
 /// A loaded mistralrs model with its own tokio runtime (the job loop is plain threads).
@@ -39,7 +43,7 @@ pub struct MistralEngine {
     rt: tokio::runtime::Runtime,
     model: Model,
     name: String,
-    raw_lock: tokio::sync::Mutex<()>,
+    scorer: Option<Scorer>,
 }
 
 fn failed(e: impl std::fmt::Display) -> EngineError {
@@ -108,11 +112,30 @@ impl MistralEngine {
         let name = path
             .file_name()
             .map_or_else(|| "llm".into(), |n| n.to_string_lossy().into_owned());
+        let scorer = if path.is_file() {
+            let t = std::time::Instant::now();
+            let llama = Llama::load(path, opts.scoring_weights).map_err(failed)?;
+            tracing::info!(took = ?t.elapsed(), weights = ?opts.scoring_weights, "scoring model loaded");
+            Some(Scorer::new(llama, opts.prefix_cache_bytes))
+        } else {
+            None
+        };
         Ok(Self {
             rt,
             model,
             name,
-            raw_lock: tokio::sync::Mutex::new(()),
+            scorer,
+        })
+    }
+}
+
+impl Tokenize for MistralEngine {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.rt.block_on(async {
+            self.model
+                .tokenize(Either::Right(text.to_string()), None, false, false, None)
+                .await
+                .map_err(failed)
         })
     }
 }
@@ -125,63 +148,17 @@ fn role(r: &str) -> TextMessageRole {
     }
 }
 
-/// The prompt a candidate label is scored after.
-pub fn rerank_prompt(text: &str) -> String {
-    format!(
-        "Customer message: \"{}\"\nIn a few words, what does the customer want?",
-        text.trim()
-    )
-}
-
-/// Mean log-probability of the last `n` tokens of `tokens` under the logits of the positions before them.
-fn label_mean_logprob(
-    chunks: &[mistralrs::Tensor],
-    tokens: &[u32],
-    n: usize,
-) -> Result<f32, EngineError> {
-    let logits = mistralrs::Tensor::cat(chunks, 0)
-        .and_then(|t| t.to_dtype(mistralrs::DType::F32))
-        .and_then(|t| t.to_device(&mistralrs::Device::Cpu))
-        .map_err(failed)?;
-    // The rows are the logits of the last `rows` positions (all of them unless a cached prefix was skipped).
-    let rows = logits.dims().first().copied().unwrap_or(0);
-    let len = tokens.len();
-    if n == 0 || n >= len || rows < n + 1 || rows > len {
-        return Err(failed(format!(
-            "raw logits have {rows} rows for {len} tokens ({n} scored)"
-        )));
-    }
-    let offset = len - rows;
-    let mut total = 0f32;
-    for (j, &token) in tokens.iter().enumerate().skip(len - n) {
-        let row: Vec<f32> = logits
-            .get(j - 1 - offset)
-            .and_then(|r| r.to_vec1::<f32>())
-            .map_err(failed)?;
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let lse = row.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
-        total += row
-            .get(token as usize)
-            .copied()
-            .ok_or_else(|| failed("token id outside the vocabulary"))?
-            - lse;
-    }
-    Ok(total / n as f32)
-}
-
 impl Engine for MistralEngine {
     fn name(&self) -> &str {
         &self.name
     }
 
-    /// Candidate log-likelihood: for each candidate, one prefill of `prompt ++ label` with raw logits, scoring
-    /// the label's tokens (mean log-probability per token, so long labels are not penalised). The requests
-    /// run one after the other (mistralrs gives raw logits for a batch of one only); the shared prompt prefix is
-    /// the same token sequence for all of them. Probabilities: softmax of the means.
+    /// One-pass scoring on our own forward over the same GGUF ([`crate::scoring`]), tokenised by mistralrs.
     fn score(
         &self,
         text: &str,
         candidates: &[Candidate],
+        prompt: &PromptConfig,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
         if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
@@ -190,98 +167,10 @@ impl Engine for MistralEngine {
                 candidates.len()
             )));
         }
-        self.rt.block_on(async {
-            let prompt = TextMessages::new()
-                .add_message(
-                    TextMessageRole::System,
-                    "You name the intent of customer messages to a bank.",
-                )
-                .add_message(TextMessageRole::User, rerank_prompt(text));
-            let prefix = self
-                .model
-                .tokenize(Either::Left(prompt), None, true, true, None)
-                .await
-                .map_err(failed)?;
-            let runner = self.model.inner();
-            let mut pending = Vec::with_capacity(candidates.len());
-            for c in candidates {
-                let label = format!("{}.", c.label.replace(['_', '-'], " "));
-                let cand = self
-                    .model
-                    .tokenize(Either::Right(label), None, false, false, None)
-                    .await
-                    .map_err(failed)?;
-                if cand.is_empty() {
-                    return Err(EngineError::Invalid(format!(
-                        "label `{}` has no tokens",
-                        c.label
-                    )));
-                }
-                let tokens: Vec<u32> = prefix.iter().chain(cand.iter()).copied().collect();
-                let (tx, rx) = tokio::sync::mpsc::channel(1);
-                let request = Request::Normal(Box::new(NormalRequest {
-                    messages: RequestMessage::CompletionTokens(tokens),
-                    sampling_params: SamplingParams {
-                        max_len: Some(0),
-                        ..SamplingParams::deterministic()
-                    },
-                    response: tx,
-                    return_logprobs: false,
-                    is_streaming: false,
-                    id: 0,
-                    constraint: Constraint::None,
-                    suffix: None,
-                    tools: None,
-                    tool_choice: None,
-                    logits_processors: None,
-                    return_raw_logits: true,
-                    web_search_options: None,
-                    model_id: None,
-                    truncate_sequence: false,
-                }));
-                pending.push((request, rx, cand.len()));
-            }
-            // mistralrs returns raw logits only for a batch of one: score one sequence at a time, and one job
-            // at a time (the lock), so two concurrent rerank jobs are never batched together.
-            let _one_at_a_time = self.raw_lock.lock().await;
-            let mut means = Vec::with_capacity(pending.len());
-            for (request, mut rx, n) in pending {
-                if cancelled() {
-                    return Err(EngineError::Cancelled);
-                }
-                runner
-                    .get_sender(None)
-                    .map_err(failed)?
-                    .send(request)
-                    .await
-                    .map_err(failed)?;
-                let response = rx
-                    .recv()
-                    .await
-                    .ok_or_else(|| failed("engine closed the response channel"))?;
-                let ResponseOk::Raw {
-                    logits_chunks,
-                    tokens,
-                } = response.as_result().map_err(|e| failed(format!("{e:?}")))?
-                else {
-                    return Err(failed("expected raw logits"));
-                };
-                means.push(label_mean_logprob(&logits_chunks, &tokens, n)?);
-                // mistralrs answers before it retires the sequence; a request sent in between can be
-                // scheduled with it, and a raw-logits step with two sequences fails ("Raw response only
-                // supports batch size of 1"), killing the engine. Its responder is dropped when the sequence
-                // is freed: wait for that (bounded) before the next candidate.
-                let _ =
-                    tokio::time::timeout(RETIRE_WAIT, async { while rx.recv().await.is_some() {} })
-                        .await;
-            }
-            let max = means.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = means.iter().map(|m| (m - max).exp()).collect();
-            Ok(Scored {
-                probs: normalise(&exps),
-                prompt_tokens: prefix.len() as u32,
-            })
-        })
+        let scorer = self.scorer.as_ref().ok_or_else(|| {
+            EngineError::Invalid("scoring needs a .gguf model (llama architecture)".into())
+        })?;
+        scorer.score(self, text, candidates, prompt, cancelled)
     }
 
     fn generate(

@@ -43,6 +43,12 @@ struct Args {
     /// Dequantise GGUF weights to f32 (faster prefill on CPU, slower decode; see the README).
     #[arg(long)]
     f32_weights: bool,
+    /// Arithmetic of the scoring forward: f32 (weights dequantised at load) or quantized (as stored).
+    #[arg(long, default_value = "f32")]
+    scoring_weights: String,
+    /// Memory for cached label prefixes, MiB.
+    #[arg(long, default_value_t = 512)]
+    prefix_cache_mib: usize,
     /// Jobs run at once.
     #[arg(long, default_value_t = 4)]
     max_concurrent: usize,
@@ -112,6 +118,12 @@ fn load_llm(args: &Args) -> anyhow::Result<Arc<dyn Engine>> {
         model: args.model.clone(),
         isq: args.isq.clone(),
         max_seqs: args.max_concurrent.max(1),
+        scoring_weights: match args.scoring_weights.as_str() {
+            "f32" => tiergate_reranker::llama::WeightFormat::F32,
+            "quantized" => tiergate_reranker::llama::WeightFormat::Quantized,
+            other => anyhow::bail!("--scoring-weights `{other}`: use f32 or quantized"),
+        },
+        prefix_cache_bytes: args.prefix_cache_mib << 20,
     };
     Ok(Arc::new(tiergate_reranker::llm::MistralEngine::load(
         &opts,

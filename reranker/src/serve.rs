@@ -6,7 +6,7 @@ use std::time::Duration;
 use tiergate_queue::{Job, QueueWorker, Reply, RerankReply, Taken};
 
 use crate::engine::Engine;
-use crate::fusion::fuse;
+use tiergate_queue::fusion::{fuse, llm_probs};
 
 /// Loop settings.
 #[derive(Debug, Clone, Copy)]
@@ -77,12 +77,16 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
             text,
             candidates,
             llm_weight,
-        } => match engine.score(&text, &candidates, &|| taken.cancelled()) {
-            Ok(scored) if scored.probs.len() == candidates.len() => {
+            llm_temperature,
+            prompt,
+        } => match engine.score(&text, &candidates, &prompt, &|| taken.cancelled()) {
+            Ok(scored) if scored.scores.len() == candidates.len() => {
                 let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
-                let fused = fuse(&tier0, &scored.probs, llm_weight);
+                let llm = llm_probs(&scored.scores, llm_temperature);
+                let fused = fuse(&tier0, &llm, llm_weight);
                 taken.reply(&Reply::Rerank(RerankReply {
-                    llm: scored.probs,
+                    llm,
+                    scores: scored.scores,
                     fused,
                     prompt_tokens: scored.prompt_tokens,
                 }));

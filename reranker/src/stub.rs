@@ -7,7 +7,7 @@ use std::time::Duration;
 use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
 use crate::engine::{Engine, EngineError, Scored};
-use crate::fusion::normalise;
+use tiergate_config::PromptConfig;
 
 /// Fault-injection and timing knobs.
 #[derive(Debug, Clone, Default)]
@@ -73,11 +73,14 @@ impl Engine for StubEngine {
         self.start_job()
     }
 
-    /// Score ∝ 1 + (words the text shares with the label): deterministic and easy to predict in tests.
+    /// Score = ln(1 + 3 × words the text shares with the label): deterministic and easy to predict in tests.
+    /// `prompt_tokens` counts the words of the channel prompts the templates render (so tests see which
+    /// templates reached the engine).
     fn score(
         &self,
         text: &str,
         candidates: &[Candidate],
+        prompt: &PromptConfig,
         _cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
         if candidates.is_empty() {
@@ -98,9 +101,18 @@ impl Engine for StubEngine {
                     * 3.0
             })
             .collect();
+        let rendered: usize = candidates
+            .iter()
+            .map(|c| {
+                crate::prompt::channel_prefix(c, prompt).split_whitespace().count()
+                    + crate::prompt::channel_query(text, prompt)
+                        .split_whitespace()
+                        .count()
+            })
+            .sum();
         Ok(Scored {
-            probs: normalise(&raw),
-            prompt_tokens: words.len() as u32,
+            scores: raw.iter().map(|r| r.ln()).collect(),
+            prompt_tokens: rendered as u32,
         })
     }
 
@@ -150,6 +162,7 @@ mod tests {
         Candidate {
             label: label.into(),
             description: None,
+            examples: vec![],
             p: 0.5,
         }
     }
@@ -161,11 +174,12 @@ mod tests {
             .score(
                 "my card has not arrived",
                 &[cand("card_arrival"), cand("exchange_rate")],
+                &PromptConfig::default(),
                 &|| false,
             )
             .unwrap();
-        assert!(s.probs[0] > s.probs[1]);
-        assert!((s.probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(s.scores[0] > s.scores[1]);
+        assert!((s.scores[0] - 4f32.ln()).abs() < 1e-6 && s.scores[1].abs() < 1e-6);
         let mut out = String::new();
         let msgs = vec![Message {
             role: "user".into(),
@@ -189,6 +203,6 @@ mod tests {
             (u.completion_tokens, u.finish_reason.as_str()),
             (3, "length")
         );
-        assert!(e.score("x", &[], &|| false).is_err());
+        assert!(e.score("x", &[], &PromptConfig::default(), &|| false).is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tiergate_config::{Config, HeadConfig, RouteKind};
+use tiergate_config::{Config, HeadConfig, PromptConfig, RouteKind};
 use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
 use tokio::sync::Semaphore;
@@ -22,6 +22,44 @@ pub struct Route {
     pub kind: RouteKind,
     /// Its classifier (classify and answer routes).
     pub prefilter: Option<PrefilterHandle>,
+    /// Its prompt templates (its own, else `[reranker.prompts]`).
+    pub prompts: PromptConfig,
+    /// How its escalations are fused.
+    pub fusion: Fusion,
+}
+
+/// The fusion in force for a route, and where it comes from.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Fusion {
+    /// Weight of the LLM's distribution.
+    pub llm_weight: f32,
+    /// Temperature of the LLM's scores.
+    pub llm_temperature: f32,
+    /// `fitted` (the head's `fusion.json`) or `config` (`reranker.llm_weight` / `llm_temperature`).
+    pub source: &'static str,
+    /// The fit, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<tiergate_prefilter::heads::FittedFusion>,
+}
+
+impl Fusion {
+    /// The head's fitted fusion, else the config's values.
+    pub fn resolve(config: &Config, prefilter: Option<&PrefilterHandle>) -> Self {
+        match prefilter.and_then(|p| p.fitted_fusion()) {
+            Some(f) => Self {
+                llm_weight: f.llm_weight,
+                llm_temperature: f.llm_temperature,
+                source: "fitted",
+                fit: Some(f.clone()),
+            },
+            None => Self {
+                llm_weight: config.reranker.llm_weight,
+                llm_temperature: config.reranker.llm_temperature,
+                source: "config",
+                fit: None,
+            },
+        }
+    }
 }
 
 /// The LLM side.
@@ -91,6 +129,7 @@ impl AppState {
         let mut order = Vec::new();
         let route_cfgs = if config.routes.is_empty() {
             vec![tiergate_config::RouteConfig {
+                prompts: None,
                 name: "classify".into(),
                 kind: RouteKind::Classify,
                 head: None,
@@ -125,12 +164,19 @@ impl AppState {
                 }
             };
             order.push(r.name.clone());
+            let fusion = Fusion::resolve(&config, prefilter.as_ref());
+            warn_if_llm_adds_nothing(&r.name, &fusion);
             routes.insert(
                 r.name.clone(),
                 Route {
                     name: r.name.clone(),
                     kind: r.kind,
                     prefilter,
+                    prompts: r
+                        .prompts
+                        .clone()
+                        .unwrap_or_else(|| config.reranker.prompts.clone()),
+                    fusion,
                 },
             );
         }
@@ -157,7 +203,31 @@ impl AppState {
     }
 }
 
-fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
+/// Says so at start when the head's fit found that the LLM adds no accuracy.
+fn warn_if_llm_adds_nothing(route: &str, fusion: &Fusion) {
+    let Some(fit) = &fusion.fit else { return };
+    if fit.llm_weight == 0.0 || fit.fused_accuracy <= fit.tier0_accuracy {
+        tracing::warn!(
+            route,
+            llm = %fit.llm,
+            rows = fit.rows,
+            tier0_accuracy = fit.tier0_accuracy,
+            "escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended"
+        );
+    } else {
+        tracing::info!(
+            route,
+            llm_weight = fit.llm_weight,
+            llm_temperature = fit.llm_temperature,
+            tier0_accuracy = fit.tier0_accuracy,
+            fused_accuracy = fit.fused_accuracy,
+            "fitted fusion in force"
+        );
+    }
+}
+
+/// Creates the segment and starts the workers the config asks for (also used by `eval --hybrid`).
+pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
     let r = &config.reranker;
     // Unique per server instance in this process (tests run several).
     static INSTANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -196,6 +266,12 @@ fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result
         if r.f32_weights {
             args.push("--f32-weights".into());
         }
+        args.extend([
+            "--scoring-weights".to_string(),
+            r.scoring_weights.clone(),
+            "--prefix-cache-mib".into(),
+            r.prefix_cache_mib.to_string(),
+        ]);
     }
     args.extend(r.extra_args.iter().cloned());
     let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);

@@ -61,16 +61,19 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     };
     cfg.routes = vec![
         RouteConfig {
+            prompts: None,
             name: "classify".into(),
             kind: RouteKind::Classify,
             head: None,
         },
         RouteConfig {
+            prompts: None,
             name: "answer".into(),
             kind: RouteKind::Answer,
             head: None,
         },
         RouteConfig {
+            prompts: None,
             name: "generate".into(),
             kind: RouteKind::Generate,
             head: None,

@@ -81,16 +81,54 @@ fn rerank_job(text: &str) -> Job {
             Candidate {
                 label: "card_arrival".into(),
                 description: None,
+                examples: vec![],
                 p: 0.4,
             },
             Candidate {
                 label: "exchange_rate".into(),
                 description: None,
+                examples: vec![],
                 p: 0.6,
             },
         ],
         llm_weight: 0.5,
+        llm_temperature: 1.0,
+        prompt: Default::default(),
     }
+}
+
+/// The route's templates travel in the job and are what the engine renders: the stub counts the words of
+/// the channel prompts it renders, so a longer template shows up in the reply's prompt_tokens, and the
+/// candidates' examples are part of them.
+#[test]
+fn prompt_templates_and_examples_reach_the_engine() {
+    let r = rig(8, 1, &[]);
+    let run = |job: &Job| {
+        let h = r.client.submit(job, Duration::from_secs(5)).unwrap();
+        let Reply::Rerank(rr) = h.wait_reply().unwrap() else {
+            panic!("not a rerank reply")
+        };
+        rr.prompt_tokens
+    };
+    let mut job = rerank_job("my card has not arrived");
+    let Job::Rerank { prompt, .. } = &mut job else {
+        unreachable!()
+    };
+    prompt.label_prefix = "Topic {label}:\n{examples}-".into();
+    prompt.query = " {query}\n".into();
+    // "Topic card arrival:" + "-" (4 words) + query (5 words); the other candidate likewise (4 + 5).
+    assert_eq!(run(&job), 18);
+    let Job::Rerank {
+        prompt, candidates, ..
+    } = &mut job
+    else {
+        unreachable!()
+    };
+    prompt.label_prefix = "Five extra words right here {label}:\n{examples}-".into();
+    candidates[0].examples = vec!["where is it".into()];
+    // "Five extra words right here card arrival: - where is it -" (12) + 5; "Five … here exchange rate: -"
+    // (8) + 5.
+    assert_eq!(run(&job), 30);
 }
 
 #[test]

@@ -17,6 +17,7 @@ fn cand(label: &str) -> Candidate {
     Candidate {
         label: label.into(),
         description: None,
+        examples: vec![],
         p: 1.0 / 3.0,
     }
 }
@@ -91,6 +92,8 @@ fn smollm2_reranks_easy_cases_and_streams_a_reply() {
             text: text.into(),
             candidates: labels.iter().map(|l| cand(l)).collect(),
             llm_weight: 1.0,
+            llm_temperature: 1.0,
+            prompt: Default::default(),
         };
         let t = Instant::now();
         let Reply::Rerank(r) = client

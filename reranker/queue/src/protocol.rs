@@ -5,15 +5,19 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{QueueError, Result};
+use tiergate_config::PromptConfig;
 
 /// One candidate label for a rerank job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     /// Label name.
     pub label: String,
-    /// Optional human description of the label (helps the LLM).
+    /// Optional human description of the label (its reply text for answer routes).
     #[serde(default)]
     pub description: Option<String>,
+    /// Representative utterances of the label (what the LLM reads to know what the label means).
+    #[serde(default)]
+    pub examples: Vec<String>,
     /// Tier-0's probability for this label.
     pub p: f32,
 }
@@ -58,6 +62,12 @@ pub enum Job {
         candidates: Vec<Candidate>,
         /// Weight of the LLM's distribution in the fusion (0: Tier-0 only, 1: LLM only).
         llm_weight: f32,
+        /// Temperature of the LLM's scores before fusion.
+        #[serde(default = "one")]
+        llm_temperature: f32,
+        /// The route's prompt templates.
+        #[serde(default)]
+        prompt: PromptConfig,
     },
     /// Generate a chat reply, streamed.
     Generate {
@@ -68,11 +78,18 @@ pub enum Job {
     },
 }
 
+fn one() -> f32 {
+    1.0
+}
+
 /// A rerank answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RerankReply {
     /// The LLM's probability per candidate (input order).
     pub llm: Vec<f32>,
+    /// The LLM's raw score per candidate (mean log-probability, prior subtracted), for fitting the fusion.
+    #[serde(default)]
+    pub scores: Vec<f32>,
     /// The fused probability per candidate (input order).
     pub fused: Vec<f32>,
     /// Prompt tokens the LLM read.

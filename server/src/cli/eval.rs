@@ -7,7 +7,7 @@ use clap::Args;
 use tiergate_prefilter::eval::{evaluate, EvalOptions, EvalReport};
 use tiergate_prefilter::Classifier;
 
-use super::{ConfigArgs, DataArgs};
+use super::{hybrid, ConfigArgs, DataArgs};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -29,6 +29,14 @@ pub struct EvalArgs {
     /// Seed of the split (as given to `tiergate train`).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Also run the configured LLM over the rows Tier-0 would escalate and report, per θ, what escalation
+    /// buys (accuracy of Tier-0, the LLM and the fusion on the escalated rows, LLM seconds per escalation).
+    #[arg(long)]
+    pub hybrid: bool,
+    /// With --hybrid: the LLM runs on this share of the rows (the most ambiguous); θ values escalating
+    /// more are not reported.
+    #[arg(long, default_value_t = 0.3)]
+    pub max_escalated: f64,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
@@ -56,18 +64,10 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
         prefilter: cfg.prefilter.clone(),
         latency_samples: args.latency_samples,
     };
-    let rows = match args.split {
-        Split::All => data.examples,
-        Split::Dev | Split::Train => {
-            let (train, dev) =
-                tiergate_prefilter::data::split(&data.examples, args.dev_fraction, args.seed);
-            if args.split == Split::Dev {
-                dev
-            } else {
-                train
-            }
-        }
-    };
+    let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
+    if args.hybrid {
+        return run_hybrid(args, &cfg, &classifier, &rows);
+    }
     let report = evaluate(classifier, &rows, &opts)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -75,6 +75,111 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
         print_table(&report, data.skipped);
     }
     Ok(())
+}
+
+/// The rows of `split` (the same stratified split `tiergate train` makes).
+pub fn select_rows(
+    examples: Vec<tiergate_prefilter::data::Example>,
+    split: Split,
+    dev_fraction: f64,
+    seed: u64,
+) -> Vec<tiergate_prefilter::data::Example> {
+    match split {
+        Split::All => examples,
+        Split::Dev | Split::Train => {
+            let (train, dev) = tiergate_prefilter::data::split(&examples, dev_fraction, seed);
+            if split == Split::Dev {
+                dev
+            } else {
+                train
+            }
+        }
+    }
+}
+
+/// `--hybrid --json` output.
+#[derive(Debug, serde::Serialize)]
+pub struct HybridReport {
+    /// Rows evaluated.
+    pub n: usize,
+    /// The LLM and scoring method.
+    pub llm: String,
+    /// Fusion weight used.
+    pub llm_weight: f32,
+    /// Fusion temperature used.
+    pub llm_temperature: f32,
+    /// `fitted` (the head's fusion.json) or `config`.
+    pub fusion_source: &'static str,
+    /// Rows the LLM scored.
+    pub llm_rows: usize,
+    /// Per θ (ascending), including the θ that escalates 10% of the rows.
+    pub grid: Vec<hybrid::GridPoint>,
+}
+
+fn run_hybrid(
+    args: &EvalArgs,
+    cfg: &tiergate_config::Config,
+    classifier: &Classifier,
+    rows: &[tiergate_prefilter::data::Example],
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.max_escalated > 0.0 && args.max_escalated <= 1.0,
+        "--max-escalated must be in (0, 1]"
+    );
+    let mut scored = hybrid::tier0_rows(classifier, rows, cfg.reranker.candidates)?;
+    let low = hybrid::theta_for_share(&scored, args.max_escalated);
+    let texts: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
+    let quiet = args.json;
+    hybrid::run_llm(cfg, classifier, &texts, &mut scored, low, &mut |m| {
+        if !quiet {
+            eprintln!("{m}");
+        }
+    })?;
+    let (w, t, source) = match &classifier.fusion {
+        Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
+        None => (cfg.reranker.llm_weight, cfg.reranker.llm_temperature, "config"),
+    };
+    let mut thetas: Vec<f64> = (1..20).map(|i| f64::from(i) * 0.05).collect();
+    thetas.push(hybrid::theta_for_share(&scored, 0.1));
+    thetas.sort_by(f64::total_cmp);
+    let report = HybridReport {
+        n: scored.len(),
+        llm: hybrid::llm_name(cfg),
+        llm_weight: w,
+        llm_temperature: t,
+        fusion_source: source,
+        llm_rows: scored.iter().filter(|r| r.llm.is_some()).count(),
+        grid: hybrid::grid(&scored, &thetas, w, t),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_hybrid(&report);
+    }
+    Ok(())
+}
+
+fn print_hybrid(r: &HybridReport) {
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |a| format!("{a:.4}"));
+    println!(
+        "n {}  llm {}  fusion w = {} T = {} ({})  LLM rows {}",
+        r.n, r.llm, r.llm_weight, r.llm_temperature, r.fusion_source, r.llm_rows
+    );
+    println!("θ       escalated  tier0    hybrid   | on escalated: tier0   llm      fused    | LLM s/esc");
+    for g in &r.grid {
+        println!(
+            "{:.4}  {:>7.1}%   {:.4}   {:.4}   |               {}  {}  {}   | {}",
+            g.theta,
+            g.escalated_share * 100.0,
+            g.tier0_accuracy,
+            g.hybrid_accuracy,
+            opt(g.escalated_tier0_accuracy),
+            opt(g.escalated_llm_accuracy),
+            opt(g.escalated_fused_accuracy),
+            g.llm_seconds_per_escalation
+                .map_or("-".to_string(), |s| format!("{s:.3}"))
+        );
+    }
 }
 
 fn print_table(r: &EvalReport, skipped: usize) {

@@ -1,6 +1,8 @@
-//! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`.
+//! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`.
 
 mod eval;
+mod fit;
+mod hybrid;
 mod serve;
 mod train;
 
@@ -22,8 +24,11 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Train a softmax head (optionally fine-tuning the encoder) and calibrate it on a dev split.
     Train(train::TrainArgs),
-    /// Evaluate a classifier: accuracy, macro-F1, top-5 recall, ECE, selective prediction, speed.
+    /// Evaluate a classifier: accuracy, macro-F1, top-5 recall, ECE, selective prediction, speed; with
+    /// --hybrid, what escalating to the configured LLM buys per θ.
     Eval(eval::EvalArgs),
+    /// Fit the fusion of the LLM's scores with Tier-0's on a dev split and write it into the head folder.
+    FitFusion(fit::FitArgs),
 }
 
 /// Where the data comes from and how to read it.
@@ -71,6 +76,7 @@ pub fn run(cli: Cli, env: impl IntoIterator<Item = (String, String)>) -> anyhow:
         Command::Serve(args) => serve::run(&args, env),
         Command::Train(args) => train::run(&args),
         Command::Eval(args) => eval::run(&args, env),
+        Command::FitFusion(args) => fit::run(&args, env),
     }
 }
 

@@ -17,7 +17,7 @@ pub struct ServeArgs {
 }
 
 /// The worker binary shipped next to this one.
-fn worker_program() -> Option<PathBuf> {
+pub fn worker_program() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let p = exe.parent()?.join("tiergate-reranker");
     p.is_file().then_some(p)

@@ -9,11 +9,11 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tiergate_config::{FailureMode, RouteKind};
+use tiergate_config::{display_label, render, FailureMode, RouteKind};
 use tiergate_prefilter::Prediction;
 use tiergate_queue::{Candidate, Event, Job, Message, QueueError, Reply, Sampling};
 
-use crate::app::AppState;
+use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::metrics as m;
@@ -131,6 +131,14 @@ fn queue_error_to_api(e: QueueError) -> ApiError {
     }
 }
 
+/// Tier-0's view of one request and the decision taken on it.
+struct Decided {
+    pred: Prediction,
+    /// Tier-0's top candidates (label index, probability), most likely first.
+    top: Vec<(usize, f32)>,
+    escalate: bool,
+}
+
 async fn classified(
     state: &Arc<AppState>,
     v: ValidChat,
@@ -149,7 +157,36 @@ async fn classified(
     metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
     metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
     metrics::histogram!(m::PREFILTER_QUEUE_SECONDS).record(pred.timings.queue.as_secs_f64());
-    let labels = prefilter.labels();
+    let mut meta = Meta {
+        tier: "tier0",
+        confidence: Some(pred.confidence),
+        prefilter_ms: started.elapsed().as_secs_f64() * 1e3,
+        ..Meta::default()
+    };
+    let d = decide(state, pred, headers, &mut meta)?;
+    // Tier-0's answer is also the degraded fallback.
+    let mut final_probs = d.top.clone();
+    if d.escalate {
+        if let Some(resp) = escalate_answer(state, route, &v, &d, &mut meta, started).await? {
+            return Ok((resp, "llm"));
+        }
+        if let Some(fused) = escalate_rerank(state, route, &v, &d, &mut meta).await? {
+            final_probs = fused;
+        }
+        state
+            .policy
+            .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
+    }
+    respond_label(state, route, &v, &d.pred, final_probs, meta)
+}
+
+/// Decides whether to escalate: ambiguity against θ_eff (or a permitted per-request θ).
+fn decide(
+    state: &AppState,
+    pred: Prediction,
+    headers: &HeaderMap,
+    meta: &mut Meta,
+) -> Result<Decided, ApiError> {
     let ambiguity = 1.0 - f64::from(pred.confidence);
     let override_theta = if state.policy.current().cfg.allow_header_override {
         match headers
@@ -171,129 +208,176 @@ async fn classified(
     let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
     let escalate = ambiguity > theta;
     state.policy.record_decision(now, ambiguity, escalate);
-    let mut meta = Meta {
-        tier: "tier0",
-        confidence: Some(pred.confidence),
-        threshold: Some(theta),
-        prefilter_ms: started.elapsed().as_secs_f64() * 1e3,
-        ..Meta::default()
-    };
-    let prompt_tokens = pred.tokens as u32;
+    meta.threshold = Some(theta);
     let k = state.config.reranker.candidates.min(pred.top.len()).max(1);
-    let top: Vec<(usize, f32)> = pred.top.iter().take(k).copied().collect();
+    let top = pred.top.iter().take(k).copied().collect();
+    Ok(Decided {
+        pred,
+        top,
+        escalate,
+    })
+}
 
-    // Tier-0 answer (also the degraded fallback).
-    let mut final_probs: Vec<(usize, f32)> = top.clone();
-    if escalate {
-        match &state.llm {
-            None => meta.degraded = Some("no_llm"),
-            Some(llm) if llm.client.in_flight() >= state.config.reranker.in_flight_limit() => {
-                // The LLM is already behind: queueing more only pushes everyone past their deadline.
-                degrade(
-                    state,
-                    &mut meta,
-                    &QueueError::Full {
-                        slots: llm.client.in_flight(),
-                    },
-                )?
-            }
-            Some(llm) if v.kind == RouteKind::Answer => {
-                let reply_of = |i: usize| prefilter.replies().get(i).cloned().flatten();
-                let mut system = String::from(
-                    "You are a retail bank's support assistant. The customer's message may match one of these intents \
-                     (with the approved reply):\n",
-                );
-                for (i, _) in &top {
-                    system.push_str(&format!(
-                        "- {}: {}\n",
-                        labels[*i],
-                        reply_of(*i).unwrap_or_default()
-                    ));
-                }
-                system.push_str("Answer the customer in two sentences at most, using the most fitting approved reply.");
-                let messages = vec![
-                    Message {
-                        role: "system".into(),
-                        content: system,
-                    },
-                    Message {
-                        role: "user".into(),
-                        content: v.text.clone(),
-                    },
-                ];
-                let job = Job::Generate {
-                    messages,
-                    sampling: sampling(&v),
-                };
-                let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-                match llm.client.submit(&job, deadline) {
-                    Ok(handle) => {
-                        meta.tier = "llm";
-                        let resp =
-                            stream_or_collect(state, &v, handle, meta, prompt_tokens, started)
-                                .await?;
-                        return Ok((resp, "llm"));
-                    }
-                    Err(e) => degrade(state, &mut meta, &e)?,
-                }
-            }
-            Some(llm)
-                if llm.rerank_out_of_reach(
-                    Duration::from_millis(state.config.reranker.rerank_deadline_ms),
-                    state.config.reranker.workers,
-                ) =>
-            {
-                degrade(state, &mut meta, &QueueError::DeadlineExceeded)?
-            }
-            Some(llm) => {
-                let candidates: Vec<Candidate> = top
-                    .iter()
-                    .map(|(i, p)| Candidate {
-                        label: labels[*i].clone(),
-                        description: None,
-                        p: *p,
-                    })
-                    .collect();
-                let job = Job::Rerank {
-                    text: v.text.clone(),
-                    candidates,
-                    llm_weight: state.config.reranker.llm_weight,
-                };
-                let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
-                let t = Instant::now();
-                let ahead = llm.client.in_flight() as u32 + 1;
-                let outcome = match llm.client.submit(&job, deadline) {
-                    Ok(h) => h.reply().await,
-                    Err(e) => Err(e),
-                };
-                match outcome {
-                    Ok(Reply::Rerank(r)) if r.fused.len() == top.len() => {
-                        meta.tier = "llm";
-                        meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
-                        // Service time ≈ latency shared by the jobs that were queued with this one.
-                        llm.record_rerank(t.elapsed() / ahead);
-                        metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
-                        final_probs = top
-                            .iter()
-                            .zip(&r.fused)
-                            .map(|((i, _), p)| (*i, *p))
-                            .collect();
-                        final_probs.sort_by(|a, b| b.1.total_cmp(&a.1));
-                    }
-                    Ok(_) => degrade(
-                        state,
-                        &mut meta,
-                        &QueueError::Protocol("unexpected reply".into()),
-                    )?,
-                    Err(e) => degrade(state, &mut meta, &e)?,
-                }
-                state.policy.record_escalated_latency(
-                    Instant::now(),
-                    started.elapsed().as_secs_f64() * 1e3,
-                );
-            }
+/// Why an escalation cannot be queued now (no LLM, or it is already behind), if so.
+fn llm_unavailable(state: &AppState) -> Option<QueueError> {
+    let llm = state.llm.as_ref()?;
+    (llm.client.in_flight() >= state.config.reranker.in_flight_limit()).then(|| QueueError::Full {
+        slots: llm.client.in_flight(),
+    })
+}
+
+/// An answer route's escalation: the LLM writes the reply, grounded in the candidates' approved replies.
+/// `None`: not an answer route, or degraded (then `meta` says why).
+async fn escalate_answer(
+    state: &Arc<AppState>,
+    route: &Route,
+    v: &ValidChat,
+    d: &Decided,
+    meta: &mut Meta,
+    started: Instant,
+) -> Result<Option<Response>, ApiError> {
+    if v.kind != RouteKind::Answer {
+        return Ok(None);
+    }
+    let Some(llm) = &state.llm else {
+        meta.degraded = Some("no_llm");
+        return Ok(None);
+    };
+    if let Some(e) = llm_unavailable(state) {
+        degrade(state, meta, &e)?;
+        return Ok(None);
+    }
+    let Some(prefilter) = route.prefilter.as_ref() else {
+        return Ok(None);
+    };
+    let lines: String = d
+        .top
+        .iter()
+        .map(|(i, _)| {
+            let label = display_label(&prefilter.labels()[*i]);
+            let reply = prefilter.replies().get(*i).cloned().flatten();
+            render(
+                &route.prompts.answer_candidate,
+                &[("label", &label), ("reply", reply.as_deref().unwrap_or(""))],
+            )
+        })
+        .collect();
+    let system = render(&route.prompts.answer_system, &[("candidates", &lines)]);
+    let messages = vec![
+        Message {
+            role: "system".into(),
+            content: system,
+        },
+        Message {
+            role: "user".into(),
+            content: v.text.clone(),
+        },
+    ];
+    let job = Job::Generate {
+        messages,
+        sampling: sampling(v),
+    };
+    let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
+    match llm.client.submit(&job, deadline) {
+        Ok(handle) => {
+            meta.tier = "llm";
+            let prompt_tokens = d.pred.tokens as u32;
+            let resp =
+                stream_or_collect(state, v, handle, meta.clone(), prompt_tokens, started).await?;
+            Ok(Some(resp))
+        }
+        Err(e) => {
+            degrade(state, meta, &e)?;
+            Ok(None)
         }
     }
+}
+
+/// A classify route's escalation: the LLM scores Tier-0's candidates (with their examples, under the
+/// route's templates), fused with Tier-0 by the head's fitted weights. `None`: degraded (`meta` says why).
+async fn escalate_rerank(
+    state: &Arc<AppState>,
+    route: &Route,
+    v: &ValidChat,
+    d: &Decided,
+    meta: &mut Meta,
+) -> Result<Option<Vec<(usize, f32)>>, ApiError> {
+    let Some(llm) = &state.llm else {
+        meta.degraded = Some("no_llm");
+        return Ok(None);
+    };
+    let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
+    let busy = llm_unavailable(state).or_else(|| {
+        llm.rerank_out_of_reach(deadline, state.config.reranker.workers)
+            .then_some(QueueError::DeadlineExceeded)
+    });
+    if let Some(e) = busy {
+        degrade(state, meta, &e)?;
+        return Ok(None);
+    }
+    let Some(prefilter) = route.prefilter.as_ref() else {
+        return Ok(None);
+    };
+    let candidates: Vec<Candidate> = d
+        .top
+        .iter()
+        .map(|(i, p)| Candidate {
+            label: prefilter.labels()[*i].clone(),
+            description: prefilter.replies().get(*i).cloned().flatten(),
+            examples: prefilter.examples().get(*i).cloned().unwrap_or_default(),
+            p: *p,
+        })
+        .collect();
+    let job = Job::Rerank {
+        text: v.text.clone(),
+        candidates,
+        llm_weight: route.fusion.llm_weight,
+        llm_temperature: route.fusion.llm_temperature,
+        prompt: route.prompts.clone(),
+    };
+    let t = Instant::now();
+    let ahead = llm.client.in_flight() as u32 + 1;
+    let outcome = match llm.client.submit(&job, deadline) {
+        Ok(h) => h.reply().await,
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(Reply::Rerank(r)) if r.fused.len() == d.top.len() => {
+            meta.tier = "llm";
+            meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
+            // Service time ≈ latency shared by the jobs that were queued with this one.
+            llm.record_rerank(t.elapsed() / ahead);
+            metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
+            let mut fused: Vec<(usize, f32)> =
+                d.top.iter().zip(&r.fused).map(|((i, _), p)| (*i, *p)).collect();
+            fused.sort_by(|a, b| b.1.total_cmp(&a.1));
+            Ok(Some(fused))
+        }
+        Ok(_) => {
+            degrade(state, meta, &QueueError::Protocol("unexpected reply".into()))?;
+            Ok(None)
+        }
+        Err(e) => {
+            degrade(state, meta, &e)?;
+            Ok(None)
+        }
+    }
+}
+
+/// The label answer (classify), or the label's reply (answer route, not escalated or degraded).
+fn respond_label(
+    state: &AppState,
+    route: &Route,
+    v: &ValidChat,
+    pred: &Prediction,
+    final_probs: Vec<(usize, f32)>,
+    mut meta: Meta,
+) -> Result<(Response, &'static str), ApiError> {
+    let prefilter = route
+        .prefilter
+        .as_ref()
+        .ok_or_else(|| ApiError::Internal("route without a classifier".into()))?;
+    let labels = prefilter.labels();
     let (best, best_p) = final_probs
         .first()
         .copied()
@@ -322,14 +406,14 @@ async fn classified(
     };
     let logprobs = v
         .logprobs
-        .then(|| label_logprobs(&pred, labels, &label, best_p, &final_probs, v.top_logprobs));
+        .then(|| label_logprobs(pred, labels, &label, best_p, &final_probs, v.top_logprobs));
     let tier = meta.tier;
     let resp = respond_text(
         state,
-        &v,
+        v,
         content,
         logprobs,
-        Usage::new(prompt_tokens, 1),
+        Usage::new(pred.tokens as u32, 1),
         meta,
     );
     Ok((resp, tier))

@@ -89,7 +89,14 @@ pub async fn info(State(state): State<Arc<AppState>>) -> Response {
             *t = json!("<redacted>");
         }
     }
+    let fusion: serde_json::Map<String, serde_json::Value> = state
+        .route_order
+        .iter()
+        .filter_map(|n| state.routes.get(n))
+        .filter(|r| r.prefilter.is_some())
+        .map(|r| (r.name.clone(), serde_json::to_value(&r.fusion).unwrap_or_default()))
+        .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
-                      "segment": state.llm.as_ref().map(|l| l.segment.clone())}))
+                      "segment": state.llm.as_ref().map(|l| l.segment.clone()), "fusion": fusion}))
         .into_response()
 }

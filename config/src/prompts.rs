@@ -1,0 +1,158 @@
+//! Prompt templates: what the LLM sees when it scores candidates and when it writes an answer. The text lives
+//! in `prompts/neutral.toml` (the defaults) and in deployments' config files, never in Rust source.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+/// The neutral templates, parsed once for [`PromptConfig::default`].
+pub const NEUTRAL_PROMPTS: &str = include_str!("../prompts/neutral.toml");
+
+/// How the LLM scores Tier-0's candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoringMethod {
+    /// P(query | the candidate's examples): one label prefix per candidate, cached across requests.
+    Channel,
+    /// P(candidate text | a prompt holding the query): one shared prompt, every candidate scored off it.
+    Likelihood,
+}
+
+/// Templates for one route (placeholders: `{label}`, `{examples}`, `{example}`, `{reply}`, `{query}`,
+/// `{candidates}`; see `prompts/neutral.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PromptConfig {
+    /// How candidates are scored.
+    pub method: ScoringMethod,
+    /// Channel: the text before the query, per candidate (`{label}`, `{examples}`, `{reply}`).
+    pub label_prefix: String,
+    /// Channel: one example line inside `{examples}` (`{example}`).
+    pub example_line: String,
+    /// Channel: the scored text after a label prefix (`{query}`).
+    pub query: String,
+    /// Likelihood: the shared prompt (`{query}`).
+    pub likelihood_prompt: String,
+    /// Likelihood: the scored text per candidate (`{label}`, `{reply}`).
+    pub likelihood_candidate: String,
+    /// Scored in place of the query to estimate each candidate's prior, which is then subtracted; empty: off.
+    pub content_free: String,
+    /// Examples shown per candidate at most.
+    pub max_examples: usize,
+    /// Answer routes: the system message of an escalated answer (`{candidates}`).
+    pub answer_system: String,
+    /// Answer routes: one line per candidate inside `{candidates}` (`{label}`, `{reply}`).
+    pub answer_candidate: String,
+}
+
+impl Default for PromptConfig {
+    /// The neutral templates of `prompts/neutral.toml`. Read field by field from a TOML table: deserialising
+    /// `PromptConfig` itself would ask this function for the fields the file leaves out.
+    fn default() -> Self {
+        let table: toml::Table = toml::from_str(NEUTRAL_PROMPTS).unwrap_or_default();
+        let text = |k: &str| {
+            table
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        Self {
+            method: match text("method").as_str() {
+                "likelihood" => ScoringMethod::Likelihood,
+                _ => ScoringMethod::Channel,
+            },
+            label_prefix: text("label_prefix"),
+            example_line: text("example_line"),
+            query: text("query"),
+            likelihood_prompt: text("likelihood_prompt"),
+            likelihood_candidate: text("likelihood_candidate"),
+            content_free: text("content_free"),
+            max_examples: table
+                .get("max_examples")
+                .and_then(|v| v.as_integer())
+                .map_or(0, |n| n.max(0) as usize),
+            answer_system: text("answer_system"),
+            answer_candidate: text("answer_candidate"),
+        }
+    }
+}
+
+impl PromptConfig {
+    /// Checks that each template carries the placeholder it exists for.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let need = |field: &str, text: &str, placeholder: &str| {
+            if text.contains(placeholder) {
+                Ok(())
+            } else {
+                Err(ConfigError::invalid(
+                    format!("{at}.{field}"),
+                    format!("must contain {placeholder}"),
+                ))
+            }
+        };
+        need("query", &self.query, "{query}")?;
+        need("likelihood_prompt", &self.likelihood_prompt, "{query}")?;
+        need("example_line", &self.example_line, "{example}")?;
+        need("answer_system", &self.answer_system, "{candidates}")?;
+        if self.likelihood_candidate.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{at}.likelihood_candidate"),
+                "must not be empty",
+            ));
+        }
+        if self.max_examples > 16 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_examples"),
+                "at most 16",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Fills `{name}` placeholders; unknown placeholders stay as written.
+pub fn render(template: &str, vars: &[(&str, &str)]) -> String {
+    let mut out = template.to_string();
+    for (k, v) in vars {
+        out = out.replace(&format!("{{{k}}}"), v);
+    }
+    out
+}
+
+/// A label as the LLM reads it: `card_not_arrived` → `card not arrived`.
+pub fn display_label(label: &str) -> String {
+    label.replace(['_', '-'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neutral_prompts_parse_and_validate() {
+        let p = PromptConfig::default();
+        p.validate("reranker.prompts").unwrap();
+        assert_eq!(p.method, ScoringMethod::Channel);
+        assert!(p.max_examples > 0 && !p.content_free.is_empty());
+        // Every key of the file is a field (deny_unknown_fields), and a partial table keeps the rest neutral.
+        let full: PromptConfig = toml::from_str(NEUTRAL_PROMPTS).unwrap();
+        assert_eq!(full, p);
+        let partial: PromptConfig = toml::from_str("method = \"likelihood\"").unwrap();
+        assert_eq!(partial.method, ScoringMethod::Likelihood);
+        assert_eq!(partial.query, p.query);
+        let mut bad = p.clone();
+        bad.query = "no placeholder".into();
+        let e = bad.validate("reranker.prompts").unwrap_err().to_string();
+        assert!(e.contains("reranker.prompts.query"), "{e}");
+    }
+
+    #[test]
+    fn render_fills_known_placeholders_only() {
+        assert_eq!(
+            render("{label}: {x} {label}", &[("label", "a b")]),
+            "a b: {x} a b"
+        );
+        assert_eq!(display_label("card_not-arrived"), "card not arrived");
+    }
+}

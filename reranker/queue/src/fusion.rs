@@ -1,0 +1,92 @@
+//! Fusing the LLM's candidate distribution with Tier-0's: one implementation for the worker (which fuses each
+//! rerank), the server and `tiergate eval --hybrid` / `fit-fusion` (which fit the weight and temperature).
+
+/// `(1 - w) · tier0' + w · llm`, where `tier0'` is Tier-0's probabilities renormalised over the candidates.
+/// Non-finite or negative inputs count as 0; an all-zero side falls back to uniform.
+pub fn fuse(tier0: &[f32], llm: &[f32], llm_weight: f32) -> Vec<f32> {
+    let w = if llm_weight.is_finite() {
+        llm_weight.clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
+    let a = normalise(tier0);
+    let b = normalise(llm);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (1.0 - w) * x + w * y)
+        .collect()
+}
+
+/// The LLM's distribution over candidates: softmax of its scores (log-domain) at `temperature`.
+pub fn llm_probs(scores: &[f32], temperature: f32) -> Vec<f32> {
+    let t = if temperature.is_finite() && temperature > 0.0 {
+        temperature
+    } else {
+        1.0
+    };
+    let max = scores
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return normalise(&vec![0.0; scores.len()]);
+    }
+    let exps: Vec<f32> = scores
+        .iter()
+        .map(|s| if s.is_finite() { ((s - max) / t).exp() } else { 0.0 })
+        .collect();
+    normalise(&exps)
+}
+
+/// Index of the largest value (the first on ties); 0 for an empty slice.
+pub fn argmax(p: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in p.iter().enumerate() {
+        if *v > p[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Clean and normalise to sum 1 (uniform when nothing is left).
+pub fn normalise(p: &[f32]) -> Vec<f32> {
+    let clean: Vec<f32> = p
+        .iter()
+        .map(|&x| if x.is_finite() && x > 0.0 { x } else { 0.0 })
+        .collect();
+    let sum: f32 = clean.iter().sum();
+    if sum <= 0.0 {
+        return vec![1.0 / p.len().max(1) as f32; p.len()];
+    }
+    clean.iter().map(|x| x / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fusion_weights_and_normalises() {
+        let f = fuse(&[0.6, 0.2], &[0.0, 1.0], 0.5);
+        assert!(
+            (f[0] - 0.375).abs() < 1e-6 && (f[1] - 0.625).abs() < 1e-6,
+            "{f:?}"
+        );
+        assert_eq!(fuse(&[0.6, 0.2], &[0.1, 0.9], 0.0), normalise(&[0.6, 0.2]));
+        assert_eq!(fuse(&[0.6, 0.2], &[0.1, 0.9], 1.0), vec![0.1, 0.9]);
+        let g = fuse(&[f32::NAN, -1.0], &[0.0, 0.0], 0.5);
+        assert!((g[0] - 0.5).abs() < 1e-6 && (g[1] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn llm_probs_is_a_tempered_softmax() {
+        let p = llm_probs(&[0.0, 2f32.ln()], 1.0);
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6);
+        let q = llm_probs(&[0.0, 2f32.ln()], 0.5);
+        assert!((q[1] - 0.8).abs() < 1e-6, "{q:?}");
+        assert_eq!(llm_probs(&[f32::NAN, f32::NEG_INFINITY], 1.0), vec![0.5, 0.5]);
+        assert_eq!(argmax(&[0.1, 0.5, 0.5]), 1);
+    }
+}

@@ -1,0 +1,389 @@
+//! A llama-architecture decoder over GGUF weights, written for scoring rather than generation.
+//!
+//! candle-transformers' `quantized_llama` returns the logits of the last position only and keeps one linear
+//! KV cache per model, so scoring k candidates after one prompt takes k forwards (or k model clones fed one
+//! token at a time). This forward takes explicit positions, an optional past (keys/values of earlier
+//! tokens, possibly several unrelated prefixes concatenated) and a block mask, and returns the final hidden
+//! state of every position: all candidates of a rerank go through one forward, each seeing only its own
+//! prefix. Weight names and the interleaved RoPE follow the GGUF llama layout (as `quantized_llama` does).
+
+use std::ops::Range;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, QMatMul};
+use candle_core::{DType, Device, Module, Tensor, D};
+
+/// Shapes read from the GGUF metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (grouped-query attention).
+    pub n_kv_head: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Residual width.
+    pub hidden: usize,
+    /// RMS-norm epsilon.
+    pub eps: f64,
+    /// Longest position the RoPE tables cover.
+    pub max_positions: usize,
+}
+
+/// How the projection weights are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// As stored in the file (candle's quantized kernels; activations are quantized to 8 bits).
+    Quantized,
+    /// Dequantised to f32 at load (about 4x the memory, ~3-4x faster prefill on CPU; see the README).
+    F32,
+}
+
+struct Layer {
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
+    gate: QMatMul,
+    down: QMatMul,
+    up: QMatMul,
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+}
+
+/// The model. Immutable after load: callers keep their own [`KvCache`]s, so one model serves many threads.
+pub struct Llama {
+    cfg: LlamaConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    output: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+}
+
+/// Keys and values of a processed token sequence, per layer `[1, n_kv_head, len, head_dim]` (RoPE applied).
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    /// `(k, v)` per layer.
+    pub layers: Vec<(Tensor, Tensor)>,
+    /// Tokens held.
+    pub len: usize,
+}
+
+impl KvCache {
+    /// Several caches side by side (along the sequence axis): the past of a forward whose segments each
+    /// see one of them.
+    pub fn concat(parts: &[&KvCache]) -> candle_core::Result<KvCache> {
+        let Some(first) = parts.first() else {
+            candle_core::bail!("no caches to concatenate")
+        };
+        let mut layers = Vec::with_capacity(first.layers.len());
+        for l in 0..first.layers.len() {
+            let ks: Vec<&Tensor> = parts.iter().map(|p| &p.layers[l].0).collect();
+            let vs: Vec<&Tensor> = parts.iter().map(|p| &p.layers[l].1).collect();
+            layers.push((Tensor::cat(&ks, 2)?, Tensor::cat(&vs, 2)?));
+        }
+        Ok(KvCache {
+            layers,
+            len: parts.iter().map(|p| p.len).sum(),
+        })
+    }
+
+    /// Bytes held (for cache accounting).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * 4)
+            .sum()
+    }
+}
+
+/// A run of new tokens in a forward and what it may attend to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// Position of its first token.
+    pub start_pos: usize,
+    /// Columns of the past it sees (all of them: a whole prefix).
+    pub sees_past: Range<usize>,
+    /// Earlier segments of the same forward it sees in full.
+    pub sees_segments: Vec<usize>,
+}
+
+fn md_u32(ct: &gguf_file::Content, key: &str) -> candle_core::Result<usize> {
+    match ct.metadata.get(key) {
+        Some(v) => Ok(v.to_u32()? as usize),
+        None => candle_core::bail!("GGUF metadata `{key}` missing"),
+    }
+}
+
+fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
+    ct.metadata.get(key).and_then(|v| v.to_f32().ok())
+}
+
+impl Llama {
+    /// Loads a llama-architecture GGUF file on the CPU.
+    pub fn load(path: &Path, format: WeightFormat) -> candle_core::Result<Self> {
+        let device = Device::Cpu;
+        let mut file = std::fs::File::open(path)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
+        let ct = gguf_file::Content::read(&mut file)
+            .map_err(|e| e.with_path(path.to_path_buf()))?;
+        let arch = ct
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default();
+        if arch != "llama" {
+            candle_core::bail!("{}: architecture `{arch}` is not llama", path.display())
+        }
+        let n_head = md_u32(&ct, "llama.attention.head_count")?;
+        let hidden = md_u32(&ct, "llama.embedding_length")?;
+        let cfg = LlamaConfig {
+            n_layer: md_u32(&ct, "llama.block_count")?,
+            n_head,
+            n_kv_head: md_u32(&ct, "llama.attention.head_count_kv")?,
+            head_dim: hidden / n_head,
+            hidden,
+            eps: f64::from(md_f32(&ct, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5)),
+            max_positions: md_u32(&ct, "llama.context_length")
+                .unwrap_or(2048)
+                .min(8192),
+        };
+        let rope_base = md_f32(&ct, "llama.rope.freq_base").unwrap_or(10_000.0);
+        let mut get = |name: &str| ct.tensor(&mut file, name, &device);
+        let matmul = |q: candle_core::quantized::QTensor| -> candle_core::Result<QMatMul> {
+            Ok(match format {
+                WeightFormat::F32 => QMatMul::Tensor(q.dequantize(&Device::Cpu)?),
+                WeightFormat::Quantized => QMatMul::from_qtensor(q)?,
+            })
+        };
+        let embed_q = get("token_embd.weight")?;
+        let embed = embed_q.dequantize(&device)?;
+        let norm = get("output_norm.weight")?.dequantize(&device)?;
+        let output = match get("output.weight") {
+            Ok(t) => matmul(t)?,
+            Err(_) => matmul(embed_q)?,
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let mut w = |n: &str| get(&format!("blk.{i}.{n}.weight"));
+            layers.push(Layer {
+                wq: matmul(w("attn_q")?)?,
+                wk: matmul(w("attn_k")?)?,
+                wv: matmul(w("attn_v")?)?,
+                wo: matmul(w("attn_output")?)?,
+                gate: matmul(w("ffn_gate")?)?,
+                down: matmul(w("ffn_down")?)?,
+                up: matmul(w("ffn_up")?)?,
+                attn_norm: w("attn_norm")?.dequantize(&device)?,
+                ffn_norm: w("ffn_norm")?.dequantize(&device)?,
+            });
+        }
+        let (cos, sin) = rope_tables(cfg.head_dim, rope_base, cfg.max_positions, &device)?;
+        Ok(Self {
+            cfg,
+            embed,
+            layers,
+            norm,
+            output,
+            cos,
+            sin,
+            device,
+        })
+    }
+
+    /// The shapes.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// Runs `segments` after `past` in one forward. Returns the final-norm hidden state of every new token
+    /// (`[n_new, hidden]`, segments in order) and the new tokens' keys/values (one cache, segments in order).
+    pub fn forward(
+        &self,
+        segments: &[Segment],
+        past: Option<&KvCache>,
+    ) -> candle_core::Result<(Tensor, KvCache)> {
+        let past_len = past.map_or(0, |p| p.len);
+        let tokens: Vec<u32> = segments.iter().flat_map(|s| s.tokens.clone()).collect();
+        let n = tokens.len();
+        if n == 0 {
+            candle_core::bail!("nothing to run")
+        }
+        let positions: Vec<u32> = segments
+            .iter()
+            .flat_map(|s| (s.start_pos..s.start_pos + s.tokens.len()).map(|p| p as u32))
+            .collect();
+        if positions.iter().any(|&p| p as usize >= self.cfg.max_positions) {
+            candle_core::bail!("position beyond {}", self.cfg.max_positions)
+        }
+        let mask = block_mask(segments, past_len, &self.device)?;
+        let pos = Tensor::new(positions.as_slice(), &self.device)?;
+        let cos = self.cos.index_select(&pos, 0)?.contiguous()?;
+        let sin = self.sin.index_select(&pos, 0)?.contiguous()?;
+        let ids = Tensor::new(tokens.as_slice(), &self.device)?;
+        let mut x = self.embed.index_select(&ids, 0)?.unsqueeze(0)?;
+        let mut kv = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.eps as f32)?;
+            let layer_past = past.and_then(|p| p.layers.get(i));
+            let (attn, k, v) = self.attention(layer, &h, layer_past, &mask, &cos, &sin)?;
+            kv.push((k, v));
+            x = (x + attn)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.eps as f32)?;
+            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
+            let mlp = layer.down.forward(&(g * layer.up.forward(&h)?)?)?;
+            x = (x + mlp)?;
+        }
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.cfg.eps as f32)?.squeeze(0)?;
+        Ok((x, KvCache { layers: kv, len: n }))
+    }
+
+    /// Log-probabilities over the vocabulary for the given final hidden rows `[m, hidden]` → `[m, vocab]`.
+    pub fn log_probs(&self, hidden_rows: &Tensor) -> candle_core::Result<Tensor> {
+        let logits = self.output.forward(hidden_rows)?;
+        candle_nn::ops::log_softmax(&logits, D::Minus1)
+    }
+
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        past: Option<&(Tensor, Tensor)>,
+        mask: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (_, n, _) = x.dims3()?;
+        let (h, kvh, d) = (self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim);
+        let q = layer.wq.forward(x)?.reshape((1, n, h, d))?.transpose(1, 2)?;
+        let k = layer.wk.forward(x)?.reshape((1, n, kvh, d))?.transpose(1, 2)?;
+        let v = layer
+            .wv
+            .forward(x)?
+            .reshape((1, n, kvh, d))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let q = candle_nn::rotary_emb::rope_i(&q.contiguous()?, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope_i(&k.contiguous()?, cos, sin)?;
+        let (k_all, v_all) = match past {
+            Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+            None => (k.clone(), v.clone()),
+        };
+        let rep = h / kvh;
+        let k_all = candle_transformers::utils::repeat_kv(k_all, rep)?;
+        let v_all = candle_transformers::utils::repeat_kv(v_all, rep)?.contiguous()?;
+        let att = (q.matmul(&k_all.t()?)? / (d as f64).sqrt())?;
+        let att = att.broadcast_add(mask)?;
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let y = att
+            .matmul(&v_all)?
+            .transpose(1, 2)?
+            .reshape((1, n, h * d))?;
+        Ok((layer.wo.forward(&y)?, k, v))
+    }
+}
+
+fn rope_tables(
+    head_dim: usize,
+    base: f32,
+    max_positions: usize,
+    device: &Device,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let inv: Vec<f32> = (0..head_dim)
+        .step_by(2)
+        .map(|i| 1f32 / base.powf(i as f32 / head_dim as f32))
+        .collect();
+    let inv = Tensor::new(inv.as_slice(), device)?;
+    let t = Tensor::arange(0u32, max_positions as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((max_positions, 1))?;
+    let freqs = t.matmul(&inv.reshape((1, head_dim / 2))?)?;
+    Ok((freqs.cos()?, freqs.sin()?))
+}
+
+/// The additive mask `[n_new, past_len + n_new]`: 0 where a token may look, −∞ elsewhere. A token sees its
+/// segment's past range, the segments it names in full, and its own segment up to itself.
+pub fn block_mask(
+    segments: &[Segment],
+    past_len: usize,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let n: usize = segments.iter().map(|s| s.tokens.len()).sum();
+    let cols = past_len + n;
+    let mut offsets = Vec::with_capacity(segments.len());
+    let mut at = 0;
+    for s in segments {
+        offsets.push(at);
+        at += s.tokens.len();
+    }
+    let mut m = vec![f32::NEG_INFINITY; n * cols];
+    for (si, s) in segments.iter().enumerate() {
+        if s.sees_past.end > past_len || s.sees_segments.iter().any(|&t| t >= si) {
+            candle_core::bail!("segment {si} sees beyond its past or a later segment")
+        }
+        for i in 0..s.tokens.len() {
+            let row = &mut m[(offsets[si] + i) * cols..(offsets[si] + i + 1) * cols];
+            row[s.sees_past.clone()].fill(0.0);
+            for &t in &s.sees_segments {
+                let o = past_len + offsets[t];
+                row[o..o + segments[t].tokens.len()].fill(0.0);
+            }
+            let o = past_len + offsets[si];
+            row[o..=o + i].fill(0.0);
+        }
+    }
+    Tensor::from_vec(m, (n, cols), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_blocks_other_prefixes_and_later_tokens() {
+        // Past: two prefixes of 2 and 1 tokens. New: segment 0 (2 tokens) after prefix A, segment 1 (1 token)
+        // after prefix B.
+        let segs = vec![
+            Segment {
+                tokens: vec![5, 6],
+                start_pos: 2,
+                sees_past: 0..2,
+                sees_segments: vec![],
+            },
+            Segment {
+                tokens: vec![7],
+                start_pos: 1,
+                sees_past: 2..3,
+                sees_segments: vec![],
+            },
+        ];
+        let m = block_mask(&segs, 3, &Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let open = |r: &Vec<f32>| -> Vec<usize> {
+            r.iter()
+                .enumerate()
+                .filter(|(_, v)| **v == 0.0)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        assert_eq!(open(&m[0]), vec![0, 1, 3]);
+        assert_eq!(open(&m[1]), vec![0, 1, 3, 4]);
+        assert_eq!(open(&m[2]), vec![2, 5]);
+        let bad = vec![Segment {
+            tokens: vec![1],
+            start_pos: 0,
+            sees_past: 0..9,
+            sees_segments: vec![],
+        }];
+        assert!(block_mask(&bad, 3, &Device::Cpu).is_err());
+    }
+}

@@ -1,0 +1,432 @@
+//! One-pass candidate scoring on our own llama forward ([`crate::llama`]).
+//!
+//! - **channel**: score_i = mean log P(query | prefix_i), prefix_i = the candidate's label and examples. Each
+//!   prefix is prefilled once and cached (keys/values and its last hidden state) across requests; a rerank
+//!   is then one forward of k copies of the query, copy i attending to prefix i only.
+//! - **likelihood**: score_i = mean log P(candidate_i | prompt with the query): prompt and all candidates in
+//!   one forward, each candidate attending to the prompt and to itself.
+//!
+//! Both subtract a content-free prior per candidate (the same score with `prompt.content_free` in place of
+//! the query, cached), which removes the bias a small model has for some labels whatever the message says.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{Device, IndexOp, Tensor};
+use tiergate_config::{PromptConfig, ScoringMethod};
+use tiergate_queue::Candidate;
+
+use crate::engine::{EngineError, Scored};
+use crate::llama::{KvCache, Llama, Segment};
+use crate::prompt;
+
+/// Longest scored text, in tokens (longer queries are cut at the end).
+const MAX_QUERY_TOKENS: usize = 96;
+/// Longest prefix or prompt, in tokens.
+const MAX_PREFIX_TOKENS: usize = 768;
+
+/// Text to token ids (no special tokens).
+pub trait Tokenize: Send + Sync {
+    /// Encodes `text`.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError>;
+}
+
+fn failed(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Failed(e.to_string())
+}
+
+/// A prefilled channel prefix.
+struct Prefix {
+    kv: KvCache,
+    /// Final hidden state of its last token (predicts the first scored token).
+    last: Tensor,
+    /// Content-free prior (0 when off).
+    prior: f32,
+}
+
+/// Cached prefixes and priors, bounded by bytes, least recently used out first.
+struct Cache {
+    prefixes: HashMap<String, (Arc<Prefix>, u64)>,
+    priors: HashMap<String, f32>,
+    bytes: usize,
+    budget: usize,
+    clock: u64,
+}
+
+impl Cache {
+    fn get(&mut self, key: &str) -> Option<Arc<Prefix>> {
+        self.clock += 1;
+        let now = self.clock;
+        self.prefixes.get_mut(key).map(|(p, t)| {
+            *t = now;
+            p.clone()
+        })
+    }
+
+    fn put(&mut self, key: String, p: Arc<Prefix>) {
+        self.clock += 1;
+        self.bytes += p.kv.bytes();
+        if let Some((old, _)) = self.prefixes.insert(key, (p, self.clock)) {
+            self.bytes -= old.kv.bytes();
+        }
+        while self.bytes > self.budget && self.prefixes.len() > 1 {
+            let Some(oldest) = self
+                .prefixes
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((p, _)) = self.prefixes.remove(&oldest) {
+                self.bytes -= p.kv.bytes();
+            }
+        }
+        if self.priors.len() > 100_000 {
+            self.priors.clear();
+        }
+    }
+}
+
+/// The scorer: the model, its caches, and a lock so that one forward runs at a time (a forward already uses
+/// every core).
+pub struct Scorer {
+    model: Llama,
+    cache: Mutex<Cache>,
+    forward: Mutex<()>,
+}
+
+impl Scorer {
+    /// Wraps a loaded model; `cache_bytes` bounds the cached prefixes.
+    pub fn new(model: Llama, cache_bytes: usize) -> Self {
+        Self {
+            model,
+            cache: Mutex::new(Cache {
+                prefixes: HashMap::new(),
+                priors: HashMap::new(),
+                bytes: 0,
+                budget: cache_bytes,
+                clock: 0,
+            }),
+            forward: Mutex::new(()),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    /// Scores `candidates` for `text` (see the module docs): one score per candidate, log domain.
+    pub fn score(
+        &self,
+        tok: &dyn Tokenize,
+        text: &str,
+        candidates: &[Candidate],
+        p: &PromptConfig,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError> {
+        let _one = self.forward.lock().map_err(failed)?;
+        match p.method {
+            ScoringMethod::Channel => self.channel(tok, text, candidates, p, cancelled),
+            ScoringMethod::Likelihood => self.likelihood(tok, text, candidates, p, cancelled),
+        }
+    }
+
+    fn channel(
+        &self,
+        tok: &dyn Tokenize,
+        text: &str,
+        candidates: &[Candidate],
+        p: &PromptConfig,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError> {
+        let query = encode_bounded(tok, &prompt::channel_query(text, p), MAX_QUERY_TOKENS)?;
+        let cf = if p.content_free.trim().is_empty() {
+            Vec::new()
+        } else {
+            encode_bounded(
+                tok,
+                &prompt::channel_query(&p.content_free, p),
+                MAX_QUERY_TOKENS,
+            )?
+        };
+        let keys: Vec<String> = candidates
+            .iter()
+            .map(|c| prompt::channel_prefix(c, p))
+            .collect();
+        let prefixes = self.prefixes(tok, &keys, &cf)?;
+        if cancelled() {
+            return Err(EngineError::Cancelled);
+        }
+        let scores = self
+            .score_after(&prefixes, &query)
+            .map_err(failed)?
+            .into_iter()
+            .zip(&prefixes)
+            .map(|(s, pre)| s - pre.prior)
+            .collect();
+        let prompt_tokens = query.len() * candidates.len()
+            + prefixes.iter().map(|x| x.kv.len).sum::<usize>();
+        Ok(Scored {
+            scores,
+            prompt_tokens: prompt_tokens as u32,
+        })
+    }
+
+    /// Cached prefixes for `keys`, prefilling the missing ones (and their priors) in one forward.
+    fn prefixes(
+        &self,
+        tok: &dyn Tokenize,
+        keys: &[String],
+        cf: &[u32],
+    ) -> Result<Vec<Arc<Prefix>>, EngineError> {
+        let mut found: Vec<Option<Arc<Prefix>>> = {
+            let mut cache = self.cache.lock().map_err(failed)?;
+            keys.iter().map(|k| cache.get(k)).collect()
+        };
+        let mut unique: Vec<usize> = Vec::new();
+        for i in (0..keys.len()).filter(|&i| found[i].is_none()) {
+            if !unique.iter().any(|&j| keys[j] == keys[i]) {
+                unique.push(i);
+            }
+        }
+        if !unique.is_empty() {
+            let texts: Vec<Vec<u32>> = unique
+                .iter()
+                .map(|&i| encode_bounded(tok, &keys[i], MAX_PREFIX_TOKENS))
+                .collect::<Result<_, _>>()?;
+            let built = self.prefill(&texts, cf).map_err(failed)?;
+            let mut cache = self.cache.lock().map_err(failed)?;
+            for (&i, pre) in unique.iter().zip(built) {
+                cache.put(keys[i].clone(), pre);
+            }
+            for (i, slot) in found.iter_mut().enumerate() {
+                if slot.is_none() {
+                    *slot = cache.get(&keys[i]);
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|f| f.ok_or_else(|| failed("prefix cache too small for one rerank")))
+            .collect()
+    }
+
+    /// Prefills prefixes (each on its own) and, when `cf` is given, scores it after each of them.
+    fn prefill(&self, texts: &[Vec<u32>], cf: &[u32]) -> candle_core::Result<Vec<Arc<Prefix>>> {
+        let mut segments = Vec::new();
+        for t in texts {
+            let at = segments.len();
+            segments.push(Segment {
+                tokens: t.clone(),
+                start_pos: 0,
+                sees_past: 0..0,
+                sees_segments: vec![],
+            });
+            if !cf.is_empty() {
+                segments.push(Segment {
+                    tokens: cf.to_vec(),
+                    start_pos: t.len(),
+                    sees_past: 0..0,
+                    sees_segments: vec![at],
+                });
+            }
+        }
+        let (hidden, kv) = self.model.forward(&segments, None)?;
+        let mut out = Vec::with_capacity(texts.len());
+        let mut at = 0usize;
+        for t in texts {
+            let len = t.len();
+            let layers = kv
+                .layers
+                .iter()
+                .map(|(k, v)| Ok((k.narrow(2, at, len)?.copy()?, v.narrow(2, at, len)?.copy()?)))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            let last = hidden.i(at + len - 1)?.copy()?;
+            let prior = if cf.is_empty() {
+                0.0
+            } else {
+                let mut rows = vec![last.unsqueeze(0)?];
+                if cf.len() > 1 {
+                    rows.push(hidden.narrow(0, at + len, cf.len() - 1)?);
+                }
+                mean_logprob(&self.model, &Tensor::cat(&rows, 0)?, cf)?
+            };
+            at += len + cf.len();
+            out.push(Arc::new(Prefix {
+                kv: KvCache { layers, len },
+                last,
+                prior,
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Mean log-probability of `query` after each prefix, all in one forward.
+    fn score_after(&self, prefixes: &[Arc<Prefix>], query: &[u32]) -> candle_core::Result<Vec<f32>> {
+        let caches: Vec<&KvCache> = prefixes.iter().map(|p| &p.kv).collect();
+        let past = KvCache::concat(&caches)?;
+        let mut segments = Vec::with_capacity(prefixes.len());
+        let mut col = 0;
+        for p in prefixes {
+            segments.push(Segment {
+                tokens: query.to_vec(),
+                start_pos: p.kv.len,
+                sees_past: col..col + p.kv.len,
+                sees_segments: vec![],
+            });
+            col += p.kv.len;
+        }
+        let (hidden, _) = self.model.forward(&segments, Some(&past))?;
+        let n = query.len();
+        let mut rows = Vec::with_capacity(prefixes.len() * n);
+        for (i, p) in prefixes.iter().enumerate() {
+            rows.push(p.last.unsqueeze(0)?);
+            if n > 1 {
+                rows.push(hidden.narrow(0, i * n, n - 1)?);
+            }
+        }
+        let rows = Tensor::cat(&rows, 0)?;
+        let targets: Vec<u32> = (0..prefixes.len()).flat_map(|_| query.to_vec()).collect();
+        let lp = token_logprobs(&self.model, &rows, &targets)?;
+        Ok(lp.chunks(n).map(|c| c.iter().sum::<f32>() / n as f32).collect())
+    }
+
+    fn likelihood(
+        &self,
+        tok: &dyn Tokenize,
+        text: &str,
+        candidates: &[Candidate],
+        p: &PromptConfig,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError> {
+        let cands: Vec<Vec<u32>> = candidates
+            .iter()
+            .map(|c| encode_bounded(tok, &prompt::likelihood_candidate(c, p), MAX_QUERY_TOKENS))
+            .collect::<Result<_, _>>()?;
+        let priors = self.likelihood_priors(tok, candidates, &cands, p)?;
+        if cancelled() {
+            return Err(EngineError::Cancelled);
+        }
+        let head = encode_bounded(tok, &prompt::likelihood_prompt(text, p), MAX_PREFIX_TOKENS)?;
+        let scores = shared_prompt_scores(&self.model, &head, &cands)
+            .map_err(failed)?
+            .into_iter()
+            .zip(priors)
+            .map(|(s, prior)| s - prior)
+            .collect();
+        Ok(Scored {
+            scores,
+            prompt_tokens: (head.len() + cands.iter().map(Vec::len).sum::<usize>()) as u32,
+        })
+    }
+
+    fn likelihood_priors(
+        &self,
+        tok: &dyn Tokenize,
+        candidates: &[Candidate],
+        cands: &[Vec<u32>],
+        p: &PromptConfig,
+    ) -> Result<Vec<f32>, EngineError> {
+        if p.content_free.trim().is_empty() {
+            return Ok(vec![0.0; cands.len()]);
+        }
+        let cf_prompt = prompt::likelihood_prompt(&p.content_free, p);
+        let key = |c: &Candidate| format!("{cf_prompt}\u{1f}{}", prompt::likelihood_candidate(c, p));
+        let known: Vec<Option<f32>> = {
+            let cache = self.cache.lock().map_err(failed)?;
+            candidates
+                .iter()
+                .map(|c| cache.priors.get(&key(c)).copied())
+                .collect()
+        };
+        if known.iter().all(Option::is_some) {
+            return Ok(known.into_iter().flatten().collect());
+        }
+        let head = encode_bounded(tok, &cf_prompt, MAX_PREFIX_TOKENS)?;
+        let priors = shared_prompt_scores(&self.model, &head, cands).map_err(failed)?;
+        let mut cache = self.cache.lock().map_err(failed)?;
+        for (c, v) in candidates.iter().zip(&priors) {
+            cache.priors.insert(key(c), *v);
+        }
+        Ok(priors)
+    }
+}
+
+/// Mean log-probability of each candidate's tokens after `head`: one forward, each candidate seeing `head`
+/// and itself.
+pub fn shared_prompt_scores(
+    model: &Llama,
+    head: &[u32],
+    cands: &[Vec<u32>],
+) -> candle_core::Result<Vec<f32>> {
+    let mut segments = vec![Segment {
+        tokens: head.to_vec(),
+        start_pos: 0,
+        sees_past: 0..0,
+        sees_segments: vec![],
+    }];
+    for c in cands {
+        segments.push(Segment {
+            tokens: c.clone(),
+            start_pos: head.len(),
+            sees_past: 0..0,
+            sees_segments: vec![0],
+        });
+    }
+    let (hidden, _) = model.forward(&segments, None)?;
+    let last = hidden.narrow(0, head.len() - 1, 1)?;
+    let mut out = Vec::with_capacity(cands.len());
+    let mut at = head.len();
+    for c in cands {
+        let mut rows = vec![last.clone()];
+        if c.len() > 1 {
+            rows.push(hidden.narrow(0, at, c.len() - 1)?);
+        }
+        out.push(mean_logprob(model, &Tensor::cat(&rows, 0)?, c)?);
+        at += c.len();
+    }
+    Ok(out)
+}
+
+/// Mean log-probability of the tokens of `text` after `prefix`, by a plain causal forward of the whole
+/// sequence: the k-prefill reference the one-pass scores are tested against.
+pub fn full_prefill_score(model: &Llama, prefix: &[u32], text: &[u32]) -> candle_core::Result<f32> {
+    let tokens: Vec<u32> = prefix.iter().chain(text).copied().collect();
+    let (hidden, _) = model.forward(
+        &[Segment {
+            tokens,
+            start_pos: 0,
+            sees_past: 0..0,
+            sees_segments: vec![],
+        }],
+        None,
+    )?;
+    let rows = hidden.narrow(0, prefix.len() - 1, text.len())?;
+    mean_logprob(model, &rows, text)
+}
+
+fn mean_logprob(model: &Llama, rows: &Tensor, targets: &[u32]) -> candle_core::Result<f32> {
+    let lp = token_logprobs(model, rows, targets)?;
+    Ok(lp.iter().sum::<f32>() / lp.len().max(1) as f32)
+}
+
+/// log P(targets[r]) under row r's next-token distribution.
+fn token_logprobs(model: &Llama, rows: &Tensor, targets: &[u32]) -> candle_core::Result<Vec<f32>> {
+    let lp = model.log_probs(rows)?;
+    let idx = Tensor::new(targets, &Device::Cpu)?.unsqueeze(1)?;
+    lp.gather(&idx, 1)?.squeeze(1)?.to_vec1::<f32>()
+}
+
+fn encode_bounded(tok: &dyn Tokenize, text: &str, max: usize) -> Result<Vec<u32>, EngineError> {
+    let mut ids = tok.encode(text)?;
+    if ids.is_empty() {
+        return Err(EngineError::Invalid(format!(
+            "`{}` has no tokens",
+            text.chars().take(40).collect::<String>()
+        )));
+    }
+    ids.truncate(max);
+    Ok(ids)
+}

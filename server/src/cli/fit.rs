@@ -1,0 +1,76 @@
+//! `tiergate fit-fusion`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tiergate_prefilter::Classifier;
+
+use super::eval::{select_rows, Split};
+use super::{hybrid, ConfigArgs, DataArgs};
+
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// A folder written by `tiergate train`: the fit is written there as `fusion.json`.
+    #[arg(long)]
+    pub classifier: PathBuf,
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Rows to fit on (`dev`: the part `tiergate train` held out, with the same --dev-fraction and --seed).
+    #[arg(long, value_enum, default_value_t = Split::Dev)]
+    pub split: Split,
+    /// Dev share of the split (as given to `tiergate train`).
+    #[arg(long, default_value_t = 0.1)]
+    pub dev_fraction: f64,
+    /// Seed of the split (as given to `tiergate train`).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// The LLM runs on (and the fit sees) this share of the rows, the most ambiguous: the escalations of the
+    /// operating range.
+    #[arg(long, default_value_t = 0.3)]
+    pub max_escalated: f64,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.max_escalated > 0.0 && args.max_escalated <= 1.0,
+        "--max-escalated must be in (0, 1]"
+    );
+    anyhow::ensure!(
+        args.classifier.join("head.json").is_file(),
+        "{} is not a `tiergate train` folder (no head.json)",
+        args.classifier.display()
+    );
+    let cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
+    let data = tiergate_prefilter::data::read(&args.data.spec())?;
+    let classifier = Classifier::from_dir(
+        &args.classifier,
+        cfg.prefilter.max_tokens,
+        cfg.prefilter.precision,
+    )
+    .with_context(|| format!("loading classifier {}", args.classifier.display()))?;
+    let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
+    let mut scored = hybrid::tier0_rows(&classifier, &rows, cfg.reranker.candidates)?;
+    let low = hybrid::theta_for_share(&scored, args.max_escalated);
+    let texts: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
+    hybrid::run_llm(&cfg, &classifier, &texts, &mut scored, low, &mut |m| {
+        eprintln!("{m}")
+    })?;
+    let f = hybrid::save_fit(&args.classifier, &cfg, &scored)?;
+    println!(
+        "fit on {} escalated rows with {}: llm_weight {} llm_temperature {}; accuracy on them: Tier-0 {:.4}, fused {:.4}",
+        f.rows, f.llm, f.llm_weight, f.llm_temperature, f.tier0_accuracy, f.fused_accuracy
+    );
+    if f.llm_weight == 0.0 {
+        println!("escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended");
+    }
+    println!(
+        "wrote {}",
+        args.classifier
+            .join(tiergate_prefilter::heads::FittedFusion::FILE)
+            .display()
+    );
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! `tiergate eval --hybrid` and `tiergate fit-fusion`: run the configured LLM (through the real worker and
+//! queue) over the rows Tier-0 is least sure of, then report per θ what escalation buys, or fit the fusion.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use tiergate_config::{Config, RouteKind};
+use tiergate_prefilter::data::Example;
+use tiergate_prefilter::heads::FittedFusion;
+use tiergate_prefilter::Classifier;
+use tiergate_queue::fusion::{argmax, fuse, llm_probs};
+use tiergate_queue::{Candidate, Job, Reply};
+
+/// One evaluated row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Gold label index (None: a label the head does not know).
+    pub gold: Option<usize>,
+    /// Tier-0's top candidates (label index, probability).
+    pub top: Vec<(usize, f32)>,
+    /// 1 − max p.
+    pub ambiguity: f64,
+    /// The LLM's scores over `top` (rows the LLM ran on).
+    pub llm: Option<Vec<f32>>,
+    /// LLM seconds for this row.
+    pub llm_s: f64,
+}
+
+impl Row {
+    fn pick(&self, i: usize) -> bool {
+        self.gold.is_some() && self.top.get(i).map(|t| t.0) == self.gold
+    }
+    fn tier0_right(&self) -> bool {
+        self.pick(0)
+    }
+    fn llm_right(&self) -> bool {
+        self.llm.as_ref().is_some_and(|s| self.pick(argmax(s)))
+    }
+    fn fused_right(&self, w: f32, t: f32) -> bool {
+        match &self.llm {
+            Some(s) => {
+                let p0: Vec<f32> = self.top.iter().map(|x| x.1).collect();
+                self.pick(argmax(&fuse(&p0, &llm_probs(s, t), w)))
+            }
+            None => self.tier0_right(),
+        }
+    }
+}
+
+/// One θ of the grid (`--json`: `grid[]`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GridPoint {
+    /// The threshold: escalate when 1 − max p > θ.
+    pub theta: f64,
+    /// Share of rows escalated.
+    pub escalated_share: f64,
+    /// Rows escalated.
+    pub escalated: usize,
+    /// Accuracy of Tier-0 alone over all rows.
+    pub tier0_accuracy: f64,
+    /// Accuracy over all rows with the escalated ones answered by the fusion.
+    pub hybrid_accuracy: f64,
+    /// On the escalated rows: Tier-0 alone.
+    pub escalated_tier0_accuracy: Option<f64>,
+    /// On the escalated rows: the LLM alone (its best candidate).
+    pub escalated_llm_accuracy: Option<f64>,
+    /// On the escalated rows: the fusion.
+    pub escalated_fused_accuracy: Option<f64>,
+    /// Mean LLM seconds per escalation.
+    pub llm_seconds_per_escalation: Option<f64>,
+}
+
+/// Figures per θ. Rows the LLM did not run on count as Tier-0 answers; θ values that would escalate rows
+/// the LLM did not see are left out.
+pub fn grid(rows: &[Row], thetas: &[f64], w: f32, t: f32) -> Vec<GridPoint> {
+    let n = rows.len().max(1) as f64;
+    let tier0 = rows.iter().filter(|r| r.tier0_right()).count() as f64 / n;
+    let mut out = Vec::new();
+    for &theta in thetas {
+        let esc: Vec<&Row> = rows.iter().filter(|r| r.ambiguity > theta).collect();
+        if esc.iter().any(|r| r.llm.is_none()) {
+            continue;
+        }
+        let share = |f: &dyn Fn(&Row) -> bool| {
+            (!esc.is_empty())
+                .then(|| esc.iter().filter(|r| f(r)).count() as f64 / esc.len() as f64)
+        };
+        let hybrid = rows
+            .iter()
+            .filter(|r| {
+                if r.ambiguity > theta {
+                    r.fused_right(w, t)
+                } else {
+                    r.tier0_right()
+                }
+            })
+            .count() as f64
+            / n;
+        out.push(GridPoint {
+            theta,
+            escalated_share: esc.len() as f64 / n,
+            escalated: esc.len(),
+            tier0_accuracy: tier0,
+            hybrid_accuracy: hybrid,
+            escalated_tier0_accuracy: share(&|r| r.tier0_right()),
+            escalated_llm_accuracy: share(&|r| r.llm_right()),
+            escalated_fused_accuracy: share(&|r| r.fused_right(w, t)),
+            llm_seconds_per_escalation: (!esc.is_empty())
+                .then(|| esc.iter().map(|r| r.llm_s).sum::<f64>() / esc.len() as f64),
+        });
+    }
+    out
+}
+
+/// The θ that escalates `share` of the rows (the ambiguity quantile).
+pub fn theta_for_share(rows: &[Row], share: f64) -> f64 {
+    let mut a: Vec<f64> = rows.iter().map(|r| r.ambiguity).collect();
+    a.sort_by(|x, y| y.total_cmp(x));
+    let k = ((share * a.len() as f64).round() as usize).min(a.len());
+    match k {
+        0 => 1.0,
+        k => a.get(k).copied().unwrap_or(0.0).max(0.0),
+    }
+}
+
+/// Weights and temperatures tried by the fit (weight 0 first: it wins every tie).
+pub const FIT_WEIGHTS: [f32; 21] = [
+    0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85,
+    0.9, 0.95, 1.0,
+];
+/// Temperatures tried by the fit.
+pub const FIT_TEMPERATURES: [f32; 8] = [0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 4.0];
+
+/// The (weight, temperature) with the most correct fused answers on the rows the LLM saw; ties go to the
+/// smaller weight (so a useless LLM gets 0), then to temperature 1. Returns (w, t, correct, tier0 correct).
+pub fn fit(rows: &[Row]) -> (f32, f32, usize, usize) {
+    let seen: Vec<&Row> = rows.iter().filter(|r| r.llm.is_some()).collect();
+    let tier0 = seen.iter().filter(|r| r.tier0_right()).count();
+    let mut best = (0.0, 1.0, tier0);
+    for &w in &FIT_WEIGHTS[1..] {
+        for &t in &FIT_TEMPERATURES {
+            let c = seen.iter().filter(|r| r.fused_right(w, t)).count();
+            if c > best.2 {
+                best = (w, t, c);
+            }
+        }
+    }
+    (best.0, best.1, best.2, tier0)
+}
+
+/// Tier-0 over `rows` (batched), top-k candidates per row.
+pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow::Result<Vec<Row>> {
+    let labels = classifier.labels();
+    let mut out = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(32) {
+        let tokens = chunk
+            .iter()
+            .map(|e| classifier.tokenizer.encode(&e.text))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<_> = tokens.iter().collect();
+        for (e, p) in chunk.iter().zip(classifier.probabilities(&refs)?) {
+            let mut idx: Vec<usize> = (0..p.len()).collect();
+            idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
+            let top: Vec<(usize, f32)> = idx.iter().take(k.max(1)).map(|&i| (i, p[i])).collect();
+            out.push(Row {
+                gold: labels.iter().position(|l| *l == e.label),
+                ambiguity: 1.0 - f64::from(top.first().map_or(0.0, |t| t.1)),
+                top,
+                llm: None,
+                llm_s: 0.0,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Runs the configured LLM over the rows with ambiguity above `theta_low` (through a real worker process
+/// and the shared-memory queue, as the server does), one at a time so the seconds are the service time.
+pub fn run_llm(
+    config: &Config,
+    classifier: &Classifier,
+    texts: &[&str],
+    rows: &mut [Row],
+    theta_low: f64,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let program = super::serve::worker_program();
+    let llm = tiergate_server::app::start_llm(config, program)?;
+    let t = Instant::now();
+    while llm.client.live_workers() == 0 {
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(300),
+            "the LLM worker did not become ready in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let prompt = route_prompts(config);
+    let todo: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].ambiguity > theta_low)
+        .collect();
+    progress(&format!("LLM: {} rows to score", todo.len()));
+    for (n, &i) in todo.iter().enumerate() {
+        let candidates = rows[i]
+            .top
+            .iter()
+            .map(|&(l, p)| Candidate {
+                label: classifier.labels()[l].clone(),
+                description: classifier.replies.get(l).cloned().flatten(),
+                examples: classifier.examples.get(l).cloned().unwrap_or_default(),
+                p,
+            })
+            .collect();
+        let job = Job::Rerank {
+            text: texts[i].to_string(),
+            candidates,
+            llm_weight: 0.0,
+            llm_temperature: 1.0,
+            prompt: prompt.clone(),
+        };
+        let t = Instant::now();
+        let reply = llm
+            .client
+            .submit(&job, Duration::from_secs(120))?
+            .wait_reply()
+            .with_context(|| format!("LLM on row {i}"))?;
+        let Reply::Rerank(r) = reply else {
+            anyhow::bail!("the worker answered a rerank with another kind of reply")
+        };
+        anyhow::ensure!(
+            r.scores.len() == rows[i].top.len(),
+            "the worker returned {} scores for {} candidates",
+            r.scores.len(),
+            rows[i].top.len()
+        );
+        rows[i].llm_s = t.elapsed().as_secs_f64();
+        rows[i].llm = Some(r.scores);
+        if (n + 1) % 50 == 0 {
+            progress(&format!("LLM: {}/{} rows", n + 1, todo.len()));
+        }
+    }
+    Ok(())
+}
+
+/// The prompt templates of the first classify route (else `[reranker.prompts]`).
+fn route_prompts(config: &Config) -> tiergate_config::PromptConfig {
+    config
+        .routes
+        .iter()
+        .find(|r| r.kind == RouteKind::Classify)
+        .and_then(|r| r.prompts.clone())
+        .unwrap_or_else(|| config.reranker.prompts.clone())
+}
+
+/// The LLM's name for reports and `fusion.json`: model file and scoring method.
+pub fn llm_name(config: &Config) -> String {
+    let model = if config.reranker.engine == "stub" {
+        "stub".to_string()
+    } else {
+        config
+            .reranker
+            .model
+            .file_name()
+            .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
+    };
+    format!("{model} ({:?})", route_prompts(config).method).to_lowercase()
+}
+
+/// Writes the fit into the head folder.
+pub fn save_fit(dir: &PathBuf, config: &Config, rows: &[Row]) -> anyhow::Result<FittedFusion> {
+    let (w, t, correct, tier0) = fit(rows);
+    let seen = rows.iter().filter(|r| r.llm.is_some()).count();
+    let n = seen.max(1) as f64;
+    let f = FittedFusion {
+        llm_weight: w,
+        llm_temperature: t,
+        llm: llm_name(config),
+        rows: seen,
+        tier0_accuracy: tier0 as f64 / n,
+        fused_accuracy: correct as f64 / n,
+    };
+    f.save(dir)?;
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(gold: usize, top: &[(usize, f32)], llm: Option<&[f32]>) -> Row {
+        Row {
+            gold: Some(gold),
+            top: top.to_vec(),
+            ambiguity: 1.0 - f64::from(top[0].1),
+            llm: llm.map(<[f32]>::to_vec),
+            llm_s: 0.5,
+        }
+    }
+
+    /// Synthetic rows where the LLM is right whenever Tier-0's runner-up is gold: the fit recovers a weight
+    /// that flips exactly those, and picks 0 for a scorer that knows nothing.
+    #[test]
+    fn fit_finds_a_helpful_weight_and_zero_for_a_useless_scorer() {
+        let mut rows = Vec::new();
+        for i in 0..40 {
+            // Tier-0 0.55/0.45; gold is the runner-up on a quarter of the rows; the LLM is sure of the gold.
+            let gold = if i % 4 == 0 { 1 } else { 0 };
+            let llm: Vec<f32> = if gold == 1 { vec![0.0, 3.0] } else { vec![3.0, 0.0] };
+            rows.push(row(gold, &[(0, 0.55), (1, 0.45)], Some(&llm)));
+        }
+        let (w, _, correct, tier0) = fit(&rows);
+        assert_eq!((correct, tier0), (40, 30));
+        assert!(w > 0.0);
+        // A useless scorer: the same scores whatever the row.
+        for r in &mut rows {
+            r.llm = Some(vec![0.0, 1.0]);
+        }
+        let (w, t, correct, tier0) = fit(&rows);
+        assert_eq!((w, t, correct, tier0), (0.0, 1.0, 30, 30));
+    }
+
+    #[test]
+    fn grid_counts_escalations_and_accuracies() {
+        let rows = vec![
+            row(0, &[(0, 0.9), (1, 0.1)], None),
+            row(1, &[(0, 0.6), (1, 0.4)], Some(&[0.0, 5.0])),
+            row(0, &[(0, 0.5), (1, 0.5)], Some(&[0.0, 5.0])),
+        ];
+        let g = grid(&rows, &[0.05, 0.3, 0.95], 1.0, 1.0);
+        // θ = 0.05 would escalate the first row, which the LLM never saw: left out.
+        assert_eq!(g.len(), 2);
+        let p = &g[0];
+        assert_eq!((p.theta, p.escalated), (0.3, 2));
+        assert!((p.tier0_accuracy - 2.0 / 3.0).abs() < 1e-12);
+        assert!((p.hybrid_accuracy - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(p.escalated_tier0_accuracy, Some(0.5));
+        assert_eq!(p.escalated_llm_accuracy, Some(0.5));
+        assert_eq!(g[1].escalated, 0);
+        assert!((theta_for_share(&rows, 1.0 / 3.0) - 0.4).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,182 @@
+//! `tiergate eval --hybrid` end to end with the deterministic stub engine behind a real worker process: every
+//! figure of its JSON is recomputed here from Tier-0's probabilities and the stub's known scoring rule
+//! (score = ln(1 + 3 × words shared with the label)), and must match exactly. Also `fit-fusion` writes a
+//! fit that the classifier then loads.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::Command;
+
+use tiergate_config::Precision;
+use tiergate_prefilter::testing::TinyModel;
+use tiergate_prefilter::Classifier;
+use tiergate_tests::binary;
+
+const W: f64 = 0.5;
+
+fn rows() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("please label1 help", "label1"),
+        ("my card label2", "label2"),
+        ("hello", "label0"),
+        ("label0 is the one", "label0"),
+        ("send money label1 label2", "label2"),
+        ("what is my balance", "label1"),
+        ("label2 label2 please", "label2"),
+        ("bye", "label0"),
+    ]
+}
+
+fn stub_score(text: &str, label: &str) -> f64 {
+    let words: Vec<String> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .map(str::to_lowercase)
+        .collect();
+    let shared = label
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty() && words.contains(&w.to_lowercase()))
+        .count();
+    (1.0 + 3.0 * shared as f64).ln()
+}
+
+fn argmax(v: &[f64]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+#[test]
+fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rows.jsonl");
+    let body: String = rows()
+        .iter()
+        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
+        .collect();
+    std::fs::write(&data, body).unwrap();
+    let sets = [
+        "reranker.engine=\"stub\"",
+        "reranker.candidates=3",
+        "reranker.llm_weight=0.5",
+        "reranker.llm_temperature=1.0",
+    ];
+    let mut cmd = Command::new(binary("tiergate"));
+    cmd.args(["eval", "--classifier"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .args(["--hybrid", "--json", "--max-escalated", "1.0"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "eval --hybrid failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // The expected figures, from Tier-0's probabilities and the stub's rule.
+    let classifier = Classifier::from_dir(tiny.dir.path(), 64, Precision::F32).unwrap();
+    let labels = classifier.labels().to_vec();
+    let mut expect = Vec::new(); // (ambiguity, tier0 right, llm right, fused right)
+    for (text, gold) in rows() {
+        let tokens = classifier.tokenizer.encode(text).unwrap();
+        let p: Vec<f64> = classifier.probabilities(&[&tokens]).unwrap()[0]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let mut idx: Vec<usize> = (0..p.len()).collect();
+        idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
+        let sum: f64 = idx.iter().map(|&i| p[i]).sum();
+        let scores: Vec<f64> = idx.iter().map(|&i| stub_score(text, &labels[i])).collect();
+        let max = scores.iter().copied().fold(f64::MIN, f64::max);
+        let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        let fused: Vec<f64> = idx
+            .iter()
+            .zip(&scores)
+            .map(|(&i, s)| (1.0 - W) * p[i] / sum + W * (s - max).exp() / z)
+            .collect();
+        let right = |k: usize| labels[idx[k]] == gold;
+        expect.push((1.0 - p[idx[0]], right(0), right(argmax(&scores)), right(argmax(&fused))));
+    }
+    let n = expect.len() as f64;
+    assert_eq!(report["n"], 8);
+    assert_eq!(report["llm_rows"], 8);
+    assert_eq!(report["fusion_source"], "config");
+    let grid = report["grid"].as_array().unwrap();
+    assert!(grid.len() >= 19, "{grid:?}");
+    for g in grid {
+        let theta = g["theta"].as_f64().unwrap();
+        let esc: Vec<_> = expect.iter().filter(|e| e.0 > theta).collect();
+        let maybe = |f: &dyn Fn(&(f64, bool, bool, bool)) -> bool| {
+            (!esc.is_empty()).then(|| esc.iter().filter(|e| f(e)).count() as f64 / esc.len() as f64)
+        };
+        let close = |key: &str, want: Option<f64>| match (g[key].as_f64(), want) {
+            (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "θ {theta} {key}: {a} vs {b}"),
+            (None, None) => {}
+            (a, b) => panic!("θ {theta} {key}: {a:?} vs {b:?}"),
+        };
+        assert_eq!(g["escalated"].as_u64().unwrap() as usize, esc.len(), "θ {theta}");
+        close("tier0_accuracy", Some(expect.iter().filter(|e| e.1).count() as f64 / n));
+        let hybrid = expect
+            .iter()
+            .filter(|e| if e.0 > theta { e.3 } else { e.1 })
+            .count() as f64
+            / n;
+        close("hybrid_accuracy", Some(hybrid));
+        close("escalated_tier0_accuracy", maybe(&|e| e.1));
+        close("escalated_llm_accuracy", maybe(&|e| e.2));
+        close("escalated_fused_accuracy", maybe(&|e| e.3));
+    }
+    // The stub knows the labels named in the text: it must beat the random tiny Tier-0 somewhere.
+    let llm_best = expect.iter().filter(|e| e.2).count();
+    assert!(llm_best >= 5, "stub right on {llm_best} of 8");
+}
+
+#[test]
+fn fit_fusion_writes_a_fit_the_classifier_loads() {
+    let tiny = TinyModel::create(3).unwrap();
+    // fit-fusion wants a `tiergate train` folder: train a head on the tiny encoder.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rows.jsonl");
+    let mut body = String::new();
+    for _ in 0..6 {
+        for (t, l) in rows() {
+            body.push_str(&format!("{}\n", serde_json::json!({"text": t, "label": l})));
+        }
+    }
+    std::fs::write(&data, body).unwrap();
+    let head = dir.path().join("head");
+    let out = Command::new(binary("tiergate"))
+        .args(["train", "--encoder"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&head)
+        .args(["--dev-fraction", "0.3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "train: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(binary("tiergate"))
+        .args(["fit-fusion", "--classifier"])
+        .arg(&head)
+        .arg("--data")
+        .arg(&data)
+        .args(["--dev-fraction", "0.3", "--max-escalated", "1.0"])
+        .args(["--set", "reranker.engine=\"stub\"", "--set", "reranker.candidates=3"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "fit-fusion: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("fusion.json"), "{stdout}");
+    let c = Classifier::from_dir(&head, 64, Precision::F32).unwrap();
+    let f = c.fusion.expect("fusion.json loaded with the head");
+    assert!(f.rows > 0 && (0.0..=1.0).contains(&f.llm_weight));
+    assert!(f.fused_accuracy >= f.tier0_accuracy, "{f:?}");
+    assert_eq!(f.llm, "stub (channel)");
+    // Representative utterances were stored with the head at train time.
+    assert_eq!(c.examples.len(), 3);
+    assert!(c.examples.iter().all(|e| !e.is_empty()), "{:?}", c.examples);
+}
