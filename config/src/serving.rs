@@ -215,8 +215,8 @@ pub struct RerankerConfig {
     pub llm_weight: f32,
     /// Temperature of the LLM's candidate scores before fusion (same precedence as `llm_weight`).
     pub llm_temperature: f32,
-    /// Arithmetic of the scoring model: `f32` (weights dequantised at load: faster prefill on CPU, ~4x the
-    /// memory of the file) or `quantized` (as stored).
+    /// Arithmetic of the scoring model: `int8` (8-bit weights and activations on AVX-512 VNNI, f32 without
+    /// it), `f32` (weights dequantised at load, ~4x the memory of the file) or `quantized` (as stored).
     pub scoring_weights: String,
     /// Memory for cached label prefixes (channel scoring) per worker, in MiB.
     pub prefix_cache_mib: usize,
@@ -328,10 +328,10 @@ impl RerankerConfig {
                 "must be a positive number",
             ));
         }
-        if self.scoring_weights != "f32" && self.scoring_weights != "quantized" {
+        if !["int8", "f32", "quantized"].contains(&self.scoring_weights.as_str()) {
             return Err(ConfigError::invalid(
                 format!("{at}.scoring_weights"),
-                format!("`{}`: use f32 or quantized", self.scoring_weights),
+                format!("`{}`: use int8, f32 or quantized", self.scoring_weights),
             ));
         }
         self.prompts.validate(&format!("{at}.prompts"))?;

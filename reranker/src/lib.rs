@@ -5,9 +5,9 @@
 //! process only through the queue.
 
 pub mod engine;
+pub mod llama;
 #[cfg(feature = "llm")]
 pub mod llm;
-pub mod llama;
 pub mod prompt;
 pub mod scoring;
 pub mod serve;

@@ -22,7 +22,6 @@ use crate::scoring::{Scorer, Tokenize};
 /// Most candidates per rerank job.
 const MAX_CANDIDATES: usize = 10;
 
-
 /// How to load the model.
 #[derive(Debug, Clone)]
 pub struct LlmOptions {

@@ -43,7 +43,8 @@ struct Args {
     /// Dequantise GGUF weights to f32 (faster prefill on CPU, slower decode; see the README).
     #[arg(long)]
     f32_weights: bool,
-    /// Arithmetic of the scoring forward: f32 (weights dequantised at load) or quantized (as stored).
+    /// Arithmetic of the scoring forward: int8 (AVX-512 VNNI, else f32), f32 (weights dequantised at load)
+    /// or quantized (as stored).
     #[arg(long, default_value = "f32")]
     scoring_weights: String,
     /// Memory for cached label prefixes, MiB.
@@ -118,11 +119,13 @@ fn load_llm(args: &Args) -> anyhow::Result<Arc<dyn Engine>> {
         model: args.model.clone(),
         isq: args.isq.clone(),
         max_seqs: args.max_concurrent.max(1),
-        scoring_weights: match args.scoring_weights.as_str() {
-            "f32" => tiergate_reranker::llama::WeightFormat::F32,
-            "quantized" => tiergate_reranker::llama::WeightFormat::Quantized,
-            other => anyhow::bail!("--scoring-weights `{other}`: use f32 or quantized"),
-        },
+        scoring_weights: tiergate_reranker::llama::WeightFormat::parse(&args.scoring_weights)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--scoring-weights `{}`: use int8, f32 or quantized",
+                    args.scoring_weights
+                )
+            })?,
         prefix_cache_bytes: args.prefix_cache_mib << 20,
     };
     Ok(Arc::new(tiergate_reranker::llm::MistralEngine::load(

@@ -62,7 +62,10 @@ mod tests {
             examples: vec!["a".into(), " ".into(), "b".into(), "c".into()],
             p: 0.5,
         };
-        assert_eq!(channel_prefix(&c, &p), "Messages about card arrival:\n- a\n- b\n-");
+        assert_eq!(
+            channel_prefix(&c, &p),
+            "Messages about card arrival:\n- a\n- b\n-"
+        );
         assert_eq!(channel_query(" hi ", &p), " hi\n");
     }
 }

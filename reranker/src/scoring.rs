@@ -166,8 +166,8 @@ impl Scorer {
             .zip(&prefixes)
             .map(|(s, pre)| s - pre.prior)
             .collect();
-        let prompt_tokens = query.len() * candidates.len()
-            + prefixes.iter().map(|x| x.kv.len).sum::<usize>();
+        let prompt_tokens =
+            query.len() * candidates.len() + prefixes.iter().map(|x| x.kv.len).sum::<usize>();
         Ok(Scored {
             scores,
             prompt_tokens: prompt_tokens as u32,
@@ -264,7 +264,11 @@ impl Scorer {
     }
 
     /// Mean log-probability of `query` after each prefix, all in one forward.
-    fn score_after(&self, prefixes: &[Arc<Prefix>], query: &[u32]) -> candle_core::Result<Vec<f32>> {
+    fn score_after(
+        &self,
+        prefixes: &[Arc<Prefix>],
+        query: &[u32],
+    ) -> candle_core::Result<Vec<f32>> {
         let caches: Vec<&KvCache> = prefixes.iter().map(|p| &p.kv).collect();
         let past = KvCache::concat(&caches)?;
         let mut segments = Vec::with_capacity(prefixes.len());
@@ -290,7 +294,10 @@ impl Scorer {
         let rows = Tensor::cat(&rows, 0)?;
         let targets: Vec<u32> = (0..prefixes.len()).flat_map(|_| query.to_vec()).collect();
         let lp = token_logprobs(&self.model, &rows, &targets)?;
-        Ok(lp.chunks(n).map(|c| c.iter().sum::<f32>() / n as f32).collect())
+        Ok(lp
+            .chunks(n)
+            .map(|c| c.iter().sum::<f32>() / n as f32)
+            .collect())
     }
 
     fn likelihood(
@@ -333,7 +340,8 @@ impl Scorer {
             return Ok(vec![0.0; cands.len()]);
         }
         let cf_prompt = prompt::likelihood_prompt(&p.content_free, p);
-        let key = |c: &Candidate| format!("{cf_prompt}\u{1f}{}", prompt::likelihood_candidate(c, p));
+        let key =
+            |c: &Candidate| format!("{cf_prompt}\u{1f}{}", prompt::likelihood_candidate(c, p));
         let known: Vec<Option<f32>> = {
             let cache = self.cache.lock().map_err(failed)?;
             candidates

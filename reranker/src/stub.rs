@@ -104,7 +104,9 @@ impl Engine for StubEngine {
         let rendered: usize = candidates
             .iter()
             .map(|c| {
-                crate::prompt::channel_prefix(c, prompt).split_whitespace().count()
+                crate::prompt::channel_prefix(c, prompt)
+                    .split_whitespace()
+                    .count()
                     + crate::prompt::channel_query(text, prompt)
                         .split_whitespace()
                         .count()
@@ -203,6 +205,8 @@ mod tests {
             (u.completion_tokens, u.finish_reason.as_str()),
             (3, "length")
         );
-        assert!(e.score("x", &[], &PromptConfig::default(), &|| false).is_err());
+        assert!(e
+            .score("x", &[], &PromptConfig::default(), &|| false)
+            .is_err());
     }
 }

@@ -77,7 +77,14 @@ fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
 
     // The expected figures, from Tier-0's probabilities and the stub's rule.
-    let classifier = Classifier::from_dir(tiny.dir.path(), 64, Precision::F32).unwrap();
+    // The precision and token limit `tiergate eval` uses with the default config.
+    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
+    let classifier = Classifier::from_dir(
+        tiny.dir.path(),
+        defaults.prefilter.max_tokens,
+        defaults.prefilter.precision,
+    )
+    .unwrap();
     let labels = classifier.labels().to_vec();
     let mut expect = Vec::new(); // (ambiguity, tier0 right, llm right, fused right)
     for (text, gold) in rows() {
@@ -98,7 +105,12 @@ fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
             .map(|(&i, s)| (1.0 - W) * p[i] / sum + W * (s - max).exp() / z)
             .collect();
         let right = |k: usize| labels[idx[k]] == gold;
-        expect.push((1.0 - p[idx[0]], right(0), right(argmax(&scores)), right(argmax(&fused))));
+        expect.push((
+            1.0 - p[idx[0]],
+            right(0),
+            right(argmax(&scores)),
+            right(argmax(&fused)),
+        ));
     }
     let n = expect.len() as f64;
     assert_eq!(report["n"], 8);
@@ -117,8 +129,15 @@ fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
             (None, None) => {}
             (a, b) => panic!("θ {theta} {key}: {a:?} vs {b:?}"),
         };
-        assert_eq!(g["escalated"].as_u64().unwrap() as usize, esc.len(), "θ {theta}");
-        close("tier0_accuracy", Some(expect.iter().filter(|e| e.1).count() as f64 / n));
+        assert_eq!(
+            g["escalated"].as_u64().unwrap() as usize,
+            esc.len(),
+            "θ {theta}"
+        );
+        close(
+            "tier0_accuracy",
+            Some(expect.iter().filter(|e| e.1).count() as f64 / n),
+        );
         let hybrid = expect
             .iter()
             .filter(|e| if e.0 > theta { e.3 } else { e.1 })
@@ -158,22 +177,38 @@ fn fit_fusion_writes_a_fit_the_classifier_loads() {
         .args(["--dev-fraction", "0.3"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "train: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "train: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = Command::new(binary("tiergate"))
         .args(["fit-fusion", "--classifier"])
         .arg(&head)
         .arg("--data")
         .arg(&data)
         .args(["--dev-fraction", "0.3", "--max-escalated", "1.0"])
-        .args(["--set", "reranker.engine=\"stub\"", "--set", "reranker.candidates=3"])
+        .args([
+            "--set",
+            "reranker.engine=\"stub\"",
+            "--set",
+            "reranker.candidates=3",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "fit-fusion: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "fit-fusion: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("fusion.json"), "{stdout}");
     let c = Classifier::from_dir(&head, 64, Precision::F32).unwrap();
     let f = c.fusion.expect("fusion.json loaded with the head");
-    assert!(f.rows > 0 && (0.0..=1.0).contains(&f.llm_weight));
+    assert!(
+        f.rows > 0 && (0.0..=1.0).contains(&f.llm_weight),
+        "{f:?} {stdout}"
+    );
     assert!(f.fused_accuracy >= f.tier0_accuracy, "{f:?}");
     assert_eq!(f.llm, "stub (channel)");
     // Representative utterances were stored with the head at train time.

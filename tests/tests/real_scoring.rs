@@ -32,7 +32,11 @@ impl Tokenize for Bytes {
 
 fn model_path() -> std::path::PathBuf {
     let p = root().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} missing: run scripts/fetch-models.sh", p.display());
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/fetch-models.sh",
+        p.display()
+    );
     p
 }
 
@@ -58,7 +62,10 @@ fn forward_matches_candle_quantized_llama() {
     )
     .unwrap();
     let ids: Vec<u32> = (0..23u32).map(|i| 300 + i * 37).collect();
-    let input = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let want = candle_nn::ops::log_softmax(&reference.forward(&input, 0).unwrap(), 1)
         .unwrap()
         .squeeze(0)
@@ -97,8 +104,14 @@ fn one_pass_scores_equal_k_full_prefills() {
     let model = Llama::load(&model_path(), WeightFormat::F32).unwrap();
     let scorer = Scorer::new(model, 64 << 20);
     let candidates = vec![
-        cand("card_arrival", &["my card has not come", "where is my new card"]),
-        cand("exchange_rate", &["what rate do you use", "how much is a dollar in euro"]),
+        cand(
+            "card_arrival",
+            &["my card has not come", "where is my new card"],
+        ),
+        cand(
+            "exchange_rate",
+            &["what rate do you use", "how much is a dollar in euro"],
+        ),
         cand("top_up_failed", &["my top-up did not work"]),
         cand("pin_blocked", &[]),
     ];
@@ -120,8 +133,12 @@ fn one_pass_scores_equal_k_full_prefills() {
                 .map(|c| match method {
                     ScoringMethod::Channel => {
                         let pre = tok(&prompt::channel_prefix(c, &p));
-                        full_prefill_score(scorer.model(), &pre, &tok(&prompt::channel_query(text, &p)))
-                            .unwrap()
+                        full_prefill_score(
+                            scorer.model(),
+                            &pre,
+                            &tok(&prompt::channel_query(text, &p)),
+                        )
+                        .unwrap()
                             - full_prefill_score(
                                 scorer.model(),
                                 &pre,
@@ -131,8 +148,12 @@ fn one_pass_scores_equal_k_full_prefills() {
                     }
                     ScoringMethod::Likelihood => {
                         let cand = tok(&prompt::likelihood_candidate(c, &p));
-                        full_prefill_score(scorer.model(), &tok(&prompt::likelihood_prompt(text, &p)), &cand)
-                            .unwrap()
+                        full_prefill_score(
+                            scorer.model(),
+                            &tok(&prompt::likelihood_prompt(text, &p)),
+                            &cand,
+                        )
+                        .unwrap()
                             - full_prefill_score(
                                 scorer.model(),
                                 &tok(&prompt::likelihood_prompt(&p.content_free, &p)),
@@ -147,16 +168,79 @@ fn one_pass_scores_equal_k_full_prefills() {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            println!("{method:?} round {round}: one pass {got:?}, k prefills {want:?}, max Δ {diff:.2e}");
+            println!(
+                "{method:?} round {round}: one pass {got:?}, k prefills {want:?}, max Δ {diff:.2e}"
+            );
             assert!(diff < TOL, "{method:?}: {got:?} vs {want:?}");
         }
     }
     // The shared-prompt helper on its own, without priors.
     let head = Bytes.encode("Message: hello\nTopic:").unwrap();
-    let cands = vec![Bytes.encode(" greeting\n").unwrap(), Bytes.encode(" a\n").unwrap()];
+    let cands = vec![
+        Bytes.encode(" greeting\n").unwrap(),
+        Bytes.encode(" a\n").unwrap(),
+    ];
     let got = shared_prompt_scores(scorer.model(), &head, &cands).unwrap();
     for (g, c) in got.iter().zip(&cands) {
         let w = full_prefill_score(scorer.model(), &head, c).unwrap();
         assert!((g - w).abs() < TOL, "{g} vs {w}");
+    }
+}
+
+#[test]
+#[ignore = "timing probe"]
+fn probe_forward_speed() {
+    for fmt in [
+        WeightFormat::Int8,
+        WeightFormat::F32,
+        WeightFormat::Quantized,
+    ] {
+        let model = Llama::load(&model_path(), fmt).unwrap();
+        for n in [1usize, 10, 47, 150] {
+            let seg = [Segment {
+                tokens: (0..n as u32).map(|i| 300 + i).collect(),
+                start_pos: 0,
+                sees_past: 0..0,
+                sees_segments: vec![],
+            }];
+            model.forward(&seg, None).unwrap();
+            let t = std::time::Instant::now();
+            let (h, _) = model.forward(&seg, None).unwrap();
+            let f = t.elapsed();
+            let t = std::time::Instant::now();
+            model.log_probs(&h).unwrap();
+            println!("{fmt:?} n={n}: forward {:?}, lm head {:?}", f, t.elapsed());
+        }
+    }
+}
+
+#[test]
+#[ignore = "timing probe"]
+fn probe_matmul_layout() {
+    let dev = Device::Cpu;
+    for (n, out, inn) in [
+        (150usize, 1536usize, 576usize),
+        (47, 1536, 576),
+        (150, 49152, 576),
+    ] {
+        let x = Tensor::randn(0f32, 1.0, (n, inn), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (out, inn), &dev).unwrap();
+        let wt = w.t().unwrap().contiguous().unwrap();
+        for (name, rhs) in [
+            ("strided w.t()", w.t().unwrap()),
+            ("contiguous wt", wt.clone()),
+        ] {
+            x.matmul(&rhs).unwrap();
+            let t = std::time::Instant::now();
+            for _ in 0..10 {
+                x.matmul(&rhs).unwrap();
+            }
+            let s = t.elapsed().as_secs_f64() / 10.0;
+            println!(
+                "{n}x{inn} @ {inn}x{out} {name}: {:.2} ms, {:.1} GFLOP/s",
+                s * 1e3,
+                2.0 * (n * inn * out) as f64 / s / 1e9
+            );
+        }
     }
 }

@@ -34,7 +34,13 @@ pub fn llm_probs(scores: &[f32], temperature: f32) -> Vec<f32> {
     }
     let exps: Vec<f32> = scores
         .iter()
-        .map(|s| if s.is_finite() { ((s - max) / t).exp() } else { 0.0 })
+        .map(|s| {
+            if s.is_finite() {
+                ((s - max) / t).exp()
+            } else {
+                0.0
+            }
+        })
         .collect();
     normalise(&exps)
 }
@@ -86,7 +92,10 @@ mod tests {
         assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6);
         let q = llm_probs(&[0.0, 2f32.ln()], 0.5);
         assert!((q[1] - 0.8).abs() < 1e-6, "{q:?}");
-        assert_eq!(llm_probs(&[f32::NAN, f32::NEG_INFINITY], 1.0), vec![0.5, 0.5]);
+        assert_eq!(
+            llm_probs(&[f32::NAN, f32::NEG_INFINITY], 1.0),
+            vec![0.5, 0.5]
+        );
         assert_eq!(argmax(&[0.1, 0.5, 0.5]), 1);
     }
 }

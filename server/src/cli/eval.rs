@@ -137,7 +137,11 @@ fn run_hybrid(
     })?;
     let (w, t, source) = match &classifier.fusion {
         Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
-        None => (cfg.reranker.llm_weight, cfg.reranker.llm_temperature, "config"),
+        None => (
+            cfg.reranker.llm_weight,
+            cfg.reranker.llm_temperature,
+            "config",
+        ),
     };
     let mut thetas: Vec<f64> = (1..20).map(|i| f64::from(i) * 0.05).collect();
     thetas.push(hybrid::theta_for_share(&scored, 0.1));
@@ -160,7 +164,7 @@ fn run_hybrid(
 }
 
 fn print_hybrid(r: &HybridReport) {
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |a| format!("{a:.4}"));
+    let opt = |v: Option<f64>| v.map_or("     -".to_string(), |a| format!("{a:.4}"));
     println!(
         "n {}  llm {}  fusion w = {} T = {} ({})  LLM rows {}",
         r.n, r.llm, r.llm_weight, r.llm_temperature, r.fusion_source, r.llm_rows
@@ -177,7 +181,7 @@ fn print_hybrid(r: &HybridReport) {
             opt(g.escalated_llm_accuracy),
             opt(g.escalated_fused_accuracy),
             g.llm_seconds_per_escalation
-                .map_or("-".to_string(), |s| format!("{s:.3}"))
+                .map_or("    -".to_string(), |s| format!("{s:.3}"))
         );
     }
 }

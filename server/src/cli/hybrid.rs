@@ -84,8 +84,7 @@ pub fn grid(rows: &[Row], thetas: &[f64], w: f32, t: f32) -> Vec<GridPoint> {
             continue;
         }
         let share = |f: &dyn Fn(&Row) -> bool| {
-            (!esc.is_empty())
-                .then(|| esc.iter().filter(|r| f(r)).count() as f64 / esc.len() as f64)
+            (!esc.is_empty()).then(|| esc.iter().filter(|r| f(r)).count() as f64 / esc.len() as f64)
         };
         let hybrid = rows
             .iter()
@@ -114,21 +113,22 @@ pub fn grid(rows: &[Row], thetas: &[f64], w: f32, t: f32) -> Vec<GridPoint> {
     out
 }
 
-/// The θ that escalates `share` of the rows (the ambiguity quantile).
+/// The θ that escalates `share` of the rows (the ambiguity quantile); −1 (below every ambiguity, even a
+/// certain row's 0) when the share is all of them.
 pub fn theta_for_share(rows: &[Row], share: f64) -> f64 {
     let mut a: Vec<f64> = rows.iter().map(|r| r.ambiguity).collect();
     a.sort_by(|x, y| y.total_cmp(x));
     let k = ((share * a.len() as f64).round() as usize).min(a.len());
     match k {
         0 => 1.0,
-        k => a.get(k).copied().unwrap_or(0.0).max(0.0),
+        k => a.get(k).copied().unwrap_or(-1.0),
     }
 }
 
 /// Weights and temperatures tried by the fit (weight 0 first: it wins every tie).
 pub const FIT_WEIGHTS: [f32; 21] = [
-    0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85,
-    0.9, 0.95, 1.0,
+    0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
+    0.85, 0.9, 0.95, 1.0,
 ];
 /// Temperatures tried by the fit.
 pub const FIT_TEMPERATURES: [f32; 8] = [0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 4.0];
@@ -306,7 +306,11 @@ mod tests {
         for i in 0..40 {
             // Tier-0 0.55/0.45; gold is the runner-up on a quarter of the rows; the LLM is sure of the gold.
             let gold = if i % 4 == 0 { 1 } else { 0 };
-            let llm: Vec<f32> = if gold == 1 { vec![0.0, 3.0] } else { vec![3.0, 0.0] };
+            let llm: Vec<f32> = if gold == 1 {
+                vec![0.0, 3.0]
+            } else {
+                vec![3.0, 0.0]
+            };
             rows.push(row(gold, &[(0, 0.55), (1, 0.45)], Some(&llm)));
         }
         let (w, _, correct, tier0) = fit(&rows);

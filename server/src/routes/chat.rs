@@ -348,13 +348,21 @@ async fn escalate_rerank(
             // Service time ≈ latency shared by the jobs that were queued with this one.
             llm.record_rerank(t.elapsed() / ahead);
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
-            let mut fused: Vec<(usize, f32)> =
-                d.top.iter().zip(&r.fused).map(|((i, _), p)| (*i, *p)).collect();
+            let mut fused: Vec<(usize, f32)> = d
+                .top
+                .iter()
+                .zip(&r.fused)
+                .map(|((i, _), p)| (*i, *p))
+                .collect();
             fused.sort_by(|a, b| b.1.total_cmp(&a.1));
             Ok(Some(fused))
         }
         Ok(_) => {
-            degrade(state, meta, &QueueError::Protocol("unexpected reply".into()))?;
+            degrade(
+                state,
+                meta,
+                &QueueError::Protocol("unexpected reply".into()),
+            )?;
             Ok(None)
         }
         Err(e) => {

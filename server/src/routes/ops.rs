@@ -94,7 +94,12 @@ pub async fn info(State(state): State<Arc<AppState>>) -> Response {
         .iter()
         .filter_map(|n| state.routes.get(n))
         .filter(|r| r.prefilter.is_some())
-        .map(|r| (r.name.clone(), serde_json::to_value(&r.fusion).unwrap_or_default()))
+        .map(|r| {
+            (
+                r.name.clone(),
+                serde_json::to_value(&r.fusion).unwrap_or_default(),
+            )
+        })
         .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
                       "segment": state.llm.as_ref().map(|l| l.segment.clone()), "fusion": fusion}))
