@@ -225,9 +225,9 @@ impl FittedFusion {
             return Ok(None);
         }
         let f: Self = read_json(&path)?;
-        if !(f.llm_weight.is_finite() && (0.0..=1.0).contains(&f.llm_weight))
-            || !(f.llm_temperature.is_finite() && f.llm_temperature > 0.0)
-        {
+        let weight_ok = f.llm_weight.is_finite() && (0.0..=1.0).contains(&f.llm_weight);
+        let temperature_ok = f.llm_temperature.is_finite() && f.llm_temperature > 0.0;
+        if !(weight_ok && temperature_ok) {
             return Err(PrefilterError::corrupt(
                 &path,
                 "llm_weight must be in [0, 1] and llm_temperature positive",

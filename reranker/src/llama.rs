@@ -231,8 +231,7 @@ impl Llama {
         let device = Device::Cpu;
         let mut file = std::fs::File::open(path)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        let ct =
-            gguf_file::Content::read(&mut file).map_err(|e| e.with_path(path.to_path_buf()))?;
+        let ct = gguf_file::Content::read(&mut file).map_err(|e| e.with_path(path))?;
         let arch = ct
             .metadata
             .get("general.architecture")

@@ -39,6 +39,9 @@ fn stub_score(text: &str, label: &str) -> f64 {
     (1.0 + 3.0 * shared as f64).ln()
 }
 
+/// Per row: (ambiguity, Tier-0 right, LLM alone right, fused right).
+type Expect = (f64, bool, bool, bool);
+
 fn argmax(v: &[f64]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
@@ -86,7 +89,7 @@ fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
     )
     .unwrap();
     let labels = classifier.labels().to_vec();
-    let mut expect = Vec::new(); // (ambiguity, tier0 right, llm right, fused right)
+    let mut expect: Vec<Expect> = Vec::new();
     for (text, gold) in rows() {
         let tokens = classifier.tokenizer.encode(text).unwrap();
         let p: Vec<f64> = classifier.probabilities(&[&tokens]).unwrap()[0]
@@ -121,7 +124,7 @@ fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
     for g in grid {
         let theta = g["theta"].as_f64().unwrap();
         let esc: Vec<_> = expect.iter().filter(|e| e.0 > theta).collect();
-        let maybe = |f: &dyn Fn(&(f64, bool, bool, bool)) -> bool| {
+        let maybe = |f: &dyn Fn(&Expect) -> bool| {
             (!esc.is_empty()).then(|| esc.iter().filter(|e| f(e)).count() as f64 / esc.len() as f64)
         };
         let close = |key: &str, want: Option<f64>| match (g[key].as_f64(), want) {

@@ -1,7 +1,7 @@
 //! `tiergate eval --hybrid` and `tiergate fit-fusion`: run the configured LLM (through the real worker and
 //! queue) over the rows Tier-0 is least sure of, then report per θ what escalation buys, or fit the fusion.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -268,7 +268,7 @@ pub fn llm_name(config: &Config) -> String {
 }
 
 /// Writes the fit into the head folder.
-pub fn save_fit(dir: &PathBuf, config: &Config, rows: &[Row]) -> anyhow::Result<FittedFusion> {
+pub fn save_fit(dir: &Path, config: &Config, rows: &[Row]) -> anyhow::Result<FittedFusion> {
     let (w, t, correct, tier0) = fit(rows);
     let seen = rows.iter().filter(|r| r.llm.is_some()).count();
     let n = seen.max(1) as f64;
