@@ -247,7 +247,7 @@ impl Default for RerankerConfig {
             generate_deadline_ms: 60_000,
             llm_weight: 0.5,
             llm_temperature: 1.0,
-            scoring_weights: "f32".into(),
+            scoring_weights: "int8".into(),
             prefix_cache_mib: 512,
             prompts: PromptConfig::default(),
             candidates: 5,

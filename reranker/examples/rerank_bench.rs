@@ -40,7 +40,7 @@ fn main() -> anyhow::Result<()> {
         .position(|a| a == "--scoring-weights")
         .and_then(|i| args.get(i + 1))
         .cloned()
-        .unwrap_or_else(|| "f32".into());
+        .unwrap_or_else(|| "int8".into());
     let cases: Cases = serde_json::from_str(&std::fs::read_to_string("bench/rerank_cases.json")?)?;
     let config = tiergate_config::load(None, Vec::new(), &[])?;
     let candidates: Vec<Candidate> = cases

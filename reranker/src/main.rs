@@ -45,7 +45,7 @@ struct Args {
     f32_weights: bool,
     /// Arithmetic of the scoring forward: int8 (AVX-512 VNNI, else f32), f32 (weights dequantised at load)
     /// or quantized (as stored).
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "int8")]
     scoring_weights: String,
     /// Memory for cached label prefixes, MiB.
     #[arg(long, default_value_t = 512)]

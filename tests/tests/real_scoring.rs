@@ -117,8 +117,10 @@ fn one_pass_scores_equal_k_full_prefills() {
     ];
     let text = "my card still has not arrived";
     for method in [ScoringMethod::Channel, ScoringMethod::Likelihood] {
+        // With a content-free prior, so its subtraction is checked too.
         let p = PromptConfig {
             method,
+            content_free: "N/A".into(),
             ..PromptConfig::default()
         };
         // Twice: the second run reads the cached prefixes and priors.
