@@ -212,6 +212,22 @@ pub struct FittedFusion {
     pub tier0_accuracy: f64,
     /// Fused accuracy on those rows with the fitted values.
     pub fused_accuracy: f64,
+    /// The most accurate weight on the grid, before the significance check (`llm_weight` is 0 when its
+    /// gain could be luck).
+    #[serde(default)]
+    pub best_weight: f32,
+    /// Its temperature.
+    #[serde(default)]
+    pub best_temperature: f32,
+    /// Rows that weight fixes relative to Tier-0.
+    #[serde(default)]
+    pub rows_fixed: usize,
+    /// Rows it breaks.
+    #[serde(default)]
+    pub rows_broken: usize,
+    /// One-sided sign-test p-value of fixed vs broken.
+    #[serde(default)]
+    pub p_value: f64,
 }
 
 impl FittedFusion {

@@ -63,6 +63,10 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
         "fit on {} escalated rows with {}: llm_weight {} llm_temperature {}; accuracy on them: Tier-0 {:.4}, fused {:.4}",
         f.rows, f.llm, f.llm_weight, f.llm_temperature, f.tier0_accuracy, f.fused_accuracy
     );
+    println!(
+        "best on the grid: weight {} temperature {}: fixes {} rows, breaks {} (sign test p = {:.3}; the LLM gets weight only at p <= {})",
+        f.best_weight, f.best_temperature, f.rows_fixed, f.rows_broken, f.p_value, hybrid::FIT_ALPHA
+    );
     if f.llm_weight == 0.0 {
         println!("escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended");
     }

@@ -133,9 +133,50 @@ pub const FIT_WEIGHTS: [f32; 21] = [
 /// Temperatures tried by the fit.
 pub const FIT_TEMPERATURES: [f32; 8] = [0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 4.0];
 
-/// The (weight, temperature) with the most correct fused answers on the rows the LLM saw; ties go to the
-/// smaller weight (so a useless LLM gets 0), then to temperature 1. Returns (w, t, correct, tier0 correct).
-pub fn fit(rows: &[Row]) -> (f32, f32, usize, usize) {
+/// Evidence the fit needs before the LLM gets any weight: a one-sided sign test on the rows the fusion fixes
+/// against the rows it breaks (relative to Tier-0) must reach this level.
+pub const FIT_ALPHA: f64 = 0.05;
+
+/// The outcome of [`fit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fit {
+    /// The weight in force (0 unless the gain is significant).
+    pub w: f32,
+    /// The temperature in force.
+    pub t: f32,
+    /// Correct fused answers with (w, t) on the rows the LLM saw.
+    pub correct: usize,
+    /// Correct Tier-0 answers on them.
+    pub tier0: usize,
+    /// The most accurate (weight, temperature) on the grid, before the significance check.
+    pub best: (f32, f32),
+    /// Rows it fixes and breaks relative to Tier-0.
+    pub fixed: usize,
+    /// Rows it breaks.
+    pub broken: usize,
+    /// One-sided sign-test p-value of fixed vs broken.
+    pub p_value: f64,
+}
+
+/// P(X ≥ fixed) for X ~ Binomial(fixed + broken, 1/2): how likely the fusion's net gain is luck.
+pub fn sign_test_p(fixed: usize, broken: usize) -> f64 {
+    let n = fixed + broken;
+    if n == 0 {
+        return 1.0;
+    }
+    let ln_fact = |k: usize| (1..=k).map(|i| (i as f64).ln()).sum::<f64>();
+    let ln_n = ln_fact(n);
+    let ln_half = (0.5f64).ln() * n as f64;
+    (fixed..=n)
+        .map(|k| (ln_n - ln_fact(k) - ln_fact(n - k) + ln_half).exp())
+        .sum::<f64>()
+        .min(1.0)
+}
+
+/// The (weight, temperature) with the most correct fused answers on the rows the LLM saw (ties to the smaller
+/// weight, then to temperature 1), kept only when its gain over Tier-0 passes the sign test at [`FIT_ALPHA`];
+/// otherwise weight 0: an LLM is trusted only where the dev split shows it helps beyond chance.
+pub fn fit(rows: &[Row]) -> Fit {
     let seen: Vec<&Row> = rows.iter().filter(|r| r.llm.is_some()).collect();
     let tier0 = seen.iter().filter(|r| r.tier0_right()).count();
     let mut best = (0.0, 1.0, tier0);
@@ -147,7 +188,27 @@ pub fn fit(rows: &[Row]) -> (f32, f32, usize, usize) {
             }
         }
     }
-    (best.0, best.1, best.2, tier0)
+    let (w, t, correct) = best;
+    let fixed = seen
+        .iter()
+        .filter(|r| r.fused_right(w, t) && !r.tier0_right())
+        .count();
+    let broken = seen
+        .iter()
+        .filter(|r| !r.fused_right(w, t) && r.tier0_right())
+        .count();
+    let p_value = sign_test_p(fixed, broken);
+    let keep = w > 0.0 && p_value <= FIT_ALPHA;
+    Fit {
+        w: if keep { w } else { 0.0 },
+        t: if keep { t } else { 1.0 },
+        correct: if keep { correct } else { tier0 },
+        tier0,
+        best: (w, t),
+        fixed,
+        broken,
+        p_value,
+    }
 }
 
 /// Tier-0 over `rows` (batched), top-k candidates per row.
@@ -269,16 +330,21 @@ pub fn llm_name(config: &Config) -> String {
 
 /// Writes the fit into the head folder.
 pub fn save_fit(dir: &Path, config: &Config, rows: &[Row]) -> anyhow::Result<FittedFusion> {
-    let (w, t, correct, tier0) = fit(rows);
+    let fit = fit(rows);
     let seen = rows.iter().filter(|r| r.llm.is_some()).count();
     let n = seen.max(1) as f64;
     let f = FittedFusion {
-        llm_weight: w,
-        llm_temperature: t,
+        llm_weight: fit.w,
+        llm_temperature: fit.t,
         llm: llm_name(config),
         rows: seen,
-        tier0_accuracy: tier0 as f64 / n,
-        fused_accuracy: correct as f64 / n,
+        tier0_accuracy: fit.tier0 as f64 / n,
+        fused_accuracy: fit.correct as f64 / n,
+        best_weight: fit.best.0,
+        best_temperature: fit.best.1,
+        rows_fixed: fit.fixed,
+        rows_broken: fit.broken,
+        p_value: fit.p_value,
     };
     f.save(dir)?;
     Ok(f)
@@ -313,15 +379,29 @@ mod tests {
             };
             rows.push(row(gold, &[(0, 0.55), (1, 0.45)], Some(&llm)));
         }
-        let (w, _, correct, tier0) = fit(&rows);
-        assert_eq!((correct, tier0), (40, 30));
-        assert!(w > 0.0);
+        let f = fit(&rows);
+        assert_eq!((f.correct, f.tier0, f.fixed, f.broken), (40, 30, 10, 0));
+        assert!(f.w > 0.0 && f.p_value < 0.001, "{f:?}");
+        // A gain too small to tell from luck (2 rows fixed, 1 broken): weight 0.
+        let mut few = rows[..8].to_vec();
+        few[1].llm = Some(vec![0.0, 3.0]);
+        let f = fit(&few);
+        assert_eq!((f.fixed, f.broken), (2, 1), "{f:?}");
+        assert_eq!((f.w, f.t, f.correct), (0.0, 1.0, f.tier0));
         // A useless scorer: the same scores whatever the row.
         for r in &mut rows {
             r.llm = Some(vec![0.0, 1.0]);
         }
-        let (w, t, correct, tier0) = fit(&rows);
-        assert_eq!((w, t, correct, tier0), (0.0, 1.0, 30, 30));
+        let f = fit(&rows);
+        assert_eq!((f.w, f.t, f.correct, f.tier0), (0.0, 1.0, 30, 30));
+    }
+
+    #[test]
+    fn sign_test_matches_hand_computed_tails() {
+        assert!((sign_test_p(3, 1) - 5.0 / 16.0).abs() < 1e-12);
+        assert!((sign_test_p(10, 0) - 1.0 / 1024.0).abs() < 1e-12);
+        assert_eq!(sign_test_p(0, 0), 1.0);
+        assert!((sign_test_p(0, 5) - 1.0).abs() < 1e-12);
     }
 
     #[test]
