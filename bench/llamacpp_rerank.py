@@ -6,7 +6,8 @@
                then per rerank: restore each state, evaluate the query, read the logits.
   likelihood : score_i = mean log P(candidate_i | prompt); the prompt evaluated once per rerank, state saved,
                then per candidate: restore, evaluate the candidate text.
-Both subtract a content-free prior (computed once, outside the timing), as tiergate does.
+Both subtract a content-free prior (computed once, outside the timing) when the config sets one, as
+tiergate does.
 
 usage: bench/llamacpp_rerank.py [MODEL.gguf] [--threads N]
 Templates: the embedded default config's [reranker.prompts] (read from config/default.toml).
@@ -81,11 +82,15 @@ cands = cases["candidates"]
 t = time.perf_counter()
 states = [fresh(tok(label_prefix(c))) for c in cands]
 cold_prefix_s = time.perf_counter() - t
-cf = tok(render(prompts["query"], query=prompts["content_free"]))
-ch_priors = [eval_from(s, cf) for s in states]
 lk_cands = [tok(render(prompts["likelihood_candidate"], label=c["label"].replace("_", " "))) for c in cands]
-lk_state = fresh(tok(render(prompts["likelihood_prompt"], query=prompts["content_free"])))
-lk_priors = [eval_from(lk_state, c) for c in lk_cands]
+if prompts["content_free"].strip():
+    cf = tok(render(prompts["query"], query=prompts["content_free"]))
+    ch_priors = [eval_from(s, cf) for s in states]
+    lk_state = fresh(tok(render(prompts["likelihood_prompt"], query=prompts["content_free"])))
+    lk_priors = [eval_from(lk_state, c) for c in lk_cands]
+else:
+    ch_priors = [0.0] * len(cands)
+    lk_priors = [0.0] * len(cands)
 
 for name, fn, extra in [("channel", channel, (states, ch_priors)), ("likelihood", likelihood, (lk_cands, lk_priors))]:
     times, picks = [], []
