@@ -155,9 +155,14 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     };
 
     if examples.is_empty() {
-        // Fine-tuned: pick them with the tuned encoder, which is what serves.
-        let (tokenizer, mut encoder) =
-            load_encoder(&encoder_dir, PoolingConfig::Auto, opts.max_tokens)?;
+        // Fine-tuned: pick them with the tuned encoder, which is what serves (its path is relative to the
+        // head folder).
+        let dir = if encoder_dir.is_absolute() {
+            encoder_dir.clone()
+        } else {
+            opts.out.join(&encoder_dir)
+        };
+        let (tokenizer, mut encoder) = load_encoder(&dir, PoolingConfig::Auto, opts.max_tokens)?;
         encoder.set_precision(opts.precision)?;
         let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
         examples = representatives(&x_train, &y_train, &train_rows, labels.len())?;

@@ -234,6 +234,13 @@ fn fine_tuning_writes_a_loadable_encoder() {
     .unwrap();
     assert!(report.dev.accuracy >= 0.9, "{}", report.dev.accuracy);
     assert!(out.join("encoder/model.safetensors").is_file());
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("head.json")).unwrap()).unwrap();
+    assert_eq!(
+        meta["examples"].as_array().map(Vec::len),
+        Some(2),
+        "representatives per label"
+    );
     let c = Classifier::from_dir(&out, 16, Precision::Auto).unwrap();
     let t = c.tokenizer.encode("card lost the").unwrap();
     let p = c.probabilities(&[&t]).unwrap();

@@ -1,5 +1,6 @@
 //! Real-model smoke test of the reranker worker: SmolLM2-135M-Instruct (fetched by scripts/fetch-models.sh)
-//! behind the shared-memory queue. Easy rerank cases pick the right candidate; generation streams tokens and
+//! behind the shared-memory queue. Easy rerank cases, scored through the one-pass channel path with a few
+//! examples per candidate, pick the right candidate; generation streams tokens and
 //! ends with usage.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
@@ -13,11 +14,36 @@ use tiergate_queue::{
 };
 use tiergate_tests::{binary, root};
 
+/// A candidate as the server sends it: the label with a few example utterances (self-written here), which
+/// is what the channel scoring reads.
 fn cand(label: &str) -> Candidate {
+    let examples: &[&str] = match label {
+        "card lost" => &[
+            "I lost my card",
+            "my card was stolen",
+            "I can't find my bank card",
+        ],
+        "exchange rate" => &[
+            "what is the rate for euros",
+            "how much is a dollar worth in pounds",
+            "currency conversion rate today",
+        ],
+        "open account" => &[
+            "I want to open a new account",
+            "how do I become a customer",
+            "sign me up for an account",
+        ],
+        "speak to human" => &[
+            "let me talk to a person",
+            "I need a real agent",
+            "connect me to a member of staff",
+        ],
+        _ => &[],
+    };
     Candidate {
         label: label.into(),
         description: None,
-        examples: vec![],
+        examples: examples.iter().map(|e| e.to_string()).collect(),
         p: 1.0 / 3.0,
     }
 }
