@@ -9,9 +9,9 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tiergate_config::{display_label, render, FailureMode, RouteKind};
+use tiergate_config::{FailureMode, RouteKind};
 use tiergate_prefilter::Prediction;
-use tiergate_queue::{Candidate, Event, Job, Message, QueueError, Reply, Sampling};
+use tiergate_queue::{Event, Job, Message, QueueError, Reply, Sampling};
 
 use crate::app::{AppState, Route};
 use crate::error::ApiError;
@@ -20,16 +20,18 @@ use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::{validate, ValidChat};
 
+use super::escalate::{decide, escalate_answer, escalate_rerank};
+
 /// What the response headers report.
 #[derive(Debug, Clone, Default)]
-struct Meta {
-    tier: &'static str,
-    confidence: Option<f32>,
-    threshold: Option<f64>,
-    degraded: Option<&'static str>,
-    prefilter_ms: f64,
-    queue_ms: f64,
-    rerank_ms: f64,
+pub(super) struct Meta {
+    pub(super) tier: &'static str,
+    pub(super) confidence: Option<f32>,
+    pub(super) threshold: Option<f64>,
+    pub(super) degraded: Option<&'static str>,
+    pub(super) prefilter_ms: f64,
+    pub(super) queue_ms: f64,
+    pub(super) rerank_ms: f64,
 }
 
 /// The handler.
@@ -131,14 +133,6 @@ fn queue_error_to_api(e: QueueError) -> ApiError {
     }
 }
 
-/// Tier-0's view of one request and the decision taken on it.
-struct Decided {
-    pred: Prediction,
-    /// Tier-0's top candidates (label index, probability), most likely first.
-    top: Vec<(usize, f32)>,
-    escalate: bool,
-}
-
 async fn classified(
     state: &Arc<AppState>,
     v: ValidChat,
@@ -178,198 +172,6 @@ async fn classified(
             .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
     }
     respond_label(state, route, &v, &d.pred, final_probs, meta)
-}
-
-/// Decides whether to escalate: ambiguity against θ_eff (or a permitted per-request θ).
-fn decide(
-    state: &AppState,
-    pred: Prediction,
-    headers: &HeaderMap,
-    meta: &mut Meta,
-) -> Result<Decided, ApiError> {
-    let ambiguity = 1.0 - f64::from(pred.confidence);
-    let override_theta = if state.policy.current().cfg.allow_header_override {
-        match headers
-            .get("x-tiergate-threshold")
-            .map(|h| h.to_str().map(str::trim))
-        {
-            Some(Ok(s)) => Some(s.parse::<f64>().ok().filter(|t| t.is_finite()).ok_or_else(
-                || ApiError::invalid("x-tiergate-threshold", format!("`{s}` is not a number")),
-            )?),
-            Some(Err(_)) => {
-                return Err(ApiError::invalid("x-tiergate-threshold", "not valid text"))
-            }
-            None => None,
-        }
-    } else {
-        None
-    };
-    let now = Instant::now();
-    let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
-    let escalate = ambiguity > theta;
-    state.policy.record_decision(now, ambiguity, escalate);
-    meta.threshold = Some(theta);
-    let k = state.config.reranker.candidates.min(pred.top.len()).max(1);
-    let top = pred.top.iter().take(k).copied().collect();
-    Ok(Decided {
-        pred,
-        top,
-        escalate,
-    })
-}
-
-/// Why an escalation cannot be queued now (no LLM, or it is already behind), if so.
-fn llm_unavailable(state: &AppState) -> Option<QueueError> {
-    let llm = state.llm.as_ref()?;
-    (llm.client.in_flight() >= state.config.reranker.in_flight_limit()).then(|| QueueError::Full {
-        slots: llm.client.in_flight(),
-    })
-}
-
-/// An answer route's escalation: the LLM writes the reply, grounded in the candidates' approved replies.
-/// `None`: not an answer route, or degraded (then `meta` says why).
-async fn escalate_answer(
-    state: &Arc<AppState>,
-    route: &Route,
-    v: &ValidChat,
-    d: &Decided,
-    meta: &mut Meta,
-    started: Instant,
-) -> Result<Option<Response>, ApiError> {
-    if v.kind != RouteKind::Answer {
-        return Ok(None);
-    }
-    let Some(llm) = &state.llm else {
-        meta.degraded = Some("no_llm");
-        return Ok(None);
-    };
-    if let Some(e) = llm_unavailable(state) {
-        degrade(state, meta, &e)?;
-        return Ok(None);
-    }
-    let Some(prefilter) = route.prefilter.as_ref() else {
-        return Ok(None);
-    };
-    let lines: String = d
-        .top
-        .iter()
-        .map(|(i, _)| {
-            let label = display_label(&prefilter.labels()[*i]);
-            let reply = prefilter.replies().get(*i).cloned().flatten();
-            render(
-                &route.prompts.answer_candidate,
-                &[("label", &label), ("reply", reply.as_deref().unwrap_or(""))],
-            )
-        })
-        .collect();
-    let system = render(&route.prompts.answer_system, &[("candidates", &lines)]);
-    let messages = vec![
-        Message {
-            role: "system".into(),
-            content: system,
-        },
-        Message {
-            role: "user".into(),
-            content: v.text.clone(),
-        },
-    ];
-    let job = Job::Generate {
-        messages,
-        sampling: sampling(v),
-    };
-    let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-    match llm.client.submit(&job, deadline) {
-        Ok(handle) => {
-            meta.tier = "llm";
-            let prompt_tokens = d.pred.tokens as u32;
-            let resp =
-                stream_or_collect(state, v, handle, meta.clone(), prompt_tokens, started).await?;
-            Ok(Some(resp))
-        }
-        Err(e) => {
-            degrade(state, meta, &e)?;
-            Ok(None)
-        }
-    }
-}
-
-/// A classify route's escalation: the LLM scores Tier-0's candidates (with their examples, under the
-/// route's templates), fused with Tier-0 by the head's fitted weights. `None`: degraded (`meta` says why).
-async fn escalate_rerank(
-    state: &Arc<AppState>,
-    route: &Route,
-    v: &ValidChat,
-    d: &Decided,
-    meta: &mut Meta,
-) -> Result<Option<Vec<(usize, f32)>>, ApiError> {
-    let Some(llm) = &state.llm else {
-        meta.degraded = Some("no_llm");
-        return Ok(None);
-    };
-    let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
-    let busy = llm_unavailable(state).or_else(|| {
-        llm.rerank_out_of_reach(deadline, state.config.reranker.workers)
-            .then_some(QueueError::DeadlineExceeded)
-    });
-    if let Some(e) = busy {
-        degrade(state, meta, &e)?;
-        return Ok(None);
-    }
-    let Some(prefilter) = route.prefilter.as_ref() else {
-        return Ok(None);
-    };
-    let candidates: Vec<Candidate> = d
-        .top
-        .iter()
-        .map(|(i, p)| Candidate {
-            label: prefilter.labels()[*i].clone(),
-            description: prefilter.replies().get(*i).cloned().flatten(),
-            examples: prefilter.examples().get(*i).cloned().unwrap_or_default(),
-            p: *p,
-        })
-        .collect();
-    let job = Job::Rerank {
-        text: v.text.clone(),
-        candidates,
-        llm_weight: route.fusion.llm_weight,
-        llm_temperature: route.fusion.llm_temperature,
-        prompt: route.prompts.clone(),
-    };
-    let t = Instant::now();
-    let ahead = llm.client.in_flight() as u32 + 1;
-    let outcome = match llm.client.submit(&job, deadline) {
-        Ok(h) => h.reply().await,
-        Err(e) => Err(e),
-    };
-    match outcome {
-        Ok(Reply::Rerank(r)) if r.fused.len() == d.top.len() => {
-            meta.tier = "llm";
-            meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
-            // Service time ≈ latency shared by the jobs that were queued with this one.
-            llm.record_rerank(t.elapsed() / ahead);
-            metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
-            let mut fused: Vec<(usize, f32)> = d
-                .top
-                .iter()
-                .zip(&r.fused)
-                .map(|((i, _), p)| (*i, *p))
-                .collect();
-            fused.sort_by(|a, b| b.1.total_cmp(&a.1));
-            Ok(Some(fused))
-        }
-        Ok(_) => {
-            degrade(
-                state,
-                meta,
-                &QueueError::Protocol("unexpected reply".into()),
-            )?;
-            Ok(None)
-        }
-        Err(e) => {
-            degrade(state, meta, &e)?;
-            Ok(None)
-        }
-    }
 }
 
 /// The label answer (classify), or the label's reply (answer route, not escalated or degraded).
@@ -427,7 +229,7 @@ fn respond_label(
     Ok((resp, tier))
 }
 
-fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Result<(), ApiError> {
+pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Result<(), ApiError> {
     tracing::warn!(error = %e, "escalation failed: answering with Tier-0");
     if state.config.server.on_escalation_failure == FailureMode::Reject {
         return Err(queue_error_to_api(e.clone()));
@@ -469,7 +271,7 @@ fn label_logprobs(
     }
 }
 
-fn sampling(v: &ValidChat) -> Sampling {
+pub(super) fn sampling(v: &ValidChat) -> Sampling {
     Sampling {
         max_tokens: v.max_tokens,
         temperature: v.temperature,
@@ -590,7 +392,7 @@ async fn generate(
 }
 
 /// An LLM generation: streamed as SSE, or collected into one JSON response.
-async fn stream_or_collect(
+pub(super) async fn stream_or_collect(
     state: &Arc<AppState>,
     v: &ValidChat,
     handle: tiergate_queue::JobHandle,

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod chat;
+mod escalate;
 pub mod ops;
 
 use std::sync::Arc;
