@@ -2,7 +2,8 @@
 //! generation and tokenisation) and a deterministic stub engine; one-pass candidate scoring on a llama
 //! forward of our own (`llama`, `scoring`) with prompts rendered from the route's templates (`prompt`); and
 //! the job loop that serves the shared-memory queue. Must not depend on axum; the server talks to this
-//! process only through the queue.
+//! process only through the queue. It uses `tiergate-prefilter` for one thing only: the int8 VNNI kernel
+//! (`int8::QDense`), shared with Tier-0's encoder.
 
 pub mod engine;
 pub mod llama;
