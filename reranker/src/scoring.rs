@@ -438,3 +438,48 @@ fn encode_bounded(tok: &dyn Tokenize, text: &str, max: usize) -> Result<Vec<u32>
     ids.truncate(max);
     Ok(ids)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(tokens: usize) -> Arc<Prefix> {
+        // One layer, one KV head, head dim 4: 32 bytes per token for k and v together.
+        let t = Tensor::zeros((1, 1, tokens, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+        Arc::new(Prefix {
+            kv: KvCache {
+                layers: vec![(t.clone(), t)],
+                len: tokens,
+            },
+            last: Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap(),
+            prior: 0.0,
+        })
+    }
+
+    #[test]
+    fn prefix_cache_stays_within_its_bytes_and_drops_the_least_recently_used() {
+        let mut c = Cache {
+            prefixes: HashMap::new(),
+            priors: HashMap::new(),
+            bytes: 0,
+            budget: 3 * 10 * 32,
+            clock: 0,
+        };
+        c.put("a".into(), prefix(10));
+        c.put("b".into(), prefix(10));
+        c.put("c".into(), prefix(10));
+        assert_eq!(c.bytes, 960);
+        assert!(c.get("a").is_some(), "a is now the most recently used");
+        c.put("d".into(), prefix(10));
+        assert!(c.bytes <= c.budget);
+        assert!(c.get("b").is_none(), "b was the least recently used");
+        assert!(c.get("a").is_some() && c.get("c").is_some() && c.get("d").is_some());
+        // Replacing a key does not count it twice.
+        c.put("d".into(), prefix(10));
+        assert_eq!(c.bytes, 960);
+        // One prefix larger than the whole budget is still kept (a rerank needs it), alone.
+        c.put("huge".into(), prefix(100));
+        assert_eq!(c.prefixes.len(), 1);
+        assert!(c.get("huge").is_some());
+    }
+}
