@@ -25,13 +25,6 @@ pub fn minilm_dir() -> PathBuf {
     dir
 }
 
-/// Banking77's training split (shared read-only data, never copied into the project).
-pub fn banking77_csv() -> PathBuf {
-    let p = root().join("../shared/data/banking77/train.csv");
-    assert!(p.is_file(), "{} is missing", p.display());
-    p
-}
-
 /// A binary of this workspace built next to the running test (`cargo test --workspace` builds them all).
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();

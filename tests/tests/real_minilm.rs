@@ -1,6 +1,6 @@
 //! Real-model tests on all-MiniLM-L6-v2 (fetched by scripts/fetch-models.sh): embedding quality, numeric
 //! parity of our packed BERT with candle-transformers' BertModel, the embedded default label set, and the
-//! `tiergate train` / `tiergate eval` commands end to end on a Banking77 subset.
+//! `tiergate train` / `tiergate eval` commands end to end on the project's own labelled workload.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -12,7 +12,7 @@ use candle_transformers::models::bert;
 use tiergate_config::PoolingConfig;
 use tiergate_prefilter::classifier::{embed_texts, load_encoder};
 use tiergate_prefilter::{Classifier, PrefilterHandle};
-use tiergate_tests::{banking77_csv, binary, minilm_dir};
+use tiergate_tests::{binary, minilm_dir};
 
 fn cosine(a: &Tensor, b: &Tensor) -> f32 {
     let dot = |x: &Tensor, y: &Tensor| {
@@ -125,35 +125,12 @@ fn embedded_default_label_set_routes_plain_queries() {
     }
 }
 
-/// Writes the rows of 8 Banking77 labels to a temp CSV (the data stays out of the project).
-fn banking_subset(dir: &std::path::Path) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(banking77_csv()).unwrap();
-    let keep = [
-        "card_arrival",
-        "lost_or_stolen_card",
-        "exchange_rate",
-        "top_up_failed",
-        "change_pin",
-        "balance_not_updated_after_bank_transfer",
-        "declined_card_payment",
-        "terminate_account",
-    ];
-    let mut out = String::from("text,category\n");
-    for line in text.lines().skip(1) {
-        if keep.iter().any(|k| line.ends_with(&format!(",{k}"))) {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    let p = dir.join("subset.csv");
-    std::fs::write(&p, out).unwrap();
-    p
-}
-
+/// On the project's own labelled workload (`bench/workloads/bank24.jsonl`: 150 self-written rows over 24
+/// intents), so the suite runs in a bare clone; Banking77 figures are benchmarks (README).
 #[test]
-fn cli_train_then_eval_json_on_a_banking77_subset() {
+fn cli_train_then_eval_json_on_the_project_workload() {
     let work = tempfile::tempdir().unwrap();
-    let data = banking_subset(work.path());
+    let data = tiergate_tests::root().join("bench/workloads/bank24.jsonl");
     let head = work.path().join("head");
     let out = Command::new(binary("tiergate"))
         .args(["train", "--encoder"])
@@ -162,6 +139,7 @@ fn cli_train_then_eval_json_on_a_banking77_subset() {
         .arg(&data)
         .arg("--out")
         .arg(&head)
+        .args(["--dev-fraction", "0.25"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -180,6 +158,8 @@ fn cli_train_then_eval_json_on_a_banking77_subset() {
             "--json",
             "--split",
             "dev",
+            "--dev-fraction",
+            "0.25",
             "--latency-samples",
             "20",
             "--classifier",
@@ -207,8 +187,13 @@ fn cli_train_then_eval_json_on_a_banking77_subset() {
     ] {
         assert!(v.get(key).is_some(), "missing `{key}` in {v}");
     }
+    // ~37 held-out rows over 24 intents, a quarter of them indirect: far above chance (1/24), not a benchmark.
     let acc = v["accuracy"].as_f64().unwrap();
-    assert!(acc > 0.85, "dev accuracy on 8 intents: {acc}");
+    assert!(acc > 0.6, "dev accuracy on 24 intents: {acc}");
+    // Representative utterances per label are stored with the head (what an escalation's LLM reads).
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(head.join("head.json")).unwrap()).unwrap();
+    assert_eq!(meta["examples"].as_array().map(Vec::len), Some(24));
     assert_eq!(v["selective"].as_array().unwrap().len(), 19);
     assert!(v["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
 
