@@ -84,30 +84,23 @@ impl Linear {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Candle(m) => m.forward(x),
-            Self::F32T(wt) => {
-                let dims = x.dims().to_vec();
-                let k = dims.last().copied().unwrap_or(0);
-                let y = x.reshape((x.elem_count() / k.max(1), k))?.matmul(wt)?;
-                let mut shape = dims;
-                if let Some(last) = shape.last_mut() {
-                    *last = wt.dim(1)?;
-                }
-                y.reshape(shape)
+        // The 2-D formats see `x` as rows `[m, k]`; the result takes `x`'s shape with `out` last.
+        let dims = x.dims().to_vec();
+        let k = dims.last().copied().unwrap_or(0);
+        let m = x.elem_count() / k.max(1);
+        let shaped = |out: usize| {
+            let mut shape = dims.clone();
+            if let Some(last) = shape.last_mut() {
+                *last = out;
             }
+            shape
+        };
+        match self {
+            Self::Candle(q) => q.forward(x),
+            Self::F32T(wt) => x.reshape((m, k))?.matmul(wt)?.reshape(shaped(wt.dim(1)?)),
             Self::Int8(q) => {
-                let dims = x.dims().to_vec();
-                let k = dims.last().copied().unwrap_or(0);
-                let m = x.elem_count() / k.max(1);
-                let xv = x.flatten_all()?.to_vec1::<f32>()?;
-                let out = q.out_features();
-                let y = int8_parallel(q, &xv, m, k);
-                let mut shape = dims;
-                if let Some(last) = shape.last_mut() {
-                    *last = out;
-                }
-                Tensor::from_vec(y, shape, &Device::Cpu)
+                let y = int8_parallel(q, &x.flatten_all()?.to_vec1::<f32>()?, m, k);
+                Tensor::from_vec(y, shaped(q.out_features()), &Device::Cpu)
             }
         }
     }

@@ -24,6 +24,8 @@ use crate::prompt;
 const MAX_QUERY_TOKENS: usize = 96;
 /// Longest prefix or prompt, in tokens.
 const MAX_PREFIX_TOKENS: usize = 768;
+/// Most cached likelihood priors.
+const MAX_PRIORS: usize = 100_000;
 
 /// Text to token ids (no special tokens).
 pub trait Tokenize: Send + Sync {
@@ -81,9 +83,6 @@ impl Cache {
             if let Some((p, _)) = self.prefixes.remove(&oldest) {
                 self.bytes -= p.kv.bytes();
             }
-        }
-        if self.priors.len() > 100_000 {
-            self.priors.clear();
         }
     }
 }
@@ -355,6 +354,10 @@ impl Scorer {
         let head = encode_bounded(tok, &cf_prompt, MAX_PREFIX_TOKENS)?;
         let priors = shared_prompt_scores(&self.model, &head, cands).map_err(failed)?;
         let mut cache = self.cache.lock().map_err(failed)?;
+        // Priors are a few bytes each; a bound keeps an unbounded label stream from growing the map forever.
+        if cache.priors.len() > MAX_PRIORS {
+            cache.priors.clear();
+        }
         for (c, v) in candidates.iter().zip(&priors) {
             cache.priors.insert(key(c), *v);
         }

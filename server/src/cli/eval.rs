@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use tiergate_prefilter::eval::{evaluate, EvalOptions, EvalReport};
 use tiergate_prefilter::Classifier;
@@ -54,12 +53,7 @@ pub enum Split {
 pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
     let cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
     let data = tiergate_prefilter::data::read(&args.data.spec())?;
-    let classifier = Classifier::from_dir(
-        &args.classifier,
-        cfg.prefilter.max_tokens,
-        cfg.prefilter.precision,
-    )
-    .with_context(|| format!("loading classifier {}", args.classifier.display()))?;
+    let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let opts = EvalOptions {
         prefilter: cfg.prefilter.clone(),
         latency_samples: args.latency_samples,
@@ -122,15 +116,8 @@ fn run_hybrid(
     classifier: &Classifier,
     rows: &[tiergate_prefilter::data::Example],
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.max_escalated > 0.0 && args.max_escalated <= 1.0,
-        "--max-escalated must be in (0, 1]"
-    );
-    let mut scored = hybrid::tier0_rows(classifier, rows, cfg.reranker.candidates)?;
-    let low = hybrid::theta_for_share(&scored, args.max_escalated);
-    let texts: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
     let quiet = args.json;
-    hybrid::run_llm(cfg, classifier, &texts, &mut scored, low, &mut |m| {
+    let scored = hybrid::score_rows(cfg, classifier, rows, args.max_escalated, &mut |m| {
         if !quiet {
             eprintln!("{m}");
         }

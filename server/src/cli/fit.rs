@@ -2,9 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
-use tiergate_prefilter::Classifier;
 
 use super::eval::{select_rows, Split};
 use super::{hybrid, ConfigArgs, DataArgs};
@@ -35,27 +33,15 @@ pub struct FitArgs {
 
 pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.max_escalated > 0.0 && args.max_escalated <= 1.0,
-        "--max-escalated must be in (0, 1]"
-    );
-    anyhow::ensure!(
         args.classifier.join("head.json").is_file(),
         "{} is not a `tiergate train` folder (no head.json)",
         args.classifier.display()
     );
     let cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
     let data = tiergate_prefilter::data::read(&args.data.spec())?;
-    let classifier = Classifier::from_dir(
-        &args.classifier,
-        cfg.prefilter.max_tokens,
-        cfg.prefilter.precision,
-    )
-    .with_context(|| format!("loading classifier {}", args.classifier.display()))?;
+    let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
-    let mut scored = hybrid::tier0_rows(&classifier, &rows, cfg.reranker.candidates)?;
-    let low = hybrid::theta_for_share(&scored, args.max_escalated);
-    let texts: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
-    hybrid::run_llm(&cfg, &classifier, &texts, &mut scored, low, &mut |m| {
+    let scored = hybrid::score_rows(&cfg, &classifier, &rows, args.max_escalated, &mut |m| {
         eprintln!("{m}")
     })?;
     let f = hybrid::save_fit(&args.classifier, &cfg, &scored)?;

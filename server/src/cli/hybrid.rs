@@ -237,9 +237,35 @@ pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow
     Ok(out)
 }
 
+/// Loads a classifier folder with the config's token limit and precision (what serving would use).
+pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier> {
+    Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
+        .with_context(|| format!("loading classifier {}", dir.display()))
+}
+
+/// Tier-0 over `examples`, then the configured LLM over the `max_escalated` share Tier-0 is least sure of:
+/// what `eval --hybrid` reports on and `fit-fusion` fits on.
+pub fn score_rows(
+    config: &Config,
+    classifier: &Classifier,
+    examples: &[Example],
+    max_escalated: f64,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<Row>> {
+    anyhow::ensure!(
+        max_escalated > 0.0 && max_escalated <= 1.0,
+        "--max-escalated must be in (0, 1]"
+    );
+    let mut rows = tier0_rows(classifier, examples, config.reranker.candidates)?;
+    let low = theta_for_share(&rows, max_escalated);
+    let texts: Vec<&str> = examples.iter().map(|r| r.text.as_str()).collect();
+    run_llm(config, classifier, &texts, &mut rows, low, progress)?;
+    Ok(rows)
+}
+
 /// Runs the configured LLM over the rows with ambiguity above `theta_low` (through a real worker process
 /// and the shared-memory queue, as the server does), one at a time so the seconds are the service time.
-pub fn run_llm(
+fn run_llm(
     config: &Config,
     classifier: &Classifier,
     texts: &[&str],
