@@ -46,9 +46,18 @@ pub struct PromptConfig {
 }
 
 impl Default for PromptConfig {
-    /// The neutral templates of `prompts/neutral.toml`. Read field by field from a TOML table: deserialising
-    /// `PromptConfig` itself would ask this function for the fields the file leaves out.
+    /// The neutral templates of `prompts/neutral.toml`, parsed once per process (serde builds a default for
+    /// every deserialised `PromptConfig`, so every queued job would otherwise parse the file).
     fn default() -> Self {
+        static NEUTRAL: std::sync::OnceLock<PromptConfig> = std::sync::OnceLock::new();
+        NEUTRAL.get_or_init(PromptConfig::neutral).clone()
+    }
+}
+
+impl PromptConfig {
+    /// Reads `prompts/neutral.toml` field by field from a TOML table: deserialising `PromptConfig` itself would
+    /// ask `default` for the fields the file leaves out.
+    fn neutral() -> Self {
         let table: toml::Table = toml::from_str(NEUTRAL_PROMPTS).unwrap_or_default();
         let text = |k: &str| {
             table
@@ -113,10 +122,30 @@ impl PromptConfig {
 
 /// Fills `{name}` placeholders; unknown placeholders stay as written.
 pub fn render(template: &str, vars: &[(&str, &str)]) -> String {
-    let mut out = template.to_string();
-    for (k, v) in vars {
-        out = out.replace(&format!("{{{k}}}"), v);
+    // One pass: a value is never scanned for placeholders (a query containing `{examples}` stays as typed).
+    let mut out =
+        String::with_capacity(template.len() + vars.iter().map(|(_, v)| v.len()).sum::<usize>());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let var = after.find('}').and_then(|close| {
+            vars.iter()
+                .find(|(k, _)| *k == &after[..close])
+                .map(|(_, v)| (close, *v))
+        });
+        match var {
+            Some((close, v)) => {
+                out.push_str(v);
+                rest = &after[close + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
     }
+    out.push_str(rest);
     out
 }
 
@@ -128,6 +157,14 @@ pub fn display_label(label: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn render_substitutes_once_and_keeps_unknown_braces() {
+        let out = render("{a} and {b} {unknown} {a}}", &[("a", "x{b}"), ("b", "{a}")]);
+        assert_eq!(out, "x{b} and {a} {unknown} x{b}}");
+        assert_eq!(render("no vars {", &[("a", "1")]), "no vars {");
+        assert_eq!(render("", &[]), "");
+    }
 
     #[test]
     fn neutral_prompts_parse_and_validate() {

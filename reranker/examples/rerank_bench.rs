@@ -68,10 +68,7 @@ fn main() -> anyhow::Result<()> {
         };
         let once = |q: &str| -> anyhow::Result<(f64, usize, u32)> {
             let t = Instant::now();
-            let Reply::Rerank(r) = client
-                .submit(&job(q), Duration::from_secs(120))?
-                .wait_reply()?
-            else {
+            let Reply::Rerank(r) = client.call(&job(q), Duration::from_secs(120))? else {
                 anyhow::bail!("unexpected reply")
             };
             let best = tiergate_queue::fusion::argmax(&r.llm);

@@ -46,7 +46,8 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
         let spawned = std::thread::Builder::new()
             .name(format!("job-{i}"))
             .spawn(move || {
-                while !worker.should_exit() {
+                // The heartbeat thread ends the process when the server is gone; here only the flag.
+                while !worker.shutdown_requested() {
                     if let Some(taken) = worker.take(Duration::from_millis(100)) {
                         run_job(engine.as_ref(), taken.job, taken.taken);
                     }

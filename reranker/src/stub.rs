@@ -26,7 +26,13 @@ pub struct StubKnobs {
 pub struct StubEngine {
     knobs: StubKnobs,
     jobs: AtomicU64,
+    /// Words of each rendered label prefix, by a hash of what renders it: the stub keeps its own cost near
+    /// zero (the queue bench measures the queue), and caches per label prefix as the channel scorer does.
+    prefix_words: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
 }
+
+/// Entries kept in the stub's word-count cache before it is cleared.
+const PREFIX_CACHE_ENTRIES: usize = 4096;
 
 impl StubEngine {
     /// A stub with these knobs.
@@ -34,6 +40,7 @@ impl StubEngine {
         Self {
             knobs,
             jobs: AtomicU64::new(0),
+            prefix_words: Default::default(),
         }
     }
 
@@ -52,14 +59,51 @@ impl StubEngine {
             .garbage_every
             .is_some_and(|k| k > 0 && n.is_multiple_of(k))
     }
+
+    /// Words of candidate `c`'s rendered label prefix; `prompt_key`: [`prefix_key`] of the templates.
+    fn prefix_words(&self, c: &Candidate, prompt: &PromptConfig, prompt_key: u64) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (prompt_key, &c.label, &c.description, &c.examples).hash(&mut h);
+        let key = h.finish();
+        let Ok(mut cache) = self.prefix_words.lock() else {
+            return 0;
+        };
+        if let Some(&n) = cache.get(&key) {
+            return n;
+        }
+        if cache.len() >= PREFIX_CACHE_ENTRIES {
+            cache.clear();
+        }
+        let n = crate::prompt::channel_prefix(c, prompt)
+            .split_ascii_whitespace()
+            .count();
+        cache.insert(key, n);
+        n
+    }
 }
 
-/// Words of a label (`card_arrival` → `card`, `arrival`).
-fn label_words(label: &str) -> Vec<String> {
-    label
-        .split(|c: char| !c.is_alphanumeric())
+/// A hash of the templates that render a label prefix.
+fn prefix_key(prompt: &PromptConfig) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        &prompt.label_prefix,
+        &prompt.example_line,
+        prompt.max_examples,
+    )
+        .hash(&mut h);
+    h.finish()
+}
+
+/// Lower-cased words of `text` (`card_arrival` → `card`, `arrival`): split at ASCII punctuation and spaces,
+/// bytewise (every non-ASCII character counts as a word character, so the cuts are always at character
+/// boundaries).
+fn words(text: &str) -> Vec<String> {
+    text.as_bytes()
+        .split(|b| b.is_ascii() && !b.is_ascii_alphanumeric())
         .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
+        .map(|w| String::from_utf8_lossy(w).to_ascii_lowercase())
         .collect()
 }
 
@@ -87,30 +131,24 @@ impl Engine for StubEngine {
             return Err(EngineError::Invalid("no candidates".into()));
         }
         std::thread::sleep(self.knobs.delay);
-        let words: Vec<String> = text
-            .split(|c: char| !c.is_alphanumeric())
-            .map(str::to_lowercase)
-            .collect();
+        let words = words(text);
         let raw: Vec<f32> = candidates
             .iter()
             .map(|c| {
-                1.0 + label_words(&c.label)
+                1.0 + self::words(&c.label)
                     .iter()
                     .filter(|w| words.contains(w))
                     .count() as f32
                     * 3.0
             })
             .collect();
+        let query_words = crate::prompt::channel_query(text, prompt)
+            .split_ascii_whitespace()
+            .count();
+        let key = prefix_key(prompt);
         let rendered: usize = candidates
             .iter()
-            .map(|c| {
-                crate::prompt::channel_prefix(c, prompt)
-                    .split_whitespace()
-                    .count()
-                    + crate::prompt::channel_query(text, prompt)
-                        .split_whitespace()
-                        .count()
-            })
+            .map(|c| self.prefix_words(c, prompt, key) + query_words)
             .sum();
         Ok(Scored {
             scores: raw.iter().map(|r| r.ln()).collect(),

@@ -236,16 +236,134 @@ fn deadlines_are_enforced_and_the_slot_comes_back() {
     }
 }
 
+/// Every slot is FREE again (nothing leaked) within a few seconds.
+fn all_slots_come_back(seg: &Segment) {
+    let start = Instant::now();
+    loop {
+        let busy: Vec<usize> = (0..seg.slots())
+            .filter(|&i| {
+                let word = seg.slot(i).unwrap().word.load(Ordering::SeqCst);
+                word as u32 != tiergate_queue::layout::state::FREE
+            })
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "slots never freed: {busy:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A blocking `call` watches its own slot: replies, deadlines (the slot a worker still holds is freed later
+/// by the dispatcher), and the error kinds arrive as with `submit`.
+#[test]
+fn a_blocking_call_gets_replies_deadlines_and_errors_on_its_own_slot() {
+    let r = rig(2, 1, &["--stub-delay-ms", "600", "--max-concurrent", "1"]);
+    let t = Instant::now();
+    let late = r
+        .client
+        .call(&rerank_job("slow"), Duration::from_millis(100));
+    assert_eq!(late.unwrap_err(), QueueError::DeadlineExceeded);
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "deadline reported after {:?}",
+        t.elapsed()
+    );
+    // The caller handed the slot (still held by the worker) to the dispatcher, which frees it when the worker
+    // lets go: both slots serve again and nothing leaks.
+    all_slots_come_back(&r.seg);
+    let Reply::Rerank(rr) = r
+        .client
+        .call(&rerank_job("card arrival"), Duration::from_secs(5))
+        .unwrap()
+    else {
+        panic!("not a rerank reply")
+    };
+    assert_eq!(rr.llm.len(), 2);
+    assert!(
+        rr.llm[0] > rr.llm[1],
+        "the stub favours the label sharing words"
+    );
+    all_slots_come_back(&r.seg);
+
+    let g = rig(4, 1, &["--stub-garbage-every", "2"]);
+    assert!(g
+        .client
+        .call(&rerank_job("one"), Duration::from_secs(5))
+        .is_ok());
+    let garbage = g.client.call(&rerank_job("two"), Duration::from_secs(5));
+    assert!(
+        matches!(garbage, Err(QueueError::Protocol(_))),
+        "{garbage:?}"
+    );
+    assert!(g
+        .client
+        .call(&rerank_job("three"), Duration::from_secs(5))
+        .is_ok());
+    let bad = g.client.call_bytes(b"{not a job", Duration::from_secs(5));
+    assert!(matches!(bad, Err(QueueError::Engine(_))), "{bad:?}");
+    all_slots_come_back(&g.seg);
+
+    let c = rig(4, 1, &["--stub-crash-after", "1"]);
+    let down = c.client.call(&rerank_job("boom"), Duration::from_secs(8));
+    assert!(matches!(down, Err(QueueError::WorkerDown(_))), "{down:?}");
+    all_slots_come_back(&c.seg);
+
+    let h = rig(4, 1, &["--stub-hang-after", "2"]);
+    assert!(h
+        .client
+        .call(&rerank_job("fine"), Duration::from_secs(5))
+        .is_ok());
+    let t = Instant::now();
+    let retried = h.client.call(&rerank_job("freeze"), Duration::from_secs(8));
+    assert!(
+        retried.is_ok(),
+        "retried on the restarted worker: {retried:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(6));
+    assert!(h.sup.stats.retried.load(Ordering::SeqCst) >= 1);
+}
+
 #[test]
 fn kill_9_mid_flight_every_job_ends_exactly_once_and_the_worker_restarts() {
     let r = rig(64, 2, &["--stub-delay-ms", "150", "--max-concurrent", "4"]);
     let client = Arc::new(r.client);
     let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut producers = Vec::new();
+    // Producers 0 and 1 wait on the dispatcher's events, 2 and 3 block in `call` on their own slots.
     for p in 0..4 {
         let (client, outcomes) = (client.clone(), outcomes.clone());
         producers.push(std::thread::spawn(move || {
             for k in 0..10 {
+                if p >= 2 {
+                    let t = Instant::now();
+                    let outcome = loop {
+                        match client
+                            .call(&rerank_job(&format!("job {p} {k}")), Duration::from_secs(3))
+                        {
+                            Err(QueueError::Full { .. })
+                                if t.elapsed() < Duration::from_secs(1) =>
+                            {
+                                std::thread::sleep(Duration::from_millis(5))
+                            }
+                            other => break other,
+                        }
+                    };
+                    assert!(
+                        t.elapsed() < Duration::from_secs(9),
+                        "a call hung past its deadline"
+                    );
+                    // A call returns exactly one outcome by construction; map it to the same event shape.
+                    let event = match outcome {
+                        Ok(r) => Event::Reply(r),
+                        Err(e) => Event::Error(e),
+                    };
+                    outcomes.lock().unwrap().push(vec![event]);
+                    continue;
+                }
                 let h = loop {
                     match client
                         .submit(&rerank_job(&format!("job {p} {k}")), Duration::from_secs(3))
@@ -293,6 +411,8 @@ fn kill_9_mid_flight_every_job_ends_exactly_once_and_the_worker_restarts() {
         down <= 4,
         "retry should save most of the victim's jobs ({down} failed)"
     );
+    // No slot leaked, whichever way its job was waited for.
+    all_slots_come_back(&r.seg);
     assert!(r.sup.stats.restarts.load(Ordering::SeqCst) >= 1);
     // The restarted worker registers again and serves.
     let start = Instant::now();

@@ -1,20 +1,24 @@
 //! The server's side: submit a job into a free slot and receive its events (token chunks, then one final
-//! reply or error) on a flume channel, usable from async code (`recv_async`) or threads.
+//! reply or error).
 //!
-//! One dispatcher thread per client watches the slots this client has in flight: it forwards new response
-//! frames, enforces deadlines, notices jobs whose receiver was dropped (cancel), and frees slots. A slot whose
-//! job was abandoned while a worker still holds it is freed only when that worker finishes or is reaped.
+//! Two ways to wait. [`Client::call`] blocks the calling thread and watches the job's own slot: it spins
+//! briefly, then sleeps on the slot's futex, which the worker bumps at every response write, so a reply
+//! reaches the caller with no thread in between. [`Client::submit`] returns a [`JobHandle`] whose events
+//! arrive on a flume channel (for async code and streams): one dispatcher thread per client watches those
+//! slots, forwards new response frames, enforces deadlines, notices jobs whose receiver was dropped (cancel),
+//! and frees slots. Both run the same per-slot step. A slot whose job was given up while a worker still holds
+//! it is handed to the dispatcher and freed only when that worker finishes or is reaped.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{QueueError, Result};
 use crate::futex::{self, now_ns};
 use crate::layout::{state, Segment, MAX_WORKERS};
-use crate::protocol::{decode_frames, Frame, Job, Reply};
+use crate::protocol::{decode_frames, encode_job, Frame, Job, Reply};
 use crate::slot;
 
 /// What a job's receiver gets.
@@ -30,6 +34,13 @@ pub enum Event {
 
 /// How long the dispatcher polls before sleeping: a futex wake-up from idle costs tens of microseconds here.
 const SPIN: Duration = Duration::from_micros(30);
+/// How long a blocking caller polls its slot before sleeping on it.
+const CALL_SPIN: Duration = Duration::from_micros(200);
+/// How long a caller that has its outcome waits for the worker to mark the slot done before leaving the
+/// slot to the dispatcher (the worker writes its last frame, then marks the slot: microseconds apart).
+const RELEASE_WAIT: Duration = Duration::from_millis(2);
+/// How late a blocking caller may notice its deadline.
+const DEADLINE_GRAIN: Duration = Duration::from_millis(5);
 
 struct Inflight {
     gen: u32,
@@ -38,6 +49,36 @@ struct Inflight {
     deadline_ns: u64,
     /// The submitter has its outcome (or gave up); the slot waits for the worker to let go.
     resolved: bool,
+    /// The outcome is the worker's final frame (so the worker is about to mark the slot done).
+    from_worker: bool,
+}
+
+impl Inflight {
+    fn new(posted: &Posted, tx: flume::Sender<Event>) -> Self {
+        Self {
+            gen: posted.gen,
+            tx,
+            consumed: 0,
+            deadline_ns: posted.deadline_ns,
+            resolved: false,
+            from_worker: false,
+        }
+    }
+
+    /// Ends the job with `e` unless it already has its outcome.
+    fn resolve_err(&mut self, e: QueueError) {
+        if !self.resolved {
+            self.resolved = true;
+            let _ = self.tx.send(Event::Error(e));
+        }
+    }
+}
+
+/// A job written into a slot (state WRITING until published).
+struct Posted {
+    slot: usize,
+    gen: u32,
+    deadline_ns: u64,
 }
 
 struct Shared {
@@ -46,6 +87,20 @@ struct Shared {
     stop: AtomicBool,
     next: AtomicUsize,
     heartbeat_timeout_ns: u64,
+    /// Bumped when the dispatcher gets a slot to watch; an idle dispatcher sleeps on it (not on the segment's
+    /// reply counter, so the replies of blocking callers do not wake it).
+    work: AtomicU32,
+    work_sleepers: AtomicU32,
+}
+
+impl Shared {
+    fn work_waiters(&self) -> futex::Waiters<'_> {
+        futex::Waiters {
+            word: &self.work,
+            sleepers: &self.work_sleepers,
+            spinners: None,
+        }
+    }
 }
 
 /// Handle used by the server to submit jobs. Dropping it stops the dispatcher (in-flight jobs get `Cancelled`).
@@ -102,6 +157,8 @@ impl Client {
             stop: AtomicBool::new(false),
             next: AtomicUsize::new(0),
             heartbeat_timeout_ns: heartbeat_timeout.as_nanos() as u64,
+            work: AtomicU32::new(0),
+            work_sleepers: AtomicU32::new(0),
         });
         let s = shared.clone();
         let dispatcher = std::thread::Builder::new()
@@ -124,7 +181,8 @@ impl Client {
         live_workers(&self.shared.seg, self.shared.heartbeat_timeout_ns)
     }
 
-    /// Jobs of this client in flight.
+    /// Jobs the dispatcher watches: submitted ones, and abandoned calls whose slot a worker still holds (a
+    /// blocking [`Client::call`] in progress is not counted).
     pub fn in_flight(&self) -> usize {
         self.shared.inflight.lock().map_or(0, |m| m.len())
     }
@@ -132,12 +190,85 @@ impl Client {
     /// Submits `job` with a deadline `timeout` from now. Fails at once with `Full` (no free slot),
     /// `WorkerDown` (no live worker) or `Invalid` (does not fit a slot).
     pub fn submit(&self, job: &Job, timeout: Duration) -> Result<JobHandle> {
-        let bytes = serde_json::to_vec(job).map_err(|e| QueueError::Invalid(e.to_string()))?;
+        let bytes = encode_job(job)?;
         self.submit_bytes(&bytes, timeout)
     }
 
     /// Submits raw request bytes (tests use this to send garbage).
     pub fn submit_bytes(&self, bytes: &[u8], timeout: Duration) -> Result<JobHandle> {
+        let posted = self.write_job(bytes, timeout)?;
+        let (tx, rx) = flume::unbounded();
+        self.shared
+            .inflight
+            .lock()
+            .map_err(|_| QueueError::Protocol("client state poisoned".into()))?
+            .insert(posted.slot, Inflight::new(&posted, tx));
+        self.publish(&posted)?;
+        futex::notify(self.shared.work_waiters(), 1);
+        Ok(JobHandle {
+            events: rx,
+            slot: posted.slot,
+        })
+    }
+
+    /// Runs `job` and blocks this thread until its final reply (chunks of a generation are dropped), watching
+    /// the job's own slot: the low-latency path for threads that wait anyway. Fails like [`Client::submit`],
+    /// then with the job's error; `DeadlineExceeded` after `timeout`.
+    pub fn call(&self, job: &Job, timeout: Duration) -> Result<Reply> {
+        let bytes = encode_job(job)?;
+        self.call_bytes(&bytes, timeout)
+    }
+
+    /// [`Client::call`] with raw request bytes.
+    pub fn call_bytes(&self, bytes: &[u8], timeout: Duration) -> Result<Reply> {
+        let posted = self.write_job(bytes, timeout)?;
+        let (tx, rx) = flume::unbounded();
+        let mut f = Inflight::new(&posted, tx);
+        self.publish(&posted)?;
+        if !self.wait_own_slot(posted.slot, &mut f) {
+            // Outcome known, slot still held (a worker runs the abandoned job): the dispatcher frees it later.
+            if let Ok(mut map) = self.shared.inflight.lock() {
+                map.insert(posted.slot, f);
+            }
+            futex::notify(self.shared.work_waiters(), 1);
+        }
+        rx.try_iter()
+            .find_map(|e| final_event(Ok(e)))
+            .unwrap_or(Err(QueueError::Cancelled))
+    }
+
+    /// Polls slot `i` until the job has its outcome; returns whether the slot was also freed.
+    fn wait_own_slot(&self, i: usize, f: &mut Inflight) -> bool {
+        let seg = &self.shared.seg;
+        let Some(s) = seg.slot(i) else {
+            f.resolve_err(QueueError::Protocol("slot vanished".into()));
+            return true;
+        };
+        let mut finished = false;
+        // The deadline bounds this loop: `step` ends the job once it has passed (DEADLINE_GRAIN late at most).
+        while !f.resolved {
+            futex::wait_until(
+                s.waiters(),
+                Duration::from_secs(1),
+                CALL_SPIN,
+                DEADLINE_GRAIN,
+                || {
+                    finished = step(seg, i, f, now_ns()).finished;
+                    f.resolved
+                },
+            );
+        }
+        if !finished && f.from_worker {
+            futex::wait_until(s.waiters(), RELEASE_WAIT, CALL_SPIN, RELEASE_WAIT, || {
+                finished = step(seg, i, f, now_ns()).finished;
+                finished
+            });
+        }
+        finished
+    }
+
+    /// Claims a free slot and writes the job into it (not yet visible to workers).
+    fn write_job(&self, bytes: &[u8], timeout: Duration) -> Result<Posted> {
         let seg = &self.shared.seg;
         if bytes.len() > seg.req_cap() {
             return Err(QueueError::Invalid(format!(
@@ -169,42 +300,34 @@ impl Client {
         s.worker.store(0, Relaxed);
         s.retried.store(0, Relaxed);
         s.deadline_ns.store(deadline_ns, Relaxed);
-        let (tx, rx) = flume::unbounded();
-        {
-            let mut map = self
-                .shared
-                .inflight
-                .lock()
-                .map_err(|_| QueueError::Protocol("client state poisoned".into()))?;
-            map.insert(
-                i,
-                Inflight {
-                    gen,
-                    tx,
-                    consumed: 0,
-                    deadline_ns,
-                    resolved: false,
-                },
-            );
-        }
-        if !slot::publish(s, gen) {
+        Ok(Posted {
+            slot: i,
+            gen,
+            deadline_ns,
+        })
+    }
+
+    /// Makes a written job visible to workers and wakes one if all sleep.
+    fn publish(&self, posted: &Posted) -> Result<()> {
+        let seg = &self.shared.seg;
+        let published = seg
+            .slot(posted.slot)
+            .is_some_and(|s| slot::publish(s, posted.gen));
+        if !published {
             return Err(QueueError::Protocol(
                 "slot changed while being written".into(),
             ));
         }
         let h = seg.header();
-        h.jobs_posted.fetch_add(1, Release);
-        futex::wake(&h.jobs_posted, 1);
-        Ok(JobHandle {
-            events: rx,
-            slot: i,
-        })
+        futex::notify(h.job_waiters(), 1);
+        Ok(())
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
         self.shared.stop.store(true, Release);
+        futex::notify(self.shared.work_waiters(), 1);
         futex::wake(&self.shared.seg.header().replies_posted, i32::MAX);
         if let Some(t) = self.dispatcher.take() {
             let _ = t.join();
@@ -229,27 +352,34 @@ pub fn live_workers(seg: &Segment, timeout_ns: u64) -> usize {
 fn dispatch(shared: &Shared) {
     let seg = &shared.seg;
     let h = seg.header();
+    let has_work = || shared.inflight.lock().is_ok_and(|m| !m.is_empty());
     while !shared.stop.load(Acquire) {
-        let seen = h.replies_posted.load(Acquire);
-        let idle = shared.inflight.lock().map_or(true, |m| m.is_empty());
-        if idle {
-            futex::wait(&h.replies_posted, seen, Duration::from_millis(20));
+        if !has_work() {
+            futex::wait_until(
+                shared.work_waiters(),
+                Duration::from_millis(20),
+                Duration::ZERO,
+                Duration::from_millis(20),
+                || has_work() || shared.stop.load(Acquire),
+            );
             continue;
         }
-        let progressed = sweep(shared);
-        if !progressed {
+        let seen = h.replies_posted.load(Acquire);
+        if !sweep(shared) {
             // Spin briefly for low round-trip latency, then sleep until a worker posts (deadlines: 1 ms grain).
-            futex::wait_until(&h.replies_posted, Duration::from_millis(1), SPIN, || {
-                h.replies_posted.load(Acquire) != seen || shared.stop.load(Acquire)
-            });
+            futex::wait_until(
+                h.reply_waiters(),
+                Duration::from_millis(1),
+                SPIN,
+                Duration::from_millis(1),
+                || h.replies_posted.load(Acquire) != seen || shared.stop.load(Acquire),
+            );
         }
     }
     // Shutting down: every open job ends with Cancelled; slots still held by workers are left to them.
     if let Ok(mut map) = shared.inflight.lock() {
-        for (i, f) in map.drain() {
-            if !f.resolved {
-                let _ = f.tx.send(Event::Error(QueueError::Cancelled));
-            }
+        for (i, mut f) in map.drain() {
+            f.resolve_err(QueueError::Cancelled);
             if let Some(s) = seg.slot(i) {
                 s.cancel.store(1, Release);
                 slot::withdraw(s, f.gen);
@@ -258,72 +388,71 @@ fn dispatch(shared: &Shared) {
     }
 }
 
-/// One pass over the in-flight slots; returns whether anything happened.
+/// One pass over the dispatcher's slots; returns whether anything happened.
 fn sweep(shared: &Shared) -> bool {
-    let seg = &shared.seg;
     let Ok(mut map) = shared.inflight.lock() else {
         return false;
     };
     let now = now_ns();
     let mut progressed = false;
-    let mut finished = Vec::new();
-    for (&i, f) in map.iter_mut() {
-        let Some(s) = seg.slot(i) else {
-            finished.push(i);
-            continue;
-        };
-        let (gen, st) = slot::load(s);
-        if gen != f.gen {
-            // Only this client releases its slots, so this is corruption by a peer.
-            if !f.resolved {
-                let _ = f.tx.send(Event::Error(QueueError::Protocol(
-                    "slot generation changed".into(),
-                )));
-            }
-            finished.push(i);
-            continue;
-        }
-        if !f.resolved {
-            progressed |= forward_frames(seg, i, f, st);
-        }
-        if st == state::DONE || st == state::ABORTED {
-            if !f.resolved {
-                f.resolved = true;
-                let e = if st == state::ABORTED {
-                    QueueError::WorkerDown("the worker running this job died".into())
-                } else {
-                    QueueError::Protocol("worker finished without a valid final frame".into())
-                };
-                let _ = f.tx.send(Event::Error(e));
-            }
-            slot::release(s, f.gen);
-            finished.push(i);
-            progressed = true;
-            continue;
-        }
-        if f.resolved {
-            continue;
-        }
-        let gone = f.tx.is_disconnected();
-        let late = now >= f.deadline_ns;
-        if gone || late {
-            if !gone {
-                let _ = f.tx.send(Event::Error(QueueError::DeadlineExceeded));
-            }
-            f.resolved = true;
-            progressed = true;
-            if st == state::READY && slot::withdraw(s, f.gen) {
-                finished.push(i);
-            } else {
-                // A worker holds it: ask it to stop; the slot is freed when it finishes or is reaped.
-                s.cancel.store(1, Release);
-            }
-        }
-    }
-    for i in finished {
-        map.remove(&i);
-    }
+    map.retain(|&i, f| {
+        let st = step(&shared.seg, i, f, now);
+        progressed |= st.progressed;
+        !st.finished
+    });
     progressed
+}
+
+/// What one look at a slot did.
+#[derive(Default)]
+struct Step {
+    /// Something happened (frames forwarded, the job ended, the slot freed).
+    progressed: bool,
+    /// The slot is no longer this job's: stop watching it.
+    finished: bool,
+}
+
+/// Looks at slot `i` once: forwards new frames, ends the job when the worker is done or died, enforces the
+/// deadline and cancellation (a dropped receiver), and frees the slot once nobody holds it.
+fn step(seg: &Segment, i: usize, f: &mut Inflight, now: u64) -> Step {
+    let finished = Step {
+        progressed: true,
+        finished: true,
+    };
+    let Some(s) = seg.slot(i) else {
+        f.resolve_err(QueueError::Protocol("slot vanished".into()));
+        return finished;
+    };
+    let (gen, st) = slot::load(s);
+    if gen != f.gen {
+        // Only this client releases its slots, so this is corruption by a peer.
+        f.resolve_err(QueueError::Protocol("slot generation changed".into()));
+        return finished;
+    }
+    let mut progressed = !f.resolved && forward_frames(seg, i, f, st);
+    if st == state::DONE || st == state::ABORTED {
+        f.resolve_err(if st == state::ABORTED {
+            QueueError::WorkerDown("the worker running this job died".into())
+        } else {
+            QueueError::Protocol("worker finished without a valid final frame".into())
+        });
+        slot::release(s, f.gen);
+        return finished;
+    }
+    let gone = f.tx.is_disconnected();
+    if !f.resolved && (gone || now >= f.deadline_ns) {
+        f.resolve_err(QueueError::DeadlineExceeded);
+        if st == state::READY && slot::withdraw(s, f.gen) {
+            return finished;
+        }
+        // A worker holds it: ask it to stop; the slot is freed when it finishes or is reaped.
+        s.cancel.store(1, Release);
+        progressed = true;
+    }
+    Step {
+        progressed,
+        finished: false,
+    }
 }
 
 /// Forwards newly committed frames of slot `i`; returns whether any were read.
@@ -366,10 +495,12 @@ fn forward_frames(seg: &Segment, i: usize, f: &mut Inflight, st: u32) -> bool {
                     }
                     Frame::Reply(r) => {
                         f.resolved = true;
+                        f.from_worker = true;
                         let _ = f.tx.send(Event::Reply(r));
                     }
                     Frame::Error(m) => {
                         f.resolved = true;
+                        f.from_worker = true;
                         let _ = f.tx.send(Event::Error(QueueError::Engine(m)));
                     }
                 }

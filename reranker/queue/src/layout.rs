@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use shared_memory::{Shmem, ShmemConf, ShmemError};
 
 use crate::error::{QueueError, Result};
-use crate::futex::now_ns;
+use crate::futex::{now_ns, Waiters};
 
 /// "TIERGATE" in ASCII.
 pub const MAGIC: u64 = 0x5449_4552_4741_5445;
-/// Bumped on any change of the layout below.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Bumped on any change of the layout below or of the job encoding (2: per-slot wake-ups, counted waiters,
+/// postcard-encoded jobs and replies).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Worker records in the header.
 pub const MAX_WORKERS: usize = 16;
 
@@ -83,7 +84,12 @@ pub struct Header {
     pub jobs_posted: AtomicU32,
     /// Bumped on every response write (the producer's dispatcher sleeps on it).
     pub replies_posted: AtomicU32,
-    _pad: u32,
+    /// Worker threads asleep on `jobs_posted` (a post wakes only when there is one).
+    pub job_sleepers: AtomicU32,
+    /// Dispatchers asleep on `replies_posted`.
+    pub reply_sleepers: AtomicU32,
+    /// Worker threads polling for jobs (a post needs no wake-up while one polls).
+    pub job_spinners: AtomicU32,
     /// Per-worker records.
     pub workers: [WorkerRecord; MAX_WORKERS],
 }
@@ -105,7 +111,12 @@ pub struct SlotHeader {
     pub deadline_ns: AtomicU64,
     /// 1 once the job was retried after a worker death (a job is retried at most once).
     pub retried: AtomicU32,
-    _pad: [u32; 7],
+    /// Bumped on every response write and state change made for the submitter (a caller waiting on its own
+    /// slot sleeps on it).
+    pub resp_seq: AtomicU32,
+    /// Callers asleep on `resp_seq`.
+    pub resp_sleepers: AtomicU32,
+    _pad: [u32; 5],
 }
 
 const HEADER_BYTES: usize = 4096;
@@ -151,6 +162,37 @@ pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 performs only the permission/existence check.
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl Header {
+    /// Who waits for jobs.
+    pub fn job_waiters(&self) -> Waiters<'_> {
+        Waiters {
+            word: &self.jobs_posted,
+            sleepers: &self.job_sleepers,
+            spinners: Some(&self.job_spinners),
+        }
+    }
+
+    /// Who waits for replies in the dispatcher.
+    pub fn reply_waiters(&self) -> Waiters<'_> {
+        Waiters {
+            word: &self.replies_posted,
+            sleepers: &self.reply_sleepers,
+            spinners: None,
+        }
+    }
+}
+
+impl SlotHeader {
+    /// Who waits on this slot: a blocking caller.
+    pub fn waiters(&self) -> Waiters<'_> {
+        Waiters {
+            word: &self.resp_seq,
+            sleepers: &self.resp_sleepers,
+            spinners: None,
+        }
+    }
 }
 
 impl Segment {

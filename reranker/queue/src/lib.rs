@@ -18,6 +18,9 @@ pub mod worker;
 pub use client::{Client, Event, JobHandle};
 pub use error::{QueueError, Result};
 pub use layout::{Geometry, Segment};
-pub use protocol::{Candidate, Job, Message, Reply, RerankReply, Sampling, Usage};
+pub use protocol::{
+    decode_job, decode_reply, encode_job, encode_reply, Candidate, Job, Message, Reply,
+    RerankReply, Sampling, Usage,
+};
 pub use supervise::{Supervisor, SupervisorConfig, SupervisorStats};
 pub use worker::{QueueWorker, Taken, TakenJob};

@@ -194,13 +194,12 @@ pub fn reclaim(seg: &Segment, index: usize, retry: bool, stats: &SupervisorStats
             s.worker.store(0, Release);
             if slot::requeue(s, gen) {
                 stats.retried.fetch_add(1, Relaxed);
-                h.jobs_posted.fetch_add(1, Release);
-                futex::wake(&h.jobs_posted, 1);
+                futex::notify(h.job_waiters(), 1);
             }
         } else if slot::abort(s, gen) {
             stats.aborted.fetch_add(1, Relaxed);
-            h.replies_posted.fetch_add(1, Release);
-            futex::wake(&h.replies_posted, i32::MAX);
+            futex::notify(s.waiters(), i32::MAX);
+            futex::notify(h.reply_waiters(), i32::MAX);
         }
     }
 }

@@ -1,15 +1,19 @@
 //! The worker's side: register in the header, heartbeat, take READY jobs, stream frames back, finish.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{QueueError, Result};
 use crate::futex::{self, now_ns};
 use crate::layout::{pid_alive, Segment, WorkerRecord, MAX_WORKERS};
-use crate::protocol::{encode_frame, frame, Job, Reply, FRAME_HEADER};
+use crate::protocol::{decode_job, encode_frame, encode_reply, frame, Job, Reply, FRAME_HEADER};
 use crate::slot;
+
+/// How long a job thread polls for the next job before sleeping: jobs that follow each other closely are taken
+/// without a wake-up (which costs tens of microseconds); one thread polls at a time per finished job.
+const TAKE_SPIN: Duration = Duration::from_micros(100);
 
 /// Bytes kept free in every response area for the final frame.
 pub const FINAL_RESERVE: usize = 4096;
@@ -75,9 +79,22 @@ impl QueueWorker {
         }
     }
 
-    /// True when the server asked workers to stop or is gone.
+    /// True when the server asked workers to stop or is gone (a system call: for the heartbeat, not per job).
     pub fn should_exit(&self) -> bool {
-        self.seg.header().shutdown.load(Acquire) == 1 || !pid_alive(self.creator_pid)
+        self.shutdown_requested() || !pid_alive(self.creator_pid)
+    }
+
+    /// True when the server asked workers to stop (one load: cheap enough for every job).
+    pub fn shutdown_requested(&self) -> bool {
+        self.seg.header().shutdown.load(Acquire) == 1
+    }
+
+    fn any_ready(&self) -> bool {
+        (0..self.seg.slots()).any(|i| {
+            self.seg
+                .slot(i)
+                .is_some_and(|s| slot::load(s).1 == crate::layout::state::READY)
+        })
     }
 
     /// Takes the next READY job, waiting up to `timeout`. A request that cannot be read or parsed is answered
@@ -87,7 +104,7 @@ impl QueueWorker {
         let n = self.seg.slots();
         let offset = self.index * 7919;
         let mut found = None;
-        futex::wait_until(&h.jobs_posted, timeout, Duration::from_micros(30), || {
+        futex::wait_until(h.job_waiters(), timeout, TAKE_SPIN, timeout, || {
             found = (0..n).find_map(|k| {
                 let i = (offset + k) % n;
                 self.seg.slot(i).and_then(slot::take).map(|gen| (i, gen))
@@ -95,6 +112,11 @@ impl QueueWorker {
             found.is_some() || h.shutdown.load(Acquire) == 1
         });
         let (i, gen) = found?;
+        // A post wakes one sleeper, and a spinning thread may have taken that job: pass the wake-up on while
+        // more jobs wait, so none sits until a sleeper's timeout.
+        if h.job_sleepers.load(SeqCst) > 0 && self.any_ready() {
+            futex::wake(&h.jobs_posted, 1);
+        }
         let s = self.seg.slot(i)?;
         s.worker.store(self.index as u32 + 1, Release);
         self.active.fetch_add(1, AcqRel);
@@ -109,10 +131,7 @@ impl QueueWorker {
             finished: false,
         };
         let len = s.req_len.load(Acquire) as usize;
-        let parsed = self.seg.read_request(i, len).and_then(|b| {
-            serde_json::from_slice::<Job>(&b)
-                .map_err(|e| QueueError::Protocol(format!("bad job: {e}")))
-        });
+        let parsed = self.seg.read_request(i, len).and_then(|b| decode_job(&b));
         match parsed {
             Ok(job) => Some(TakenJob { job, taken }),
             Err(e) => {
@@ -153,7 +172,9 @@ impl Taken {
         s.cancel.load(Acquire) == 1 || (self.deadline_ns != 0 && now_ns() > self.deadline_ns)
     }
 
-    fn append(&mut self, kind: u8, payload: &[u8], reserve: usize) -> bool {
+    /// Appends a frame; `notify`: wake the submitter now (a final frame waits for `complete`, so the
+    /// submitter wakes once, to a finished slot).
+    fn append(&mut self, kind: u8, payload: &[u8], reserve: usize, notify: bool) -> bool {
         let bytes = encode_frame(kind, payload);
         if self.written + bytes.len() + reserve > self.seg.resp_cap() {
             return false;
@@ -165,22 +186,30 @@ impl Taken {
         if let Some(s) = self.seg.slot(self.slot) {
             s.resp_len.store(self.written as u32, Release);
         }
-        let h = self.seg.header();
-        h.replies_posted.fetch_add(1, Release);
-        futex::wake(&h.replies_posted, i32::MAX);
+        if notify {
+            self.notify_submitter();
+        }
         true
+    }
+
+    /// Wakes whoever waits for this slot: a caller sleeping on the slot itself, or the dispatcher.
+    fn notify_submitter(&self) {
+        if let Some(s) = self.seg.slot(self.slot) {
+            futex::notify(s.waiters(), i32::MAX);
+        }
+        futex::notify(self.seg.header().reply_waiters(), i32::MAX);
     }
 
     /// Streams a token chunk. False when the job was cancelled or the response area is full.
     pub fn chunk(&mut self, text: &str) -> bool {
-        !self.cancelled() && self.append(frame::CHUNK, text.as_bytes(), FINAL_RESERVE)
+        !self.cancelled() && self.append(frame::CHUNK, text.as_bytes(), FINAL_RESERVE, true)
     }
 
     /// Sends the final reply and hands the slot back.
     pub fn reply(mut self, reply: &Reply) {
-        match serde_json::to_vec(reply) {
-            Ok(json) if json.len() + FRAME_HEADER <= FINAL_RESERVE => {
-                self.append(frame::REPLY, &json, 0);
+        match encode_reply(reply) {
+            Ok(bytes) if bytes.len() + FRAME_HEADER <= FINAL_RESERVE => {
+                self.append(frame::REPLY, &bytes, 0, false);
                 self.complete();
             }
             Ok(_) => self.fail("reply does not fit the response area"),
@@ -203,7 +232,7 @@ impl Taken {
     /// Sends a final error and hands the slot back.
     pub fn fail(&mut self, message: &str) {
         let cut: String = message.chars().take(FINAL_RESERVE / 2).collect();
-        self.append(frame::ERROR, cut.as_bytes(), 0);
+        self.append(frame::ERROR, cut.as_bytes(), 0, false);
         self.complete();
     }
 
@@ -224,9 +253,7 @@ impl Taken {
                 );
             }
         }
-        let h = self.seg.header();
-        h.replies_posted.fetch_add(1, Release);
-        futex::wake(&h.replies_posted, i32::MAX);
+        self.notify_submitter();
     }
 }
 

@@ -309,8 +309,7 @@ fn run_llm(
         let t = Instant::now();
         let reply = llm
             .client
-            .submit(&job, Duration::from_secs(120))?
-            .wait_reply()
+            .call(&job, Duration::from_secs(120))
             .with_context(|| format!("LLM on row {i}"))?;
         let Reply::Rerank(r) = reply else {
             anyhow::bail!("the worker answered a rerank with another kind of reply")
