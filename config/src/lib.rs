@@ -43,8 +43,18 @@ impl Config {
     /// Checks every field; the first problem found is returned with the field's dotted path.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.prefilter.validate("prefilter")?;
+        self.server.validate("server")?;
         self.routing.validate("routing")?;
         self.reranker.validate("reranker")?;
+        if self.reranker.workers > 0 && self.prefilter.top_k < self.reranker.candidates {
+            return Err(ConfigError::invalid(
+                "prefilter.top_k",
+                format!(
+                    "{} is below reranker.candidates {}: Tier-0 must offer every candidate the LLM is sent",
+                    self.prefilter.top_k, self.reranker.candidates
+                ),
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             if r.name.trim().is_empty() || !seen.insert(r.name.as_str()) {

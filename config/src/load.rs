@@ -148,12 +148,12 @@ labels = [
                 "TIERGATE__PREFILTER__MAX_BATCH".to_string(),
                 "8".to_string(),
             ),
-            ("TIERGATE__PREFILTER__TOP_K".to_string(), "3".to_string()),
+            ("TIERGATE__PREFILTER__TOP_K".to_string(), "6".to_string()),
             ("UNRELATED".to_string(), "1".to_string()),
         ];
-        let cfg = load(Some(&path), env, &["prefilter.top_k=4".into()]).unwrap();
+        let cfg = load(Some(&path), env, &["prefilter.top_k=7".into()]).unwrap();
         assert_eq!(cfg.prefilter.max_batch, 8, "env overrides the file");
-        assert_eq!(cfg.prefilter.top_k, 4, "--set overrides env");
+        assert_eq!(cfg.prefilter.top_k, 7, "--set overrides env");
         assert_eq!(
             cfg.prefilter.max_tokens, 64,
             "untouched fields keep defaults"
@@ -233,6 +233,19 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
                 l.label
             );
         }
+    }
+
+    #[test]
+    fn top_k_below_the_llm_candidates_is_refused() {
+        let err = load(None, Vec::new(), &["prefilter.top_k=3".into()]).unwrap_err();
+        assert!(err.to_string().contains("prefilter.top_k"), "{err}");
+        // Without workers nothing is sent to an LLM, so a smaller top_k is fine.
+        assert!(load(
+            None,
+            Vec::new(),
+            &["prefilter.top_k=3".into(), "reranker.workers=0".into()]
+        )
+        .is_ok());
     }
 
     #[test]

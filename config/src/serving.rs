@@ -17,12 +17,23 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Time allowed to receive a request's headers, in milliseconds (a slow client is cut off).
     pub header_timeout_ms: u64,
-    /// Time allowed to receive a request body, in milliseconds.
+    /// Time allowed to receive a whole request body, in milliseconds (a total deadline, not per read).
     pub body_timeout_ms: u64,
     /// Requests handled at once by the whole server; beyond this, 429 with `Retry-After` (one admission point).
     pub max_in_flight: usize,
-    /// Bearer token for `/admin/*`. Without one, admin requests are accepted from loopback only.
+    /// Address of the admin listener (`/admin/*`, `/info`); loopback by default, never on the public
+    /// listener, so a proxy in front of `listen` cannot reach it.
+    pub admin_listen: SocketAddr,
+    /// Bearer token for the admin listener (and for honouring `x-tiergate-threshold`). Without one, admin
+    /// requests are accepted from loopback peers only, and the server warns at start.
     pub admin_token: Option<String>,
+    /// Open connections at most on the public listener; beyond, new connections are closed at once.
+    pub max_connections: usize,
+    /// Open connections at most per client IP address.
+    pub max_connections_per_peer: usize,
+    /// After SIGTERM: how long the server keeps serving (with `Connection: close`, `/ready` already 503) so
+    /// that load balancers stop sending, before it stops accepting, in milliseconds.
+    pub lame_duck_ms: u64,
     /// When the LLM side is full, down or late: `degrade` answers with Tier-0 (flagged), `reject` returns 503.
     pub on_escalation_failure: FailureMode,
     /// Time given to in-flight requests at shutdown, in milliseconds.
@@ -37,10 +48,61 @@ impl Default for ServerConfig {
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             max_in_flight: 512,
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             admin_token: None,
+            max_connections: 4096,
+            max_connections_per_peer: 256,
+            lame_duck_ms: 2_000,
             on_escalation_failure: FailureMode::Degrade,
             drain_ms: 10_000,
         }
+    }
+}
+
+impl ServerConfig {
+    /// Checks the section; errors name the field.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(ConfigError::invalid(
+                    format!("{at}.{name}"),
+                    "must be at least 1",
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        positive("max_body_bytes", self.max_body_bytes as u64)?;
+        positive("header_timeout_ms", self.header_timeout_ms)?;
+        positive("body_timeout_ms", self.body_timeout_ms)?;
+        positive("max_in_flight", self.max_in_flight as u64)?;
+        positive("max_connections", self.max_connections as u64)?;
+        positive(
+            "max_connections_per_peer",
+            self.max_connections_per_peer as u64,
+        )?;
+        positive("drain_ms", self.drain_ms)?;
+        if self.max_connections_per_peer > self.max_connections {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_connections_per_peer"),
+                "must not exceed max_connections",
+            ));
+        }
+        if let Some(t) = &self.admin_token {
+            if t.trim().len() < 8 || t.chars().any(char::is_whitespace) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.admin_token"),
+                    "must be at least 8 characters without spaces (or unset: loopback-only admin)",
+                ));
+            }
+        }
+        if self.admin_listen == self.listen && self.listen.port() != 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.admin_listen"),
+                "must differ from listen: admin is never served on the public listener",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -104,7 +166,8 @@ pub struct RoutingConfig {
     pub utilization_source: UtilizationSource,
     /// u used when the source is `manual`.
     pub manual_utilization: f64,
-    /// Honour the request header `x-tiergate-threshold`.
+    /// Honour the request header `x-tiergate-threshold` (in [0, 1]) from clients that present the admin
+    /// token; such requests are left out of the policy's statistics. Off by default.
     pub allow_header_override: bool,
 }
 
@@ -120,7 +183,7 @@ impl Default for RoutingConfig {
             slo_p95_ms: 4_500.0,
             utilization_source: UtilizationSource::Auto,
             manual_utilization: 0.0,
-            allow_header_override: true,
+            allow_header_override: false,
         }
     }
 }
@@ -341,13 +404,71 @@ impl RerankerConfig {
                 "must be in 1..=10",
             ));
         }
+        if self.heartbeat_timeout_ms < 100 {
+            return Err(ConfigError::invalid(
+                format!("{at}.heartbeat_timeout_ms"),
+                "must be at least 100 (workers heartbeat every 100 ms)",
+            ));
+        }
+        for (name, v) in [
+            ("rerank_deadline_ms", self.rerank_deadline_ms),
+            ("generate_deadline_ms", self.generate_deadline_ms),
+            ("max_concurrent", self.max_concurrent as u64),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.{name}"),
+                    "must be at least 1",
+                ));
+            }
+        }
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::RoutingConfig;
+    use super::{RerankerConfig, RoutingConfig, ServerConfig};
+
+    #[test]
+    fn server_and_reranker_sections_refuse_zero_and_unsafe_values() {
+        assert!(ServerConfig::default().validate("server").is_ok());
+        let bad = |f: &dyn Fn(&mut ServerConfig)| {
+            let mut c = ServerConfig::default();
+            f(&mut c);
+            c.validate("server").unwrap_err().to_string()
+        };
+        assert!(bad(&|c| c.max_in_flight = 0).contains("server.max_in_flight"));
+        assert!(bad(&|c| c.header_timeout_ms = 0).contains("server.header_timeout_ms"));
+        assert!(bad(&|c| c.body_timeout_ms = 0).contains("server.body_timeout_ms"));
+        assert!(bad(&|c| c.max_connections = 0).contains("server.max_connections"));
+        assert!(bad(&|c| c.admin_token = Some(String::new())).contains("server.admin_token"));
+        assert!(bad(&|c| c.admin_token = Some("   x   ".into())).contains("server.admin_token"));
+        assert!(bad(&|c| c.admin_listen = c.listen).contains("server.admin_listen"));
+        assert!(bad(&|c| c.max_connections_per_peer = c.max_connections + 1)
+            .contains("max_connections_per_peer"));
+        let mut r = RerankerConfig {
+            heartbeat_timeout_ms: 0,
+            ..RerankerConfig::default()
+        };
+        assert!(r
+            .validate("reranker")
+            .unwrap_err()
+            .to_string()
+            .contains("heartbeat_timeout_ms"));
+        r.heartbeat_timeout_ms = 5_000;
+        r.rerank_deadline_ms = 0;
+        assert!(r
+            .validate("reranker")
+            .unwrap_err()
+            .to_string()
+            .contains("rerank_deadline_ms"));
+    }
+
+    #[test]
+    fn header_override_is_off_by_default() {
+        assert!(!RoutingConfig::default().allow_header_override);
+    }
 
     #[test]
     fn policy_field_list_matches_the_serialised_policy() {

@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let secs: u64 = args.get(3).map_or(Ok(40), |s| s.parse())?;
     let mut cfg = tiergate_config::load(None, Vec::new(), &[])?;
     cfg.server.listen = "127.0.0.1:0".parse()?;
+    cfg.server.admin_listen = "127.0.0.1:0".parse()?;
     cfg.reranker.rerank_deadline_ms = 15_000;
     match mode.as_str() {
         "none" => cfg.reranker.workers = 0,
@@ -89,7 +90,8 @@ async fn main() -> anyhow::Result<()> {
         },
         Some(tx),
     ));
-    let addr = rx.await?;
+    let bound: tiergate_server::serve::Bound = rx.await?;
+    let addr = bound.public;
     // Wait for the worker (model load).
     let t = Instant::now();
     while mode != "none" && t.elapsed() < Duration::from_secs(120) {
@@ -113,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
         let series = series2;
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            let Ok(mut s) = TcpStream::connect(addr).await else {
+            let Ok(mut s) = TcpStream::connect(bound.admin).await else {
                 break;
             };
             if s.write_all(b"GET /admin/routing HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")

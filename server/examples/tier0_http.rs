@@ -65,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.routing.mode = tiergate_config::RoutingMode::Static;
     cfg.routing.theta_base = 1.0;
     cfg.server.listen = "127.0.0.1:0".parse()?;
+    cfg.server.admin_listen = "127.0.0.1:0".parse()?;
 
     // Raw prefilter: the same classifier, called directly.
     let classifier = Classifier::from_config(&cfg.prefilter)?;
@@ -90,7 +91,8 @@ async fn main() -> anyhow::Result<()> {
         },
         Some(tx),
     ));
-    let addr = rx.await?;
+    let bound: tiergate_server::serve::Bound = rx.await?;
+    let addr = bound.public;
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let mut buf = Vec::new();

@@ -112,6 +112,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The one admission limit for the whole server.
     pub admission: Arc<Semaphore>,
+    /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
+    pub draining: std::sync::atomic::AtomicBool,
     /// Start time.
     pub started: Instant,
 }
@@ -188,6 +190,7 @@ impl AppState {
         Ok(Self {
             policy: Arc::new(Policy::new(config.routing.clone())),
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
+            draining: std::sync::atomic::AtomicBool::new(false),
             config,
             routes,
             route_order: order,

@@ -29,6 +29,12 @@ pub enum ApiError {
     /// Admin credentials missing or wrong (401).
     #[error("{0}")]
     Unauthorized(String),
+    /// Authenticated as nobody allowed to do this (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request body did not arrive within the server's total deadline (408).
+    #[error("{0}")]
+    BodyTimeout(String),
     /// `If-Match` does not match the current version (412).
     #[error("{0}")]
     PreconditionFailed(String),
@@ -83,6 +89,12 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
                 "invalid_api_key",
+            ),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", "forbidden"),
+            ApiError::BodyTimeout(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "body_timeout",
             ),
             ApiError::PreconditionFailed(_) => (
                 StatusCode::PRECONDITION_FAILED,
@@ -176,6 +188,8 @@ mod tests {
             ),
             (ApiError::Unavailable("down".into()), 503),
             (ApiError::Timeout("late".into()), 504),
+            (ApiError::Forbidden("no".into()), 403),
+            (ApiError::BodyTimeout("slow".into()), 408),
         ] {
             assert_eq!(e.parts().0.as_u16(), status);
             let b = e.body();

@@ -30,6 +30,8 @@ pub const UTILIZATION: &str = "tiergate_utilization_ratio";
 pub const WORKER_RESTARTS: &str = "tiergate_worker_restarts_total";
 /// Policy version.
 pub const POLICY_VERSION: &str = "tiergate_policy_version";
+/// Connections refused at accept (connection limits).
+pub const CONNECTIONS_REFUSED: &str = "tiergate_connections_refused_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
@@ -50,6 +52,10 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS_TOTAL, "Chat requests by route, tier and outcome");
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections refused at accept by server.max_connections or max_connections_per_peer"
+    );
     describe_histogram!(
         REQUEST_SECONDS,
         Unit::Seconds,

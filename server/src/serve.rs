@@ -1,8 +1,11 @@
-//! `tiergate serve`: build the state, start the utilisation sampler, accept connections (header-read timeout,
-//! body timeout, graceful drain on SIGTERM/SIGINT), then stop the workers and remove the segment.
+//! `tiergate serve`: build the state, start the utilisation sampler, accept connections on the public and the
+//! admin listener (connection limits, header-read timeout), lame duck and drain on SIGTERM/SIGINT, then stop
+//! the workers and remove the segment.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,68 +18,91 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use crate::app::AppState;
-use crate::routes::router;
+use crate::routes::{admin_router, router};
 use crate::util::sample_utilization;
 
-/// Runs the server until `shutdown` resolves. `ready` receives the bound address (port 0 → real port).
+/// The addresses the server listens on (port 0 in the config → the real port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// The public listener (the OpenAI API, probes, metrics).
+    pub public: SocketAddr,
+    /// The admin listener (`/admin/*`, `/info`).
+    pub admin: SocketAddr,
+}
+
+/// Runs the server until `shutdown` resolves. `ready` receives the bound addresses.
+///
+/// At `shutdown`: `/ready` turns 503 and every response says `Connection: close` for `server.lame_duck_ms`
+/// while the listener still accepts (load balancers see the probe and stop sending); then the listeners close,
+/// idle connections are closed and in-flight requests finish within `server.drain_ms`.
 pub async fn run(
     config: Config,
     worker_program: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().ok();
     let listener = TcpListener::bind(config.server.listen).await?;
+    let admin_listener = TcpListener::bind(config.server.admin_listen).await?;
     let addr = listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
     let cfg = config.clone();
     let state = Arc::new(
         tokio::task::spawn_blocking(move || AppState::build(cfg, metrics, worker_program))
             .await??,
     );
     tokio::spawn(sample_utilization(Arc::downgrade(&state)));
-    let app = router(state.clone()).layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-        Duration::from_millis(config.server.body_timeout_ms),
-    ));
+    if config.server.admin_token.is_none() {
+        tracing::warn!(
+            %admin_addr,
+            "no server.admin_token: every loopback client of the admin listener is admin"
+        );
+    }
     tracing::info!(%addr, routes = ?state.route_order, "tiergate listening");
+    tracing::info!(%admin_addr, "tiergate admin listening");
     if let Some(tx) = ready {
-        let _ = tx.send(addr);
+        let _ = tx.send(Bound {
+            public: addr,
+            admin: admin_addr,
+        });
     }
-    let graceful = GracefulShutdown::new();
+    let graceful = Arc::new(GracefulShutdown::new());
     let header_timeout = Duration::from_millis(config.server.header_timeout_ms);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let app = app.clone();
-                let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-                    req.extensions_mut().insert(ConnectInfo(peer));
-                    app.clone().oneshot(req.map(axum::body::Body::new))
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(header_timeout)
-                    .serve_connection(TokioIo::new(stream), service);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let limits = Arc::new(ConnLimits::new(
+        config.server.max_connections,
+        config.server.max_connections_per_peer,
+    ));
+    let public = tokio::spawn(accept_loop(
+        listener,
+        router(state.clone()),
+        Some(limits),
+        header_timeout,
+        graceful.clone(),
+        stop.clone(),
+    ));
+    let admin = tokio::spawn(accept_loop(
+        admin_listener,
+        admin_router(state.clone()),
+        None,
+        header_timeout,
+        graceful.clone(),
+        stop.clone(),
+    ));
+    shutdown.await;
+    state.draining.store(true, Ordering::Release);
+    let lame = Duration::from_millis(config.server.lame_duck_ms);
+    tracing::info!(
+        ?lame,
+        "shutting down: lame duck (/ready 503, Connection: close)"
+    );
+    tokio::time::sleep(lame).await;
+    stop.notify_waiters();
+    let _ = tokio::join!(public, admin);
+    let graceful = Arc::try_unwrap(graceful)
+        .map_err(|_| anyhow::anyhow!("an accept loop outlived its listener"))?;
     let drain = Duration::from_millis(config.server.drain_ms);
-    tracing::info!(?drain, "shutting down: draining in-flight requests");
+    tracing::info!(?drain, "listeners closed: draining in-flight requests");
     let t = Instant::now();
     if tokio::time::timeout(drain, graceful.shutdown())
         .await
@@ -86,9 +112,131 @@ pub async fn run(
     }
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");
     // Dropping the last state reference stops the supervisor (workers exit) and unlinks the segment.
-    drop(app);
     tokio::task::spawn_blocking(move || drop(state)).await?;
     Ok(())
+}
+
+/// Accepts connections until `stop` is notified, each served by `app` under the connection limits.
+async fn accept_loop(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: Option<Arc<ConnLimits>>,
+    header_timeout: Duration,
+    graceful: Arc<GracefulShutdown>,
+    stop: Arc<tokio::sync::Notify>,
+) {
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = &mut stopped => return,
+        };
+        let guard = match limits.as_ref().map(|l| l.admit(peer)) {
+            Some(Err(why)) => {
+                refuse(stream, why);
+                continue;
+            }
+            Some(Ok(g)) => Some(g),
+            None => None,
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req.map(axum::body::Body::new))
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(guard);
+        });
+    }
+}
+
+/// Answers a connection over the limits with a 503 in the OpenAI error shape (best effort, never blocking) and
+/// closes it.
+fn refuse(stream: tokio::net::TcpStream, why: &'static str) {
+    let body = crate::error::ApiError::Overloaded {
+        message: why.into(),
+        retry_after_s: 1,
+    }
+    .body()
+    .to_string();
+    let resp = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(resp.as_bytes());
+    metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).increment(1);
+}
+
+/// Open connections, overall and per client IP.
+struct ConnLimits {
+    max: usize,
+    per_peer: usize,
+    open: std::sync::Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// Releases a connection's place when the connection ends.
+struct ConnGuard {
+    limits: Arc<ConnLimits>,
+    ip: IpAddr,
+}
+
+impl ConnLimits {
+    fn new(max: usize, per_peer: usize) -> Self {
+        Self {
+            max,
+            per_peer,
+            open: std::sync::Mutex::new((0, HashMap::new())),
+        }
+    }
+
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Result<ConnGuard, &'static str> {
+        let ip = peer.ip().to_canonical();
+        let mut open = self.open.lock().map_err(|_| "connection table poisoned")?;
+        if open.0 >= self.max {
+            return Err("server at its connection limit (server.max_connections)");
+        }
+        let mine = open.1.entry(ip).or_insert(0);
+        if *mine >= self.per_peer {
+            return Err("too many connections from this address (server.max_connections_per_peer)");
+        }
+        *mine += 1;
+        open.0 += 1;
+        Ok(ConnGuard {
+            limits: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.limits.open.lock() {
+            open.0 = open.0.saturating_sub(1);
+            if let Some(n) = open.1.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.1.remove(&self.ip);
+                }
+            }
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

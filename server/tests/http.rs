@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind, RoutingConfig};
 use tiergate_prefilter::testing::TinyModel;
 use tiergate_server::app::AppState;
-use tiergate_server::routes::router;
+use tiergate_server::routes::{admin_router, router};
 use tower::ServiceExt;
 
 fn worker_program() -> PathBuf {
@@ -30,6 +30,7 @@ fn worker_program() -> PathBuf {
 
 struct Rig {
     app: axum::Router,
+    admin: axum::Router,
     state: Arc<AppState>,
     _tiny: TinyModel,
 }
@@ -82,7 +83,8 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     cfg.reranker.workers = workers;
     cfg.reranker.engine = "stub".into();
     cfg.reranker.heartbeat_timeout_ms = 1000;
-    cfg.server.admin_token = Some("secret".into());
+    cfg.server.admin_token = Some(TOKEN.into());
+    cfg.routing.allow_header_override = true;
     cfg.server.max_body_bytes = 16 * 1024;
     tweak(&mut cfg);
     let state = Arc::new(AppState::build(cfg, None, Some(worker_program())).unwrap());
@@ -96,9 +98,20 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     }
     Rig {
         app: router(state.clone()),
+        admin: admin_router(state.clone()),
         state,
         _tiny: tiny,
     }
+}
+
+const TOKEN: &str = "secret-token";
+
+/// Forces θ on a chat request the way an operator may: the override header plus the admin token.
+fn force(req: &mut Request<Body>, theta: &str) {
+    req.headers_mut()
+        .insert("x-tiergate-threshold", theta.parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-admin-token", TOKEN.parse().unwrap());
 }
 
 async fn call(
@@ -199,13 +212,11 @@ async fn classify_answer_and_headers() {
 async fn threshold_header_forces_tiers_and_rerank_fuses() {
     let r = rig(1, |_| {});
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut()
-        .insert("x-tiergate-threshold", "1.0".parse().unwrap());
+    force(&mut req, "1.0");
     let (_, h, _) = call(&r.app, req).await;
     assert_eq!(h["x-tiergate-tier"], "tier0");
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut()
-        .insert("x-tiergate-threshold", "-1".parse().unwrap());
+    force(&mut req, "0");
     let (s, h, b) = call(&r.app, req).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(h["x-tiergate-tier"], "llm");
@@ -215,11 +226,36 @@ async fn threshold_header_forces_tiers_and_rerank_fuses() {
         v["choices"][0]["message"]["content"], "card_lost",
         "stub shares the words card, lost"
     );
+    // Forced decisions stay out of the policy's statistics.
+    let live = r.state.policy.live_view(Instant::now());
+    assert_eq!(
+        live.escalated_share_60s, 0.0,
+        "forced escalations were counted"
+    );
+    for bad in ["abc", "-1", "1.5", "NaN"] {
+        let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+        force(&mut req, bad);
+        let (s, _, b) = call(&r.app, req).await;
+        assert_openai_error(s, &b, 400);
+    }
+    // Without the admin token, or with a wrong one, the override is refused, not ignored.
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
     req.headers_mut()
-        .insert("x-tiergate-threshold", "abc".parse().unwrap());
+        .insert("x-tiergate-threshold", "0".parse().unwrap());
     let (s, _, b) = call(&r.app, req).await;
-    assert_openai_error(s, &b, 400);
+    assert_openai_error(s, &b, 403);
+    let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+    force(&mut req, "0");
+    req.headers_mut()
+        .insert("x-tiergate-admin-token", "secret-tokeN".parse().unwrap());
+    let (s, _, b) = call(&r.app, req).await;
+    assert_openai_error(s, &b, 403);
+    // The policy can switch overrides off; then even the token does not help.
+    let r = rig(1, |c| c.routing.allow_header_override = false);
+    let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+    force(&mut req, "0");
+    let (s, _, b) = call(&r.app, req).await;
+    assert_openai_error(s, &b, 403);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,8 +398,7 @@ async fn every_error_has_the_openai_shape_and_status() {
     assert_openai_error(s, &b, 503);
     assert!(h.get("retry-after").is_some());
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut()
-        .insert("x-tiergate-threshold", "-1".parse().unwrap());
+    force(&mut req, "0");
     let (s, h, _) = call(&r.app, req).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(h["x-tiergate-degraded"], "no_llm");
@@ -377,6 +412,63 @@ async fn admission_limit_is_429_with_retry_after() {
     assert_eq!(h["retry-after"], "1");
 }
 
+/// Probes and metrics are outside the admission limit: a server at its limit still answers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_outside_the_admission_limit() {
+    let r = rig(0, |c| c.server.max_in_flight = 0);
+    for path in ["/health", "/ready"] {
+        let (s, _, b) = call(&r.app, Request::get(path).body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::OK, "{path}: {}", String::from_utf8_lossy(&b));
+    }
+    // No recorder is installed in this test process: /metrics says so, but is not refused with 429.
+    let (s, _, _) = call(
+        &r.app,
+        Request::get("/metrics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_ne!(s, StatusCode::TOO_MANY_REQUESTS);
+    let (s, _, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "x"))).await;
+    assert_openai_error(s, &b, 429);
+}
+
+/// A streamed answer holds its admission permit until its body is finished (or dropped), not only until the
+/// handler returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_counts_against_the_limit_for_its_whole_life() {
+    let r = rig(1, |c| {
+        c.server.max_in_flight = 1;
+        c.reranker.extra_args = vec!["--stub-delay-ms".into(), "300".into()];
+    });
+    let mut body = chat("generate", "one two three four");
+    body["stream"] = json!(true);
+    let streaming = r
+        .app
+        .clone()
+        .oneshot(post("/v1/chat/completions", body))
+        .await
+        .unwrap();
+    assert_eq!(streaming.status(), StatusCode::OK);
+    // Headers are out, the body is still streaming: the one permit is taken.
+    let (s, _, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "x"))).await;
+    assert_openai_error(s, &b, 429);
+    let text = streaming.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&text).contains("[DONE]"));
+    let (s, _, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "x"))).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    // A client that goes away mid-stream gives the permit back too.
+    let mut body = chat("generate", "one two three four");
+    body["stream"] = json!(true);
+    let dropped = r
+        .app
+        .clone()
+        .oneshot(post("/v1/chat/completions", body))
+        .await
+        .unwrap();
+    drop(dropped);
+    let (s, _, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "x"))).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_escalations_degrade_or_reject_as_configured() {
     // Every stub worker crashes on its first job: the job is retried once, then fails with WorkerDown.
@@ -384,8 +476,7 @@ async fn failed_escalations_degrade_or_reject_as_configured() {
         |c: &mut Config| c.reranker.extra_args = vec!["--stub-crash-after".into(), "1".into()];
     let r = rig(1, crash);
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut()
-        .insert("x-tiergate-threshold", "-1".parse().unwrap());
+    force(&mut req, "0");
     let (s, h, b) = call(&r.app, req).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(h["x-tiergate-degraded"], "worker_down");
@@ -401,8 +492,7 @@ async fn failed_escalations_degrade_or_reject_as_configured() {
         c.server.on_escalation_failure = tiergate_config::FailureMode::Reject;
     });
     let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
-    req.headers_mut()
-        .insert("x-tiergate-threshold", "-1".parse().unwrap());
+    force(&mut req, "0");
     let (s, _, b) = call(&r.app, req).await;
     assert_openai_error(s, &b, 503);
 }
@@ -413,7 +503,7 @@ fn admin(method: &str, body: Option<Value>, token: bool, if_match: Option<&str>)
         .uri("/admin/routing")
         .header("content-type", "application/json");
     if token {
-        b = b.header("authorization", "Bearer secret");
+        b = b.header("authorization", format!("Bearer {TOKEN}"));
     }
     if let Some(v) = if_match {
         b = b.header("if-match", v);
@@ -425,9 +515,9 @@ fn admin(method: &str, body: Option<Value>, token: bool, if_match: Option<&str>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_routing_is_validated_versioned_and_guarded() {
     let r = rig(0, |_| {});
-    let (s, _, b) = call(&r.app, admin("GET", None, false, None)).await;
+    let (s, _, b) = call(&r.admin, admin("GET", None, false, None)).await;
     assert_openai_error(s, &b, 401);
-    let (s, _, b) = call(&r.app, admin("GET", None, true, None)).await;
+    let (s, _, b) = call(&r.admin, admin("GET", None, true, None)).await;
     assert_eq!(s, StatusCode::OK);
     let v: Value = serde_json::from_slice(&b).unwrap();
     let live = [
@@ -443,7 +533,7 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
     }
     assert_eq!(v["version"], 1);
     let (s, _, b) = call(
-        &r.app,
+        &r.admin,
         admin(
             "PATCH",
             Some(json!({"theta_base": 0.5, "mode": "static"})),
@@ -460,7 +550,7 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
     );
     // Invalid values and unknown fields are refused; the policy stays.
     let (s, _, b) = call(
-        &r.app,
+        &r.admin,
         admin("PATCH", Some(json!({"theta_base": 3})), true, None),
     )
     .await;
@@ -468,19 +558,19 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
         .to_string()
         .contains("theta_base"));
     let (s, _, b) = call(
-        &r.app,
+        &r.admin,
         admin("PATCH", Some(json!({"thetta": 0.1})), true, None),
     )
     .await;
     assert_openai_error(s, &b, 400);
     let (s, _, b) = call(
-        &r.app,
+        &r.admin,
         admin("PATCH", Some(json!({"k": 0.1})), true, Some("1")),
     )
     .await;
     assert_openai_error(s, &b, 412);
     let (s, _, b) = call(
-        &r.app,
+        &r.admin,
         admin("PUT", Some(json!({"theta_base": 0.4})), true, None),
     )
     .await;
@@ -503,11 +593,16 @@ async fn health_ready_info_redact_the_token() {
     assert_eq!(s, StatusCode::OK);
     let (s, _, b) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
-    let (s, _, b) = call(&r.app, Request::get("/info").body(Body::empty()).unwrap()).await;
+    let (s, _, b) = call(&r.admin, Request::get("/info").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK);
     let text = String::from_utf8_lossy(&b);
     assert!(
-        !text.contains("secret") && text.contains("<redacted>"),
+        !text.contains(TOKEN) && text.contains("<redacted>"),
         "{text}"
     );
+    // Admin and the config are not served on the public router at all.
+    for path in ["/info", "/admin/routing"] {
+        let (s, _, b) = call(&r.app, Request::get(path).body(Body::empty()).unwrap()).await;
+        assert_openai_error(s, &b, 404);
+    }
 }

@@ -14,6 +14,9 @@ pub struct ServeArgs {
     /// Address to listen on (overrides server.listen); port 0 picks a free port.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Address of the admin listener (overrides server.admin_listen); port 0 picks a free port.
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// The worker binary shipped next to this one.
@@ -32,15 +35,20 @@ pub fn run(
     if let Some(listen) = args.listen {
         cfg.server.listen = listen;
     }
+    if let Some(listen) = args.admin_listen {
+        cfg.server.admin_listen = listen;
+    }
+    cfg.server.validate("server")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, rx) = tokio::sync::oneshot::channel::<tiergate_server::serve::Bound>();
         let reporter = tokio::spawn(async move {
-            if let Ok(addr) = rx.await {
-                // One machine-readable line on stdout, for scripts and tests that start us on port 0.
-                println!("tiergate listening on http://{addr}");
+            if let Ok(b) = rx.await {
+                // Machine-readable lines on stdout, for scripts and tests that start us on port 0.
+                println!("tiergate listening on http://{}", b.public);
+                println!("tiergate admin listening on http://{}", b.admin);
             }
         });
         let result = tiergate_server::serve::run(

@@ -38,25 +38,7 @@ fn authorize(
     headers: &HeaderMap,
     peer: Option<SocketAddr>,
 ) -> Result<(), ApiError> {
-    match &state.config.server.admin_token {
-        Some(token) => {
-            let given = headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            if given == Some(token.as_str()) {
-                Ok(())
-            } else {
-                Err(ApiError::Unauthorized(
-                    "admin endpoints need `Authorization: Bearer <server.admin_token>`".into(),
-                ))
-            }
-        }
-        None if peer.is_some_and(|p| p.ip().is_loopback()) => Ok(()),
-        None => Err(ApiError::Unauthorized(
-            "no admin token is configured: admin is open to loopback clients only".into(),
-        )),
-    }
+    crate::auth::authorize_admin(state, headers, peer)
 }
 
 fn view(state: &AppState) -> Value {

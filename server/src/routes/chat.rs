@@ -28,6 +28,8 @@ pub(super) struct Meta {
     pub(super) tier: &'static str,
     pub(super) confidence: Option<f32>,
     pub(super) threshold: Option<f64>,
+    /// θ came from the request (admin override): kept out of the policy's statistics.
+    pub(super) forced: bool,
     pub(super) degraded: Option<&'static str>,
     pub(super) prefilter_ms: f64,
     pub(super) queue_ms: f64,
@@ -167,9 +169,11 @@ async fn classified(
         if let Some(fused) = escalate_rerank(state, route, &v, &d, &mut meta).await? {
             final_probs = fused;
         }
-        state
-            .policy
-            .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
+        if !meta.forced {
+            state
+                .policy
+                .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
+        }
     }
     respond_label(state, route, &v, &d.pred, final_probs, meta)
 }

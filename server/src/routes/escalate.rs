@@ -33,26 +33,15 @@ pub(super) fn decide(
     meta: &mut Meta,
 ) -> Result<Decided, ApiError> {
     let ambiguity = 1.0 - f64::from(pred.confidence);
-    let override_theta = if state.policy.current().cfg.allow_header_override {
-        match headers
-            .get("x-tiergate-threshold")
-            .map(|h| h.to_str().map(str::trim))
-        {
-            Some(Ok(s)) => Some(s.parse::<f64>().ok().filter(|t| t.is_finite()).ok_or_else(
-                || ApiError::invalid("x-tiergate-threshold", format!("`{s}` is not a number")),
-            )?),
-            Some(Err(_)) => {
-                return Err(ApiError::invalid("x-tiergate-threshold", "not valid text"))
-            }
-            None => None,
-        }
-    } else {
-        None
-    };
+    let override_theta = crate::auth::threshold_override(state, headers)?;
     let now = Instant::now();
     let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
     let escalate = ambiguity > theta;
-    state.policy.record_decision(now, ambiguity, escalate);
+    // A forced θ says nothing about the traffic: it stays out of the policy's statistics.
+    meta.forced = override_theta.is_some();
+    if !meta.forced {
+        state.policy.record_decision(now, ambiguity, escalate);
+    }
     meta.threshold = Some(theta);
     let k = state.config.reranker.candidates.min(pred.top.len()).max(1);
     let top = pred.top.iter().take(k).copied().collect();

@@ -17,43 +17,151 @@ use axum::Router;
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// The full router.
+/// The public router: the OpenAI API behind the admission limit (bodies read in full, within a total deadline,
+/// before a permit is taken), and the probes and metrics outside it (a liveness probe never gets 429).
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.server.max_body_bytes;
-    Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/models", get(ops::models))
-        .route(
-            "/admin/routing",
-            get(admin::get_routing)
-                .patch(admin::patch_routing)
-                .put(admin::put_routing),
-        )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admission,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            read_body,
+        ));
+    Router::new()
+        .merge(api)
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
-        .route("/info", get(ops::info))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            admission,
+            lame_duck,
         ))
         .layer(axum::middleware::from_fn(too_large_and_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
-/// The one admission point: every request takes a permit or gets 429.
+/// The admin router, served on its own listener (`server.admin_listen`, loopback by default): the live policy
+/// and the effective config.
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    let limit = state.config.server.max_body_bytes;
+    Router::new()
+        .route(
+            "/admin/routing",
+            get(admin::get_routing)
+                .patch(admin::patch_routing)
+                .put(admin::put_routing),
+        )
+        .route("/info", get(ops::info))
+        .route("/health", get(ops::health))
+        .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            read_body,
+        ))
+        .layer(axum::middleware::from_fn(too_large_and_request_id))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Reads the whole request body within `server.body_timeout_ms` in total (a body trickled a byte at a time
+/// does not reset the clock) and at most `server.max_body_bytes`, before any admission permit is taken: a
+/// stalled upload holds a connection, never a share of the server.
+async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let limit = state.config.server.max_body_bytes;
+    let declared = req
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return ApiError::TooLarge.into_response();
+    }
+    let deadline = std::time::Duration::from_millis(state.config.server.body_timeout_ms);
+    let (parts, body) = req.into_parts();
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::TooLarge.into_response()
+            } else {
+                ApiError::invalid("body", format!("cannot read the request body: {e}"))
+                    .into_response()
+            }
+        }
+        Err(_) => ApiError::BodyTimeout(format!(
+            "the request body did not arrive within {} ms (server.body_timeout_ms)",
+            deadline.as_millis()
+        ))
+        .into_response(),
+    }
+}
+
+/// The one admission point: every API request takes a permit or gets 429. The permit lives as long as the
+/// response body, so a streamed (SSE) answer counts against the limit until its last byte or its client's
+/// disconnect.
 async fn admission(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Ok(_permit) = state.admission.clone().try_acquire_owned() else {
+    let Ok(permit) = state.admission.clone().try_acquire_owned() else {
         return ApiError::Overloaded {
             message: "server at its in-flight limit; retry shortly".into(),
             retry_after_s: 1,
         }
         .into_response();
     };
-    next.run(req).await
+    next.run(req).await.map(|body| {
+        axum::body::Body::new(Held {
+            body,
+            _permit: permit,
+        })
+    })
+}
+
+/// A response body that holds an admission permit until it is finished or dropped.
+struct Held {
+    body: axum::body::Body,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// During the lame-duck period after SIGTERM every response says `Connection: close`, so keep-alive clients
+/// reconnect (to another replica, once the load balancer has seen `/ready` turn 503) instead of sending on a
+/// connection that is about to close.
+async fn lame_duck(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    if state.draining.load(std::sync::atomic::Ordering::Acquire) {
+        resp.headers_mut()
+            .insert("connection", HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// Adds `x-request-id` to every response (echoing the client's when it sent one) and turns a bare 413 from

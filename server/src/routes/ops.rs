@@ -68,7 +68,8 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let needs_llm = state.routes.values().any(|r| r.kind == RouteKind::Generate)
         && state.config.reranker.workers > 0;
     let live = state.live_workers();
-    let ok = !needs_llm || live > 0;
+    let draining = state.draining.load(std::sync::atomic::Ordering::Acquire);
+    let ok = !draining && (!needs_llm || live > 0);
     let status = if ok {
         StatusCode::OK
     } else {
@@ -76,7 +77,12 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     };
     (
         status,
-        axum::Json(json!({"ready": ok, "prefilter": true, "live_workers": live})),
+        axum::Json(json!({
+            "ready": ok,
+            "draining": draining,
+            "prefilter": true,
+            "live_workers": live
+        })),
     )
         .into_response()
 }

@@ -1,0 +1,130 @@
+//! Who may do what: the admin token (compared in constant time), loopback peers when no token is set, and the
+//! per-request threshold override, which needs the admin token in a header of its own (a chat client's
+//! `Authorization` carries its API key for the upstream, not ours).
+
+use std::net::SocketAddr;
+
+use axum::http::HeaderMap;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// The header that carries the admin token on chat requests that ask for a threshold override.
+pub const OVERRIDE_TOKEN_HEADER: &str = "x-tiergate-admin-token";
+
+/// Equal contents, in time that depends only on the lengths (a wrong guess reveals nothing of the token).
+pub fn token_matches(given: &[u8], token: &[u8]) -> bool {
+    let mut diff = given.len() ^ token.len();
+    for (i, t) in token.iter().enumerate() {
+        diff |= usize::from(given.get(i).copied().unwrap_or(0) ^ t);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The credentials of `Authorization: Bearer <token>` (scheme matched case-insensitively).
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get("authorization")?.to_str().ok()?.trim();
+    let (scheme, rest) = v.split_once(char::is_whitespace)?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// A loopback peer, IPv4-mapped IPv6 (`::ffff:127.0.0.1`) included.
+pub fn is_loopback(peer: SocketAddr) -> bool {
+    peer.ip().to_canonical().is_loopback()
+}
+
+/// Admin access: the configured token as a bearer token, or, without one, a loopback peer.
+pub fn authorize_admin(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<SocketAddr>,
+) -> Result<(), ApiError> {
+    match &state.config.server.admin_token {
+        Some(token) => match bearer(headers) {
+            Some(given) if token_matches(given.as_bytes(), token.as_bytes()) => Ok(()),
+            _ => Err(ApiError::Unauthorized(
+                "admin endpoints need `Authorization: Bearer <server.admin_token>`".into(),
+            )),
+        },
+        None if peer.is_some_and(is_loopback) => Ok(()),
+        None => Err(ApiError::Unauthorized(
+            "no admin token is configured: admin is open to loopback clients only".into(),
+        )),
+    }
+}
+
+/// The per-request θ of `x-tiergate-threshold`, when the request may set one: the policy allows overrides,
+/// an admin token is configured and the request presents it in `x-tiergate-admin-token`. The value must lie
+/// in [0, 1]. `Ok(None)`: no override asked. An override asked for but not permitted is refused (403), never
+/// silently ignored, so a client does not mistake the server's θ for its own.
+pub fn threshold_override(state: &AppState, headers: &HeaderMap) -> Result<Option<f64>, ApiError> {
+    let Some(raw) = headers.get("x-tiergate-threshold") else {
+        return Ok(None);
+    };
+    let allowed = state.policy.current().cfg.allow_header_override;
+    let token_ok = match (
+        &state.config.server.admin_token,
+        headers.get(OVERRIDE_TOKEN_HEADER),
+    ) {
+        (Some(token), Some(given)) => token_matches(given.as_bytes(), token.as_bytes()),
+        _ => false,
+    };
+    if !(allowed && token_ok) {
+        return Err(ApiError::Forbidden(
+            "x-tiergate-threshold needs routing.allow_header_override and the admin token in \
+             x-tiergate-admin-token"
+                .into(),
+        ));
+    }
+    let s = raw
+        .to_str()
+        .map_err(|_| ApiError::invalid("x-tiergate-threshold", "not valid text"))?
+        .trim();
+    match s.parse::<f64>() {
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(Some(t)),
+        _ => Err(ApiError::invalid(
+            "x-tiergate-threshold",
+            format!("`{s}` is not a number in [0, 1]"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_by_content_and_length() {
+        assert!(token_matches(b"s3cret-token", b"s3cret-token"));
+        assert!(!token_matches(b"s3cret-tokeN", b"s3cret-token"));
+        assert!(!token_matches(b"s3cret", b"s3cret-token"));
+        assert!(!token_matches(b"s3cret-token-and-more", b"s3cret-token"));
+        assert!(!token_matches(b"", b"s3cret-token"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let mut h = HeaderMap::new();
+        for v in ["Bearer abc", "bearer abc", "BEARER   abc ", "  Bearer abc"] {
+            h.insert("authorization", v.parse().unwrap());
+            assert_eq!(bearer(&h), Some("abc"), "{v}");
+        }
+        h.insert("authorization", "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+        h.insert("authorization", "Bearerabc".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn mapped_ipv4_loopback_is_loopback() {
+        for (a, want) in [
+            ("127.0.0.1:1", true),
+            ("[::1]:1", true),
+            ("[::ffff:127.0.0.1]:1", true),
+            ("[::ffff:10.0.0.1]:1", false),
+            ("10.0.0.1:1", false),
+        ] {
+            assert_eq!(is_loopback(a.parse().unwrap()), want, "{a}");
+        }
+    }
+}
