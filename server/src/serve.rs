@@ -21,6 +21,9 @@ use crate::app::AppState;
 use crate::routes::{admin_router, router};
 use crate::util::sample_utilization;
 
+/// After the listeners close, how long freshly accepted connections get to send their first request.
+const SETTLE: Duration = Duration::from_millis(200);
+
 /// The addresses the server listens on (port 0 in the config → the real port).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bound {
@@ -101,6 +104,9 @@ pub async fn run(
     let _ = tokio::join!(public, admin);
     let graceful = Arc::try_unwrap(graceful)
         .map_err(|_| anyhow::anyhow!("an accept loop outlived its listener"))?;
+    // Connections accepted last get a moment to deliver the request their client has sent (it is answered
+    // with `Connection: close`) before idle connections are closed.
+    tokio::time::sleep(SETTLE.min(Duration::from_millis(config.server.drain_ms))).await;
     let drain = Duration::from_millis(config.server.drain_ms);
     tracing::info!(?drain, "listeners closed: draining in-flight requests");
     let t = Instant::now();
@@ -116,7 +122,9 @@ pub async fn run(
     Ok(())
 }
 
-/// Accepts connections until `stop` is notified, each served by `app` under the connection limits.
+/// Accepts connections until `stop` is notified, each served by `app` under the connection limits. At `stop`
+/// the connections already waiting in the kernel's backlog are accepted and served too (closing a listener
+/// resets them, and their clients may have sent a request already).
 async fn accept_loop(
     listener: TcpListener,
     app: axum::Router,
@@ -125,45 +133,66 @@ async fn accept_loop(
     graceful: Arc<GracefulShutdown>,
     stop: Arc<tokio::sync::Notify>,
 ) {
+    let serve = |stream, peer| {
+        serve_conn(
+            stream,
+            peer,
+            &app,
+            limits.as_ref(),
+            header_timeout,
+            &graceful,
+        )
+    };
     let stopped = stop.notified();
     tokio::pin!(stopped);
     loop {
-        let (stream, peer) = tokio::select! {
+        tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok((stream, peer)) => serve(stream, peer),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
                 }
             },
-            () = &mut stopped => return,
-        };
-        let guard = match limits.as_ref().map(|l| l.admit(peer)) {
-            Some(Err(why)) => {
-                refuse(stream, why);
-                continue;
-            }
-            Some(Ok(g)) => Some(g),
-            None => None,
-        };
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-            req.extensions_mut().insert(ConnectInfo(peer));
-            app.clone().oneshot(req.map(axum::body::Body::new))
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(guard);
-        });
+            () = &mut stopped => break,
+        }
     }
+    while let Ok(Ok((stream, peer))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await
+    {
+        serve(stream, peer);
+    }
+}
+
+/// Serves one accepted connection (or refuses it when over the limits).
+fn serve_conn(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    app: &axum::Router,
+    limits: Option<&Arc<ConnLimits>>,
+    header_timeout: Duration,
+    graceful: &GracefulShutdown,
+) {
+    let guard = match limits.map(|l| l.admit(peer)) {
+        Some(Err(why)) => return refuse(stream, why),
+        Some(Ok(g)) => Some(g),
+        None => None,
+    };
+    let app = app.clone();
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        app.clone().oneshot(req.map(axum::body::Body::new))
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    let conn = graceful.watch(conn);
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+        drop(guard);
+    });
 }
 
 /// Answers a connection over the limits with a 503 in the OpenAI error shape (best effort, never blocking) and

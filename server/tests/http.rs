@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,21 +11,13 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind, RoutingConfig};
+use tiergate_config::{Config, RoutingConfig};
 use tiergate_prefilter::testing::TinyModel;
 use tiergate_server::app::AppState;
 use tiergate_server::routes::{admin_router, router};
 use tower::ServiceExt;
 
-fn worker_program() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_BIN_EXE_tiergate")).with_file_name("tiergate-reranker");
-    assert!(
-        p.is_file(),
-        "{} not built: run `cargo test --workspace`",
-        p.display()
-    );
-    p
-}
+mod common;
 
 struct Rig {
     app: axum::Router,
@@ -37,49 +28,7 @@ struct Rig {
 
 fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     let tiny = TinyModel::create(2).unwrap();
-    let mut cfg = Config::default();
-    cfg.prefilter.encoder = tiny.dir.path().to_path_buf();
-    cfg.prefilter.max_tokens = 16;
-    cfg.prefilter.head = HeadConfig::FewShot {
-        labels: vec![
-            FewShotLabel {
-                label: "card_lost".into(),
-                examples: vec!["card lost".into(), "card stolen".into()],
-                reply: Some("Freeze your card.".into()),
-            },
-            FewShotLabel {
-                label: "pay_bill".into(),
-                examples: vec!["pay bill".into()],
-                reply: Some("Go to Payments.".into()),
-            },
-            FewShotLabel {
-                label: "greeting".into(),
-                examples: vec!["hello hi".into()],
-                reply: Some("Hello!".into()),
-            },
-        ],
-        temperature: 0.05,
-    };
-    cfg.routes = vec![
-        RouteConfig {
-            prompts: None,
-            name: "classify".into(),
-            kind: RouteKind::Classify,
-            head: None,
-        },
-        RouteConfig {
-            prompts: None,
-            name: "answer".into(),
-            kind: RouteKind::Answer,
-            head: None,
-        },
-        RouteConfig {
-            prompts: None,
-            name: "generate".into(),
-            kind: RouteKind::Generate,
-            head: None,
-        },
-    ];
+    let mut cfg = common::config(&tiny);
     cfg.reranker.workers = workers;
     cfg.reranker.engine = "stub".into();
     cfg.reranker.heartbeat_timeout_ms = 1000;
@@ -87,7 +36,7 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     cfg.routing.allow_header_override = true;
     cfg.server.max_body_bytes = 16 * 1024;
     tweak(&mut cfg);
-    let state = Arc::new(AppState::build(cfg, None, Some(worker_program())).unwrap());
+    let state = Arc::new(AppState::build(cfg, None, Some(common::worker_program())).unwrap());
     let t = Instant::now();
     while state.live_workers() < workers {
         assert!(

@@ -1,0 +1,61 @@
+//! What the server's integration tests share: a tiny few-shot classifier config (no download) and the stub
+//! worker program built next to `tiergate`.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::path::PathBuf;
+
+use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind};
+use tiergate_prefilter::testing::TinyModel;
+
+/// The stub worker binary built next to `tiergate`.
+pub fn worker_program() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_tiergate")).with_file_name("tiergate-reranker");
+    assert!(
+        p.is_file(),
+        "{} not built: run `cargo test --workspace`",
+        p.display()
+    );
+    p
+}
+
+/// Three labels over the tiny encoder, and a classify, an answer and a generate route.
+pub fn config(tiny: &TinyModel) -> Config {
+    let mut cfg = Config::default();
+    cfg.prefilter.encoder = tiny.dir.path().to_path_buf();
+    cfg.prefilter.max_tokens = 16;
+    cfg.prefilter.head = HeadConfig::FewShot {
+        labels: vec![
+            FewShotLabel {
+                label: "card_lost".into(),
+                examples: vec!["card lost".into(), "card stolen".into()],
+                reply: Some("Freeze your card.".into()),
+            },
+            FewShotLabel {
+                label: "pay_bill".into(),
+                examples: vec!["pay bill".into()],
+                reply: Some("Go to Payments.".into()),
+            },
+            FewShotLabel {
+                label: "greeting".into(),
+                examples: vec!["hello hi".into()],
+                reply: Some("Hello!".into()),
+            },
+        ],
+        temperature: 0.05,
+    };
+    cfg.routes = [
+        ("classify", RouteKind::Classify),
+        ("answer", RouteKind::Answer),
+        ("generate", RouteKind::Generate),
+    ]
+    .into_iter()
+    .map(|(name, kind)| RouteConfig {
+        prompts: None,
+        name: name.into(),
+        kind,
+        head: None,
+    })
+    .collect();
+    cfg
+}
