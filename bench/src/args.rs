@@ -103,6 +103,11 @@ pub struct Args {
     #[arg(long, env = "TIERGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
 
+    /// Base URL of the server's admin listener (`server.admin_listen`, e.g. http://127.0.0.1:8081), for
+    /// scraping /admin/routing and --compare; default: --url.
+    #[arg(long, env = "TIERGATE_ADMIN_URL")]
+    pub admin_url: Option<String>,
+
     /// Bearer token for the chat endpoint.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -157,6 +162,11 @@ impl Args {
             return Err(
                 "--schedule ramp/surge needs --duration (the shape is laid over it)".into(),
             );
+        }
+        if let Some(a) = &self.admin_url {
+            if !a.starts_with("http://") {
+                return Err(format!("--admin-url {a}: only http:// URLs are supported"));
+            }
         }
         if !(self.url.starts_with("http://")) {
             return Err(format!(

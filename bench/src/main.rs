@@ -37,6 +37,7 @@ fn main() -> ExitCode {
 async fn bench(args: Args) -> Result<ExitCode, String> {
     args.check()?;
     let client = HttpClient::new(&args.url, args.api_key.clone());
+    let admin = HttpClient::new(args.admin_url.as_deref().unwrap_or(&args.url), None);
     let items = match &args.data {
         Some(p) => workload::load(p)?,
         None => workload::synthetic(1000, args.seed),
@@ -119,13 +120,14 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         seed: args.seed,
         extra_headers: args.headers.clone(),
         admin_token: args.admin_token.clone(),
+        admin: admin.clone(),
         progress: !args.quiet,
         name: "run".into(),
     };
     let token = args.admin_token.as_deref();
 
     let (runs, rows) = if args.compare {
-        let view = scrape::routing(&client, token)
+        let view = scrape::routing(&admin, token)
             .await
             .map_err(|e| format!("--compare sets the policy through /admin/routing: {e}"))?;
         let saved = compare::saved_policy(&view)?;
@@ -135,8 +137,8 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
             if *stop_rx.borrow() {
                 break;
             }
-            let waited = compare::drain(&client, token, args.drain_timeout).await;
-            if let Err(e) = compare::patch(&client, token, &v.patch).await {
+            let waited = compare::drain(&admin, token, args.drain_timeout).await;
+            if let Err(e) = compare::patch(&admin, token, &v.patch).await {
                 failure = Some(e);
                 break;
             }
@@ -158,7 +160,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
             runs.push(RunReport::build(v.name, s, &data, &slo_lines));
         }
         // Put the server's own policy back whatever happened.
-        if let Err(e) = compare::patch(&client, token, &saved).await {
+        if let Err(e) = compare::patch(&admin, token, &saved).await {
             eprintln!("tiergate-bench: WARNING: could not restore the routing policy ({e}); it was: {saved}");
             notes.push(format!("policy not restored: {e}"));
         }

@@ -47,6 +47,8 @@ pub struct Plan {
     pub seed: u64,
     pub extra_headers: Vec<(String, String)>,
     pub admin_token: Option<String>,
+    /// The server's admin listener (scraped once a second).
+    pub admin: HttpClient,
     pub progress: bool,
     /// Shown in the progress line.
     pub name: String,
@@ -166,7 +168,7 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
     let scrape = Arc::new(Mutex::new(Scrape::default()));
     let (scrape_stop, scrape_stop_rx) = watch::channel(false);
     let scraper = tokio::spawn(scrape_loop(
-        client.clone(),
+        plan.admin.clone(),
         plan.admin_token.clone(),
         start,
         scrape_stop_rx,

@@ -16,6 +16,8 @@ use tiergate_tests::{binary, minilm_dir, root};
 struct Server {
     child: Child,
     base: String,
+    /// The admin listener (`/admin/*`, `/info`).
+    admin: String,
 }
 
 impl Drop for Server {
@@ -38,7 +40,13 @@ fn start(extra: &[&str]) -> Server {
     minilm_dir();
     let mut child = Command::new(binary("tiergate"))
         .current_dir(root())
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -50,13 +58,17 @@ fn start(extra: &[&str]) -> Server {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Some(addr) = line.strip_prefix("tiergate listening on ") {
                 let _ = tx.send(addr.to_string());
+            } else if let Some(addr) = line.strip_prefix("tiergate admin listening on ") {
+                let _ = tx.send(addr.to_string());
             }
         }
     });
-    let base = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("server did not start");
-    let s = Server { child, base };
+    let addr = || {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("server did not start")
+    };
+    let (base, admin) = (addr(), addr());
+    let s = Server { child, base, admin };
     // Wait for readiness (a live worker where the generate route needs one).
     let t = Instant::now();
     loop {
@@ -104,13 +116,18 @@ fn serve_answers_with_real_minilm_and_passes_openai_conformance() {
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "lost_or_stolen_card");
     assert!(tier.is_some());
-    // No GPU here: the utilisation source in use is not NVML, and serving works without it.
-    let a: Value = ureq::get(&format!("{}/admin/routing", s.base))
+    // The utilisation source in use is one the server knows (NVML on a GPU host, the workers' busy time
+    // here), and serving works whichever it is.
+    let a: Value = ureq::get(&format!("{}/admin/routing", s.admin))
         .call()
         .unwrap()
         .into_json()
         .unwrap();
-    assert_ne!(a["utilization_in_use"], "nvml");
+    let source = a["utilization_in_use"].as_str().unwrap_or_default();
+    assert!(
+        ["nvml", "workers", "manual", "none"].contains(&source),
+        "{a}"
+    );
     let metrics = ureq::get(&format!("{}/metrics", s.base))
         .call()
         .unwrap()
@@ -137,6 +154,7 @@ fn serve_answers_with_real_minilm_and_passes_openai_conformance() {
 fn policy_changes_live_under_traffic_without_errors() {
     let s = start(STUB);
     let base = s.base.clone();
+    let admin = s.admin.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, bad) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let versions = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
@@ -168,12 +186,12 @@ fn policy_changes_live_under_traffic_without_errors() {
     }
     std::thread::sleep(Duration::from_millis(300));
     for theta in [0.3, 0.9, 0.05, 0.65] {
-        let r = ureq::request("PATCH", &format!("{base}/admin/routing"))
+        let r = ureq::request("PATCH", &format!("{admin}/admin/routing"))
             .send_json(json!({"theta_base": theta, "mode": "static"}));
         assert_eq!(r.unwrap().status(), 200);
         std::thread::sleep(Duration::from_millis(200));
     }
-    let refused = ureq::request("PATCH", &format!("{base}/admin/routing"))
+    let refused = ureq::request("PATCH", &format!("{admin}/admin/routing"))
         .send_json(json!({"theta_min": 0.9, "theta_max": 0.1}));
     assert!(matches!(refused, Err(ureq::Error::Status(400, _))));
     stop.store(true, Ordering::SeqCst);
@@ -191,7 +209,7 @@ fn policy_changes_live_under_traffic_without_errors() {
         seen.len() >= 3,
         "version header changed under traffic: {seen:?}"
     );
-    let a: Value = ureq::get(&format!("{base}/admin/routing"))
+    let a: Value = ureq::get(&format!("{admin}/admin/routing"))
         .call()
         .unwrap()
         .into_json()
@@ -203,7 +221,7 @@ fn policy_changes_live_under_traffic_without_errors() {
 fn sigterm_drains_stops_workers_and_removes_the_segment() {
     let mut s = start(STUB);
     let pid = s.child.id();
-    let info: Value = ureq::get(&format!("{}/info", s.base))
+    let info: Value = ureq::get(&format!("{}/info", s.admin))
         .call()
         .unwrap()
         .into_json()
@@ -231,7 +249,14 @@ fn sigterm_drains_stops_workers_and_removes_the_segment() {
 
 #[test]
 fn real_smollm2_behind_serve_generates_and_reranks() {
-    let s = start(&["--set", "reranker.max_concurrent=2"]);
+    let s = start(&[
+        "--set",
+        "reranker.max_concurrent=2",
+        "--set",
+        "routing.allow_header_override=true",
+        "--set",
+        "server.admin_token=\"e2e-admin-token\"",
+    ]);
     let (code, tier, _, v) = post(
         &s.base,
         json!({"model": "generate", "max_tokens": 12, "temperature": 0,
@@ -245,8 +270,9 @@ fn real_smollm2_behind_serve_generates_and_reranks() {
         .trim()
         .is_empty());
     assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
-    let req =
-        ureq::post(&format!("{}/v1/chat/completions", s.base)).set("x-tiergate-threshold", "-1");
+    let req = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .set("x-tiergate-threshold", "0")
+        .set("x-tiergate-admin-token", "e2e-admin-token");
     let r = req.send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "What is the exchange rate for euros?"}]})).unwrap();
     assert_eq!(
         r.header("x-tiergate-tier"),
@@ -267,6 +293,7 @@ fn bench_drives_the_real_server_and_compares_policies() {
     let data = root().join("bench/workloads/bank24.jsonl");
     let out = Command::new(binary("tiergate-bench"))
         .args(["--url", &s.base, "--data", data.to_str().unwrap()])
+        .args(["--admin-url", &s.admin])
         .args([
             "--rate",
             "40",
@@ -315,7 +342,7 @@ fn bench_drives_the_real_server_and_compares_policies() {
     // Tier-0 alone on the bench workload: the encoder knows these intents.
     assert!(rows[0]["accuracy"].as_f64().unwrap() >= 0.8, "{rows:?}");
     // The server's own policy is back.
-    let v: Value = ureq::get(&format!("{}/admin/routing", s.base))
+    let v: Value = ureq::get(&format!("{}/admin/routing", s.admin))
         .call()
         .unwrap()
         .into_json()
