@@ -40,17 +40,27 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
     worker.set_ready(true);
     tracing::info!(engine = engine.name(), "worker ready");
     // A fixed set of job threads, each taking jobs itself: no thread spawn and no hand-off on the job path.
+    // Generations (long) may occupy all threads but one, so reranks (short, on the request path) always have
+    // a thread.
+    let threads_n = cfg.max_concurrent.max(1);
+    let generations = Arc::new(GenerationSlots::new(threads_n.saturating_sub(1).max(1)));
     let mut threads = Vec::new();
-    for i in 0..cfg.max_concurrent.max(1) {
-        let (worker, engine) = (worker.clone(), engine.clone());
+    for i in 0..threads_n {
+        let (worker, engine, generations) = (worker.clone(), engine.clone(), generations.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("job-{i}"))
             .spawn(move || {
                 // The heartbeat thread ends the process when the server is gone; here only the flag.
                 while !worker.shutdown_requested() {
-                    if let Some(taken) = worker.take(Duration::from_millis(100)) {
-                        run_job(engine.as_ref(), taken.job, taken.taken);
-                    }
+                    let reserved = generations.reserve();
+                    let Some(taken) = worker.take(Duration::from_millis(100), reserved) else {
+                        generations.release(reserved);
+                        continue;
+                    };
+                    let generating = matches!(taken.job, Job::Generate { .. });
+                    generations.release(reserved && !generating);
+                    run_job(engine.as_ref(), taken.job, taken.taken);
+                    generations.release(generating);
                 }
             });
         match spawned {
@@ -65,6 +75,40 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
         let _ = t.join();
     }
     0
+}
+
+/// How many job threads may run generations at once.
+struct GenerationSlots {
+    limit: usize,
+    running: std::sync::atomic::AtomicUsize,
+}
+
+impl GenerationSlots {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            running: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Reserves a place for a generation; false when all are taken (then take reranks only).
+    fn reserve(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        let prev = self.running.fetch_add(1, AcqRel);
+        if prev < self.limit {
+            return true;
+        }
+        self.running.fetch_sub(1, AcqRel);
+        false
+    }
+
+    /// Gives back a place reserved with [`GenerationSlots::reserve`] (when `held`).
+    fn release(&self, held: bool) {
+        if held {
+            self.running
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
 }
 
 /// Runs one job and answers it.

@@ -179,6 +179,47 @@ fn rerank_round_trip_and_streamed_generation() {
     assert_eq!(r.client.in_flight(), 0);
 }
 
+/// Generations may fill all of a worker's job threads but one: with two threads and three long generations
+/// queued first, a rerank still runs beside the first generation and finishes before the second one does
+/// (before the limit, both threads went to generations and the rerank waited behind them).
+#[test]
+fn generations_never_take_the_last_job_thread_from_reranks() {
+    let r = rig(8, 1, &["--stub-delay-ms", "600", "--max-concurrent", "2"]);
+    let gen = Job::Generate {
+        messages: vec![Message {
+            role: "user".into(),
+            content: "a b c".into(),
+        }],
+        sampling: Sampling {
+            max_tokens: 3,
+            ..Default::default()
+        },
+    };
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for g in 0..3 {
+        let h = r.client.submit(&gen, Duration::from_secs(20)).unwrap();
+        let order = order.clone();
+        waiters.push(std::thread::spawn(move || {
+            assert!(h.wait_reply().is_ok());
+            order.lock().unwrap().push(format!("generate {g}"));
+        }));
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let reply = r.client.call(&rerank_job("card"), Duration::from_secs(20));
+    assert!(reply.is_ok(), "{reply:?}");
+    order.lock().unwrap().push("rerank".into());
+    for w in waiters {
+        w.join().unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let rerank_at = order.iter().position(|e| e == "rerank").unwrap();
+    assert!(
+        rerank_at <= 1,
+        "the rerank waited behind the generations: {order:?}"
+    );
+}
+
 #[test]
 fn a_flooded_queue_answers_full_at_once() {
     let r = rig(4, 1, &["--stub-delay-ms", "2000", "--max-concurrent", "1"]);

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::error::{QueueError, Result};
 use crate::futex::{self, now_ns};
-use crate::layout::{state, Segment, MAX_WORKERS};
+use crate::layout::{job_kind, state, Segment, MAX_WORKERS};
 use crate::protocol::{decode_frames, encode_job, Frame, Job, Reply};
 use crate::slot;
 
@@ -137,6 +137,14 @@ impl JobHandle {
     }
 }
 
+/// The slot header's kind of `job`.
+fn kind_of(job: &Job) -> u32 {
+    match job {
+        Job::Generate { .. } => job_kind::GENERATE,
+        Job::Rerank { .. } => job_kind::RERANK,
+    }
+}
+
 /// The outcome if `event` ends the job (chunks do not; a closed channel means the job was cancelled).
 fn final_event(event: std::result::Result<Event, flume::RecvError>) -> Option<Result<Reply>> {
     match event {
@@ -191,12 +199,16 @@ impl Client {
     /// `WorkerDown` (no live worker) or `Invalid` (does not fit a slot).
     pub fn submit(&self, job: &Job, timeout: Duration) -> Result<JobHandle> {
         let bytes = encode_job(job)?;
-        self.submit_bytes(&bytes, timeout)
+        self.submit_kind(&bytes, kind_of(job), timeout)
     }
 
     /// Submits raw request bytes (tests use this to send garbage).
     pub fn submit_bytes(&self, bytes: &[u8], timeout: Duration) -> Result<JobHandle> {
-        let posted = self.write_job(bytes, timeout)?;
+        self.submit_kind(bytes, job_kind::RERANK, timeout)
+    }
+
+    fn submit_kind(&self, bytes: &[u8], kind: u32, timeout: Duration) -> Result<JobHandle> {
+        let posted = self.write_job(bytes, kind, timeout)?;
         let (tx, rx) = flume::unbounded();
         self.shared
             .inflight
@@ -216,12 +228,16 @@ impl Client {
     /// then with the job's error; `DeadlineExceeded` after `timeout`.
     pub fn call(&self, job: &Job, timeout: Duration) -> Result<Reply> {
         let bytes = encode_job(job)?;
-        self.call_bytes(&bytes, timeout)
+        self.call_kind(&bytes, kind_of(job), timeout)
     }
 
     /// [`Client::call`] with raw request bytes.
     pub fn call_bytes(&self, bytes: &[u8], timeout: Duration) -> Result<Reply> {
-        let posted = self.write_job(bytes, timeout)?;
+        self.call_kind(bytes, job_kind::RERANK, timeout)
+    }
+
+    fn call_kind(&self, bytes: &[u8], kind: u32, timeout: Duration) -> Result<Reply> {
+        let posted = self.write_job(bytes, kind, timeout)?;
         let (tx, rx) = flume::unbounded();
         let mut f = Inflight::new(&posted, tx);
         self.publish(&posted)?;
@@ -268,7 +284,7 @@ impl Client {
     }
 
     /// Claims a free slot and writes the job into it (not yet visible to workers).
-    fn write_job(&self, bytes: &[u8], timeout: Duration) -> Result<Posted> {
+    fn write_job(&self, bytes: &[u8], kind: u32, timeout: Duration) -> Result<Posted> {
         let seg = &self.shared.seg;
         if bytes.len() > seg.req_cap() {
             return Err(QueueError::Invalid(format!(
@@ -299,6 +315,7 @@ impl Client {
         s.cancel.store(0, Relaxed);
         s.worker.store(0, Relaxed);
         s.retried.store(0, Relaxed);
+        s.kind.store(kind, Relaxed);
         s.deadline_ns.store(deadline_ns, Relaxed);
         Ok(Posted {
             slot: i,

@@ -32,6 +32,14 @@ pub mod state {
     pub const ABORTED: u32 = 5;
 }
 
+/// Job kinds in [`SlotHeader::kind`].
+pub mod job_kind {
+    /// A rerank (or anything not a generation).
+    pub const RERANK: u32 = 0;
+    /// A generation.
+    pub const GENERATE: u32 = 1;
+}
+
 /// Packs generation and state into one word, so a transition on a stale generation fails its CAS.
 pub fn pack(gen: u32, st: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(st)
@@ -99,7 +107,7 @@ pub struct Header {
 pub struct SlotHeader {
     /// `generation << 32 | state`.
     pub word: AtomicU64,
-    /// Worker index + 1 that took the job (0: none).
+    /// Unused since layout 2 (the worker holding a job is part of `word`, set in the same CAS as TAKEN).
     pub worker: AtomicU32,
     /// Set to 1 by the producer to ask the worker to stop.
     pub cancel: AtomicU32,
@@ -116,7 +124,10 @@ pub struct SlotHeader {
     pub resp_seq: AtomicU32,
     /// Callers asleep on `resp_seq`.
     pub resp_sleepers: AtomicU32,
-    _pad: [u32; 5],
+    /// What the job is ([`job_kind`]), written by the producer so that a worker can choose jobs before
+    /// decoding them (untrusted: the worker checks it against the decoded job).
+    pub kind: AtomicU32,
+    _pad: [u32; 4],
 }
 
 const HEADER_BYTES: usize = 4096;

@@ -1,10 +1,12 @@
-//! The slot state machine. Every transition is one compare-and-swap on `generation << 32 | state`, so a party
-//! holding a stale generation (a late worker, a duplicate reply) always fails and its write is dropped.
+//! The slot state machine. Every transition is one compare-and-swap on `generation << 32 | taker << 8 | state`,
+//! so a party holding a stale generation (a late worker, a duplicate reply) always fails and its write is
+//! dropped. The worker that takes a job is recorded in the same CAS (`taker` = worker index + 1), so a worker
+//! killed right after taking a job can never leave a TAKEN slot that names nobody.
 //!
 //! ```text
-//!   FREE(g) --claim--> WRITING(g) --publish--> READY(g) --take--> TAKEN(g) --finish--> DONE(g)
-//!   READY(g) --withdraw--> FREE(g+1)            TAKEN(g) --abort--> ABORTED(g)   (worker died)
-//!   TAKEN(g) --requeue--> READY(g)  (retry once) DONE(g) | ABORTED(g) --release--> FREE(g+1)
+//!   FREE(g) --claim--> WRITING(g) --publish--> READY(g) --take(w)--> TAKEN(g,w) --finish--> DONE(g)
+//!   READY(g) --withdraw--> FREE(g+1)            TAKEN(g,w) --abort--> ABORTED(g)   (worker died)
+//!   TAKEN(g,w) --requeue--> READY(g)  (retry once) DONE(g) | ABORTED(g) --release--> FREE(g+1)
 //! ```
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire};
@@ -17,9 +19,21 @@ fn cas(slot: &SlotHeader, from: u64, to: u64) -> bool {
         .is_ok()
 }
 
+/// The low word of a TAKEN slot held by `taker` (worker index + 1).
+fn taken_by(taker: u32) -> u32 {
+    state::TAKEN | (taker & 0xff) << 8
+}
+
 /// Current (generation, state).
 pub fn load(slot: &SlotHeader) -> (u32, u32) {
-    unpack(slot.word.load(Acquire))
+    let (gen, low) = unpack(slot.word.load(Acquire));
+    (gen, low & 0xff)
+}
+
+/// The worker (index + 1) holding a TAKEN slot, from the slot word itself; `None` in any other state.
+pub fn taker(slot: &SlotHeader) -> Option<u32> {
+    let (_, low) = unpack(slot.word.load(Acquire));
+    (low & 0xff == state::TAKEN).then_some(low >> 8 & 0xff)
 }
 
 /// Producer: FREE → WRITING. Returns the generation now owned.
@@ -42,25 +56,25 @@ pub fn withdraw(slot: &SlotHeader, gen: u32) -> bool {
     )
 }
 
-/// Worker: READY → TAKEN. Returns the generation taken.
-pub fn take(slot: &SlotHeader) -> Option<u32> {
+/// Worker `taker` (index + 1): READY → TAKEN. Returns the generation taken.
+pub fn take(slot: &SlotHeader, taker: u32) -> Option<u32> {
     let (gen, st) = load(slot);
-    (st == state::READY && cas(slot, pack(gen, st), pack(gen, state::TAKEN))).then_some(gen)
+    (st == state::READY && cas(slot, pack(gen, st), pack(gen, taken_by(taker)))).then_some(gen)
 }
 
 /// Worker: TAKEN → DONE (false: the job is no longer this worker's; drop the reply).
-pub fn finish(slot: &SlotHeader, gen: u32) -> bool {
-    cas(slot, pack(gen, state::TAKEN), pack(gen, state::DONE))
+pub fn finish(slot: &SlotHeader, gen: u32, taker: u32) -> bool {
+    cas(slot, pack(gen, taken_by(taker)), pack(gen, state::DONE))
 }
 
 /// Supervisor: TAKEN → ABORTED, after the worker was killed and reaped.
-pub fn abort(slot: &SlotHeader, gen: u32) -> bool {
-    cas(slot, pack(gen, state::TAKEN), pack(gen, state::ABORTED))
+pub fn abort(slot: &SlotHeader, gen: u32, taker: u32) -> bool {
+    cas(slot, pack(gen, taken_by(taker)), pack(gen, state::ABORTED))
 }
 
 /// Supervisor: TAKEN → READY, to retry a dead worker's job on another worker.
-pub fn requeue(slot: &SlotHeader, gen: u32) -> bool {
-    cas(slot, pack(gen, state::TAKEN), pack(gen, state::READY))
+pub fn requeue(slot: &SlotHeader, gen: u32, taker: u32) -> bool {
+    cas(slot, pack(gen, taken_by(taker)), pack(gen, state::READY))
 }
 
 /// Producer: DONE/ABORTED → FREE(g+1), after reading the outcome.
@@ -86,55 +100,60 @@ mod tests {
     struct Model {
         gen: u32,
         st: u32,
+        /// Who holds a TAKEN slot (worker index + 1).
+        taker: u32,
     }
 
     impl Model {
         fn apply(&mut self, op: Op) -> bool {
             use state::*;
-            let (g, s) = (self.gen, self.st);
+            let (g, s, t) = (self.gen, self.st, self.taker);
+            let held = |d: u32, w: u32| s == TAKEN && d == 0 && w == t;
             let (ok, next) = match op {
-                Op::Claim => (s == FREE, (g, WRITING)),
-                Op::Publish(d) => (s == WRITING && d == 0, (g, READY)),
-                Op::Withdraw(d) => (s == READY && d == 0, (g.wrapping_add(1), FREE)),
-                Op::Take => (s == READY, (g, TAKEN)),
-                Op::Finish(d) => (s == TAKEN && d == 0, (g, DONE)),
-                Op::Abort(d) => (s == TAKEN && d == 0, (g, ABORTED)),
-                Op::Requeue(d) => (s == TAKEN && d == 0, (g, READY)),
+                Op::Claim => (s == FREE, (g, WRITING, 0)),
+                Op::Publish(d) => (s == WRITING && d == 0, (g, READY, 0)),
+                Op::Withdraw(d) => (s == READY && d == 0, (g.wrapping_add(1), FREE, 0)),
+                Op::Take(w) => (s == READY, (g, TAKEN, w)),
+                Op::Finish(d, w) => (held(d, w), (g, DONE, 0)),
+                Op::Abort(d, w) => (held(d, w), (g, ABORTED, 0)),
+                Op::Requeue(d, w) => (held(d, w), (g, READY, 0)),
                 Op::Release(d) => (
                     (s == DONE || s == ABORTED) && d == 0,
-                    (g.wrapping_add(1), FREE),
+                    (g.wrapping_add(1), FREE, 0),
                 ),
             };
             if ok {
-                (self.gen, self.st) = next;
+                (self.gen, self.st, self.taker) = next;
             }
             ok
         }
     }
 
-    /// An operation; the `u32` is how many generations stale the actor's view is (0: current).
+    /// An operation; the first `u32` is how many generations stale the actor's view is (0: current), the
+    /// second the worker (index + 1) acting or named.
     #[derive(Debug, Clone, Copy)]
     enum Op {
         Claim,
         Publish(u32),
         Withdraw(u32),
-        Take,
-        Finish(u32),
-        Abort(u32),
-        Requeue(u32),
+        Take(u32),
+        Finish(u32, u32),
+        Abort(u32, u32),
+        Requeue(u32, u32),
         Release(u32),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         let stale = prop_oneof![3 => Just(0u32), 1 => 1u32..3];
+        let worker = 1u32..4;
         prop_oneof![
             Just(Op::Claim),
             stale.clone().prop_map(Op::Publish),
             stale.clone().prop_map(Op::Withdraw),
-            Just(Op::Take),
-            stale.clone().prop_map(Op::Finish),
-            stale.clone().prop_map(Op::Abort),
-            stale.clone().prop_map(Op::Requeue),
+            worker.clone().prop_map(Op::Take),
+            (stale.clone(), worker.clone()).prop_map(|(d, w)| Op::Finish(d, w)),
+            (stale.clone(), worker.clone()).prop_map(|(d, w)| Op::Abort(d, w)),
+            (stale.clone(), worker).prop_map(|(d, w)| Op::Requeue(d, w)),
             stale.prop_map(Op::Release),
         ]
     }
@@ -145,7 +164,7 @@ mod tests {
         #[test]
         fn slot_matches_the_model(ops in proptest::collection::vec(op(), 0..200)) {
             let slot: SlotHeader = unsafe { std::mem::zeroed() };
-            let mut model = Model { gen: 0, st: state::FREE };
+            let mut model = Model { gen: 0, st: state::FREE, taker: 0 };
             for op in ops {
                 let (gen, _) = load(&slot);
                 let at = |d: u32| gen.wrapping_sub(d);
@@ -153,15 +172,16 @@ mod tests {
                     Op::Claim => claim(&slot).is_some(),
                     Op::Publish(d) => publish(&slot, at(d)),
                     Op::Withdraw(d) => withdraw(&slot, at(d)),
-                    Op::Take => take(&slot).is_some(),
-                    Op::Finish(d) => finish(&slot, at(d)),
-                    Op::Abort(d) => abort(&slot, at(d)),
-                    Op::Requeue(d) => requeue(&slot, at(d)),
+                    Op::Take(w) => take(&slot, w).is_some(),
+                    Op::Finish(d, w) => finish(&slot, at(d), w),
+                    Op::Abort(d, w) => abort(&slot, at(d), w),
+                    Op::Requeue(d, w) => requeue(&slot, at(d), w),
                     Op::Release(d) => release(&slot, at(d)),
                 };
                 let expected = model.apply(op);
                 prop_assert_eq!(real, expected, "{:?}", op);
                 prop_assert_eq!(load(&slot), (model.gen, model.st));
+                prop_assert_eq!(taker(&slot), (model.st == state::TAKEN).then_some(model.taker));
             }
         }
     }

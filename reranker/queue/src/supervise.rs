@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::futex::{self, now_ns};
-use crate::layout::{state, Segment, MAX_WORKERS};
+use crate::layout::{Segment, MAX_WORKERS};
 use crate::slot;
 
 /// How to run the workers.
@@ -179,8 +179,9 @@ pub fn reclaim(seg: &Segment, index: usize, retry: bool, stats: &SupervisorStats
     let now = now_ns();
     for i in 0..seg.slots() {
         let Some(s) = seg.slot(i) else { continue };
-        let (gen, st) = slot::load(s);
-        if st != state::TAKEN || s.worker.load(Acquire) != index as u32 + 1 {
+        let (gen, _) = slot::load(s);
+        let me = index as u32 + 1;
+        if slot::taker(s) != Some(me) {
             continue;
         }
         let deadline = s.deadline_ns.load(Acquire);
@@ -191,15 +192,55 @@ pub fn reclaim(seg: &Segment, index: usize, retry: bool, stats: &SupervisorStats
             && (deadline == 0 || deadline > now);
         if can_retry {
             s.retried.store(1, Release);
-            s.worker.store(0, Release);
-            if slot::requeue(s, gen) {
+            if slot::requeue(s, gen, me) {
                 stats.retried.fetch_add(1, Relaxed);
                 futex::notify(h.job_waiters(), 1);
             }
-        } else if slot::abort(s, gen) {
+        } else if slot::abort(s, gen, me) {
             stats.aborted.fetch_add(1, Relaxed);
             futex::notify(s.waiters(), i32::MAX);
             futex::notify(h.reply_waiters(), i32::MAX);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{state, Geometry};
+
+    /// The worker is recorded in the same CAS that takes the job, so a worker killed right after taking one
+    /// is found by `reclaim` (the job is retried once, then aborted), never left TAKEN by nobody.
+    #[test]
+    fn a_job_taken_by_a_dead_worker_is_always_reclaimed() {
+        let name = format!("tiergate-unit-reclaim-{}", std::process::id());
+        let seg = Segment::create(
+            &name,
+            Geometry {
+                slots: 2,
+                req_cap: 64,
+                resp_cap: 64,
+            },
+        )
+        .unwrap();
+        let s = seg.slot(1).unwrap();
+        let gen = slot::claim(s).unwrap();
+        assert!(slot::publish(s, gen));
+        // Worker 3 (index 2) takes the job and dies before doing anything else.
+        assert_eq!(slot::take(s, 3), Some(gen));
+        let stats = SupervisorStats::default();
+        reclaim(&seg, 0, true, &stats);
+        assert_eq!(
+            slot::load(s),
+            (gen, state::TAKEN),
+            "another worker's job is left alone"
+        );
+        reclaim(&seg, 2, true, &stats);
+        assert_eq!(slot::load(s), (gen, state::READY), "retried");
+        assert_eq!(stats.retried.load(Relaxed), 1);
+        assert_eq!(slot::take(s, 1), Some(gen));
+        reclaim(&seg, 0, true, &stats);
+        assert_eq!(slot::load(s), (gen, state::ABORTED), "no second retry");
+        assert_eq!(stats.aborted.load(Relaxed), 1);
     }
 }

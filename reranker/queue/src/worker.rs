@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{QueueError, Result};
 use crate::futex::{self, now_ns};
-use crate::layout::{pid_alive, Segment, WorkerRecord, MAX_WORKERS};
+use crate::layout::{job_kind, pid_alive, Segment, WorkerRecord, MAX_WORKERS};
 use crate::protocol::{decode_job, encode_frame, encode_reply, frame, Job, Reply, FRAME_HEADER};
 use crate::slot;
 
@@ -97,9 +97,11 @@ impl QueueWorker {
         })
     }
 
-    /// Takes the next READY job, waiting up to `timeout`. A request that cannot be read or parsed is answered
-    /// with an error frame at once (only that job fails) and `None` is returned for it.
-    pub fn take(&self, timeout: Duration) -> Option<TakenJob> {
+    /// Takes the next READY job, waiting up to `timeout`; generations only when `generations` is true (a
+    /// worker keeps a job thread free for reranks). A request that cannot be read or parsed, or whose slot
+    /// header lies about its kind, is answered with an error frame at once (only that job fails) and `None` is
+    /// returned for it.
+    pub fn take(&self, timeout: Duration, generations: bool) -> Option<TakenJob> {
         let h = self.seg.header();
         let n = self.seg.slots();
         let offset = self.index * 7919;
@@ -107,7 +109,11 @@ impl QueueWorker {
         futex::wait_until(h.job_waiters(), timeout, TAKE_SPIN, timeout, || {
             found = (0..n).find_map(|k| {
                 let i = (offset + k) % n;
-                self.seg.slot(i).and_then(slot::take).map(|gen| (i, gen))
+                let s = self.seg.slot(i)?;
+                if !generations && s.kind.load(Acquire) == job_kind::GENERATE {
+                    return None;
+                }
+                slot::take(s, self.index as u32 + 1).map(|gen| (i, gen))
             });
             found.is_some() || h.shutdown.load(Acquire) == 1
         });
@@ -118,7 +124,6 @@ impl QueueWorker {
             futex::wake(&h.jobs_posted, 1);
         }
         let s = self.seg.slot(i)?;
-        s.worker.store(self.index as u32 + 1, Release);
         self.active.fetch_add(1, AcqRel);
         let mut taken = Taken {
             seg: self.seg.clone(),
@@ -131,7 +136,20 @@ impl QueueWorker {
             finished: false,
         };
         let len = s.req_len.load(Acquire) as usize;
-        let parsed = self.seg.read_request(i, len).and_then(|b| decode_job(&b));
+        let declared = s.kind.load(Acquire);
+        let parsed = self
+            .seg
+            .read_request(i, len)
+            .and_then(|b| decode_job(&b))
+            .and_then(|job| {
+                let generate = matches!(job, Job::Generate { .. });
+                if generate != (declared == job_kind::GENERATE) {
+                    return Err(QueueError::Protocol(
+                        "the job's kind does not match its slot header".into(),
+                    ));
+                }
+                Ok(job)
+            });
         match parsed {
             Ok(job) => Some(TakenJob { job, taken }),
             Err(e) => {
@@ -246,7 +264,7 @@ impl Taken {
             .jobs_done
             .fetch_add(1, Relaxed);
         if let Some(s) = self.seg.slot(self.slot) {
-            if !slot::finish(s, self.gen) {
+            if !slot::finish(s, self.gen, self.worker as u32 + 1) {
                 tracing::warn!(
                     slot = self.slot,
                     "job no longer ours (reclaimed); reply dropped"
