@@ -267,8 +267,11 @@ pub struct RerankerConfig {
     pub request_bytes: usize,
     /// Response bytes per slot.
     pub response_bytes: usize,
-    /// A worker silent for this long is killed as hung, milliseconds.
+    /// A worker silent for this long is killed as hung, milliseconds; also the grace after a job's deadline
+    /// before a worker still holding the job is killed as stuck.
     pub heartbeat_timeout_ms: u64,
+    /// A worker not ready this long after its start (model load) is killed and restarted, milliseconds.
+    pub load_timeout_ms: u64,
     /// Deadline of a rerank job, milliseconds.
     pub rerank_deadline_ms: u64,
     /// Deadline of a generation, milliseconds.
@@ -306,6 +309,7 @@ impl Default for RerankerConfig {
             request_bytes: 16 * 1024,
             response_bytes: 64 * 1024,
             heartbeat_timeout_ms: 5_000,
+            load_timeout_ms: 600_000,
             rerank_deadline_ms: 10_000,
             generate_deadline_ms: 60_000,
             llm_weight: 0.5,
@@ -414,6 +418,7 @@ impl RerankerConfig {
             ("rerank_deadline_ms", self.rerank_deadline_ms),
             ("generate_deadline_ms", self.generate_deadline_ms),
             ("max_concurrent", self.max_concurrent as u64),
+            ("load_timeout_ms", self.load_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError::invalid(

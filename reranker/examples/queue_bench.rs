@@ -104,6 +104,7 @@ fn supervisor(seg: &Arc<Segment>, name: &str, delay_ms: u64) -> anyhow::Result<S
             ],
             segment: name.into(),
             heartbeat_timeout: Duration::from_secs(2),
+            load_timeout: Duration::from_secs(60),
             backoff_initial: Duration::from_millis(50),
             backoff_max: Duration::from_secs(1),
             retry: true,

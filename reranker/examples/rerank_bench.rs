@@ -165,6 +165,7 @@ fn start_worker(model: &str, weights: &str, tag: usize) -> anyhow::Result<(Clien
             ],
             segment: name,
             heartbeat_timeout: Duration::from_secs(10),
+            load_timeout: Duration::from_secs(600),
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(2),
             retry: false,

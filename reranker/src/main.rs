@@ -68,6 +68,12 @@ struct Args {
     /// Stub: answer every N-th job with garbage.
     #[arg(long)]
     stub_garbage_every: Option<u64>,
+    /// Stub: job N never returns from the engine (the process and its heartbeat stay alive).
+    #[arg(long)]
+    stub_stuck_after: Option<u64>,
+    /// Stub: milliseconds the "model load" takes before the worker is ready.
+    #[arg(long, default_value_t = 0)]
+    stub_load_ms: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -94,12 +100,16 @@ fn run(args: Args) -> anyhow::Result<i32> {
     // Heartbeats start before the model loads (loading can take a while); readiness comes after.
     worker.heartbeat();
     let engine: Arc<dyn Engine> = match args.engine {
-        EngineKind::Stub => Arc::new(StubEngine::new(StubKnobs {
-            delay: Duration::from_millis(args.stub_delay_ms),
-            crash_after: args.stub_crash_after,
-            hang_after: args.stub_hang_after,
-            garbage_every: args.stub_garbage_every,
-        })),
+        EngineKind::Stub => {
+            std::thread::sleep(Duration::from_millis(args.stub_load_ms));
+            Arc::new(StubEngine::new(StubKnobs {
+                delay: Duration::from_millis(args.stub_delay_ms),
+                crash_after: args.stub_crash_after,
+                hang_after: args.stub_hang_after,
+                garbage_every: args.stub_garbage_every,
+                stuck_after: args.stub_stuck_after,
+            }))
+        }
         EngineKind::Mistralrs => load_llm(&args)?,
     };
     let cfg = ServeConfig {

@@ -20,6 +20,8 @@ pub struct StubKnobs {
     pub hang_after: Option<u64>,
     /// Answer every N-th job with bytes that break the protocol.
     pub garbage_every: Option<u64>,
+    /// Job number N never returns from the engine (only its thread blocks; the heartbeat goes on).
+    pub stuck_after: Option<u64>,
 }
 
 /// The stub engine.
@@ -49,6 +51,15 @@ impl StubEngine {
         if self.knobs.crash_after == Some(n) {
             tracing::error!(job = n, "stub engine: crashing as configured");
             std::process::abort();
+        }
+        if self.knobs.stuck_after == Some(n) {
+            tracing::error!(
+                job = n,
+                "stub engine: this job never returns, as configured"
+            );
+            loop {
+                std::thread::park();
+            }
         }
         if self.knobs.hang_after == Some(n) {
             tracing::error!(job = n, "stub engine: freezing the process as configured");
@@ -80,6 +91,21 @@ impl StubEngine {
             .count();
         cache.insert(key, n);
         n
+    }
+}
+
+/// Sleeps `d` in short steps, as an engine works in passes; false when `cancelled` said stop first.
+fn sleep_unless_cancelled(d: Duration, cancelled: &dyn Fn() -> bool) -> bool {
+    let end = std::time::Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        if cancelled() {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(10)));
     }
 }
 
@@ -125,12 +151,14 @@ impl Engine for StubEngine {
         text: &str,
         candidates: &[Candidate],
         prompt: &PromptConfig,
-        _cancelled: &dyn Fn() -> bool,
+        cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
         if candidates.is_empty() {
             return Err(EngineError::Invalid("no candidates".into()));
         }
-        std::thread::sleep(self.knobs.delay);
+        if !sleep_unless_cancelled(self.knobs.delay, cancelled) {
+            return Err(EngineError::Cancelled);
+        }
         let words = words(text);
         let raw: Vec<f32> = candidates
             .iter()

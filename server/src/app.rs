@@ -287,6 +287,7 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
             args,
             segment: name,
             heartbeat_timeout: heartbeat,
+            load_timeout: Duration::from_millis(r.load_timeout_ms),
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
             retry: true,

@@ -39,6 +39,25 @@ struct Rig {
 }
 
 fn rig(slots: usize, workers: usize, stub_args: &[&str]) -> Rig {
+    let r = rig_with(slots, workers, stub_args, |_| {});
+    let start = Instant::now();
+    while r.client.live_workers() < workers {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "workers did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    r
+}
+
+/// A rig whose supervisor settings `tweak` may change; does not wait for the workers.
+fn rig_with(
+    slots: usize,
+    workers: usize,
+    stub_args: &[&str],
+    tweak: impl FnOnce(&mut SupervisorConfig),
+) -> Rig {
     let n = name();
     let seg = Arc::new(Segment::create(&n, geo(slots)).unwrap());
     let mut args = vec![
@@ -48,29 +67,20 @@ fn rig(slots: usize, workers: usize, stub_args: &[&str]) -> Rig {
         "20".into(),
     ];
     args.extend(stub_args.iter().map(|s| s.to_string()));
-    let sup = Supervisor::start(
-        seg.clone(),
-        SupervisorConfig {
-            workers,
-            program: binary("tiergate-reranker"),
-            args,
-            segment: n,
-            heartbeat_timeout: Duration::from_millis(400),
-            backoff_initial: Duration::from_millis(50),
-            backoff_max: Duration::from_millis(500),
-            retry: true,
-        },
-    )
-    .unwrap();
+    let mut cfg = SupervisorConfig {
+        workers,
+        program: binary("tiergate-reranker"),
+        args,
+        segment: n,
+        heartbeat_timeout: Duration::from_millis(400),
+        load_timeout: Duration::from_secs(10),
+        backoff_initial: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+        retry: true,
+    };
+    tweak(&mut cfg);
+    let sup = Supervisor::start(seg.clone(), cfg).unwrap();
     let client = Client::new(seg.clone(), Duration::from_millis(400)).unwrap();
-    let start = Instant::now();
-    while client.live_workers() < workers {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "workers did not become ready"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     Rig { client, sup, seg }
 }
 
@@ -494,6 +504,54 @@ fn a_hung_worker_is_killed_and_its_job_retried() {
     assert!(reply.is_ok(), "retried on the restarted worker: {reply:?}");
     assert!(t.elapsed() < Duration::from_secs(6));
     assert!(r.sup.stats.retried.load(Ordering::SeqCst) >= 1);
+}
+
+/// An engine call that never returns (the worker's heartbeat still beating): the caller gets its deadline, and
+/// once the deadline is a grace period behind, the supervisor kills the worker holding the job, frees the slot
+/// and restarts the worker.
+#[test]
+fn a_job_stuck_in_the_engine_gets_its_worker_killed_and_restarted() {
+    let r = rig(4, 1, &["--stub-stuck-after", "1"]);
+    let late = r
+        .client
+        .call(&rerank_job("stuck"), Duration::from_millis(300));
+    assert_eq!(late.unwrap_err(), QueueError::DeadlineExceeded);
+    let t = Instant::now();
+    while r.sup.stats.restarts.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the stuck worker was never killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    all_slots_come_back(&r.seg);
+    // The restarted worker registers and is live again (its own first job would get stuck too: the knob
+    // counts per process).
+    let t = Instant::now();
+    while r.client.live_workers() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the worker did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A worker that never becomes ready (a hung model load) is killed after the load timeout and restarted.
+#[test]
+fn a_worker_hung_while_loading_is_killed() {
+    let r = rig_with(4, 1, &["--stub-load-ms", "60000"], |c| {
+        c.load_timeout = Duration::from_millis(300)
+    });
+    let t = Instant::now();
+    while r.sup.stats.restarts.load(Ordering::SeqCst) < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the loading worker was never killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(r.client.live_workers(), 0);
 }
 
 #[test]

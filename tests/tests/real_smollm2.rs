@@ -81,6 +81,7 @@ fn smollm2_reranks_easy_cases_and_streams_a_reply() {
             ],
             segment: name,
             heartbeat_timeout: Duration::from_secs(5),
+            load_timeout: Duration::from_secs(600),
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(2),
             retry: false,

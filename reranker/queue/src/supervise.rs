@@ -25,8 +25,12 @@ pub struct SupervisorConfig {
     pub args: Vec<String>,
     /// The segment name.
     pub segment: String,
-    /// A ready worker whose heartbeat is older than this is killed as hung.
+    /// A ready worker whose heartbeat is older than this is killed as hung; also the grace after a job's
+    /// deadline before the worker still holding it is killed as stuck (its heartbeat thread may be fine while
+    /// an engine call never returns).
     pub heartbeat_timeout: Duration,
+    /// A worker not ready this long after its start (model load) is killed as hung.
+    pub load_timeout: Duration,
     /// First restart delay; doubles per consecutive failure up to `backoff_max`.
     pub backoff_initial: Duration,
     /// Longest restart delay.
@@ -97,20 +101,25 @@ fn run(seg: &Segment, cfg: &SupervisorConfig, stop: &AtomicBool, stats: &Supervi
             started: Instant::now(),
         })
         .collect();
+    let mut stuck = Vec::new();
+    let mut scanned = Instant::now();
     while !stop.load(Acquire) {
+        if scanned.elapsed() >= STUCK_SCAN {
+            stuck = stuck_workers(seg, cfg.heartbeat_timeout);
+            scanned = Instant::now();
+        }
         for (i, p) in procs.iter_mut().enumerate() {
             match &mut p.child {
                 None if Instant::now() >= p.next_start => spawn(cfg, i, p),
                 None => {}
                 Some(child) => {
                     let exited = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
-                    let rec = &seg.header().workers[i];
-                    let hung = rec.ready.load(Acquire) == 1
-                        && now_ns().saturating_sub(rec.heartbeat_ns.load(Acquire))
-                            > cfg.heartbeat_timeout.as_nanos() as u64;
-                    if exited || hung {
-                        if hung && !exited {
-                            tracing::warn!(worker = i, "worker heartbeat is stale: killing it");
+                    let hung = (!exited)
+                        .then(|| suspect(seg, cfg, i, p.started, &stuck))
+                        .flatten();
+                    if exited || hung.is_some() {
+                        if let Some(why) = hung {
+                            tracing::warn!(worker = i, why, "killing the reranker worker");
                             let _ = child.kill();
                         }
                         // Reap before touching its slots: a dead process can no longer write into them.
@@ -148,6 +157,53 @@ fn run(seg: &Segment, cfg: &SupervisorConfig, stop: &AtomicBool, stats: &Supervi
             let _ = child.wait();
         }
     }
+}
+
+/// How often the slots are scanned for jobs held past their deadline.
+const STUCK_SCAN: Duration = Duration::from_millis(100);
+
+/// Why live worker `i` should be killed, if it should: a stale heartbeat, no readiness within the load
+/// timeout, or a job held past its deadline plus grace.
+fn suspect(
+    seg: &Segment,
+    cfg: &SupervisorConfig,
+    i: usize,
+    started: Instant,
+    stuck: &[usize],
+) -> Option<&'static str> {
+    let rec = &seg.header().workers[i];
+    let ready = rec.ready.load(Acquire) == 1;
+    let beat_age = now_ns().saturating_sub(rec.heartbeat_ns.load(Acquire));
+    if ready && beat_age > cfg.heartbeat_timeout.as_nanos() as u64 {
+        Some("heartbeat is stale")
+    } else if !ready && started.elapsed() > cfg.load_timeout {
+        Some("not ready within the load timeout")
+    } else if stuck.contains(&i) {
+        Some("holds a job past its deadline")
+    } else {
+        None
+    }
+}
+
+/// Workers (indices) holding a job whose deadline passed more than `grace` ago.
+fn stuck_workers(seg: &Segment, grace: Duration) -> Vec<usize> {
+    let now = now_ns();
+    let grace = grace.as_nanos() as u64;
+    let mut out = Vec::new();
+    for i in 0..seg.slots() {
+        let Some(s) = seg.slot(i) else { continue };
+        let Some(taker) = slot::taker(s) else {
+            continue;
+        };
+        let deadline = s.deadline_ns.load(Acquire);
+        let index = (taker as usize).wrapping_sub(1);
+        if deadline != 0 && now > deadline.saturating_add(grace) && index < MAX_WORKERS {
+            if !out.contains(&index) {
+                out.push(index);
+            }
+        }
+    }
+    out
 }
 
 fn spawn(cfg: &SupervisorConfig, i: usize, p: &mut Proc) {
