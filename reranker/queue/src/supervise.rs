@@ -197,10 +197,9 @@ fn stuck_workers(seg: &Segment, grace: Duration) -> Vec<usize> {
         };
         let deadline = s.deadline_ns.load(Acquire);
         let index = (taker as usize).wrapping_sub(1);
-        if deadline != 0 && now > deadline.saturating_add(grace) && index < MAX_WORKERS {
-            if !out.contains(&index) {
-                out.push(index);
-            }
+        let late = deadline != 0 && now > deadline.saturating_add(grace);
+        if late && index < MAX_WORKERS && !out.contains(&index) {
+            out.push(index);
         }
     }
     out
