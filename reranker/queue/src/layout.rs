@@ -138,7 +138,10 @@ const SLOT_HEADER_BYTES: usize = 64;
 pub struct Segment {
     shm: Shmem,
     base: *mut u8,
-    len: usize,
+    /// The geometry, copied out of the header once (at create, or validated at open): a peer can write the
+    /// header, so addressing never re-reads it.
+    geo: Geometry,
+    slot_size: usize,
 }
 
 // SAFETY: the mapping lives as long as `Segment`; concurrent access goes through atomics, and request/response
@@ -228,7 +231,12 @@ impl Segment {
             Err(e) => return Err(seg_err(e)),
         };
         let base = shm.as_ptr();
-        let seg = Self { shm, base, len };
+        let seg = Self {
+            shm,
+            base,
+            geo,
+            slot_size,
+        };
         // SAFETY: we created the mapping (zero-filled by the OS) and nobody else knows the epoch yet; the header
         // is written before any peer can validate it.
         unsafe {
@@ -253,38 +261,13 @@ impl Segment {
         shm.set_owner(false);
         let base = shm.as_ptr();
         let len = shm.len();
-        let seg = Self { shm, base, len };
-        seg.validate()?;
-        Ok(seg)
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.len < HEADER_BYTES {
-            return Err(QueueError::Protocol(
-                "segment smaller than its header".into(),
-            ));
-        }
-        let h = self.header();
-        // SAFETY: the header lies inside the mapping (checked above); magic is read volatile once.
-        let magic = unsafe { std::ptr::read_volatile(&h.magic) };
-        if magic != MAGIC || h.version != LAYOUT_VERSION {
-            return Err(QueueError::Protocol(format!(
-                "not a tiergate segment of layout {LAYOUT_VERSION} (magic {magic:#x}, version {})",
-                h.version
-            )));
-        }
-        let slot_size = h.slot_size as usize;
-        let need = HEADER_BYTES as u128 + u128::from(h.n_slots) * slot_size as u128;
-        if h.size != self.len as u64
-            || need > self.len as u128
-            || slot_size < SLOT_HEADER_BYTES + h.req_cap as usize + h.resp_cap as usize
-            || !slot_size.is_multiple_of(64)
-        {
-            return Err(QueueError::Protocol(
-                "segment geometry does not fit the mapping".into(),
-            ));
-        }
-        Ok(())
+        let (geo, slot_size) = read_geometry(base, len)?;
+        Ok(Self {
+            shm,
+            base,
+            geo,
+            slot_size,
+        })
     }
 
     /// Marks this handle as the owner (unlinks the name on drop) or not.
@@ -301,7 +284,7 @@ impl Segment {
 
     /// Number of slots.
     pub fn slots(&self) -> usize {
-        self.header().n_slots as usize
+        self.geo.slots
     }
 
     /// A slot's header. Panics never: indices are taken modulo-checked by callers; out of range is `None`.
@@ -309,7 +292,7 @@ impl Segment {
         if i >= self.slots() {
             return None;
         }
-        let off = HEADER_BYTES + i * self.header().slot_size as usize;
+        let off = HEADER_BYTES + i * self.slot_size;
         // SAFETY: validate/create guarantee HEADER_BYTES + n_slots * slot_size <= len; slot_size is a multiple of
         // 64 so the SlotHeader is aligned.
         Some(unsafe { &*(self.base.add(off) as *const SlotHeader) })
@@ -317,12 +300,11 @@ impl Segment {
 
     fn area(&self, i: usize, request: bool) -> Option<(*mut u8, usize)> {
         self.slot(i)?;
-        let h = self.header();
-        let off = HEADER_BYTES + i * h.slot_size as usize + SLOT_HEADER_BYTES;
+        let off = HEADER_BYTES + i * self.slot_size + SLOT_HEADER_BYTES;
         let (off, cap) = if request {
-            (off, h.req_cap as usize)
+            (off, self.geo.req_cap)
         } else {
-            (off + h.req_cap as usize, h.resp_cap as usize)
+            (off + self.geo.req_cap, self.geo.resp_cap)
         };
         // SAFETY: within the slot, which is within the mapping (see `slot`).
         Some((unsafe { self.base.add(off) }, cap))
@@ -388,13 +370,58 @@ impl Segment {
 
     /// Response capacity per slot.
     pub fn resp_cap(&self) -> usize {
-        self.header().resp_cap as usize
+        self.geo.resp_cap
     }
 
     /// Request capacity per slot.
     pub fn req_cap(&self) -> usize {
-        self.header().req_cap as usize
+        self.geo.req_cap
     }
+}
+
+/// Reads a peer-created header once (each field a single volatile read) and checks its geometry against the
+/// mapping of `len` bytes at `base`.
+fn read_geometry(base: *mut u8, len: usize) -> Result<(Geometry, usize)> {
+    if len < HEADER_BYTES {
+        return Err(QueueError::Protocol(
+            "segment smaller than its header".into(),
+        ));
+    }
+    let h = base as *const Header;
+    // SAFETY: the header lies inside the mapping (checked above); plain integer fields are read once each,
+    // volatile, so a peer writing them concurrently cannot make one check see two values.
+    let (magic, version, size, n_slots, slot_size, req_cap, resp_cap) = unsafe {
+        (
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).magic)),
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).version)),
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).size)),
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).n_slots)) as usize,
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).slot_size)) as usize,
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).req_cap)) as usize,
+            std::ptr::read_volatile(std::ptr::addr_of!((*h).resp_cap)) as usize,
+        )
+    };
+    if magic != MAGIC || version != LAYOUT_VERSION {
+        return Err(QueueError::Protocol(format!(
+            "not a tiergate segment of layout {LAYOUT_VERSION} (magic {magic:#x}, version {version})"
+        )));
+    }
+    let need = HEADER_BYTES as u128 + n_slots as u128 * slot_size as u128;
+    if size != len as u64
+        || need > len as u128
+        || slot_size < SLOT_HEADER_BYTES + req_cap + resp_cap
+        || !slot_size.is_multiple_of(64)
+    {
+        return Err(QueueError::Protocol(
+            "segment geometry does not fit the mapping".into(),
+        ));
+    }
+    let geo = Geometry {
+        slots: n_slots,
+        req_cap,
+        resp_cap,
+    };
+    Ok((geo, slot_size))
 }
 
 /// Removes every segment named `{prefix}…` whose creator process is dead (segments of killed servers whose
@@ -413,7 +440,20 @@ pub fn sweep_stale(prefix: &str) -> usize {
     removed
 }
 
-/// Removes a segment whose creator is dead. A segment with a live creator is an error.
+/// How old a segment without a header must be before it counts as left over (a creator writes the header
+/// microseconds after creating the segment).
+const HEADERLESS_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// True when `/dev/shm/{name}` was last modified more than `age` ago (false when that cannot be told).
+fn older_than(name: &str, age: std::time::Duration) -> bool {
+    std::fs::metadata(std::path::Path::new("/dev/shm").join(name))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|e| e > age)
+}
+
+/// Removes a segment whose creator is dead (or that never got a header and is old). A segment with a live creator is an error.
 fn remove_if_stale(name: &str) -> Result<()> {
     let mut shm = ShmemConf::new().os_id(name).open().map_err(seg_err)?;
     let len = shm.len();
@@ -431,6 +471,13 @@ fn remove_if_stale(name: &str) -> Result<()> {
                 "segment `{name}` belongs to a running instance (pid {pid}); choose another name"
             )))
         }
+        // No header yet: its creator may be writing it right now. Only an old one is left over.
+        None if !older_than(name, HEADERLESS_GRACE) => {
+            shm.set_owner(false);
+            Err(QueueError::Segment(format!(
+                "segment `{name}` has no header yet (another process may be creating it); not removed"
+            )))
+        }
         _ => {
             tracing::warn!(
                 segment = name,
@@ -440,5 +487,58 @@ fn remove_if_stale(name: &str) -> Result<()> {
             shm.set_owner(true); // unlinked on drop
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that rewrites the header's geometry cannot steer this side's addressing: the geometry was
+    /// copied at create.
+    #[test]
+    fn a_corrupted_header_does_not_move_the_slots() {
+        let name = format!("tiergate-unit-geo-{}", std::process::id());
+        let geo = Geometry {
+            slots: 2,
+            req_cap: 64,
+            resp_cap: 64,
+        };
+        let seg = Segment::create(&name, geo).unwrap();
+        let peer = Segment::open(&name).unwrap();
+        let h = peer.header() as *const Header as *mut Header;
+        // SAFETY: test code playing a hostile peer: plain integer writes into the mapped header.
+        unsafe {
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*h).n_slots), 1_000_000);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*h).slot_size), 1 << 30);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*h).resp_cap), u32::MAX);
+        }
+        assert_eq!(seg.slots(), 2);
+        assert!(seg.slot(2).is_none() && seg.slot(999_999).is_none());
+        assert_eq!(seg.resp_cap(), 64);
+        assert!(seg.read_response(1, 0, 65).is_err());
+        assert!(!seg.write_response(1, 60, &[0; 8]));
+        // A fresh open sees the corrupted geometry and refuses it.
+        assert!(Segment::open(&name).is_err());
+    }
+
+    /// The stale sweep leaves a young segment without a header alone (its creator may be writing it) and
+    /// removes an old one.
+    #[test]
+    fn a_young_headerless_segment_is_not_swept() {
+        let name = format!("tiergate-unit-hdrless-{}", std::process::id());
+        let path = std::path::Path::new("/dev/shm").join(&name);
+        std::fs::write(&path, vec![0u8; 2 * HEADER_BYTES]).unwrap();
+        assert_eq!(sweep_stale(&name), 0);
+        assert!(path.exists(), "a young header-less segment was removed");
+        let old = std::time::SystemTime::now() - 2 * HEADERLESS_GRACE;
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert_eq!(sweep_stale(&name), 1);
+        assert!(!path.exists());
     }
 }
