@@ -535,6 +535,61 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
     assert_eq!(h["x-tiergate-threshold"], "0.5000");
 }
 
+/// Concurrent PATCHes of different fields without If-Match: each merges onto the latest version, none is
+/// lost. Every writer only raises its field, so in version order every field must be non-decreasing: a
+/// lost update shows as a later version carrying an older value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_patches_without_if_match_lose_no_update() {
+    let r = rig(0, |_| {});
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(u64, f64, f64, f64)>::new()));
+    let writer = |field: &'static str, values: Vec<f64>| {
+        let (admin_app, seen) = (r.admin.clone(), seen.clone());
+        tokio::spawn(async move {
+            for v in values {
+                let (s, _, b) = call(
+                    &admin_app,
+                    admin("PATCH", Some(json!({ field: v })), true, None),
+                )
+                .await;
+                assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+                let v: Value = serde_json::from_slice(&b).unwrap();
+                let f = |k: &str| v[k].as_f64().unwrap();
+                seen.lock().unwrap().push((
+                    v["version"].as_u64().unwrap(),
+                    f("theta_base"),
+                    f("k"),
+                    f("target_share"),
+                ));
+            }
+        })
+    };
+    let steps =
+        |from: f64| -> Vec<f64> { (0..150).map(|i| from + f64::from(i) / 1000.0).collect() };
+    let (a, b, c) = (
+        // Above the defaults (0.65, 0.15, 0.1), so the first write raises each field too.
+        writer("theta_base", steps(0.7)),
+        writer("k", steps(0.2)),
+        writer("target_share", steps(0.2)),
+    );
+    a.await.unwrap();
+    b.await.unwrap();
+    c.await.unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_by_key(|s| s.0);
+    for w in seen.windows(2) {
+        let (x, y) = (w[0], w[1]);
+        assert!(
+            y.1 >= x.1 && y.2 >= x.2 && y.3 >= x.3,
+            "version {} lost an update of version {}: {x:?} then {y:?}",
+            y.0,
+            x.0
+        );
+    }
+    let p = r.state.policy.current();
+    assert_eq!(p.cfg.theta_base, 0.7 + 149.0 / 1000.0);
+    assert_eq!(p.version, 1 + 450, "every PATCH made exactly one version");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_ready_info_redact_the_token() {
     let r = rig(1, |_| {});

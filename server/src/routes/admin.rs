@@ -66,6 +66,28 @@ fn view(state: &AppState) -> Value {
     v
 }
 
+/// `base` with the fields of `patch`, validated.
+fn merged_policy(
+    base: &RoutingConfig,
+    patch: &serde_json::Map<String, Value>,
+) -> Result<RoutingConfig, ApiError> {
+    let mut merged = serde_json::to_value(base).map_err(|e| ApiError::Internal(e.to_string()))?;
+    if let Some(m) = merged.as_object_mut() {
+        for (k, v) in patch {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    let cfg: RoutingConfig = serde_json::from_value(merged).map_err(|e| ApiError::Invalid {
+        message: format!("invalid policy: {e}"),
+        param: None,
+    })?;
+    cfg.validate("routing").map_err(|e| ApiError::Invalid {
+        message: e.to_string(),
+        param: None,
+    })?;
+    Ok(cfg)
+}
+
 fn with_etag(state: &AppState, body: Value) -> Response {
     let mut resp = axum::Json(body).into_response();
     if let Ok(v) = format!("\"{}\"", state.policy.current().version).parse() {
@@ -152,27 +174,24 @@ fn change(
             ))
         }
     };
-    let current = state.policy.current();
-    let mut merged =
-        serde_json::to_value(&current.cfg).map_err(|e| ApiError::Internal(e.to_string()))?;
-    if let Some(m) = merged.as_object_mut() {
-        for (k, v) in obj {
-            m.insert(k.clone(), v.clone());
+    // Optimistic concurrency: merge onto the version read, replace only if it is still current, and merge
+    // again onto a concurrent writer's version (without If-Match) instead of losing its change.
+    let (old, new) = loop {
+        let current = state.policy.current();
+        let cfg = merged_policy(&current.cfg, obj)?;
+        match state
+            .policy
+            .replace(cfg, Some(if_match.unwrap_or(current.version)))
+        {
+            Ok(changed) => break changed,
+            Err(_) if if_match.is_none() => continue,
+            Err(v) => {
+                return Err(ApiError::PreconditionFailed(format!(
+                    "policy is at version {v}, not the If-Match version"
+                )))
+            }
         }
-    }
-    let cfg: RoutingConfig = serde_json::from_value(merged).map_err(|e| ApiError::Invalid {
-        message: format!("invalid policy: {e}"),
-        param: None,
-    })?;
-    cfg.validate("routing").map_err(|e| ApiError::Invalid {
-        message: e.to_string(),
-        param: None,
-    })?;
-    let (old, new) = state.policy.replace(cfg, if_match).map_err(|v| {
-        ApiError::PreconditionFailed(format!(
-            "policy is at version {v}, not the If-Match version"
-        ))
-    })?;
+    };
     let change = Value::Object(obj.clone()).to_string();
     tracing::info!(
         target: "tiergate::audit",
