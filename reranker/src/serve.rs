@@ -140,9 +140,21 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
             Err(e) => taken.fail(&e.to_string()),
         },
         Job::Generate { messages, sampling } => {
-            let result = engine.generate(&messages, &sampling, &mut |t| taken.chunk(t));
+            // A chunk refused because the response area is full (not because the job was cancelled) cuts the
+            // generation: it ends as `length`, as a token limit would.
+            let mut cut = false;
+            let result = engine.generate(&messages, &sampling, &mut |t| {
+                let sent = taken.chunk(t);
+                cut |= !sent && taken.response_full();
+                sent
+            });
             match result {
-                Ok(usage) => taken.reply(&Reply::Generated(usage)),
+                Ok(mut usage) => {
+                    if cut {
+                        usage.finish_reason = "length".into();
+                    }
+                    taken.reply(&Reply::Generated(usage))
+                }
                 Err(e) => taken.fail(&e.to_string()),
             }
         }

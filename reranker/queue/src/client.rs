@@ -518,7 +518,13 @@ fn forward_frames(seg: &Segment, i: usize, f: &mut Inflight, st: u32) -> bool {
                     Frame::Error(m) => {
                         f.resolved = true;
                         f.from_worker = true;
-                        let _ = f.tx.send(Event::Error(QueueError::Engine(m)));
+                        // Past the deadline, a worker's error is its reaction to the deadline (it stopped).
+                        let e = if now_ns() >= f.deadline_ns {
+                            QueueError::DeadlineExceeded
+                        } else {
+                            QueueError::Engine(m)
+                        };
+                        let _ = f.tx.send(Event::Error(e));
                     }
                 }
                 if f.resolved {

@@ -134,6 +134,7 @@ impl QueueWorker {
             active: self.active.clone(),
             deadline_ns: s.deadline_ns.load(Relaxed),
             finished: false,
+            overflowed: false,
         };
         let len = s.req_len.load(Acquire) as usize;
         let declared = s.kind.load(Acquire);
@@ -161,6 +162,18 @@ impl QueueWorker {
     }
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+pub fn truncate_at_char(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// A job this worker holds. Dropping it without finishing answers with an error frame.
 pub struct Taken {
     seg: Arc<Segment>,
@@ -171,6 +184,8 @@ pub struct Taken {
     active: Arc<AtomicUsize>,
     deadline_ns: u64,
     finished: bool,
+    /// A frame did not fit the response area.
+    overflowed: bool,
 }
 
 /// A taken job and its request.
@@ -195,6 +210,7 @@ impl Taken {
     fn append(&mut self, kind: u8, payload: &[u8], reserve: usize, notify: bool) -> bool {
         let bytes = encode_frame(kind, payload);
         if self.written + bytes.len() + reserve > self.seg.resp_cap() {
+            self.overflowed = true;
             return false;
         }
         if !self.seg.write_response(self.slot, self.written, &bytes) {
@@ -247,11 +263,17 @@ impl Taken {
         self.complete();
     }
 
-    /// Sends a final error and hands the slot back.
+    /// Sends a final error and hands the slot back. A message longer than the space kept for the final frame
+    /// is cut at a character boundary, never dropped.
     pub fn fail(&mut self, message: &str) {
-        let cut: String = message.chars().take(FINAL_RESERVE / 2).collect();
+        let cut = truncate_at_char(message, FINAL_RESERVE - FRAME_HEADER);
         self.append(frame::ERROR, cut.as_bytes(), 0, false);
         self.complete();
+    }
+
+    /// True once a frame did not fit the response area (a generation cut by it ends with `length`).
+    pub fn response_full(&self) -> bool {
+        self.overflowed
     }
 
     fn complete(&mut self) {
@@ -280,5 +302,57 @@ impl Drop for Taken {
         if !self.finished {
             self.fail("worker dropped the job without answering");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Geometry;
+    use crate::protocol::{decode_frames, encode_job, Frame, Sampling};
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate_at_char("héllo", 2), "h");
+        assert_eq!(truncate_at_char("héllo", 3), "hé");
+        assert_eq!(truncate_at_char("abc", 10), "abc");
+    }
+
+    /// An error message of 10,000 bytes of 2-byte characters still arrives as the final frame, cut to fit.
+    #[test]
+    fn a_long_error_is_cut_not_lost() {
+        let name = format!("tiergate-unit-longerr-{}", std::process::id());
+        let seg = Arc::new(
+            Segment::create(
+                &name,
+                Geometry {
+                    slots: 1,
+                    req_cap: 1024,
+                    resp_cap: 8192,
+                },
+            )
+            .unwrap(),
+        );
+        let job = Job::Generate {
+            messages: vec![],
+            sampling: Sampling::default(),
+        };
+        let bytes = encode_job(&job).unwrap();
+        let s = seg.slot(0).unwrap();
+        let gen = slot::claim(s).unwrap();
+        seg.write_request(0, &bytes).unwrap();
+        s.req_len.store(bytes.len() as u32, Release);
+        s.kind.store(job_kind::GENERATE, Release);
+        assert!(slot::publish(s, gen));
+        let w = QueueWorker::attach(seg.clone(), 0).unwrap();
+        let mut taken = w.take(Duration::from_millis(100), true).unwrap().taken;
+        taken.fail(&"é".repeat(5000));
+        let committed = s.resp_len.load(Acquire) as usize;
+        let (frames, _) = decode_frames(&seg.read_response(0, 0, committed).unwrap()).unwrap();
+        let [Frame::Error(m)] = frames.as_slice() else {
+            panic!("{frames:?}")
+        };
+        assert!(m.len() <= FINAL_RESERVE && m.len() > 4000 && m.starts_with('é'));
+        assert_eq!(slot::load(s).1, crate::layout::state::DONE);
     }
 }
