@@ -19,6 +19,9 @@ pub struct QDense {
     /// Per output channel: Σ w (for the +128 activation offset).
     wsum: Vec<i32>,
     b: Vec<f32>,
+    /// The CPU runs the AVX-512 VNNI kernel (checked once at construction); otherwise a portable loop
+    /// computes the same integers, so `forward` is sound on any CPU.
+    vnni: bool,
 }
 
 /// Whether this CPU runs the int8 kernel.
@@ -73,6 +76,7 @@ impl QDense {
             sw,
             wsum,
             b: b.to_vec(),
+            vnni: available(),
         }
     }
 
@@ -80,9 +84,15 @@ impl QDense {
         self.out
     }
 
-    /// `x` is `[m, k]` row-major; returns `[m, out]`. Call only where [`available`] is true.
+    /// `x` is `[m, k]` row-major; returns `[m, out]`. Panics when `x` is shorter than `m · k`. Runs the
+    /// VNNI kernel where the CPU has it, the portable loop elsewhere (same result, much slower).
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, k4) = (self.k, self.k4);
+        assert!(
+            x.len() >= m * k,
+            "QDense::forward: {} inputs for {m} rows of {k}",
+            x.len()
+        );
         let mut xq = vec![128u8; m * k4];
         let mut sx = vec![0f32; m];
         for r in 0..m {
@@ -96,11 +106,7 @@ impl QDense {
         }
         let outp = self.out.div_ceil(NB) * NB;
         let mut acc = vec![0i32; m * outp];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller checked `available()`; all slices have the sizes the kernel indexes.
-        unsafe {
-            gemm_u8i8(&xq, &self.w, &mut acc, m, outp, k4)
-        };
+        self.gemm(&xq, &mut acc, m, outp);
         let mut y = vec![0f32; m * self.out];
         for r in 0..m {
             for n in 0..self.out {
@@ -109,6 +115,39 @@ impl QDense {
             }
         }
         y
+    }
+}
+
+impl QDense {
+    /// `acc = xq · wᵀ` over the packed weights, by the kernel this CPU runs.
+    fn gemm(&self, xq: &[u8], acc: &mut [i32], m: usize, outp: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni {
+            // SAFETY: `vnni` is `available()` (the CPU has the target features); `xq` is `[m, k4]`, `w` is
+            // `[outp/16][k4/4][16][4]` and `acc` is `[m, outp]`, the sizes the kernel indexes.
+            unsafe { gemm_u8i8(xq, &self.w, acc, m, outp, self.k4) };
+            return;
+        }
+        gemm_portable(xq, &self.w, acc, m, outp, self.k4);
+    }
+}
+
+/// The kernel's integers with plain loops (CPUs without AVX-512 VNNI, and the reference in tests).
+fn gemm_portable(x: &[u8], w: &[i8], acc: &mut [i32], m: usize, outp: usize, k4: usize) {
+    let groups = k4 / 4;
+    for r in 0..m {
+        let xr = &x[r * k4..(r + 1) * k4];
+        for n in 0..outp {
+            let (nb, o) = (n / NB, n % NB);
+            let mut sum = 0i32;
+            for g in 0..groups {
+                let base = ((nb * groups + g) * NB + o) * 4;
+                for t in 0..4 {
+                    sum += i32::from(xr[g * 4 + t]) * i32::from(w[base + t]);
+                }
+            }
+            acc[r * outp + n] = sum;
+        }
     }
 }
 
@@ -200,12 +239,31 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// The VNNI kernel and the portable loop compute the same integers (the portable path is what a CPU
+    /// without AVX-512 runs, so `forward` is sound everywhere).
+    #[test]
+    fn portable_loop_equals_the_kernel() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        for &(m, k, out) in &[(1, 64, 4), (5, 100, 7), (7, 577, 33), (13, 64, 48)] {
+            let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let mut q = QDense::new(&w, &vec![0.0; out], out, k);
+            let fast = q.forward(&x, m);
+            q.vnni = false;
+            let portable = q.forward(&x, m);
+            assert_eq!(fast, portable, "m {m} k {k} out {out}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "QDense::forward")]
+    fn short_input_panics_instead_of_reading_out_of_bounds() {
+        let q = QDense::new(&[0.1; 8], &[0.0; 2], 2, 4);
+        q.forward(&[1.0; 7], 2);
+    }
+
     #[test]
     fn matches_f32_within_quantisation_error() {
-        if !available() {
-            eprintln!("no AVX-512 VNNI here: int8 kernel not tested");
-            return;
-        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         for &(m, k, out) in &[
             (1, 64, 4),
