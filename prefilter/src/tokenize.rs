@@ -20,7 +20,14 @@ pub struct Tokens {
 /// A Hugging Face `tokenizer.json` with our truncation and no padding (the batcher pads).
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// Longest text (bytes) worth tokenising: see [`BYTES_PER_TOKEN`].
+    max_bytes: usize,
 }
+
+/// Text beyond `max_tokens × BYTES_PER_TOKEN` bytes cannot reach the encoder (a word-piece token covers far
+/// fewer bytes), so it is cut before tokenising instead of tokenising up to the request limit (32 K
+/// characters) on a server thread and throwing the rest away.
+pub const BYTES_PER_TOKEN: usize = 32;
 
 impl TextTokenizer {
     /// Loads `tokenizer.json`; inputs will be truncated to `max_tokens` (special tokens included).
@@ -38,19 +45,23 @@ impl TextTokenizer {
                 stride: 0,
             }))
             .map_err(|e| PrefilterError::corrupt(path, e))?;
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            max_bytes: max_tokens.saturating_mul(BYTES_PER_TOKEN),
+        })
     }
 
     /// Tokenises one input (with the model's special tokens).
     pub fn encode(&self, text: &str) -> Result<Tokens> {
+        let head = cut_text(text, self.max_bytes);
         let enc = self
             .inner
-            .encode_fast(text, true)
+            .encode_fast(head, true)
             .map_err(|e| PrefilterError::Tokenizer(e.to_string()))?;
         Ok(Tokens {
             ids: enc.get_ids().to_vec(),
             type_ids: enc.get_type_ids().to_vec(),
-            truncated: !enc.get_overflowing().is_empty(),
+            truncated: head.len() < text.len() || !enc.get_overflowing().is_empty(),
         })
     }
 
@@ -63,10 +74,40 @@ impl TextTokenizer {
     }
 }
 
+/// `text` cut to at most `max` bytes, at the last whitespace before the limit when there is one (so no word is
+/// split into pieces it does not have), else at a character boundary.
+fn cut_text(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &text[..end];
+    if text[end..].starts_with(char::is_whitespace) {
+        return head;
+    }
+    head.rfind(char::is_whitespace).map_or(head, |i| &head[..i])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::TinyModel;
+
+    #[test]
+    fn long_text_is_cut_before_tokenising_with_the_same_tokens() {
+        assert_eq!(cut_text("card lost card", 9), "card lost");
+        assert_eq!(cut_text("éééé", 3), "é");
+        assert_eq!(cut_text("short", 100), "short");
+        let tiny = TinyModel::create(2).unwrap();
+        let tok = TextTokenizer::from_file(&tiny.dir.path().join("tokenizer.json"), 6).unwrap();
+        let huge = "card lost ".repeat(3_000);
+        let a = tok.encode(&huge).unwrap();
+        let b = tok.encode("card lost card lost card lost").unwrap();
+        assert_eq!(a, b, "the first tokens are the same, and both say truncated");
+    }
 
     #[test]
     fn truncates_to_the_limit_and_keeps_special_tokens() {
