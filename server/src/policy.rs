@@ -26,7 +26,13 @@ struct Live {
     decisions: VecDeque<(Instant, bool)>,
     escalated_ms: VecDeque<(Instant, f64)>,
     slo_theta: Option<f64>,
+    /// `target` mode's θ: (computed at, policy version, θ), recomputed at most every [`TARGET_REFRESH`].
+    target_theta: Option<(Instant, u64, f64)>,
 }
+
+/// How long `target` mode's θ is reused: the quantile of up to [`MAX_SAMPLES`] samples is computed a few
+/// times a second, not under the lock of every request.
+const TARGET_REFRESH: Duration = Duration::from_millis(100);
 
 const WINDOW: Duration = Duration::from_secs(60);
 const MAX_SAMPLES: usize = 20_000;
@@ -67,9 +73,9 @@ pub fn quantile(mut values: Vec<f64>, q: f64) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
-    values.sort_by(f64::total_cmp);
     let rank = ((q.clamp(0.0, 1.0) * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    Some(values[rank - 1])
+    let (_, v, _) = values.select_nth_unstable_by(rank - 1, f64::total_cmp);
+    Some(*v)
 }
 
 impl Policy {
@@ -138,13 +144,20 @@ impl Policy {
             RoutingMode::Static => clamp(c.theta_base),
             RoutingMode::Load => clamp(c.theta_base + c.k * live.utilization),
             RoutingMode::Target => {
+                if let Some((at, version, theta)) = live.target_theta {
+                    if version == p.version && now.saturating_duration_since(at) < TARGET_REFRESH {
+                        return theta;
+                    }
+                }
                 prune(&mut live.ambiguity, now);
                 let recent: Vec<f64> = live.ambiguity.iter().map(|(_, a)| *a).collect();
-                if recent.len() < 20 {
+                let theta = if recent.len() < 20 {
                     clamp(c.theta_base)
                 } else {
                     quantile(recent, 1.0 - c.target_share).map_or(c.theta_base, clamp)
-                }
+                };
+                live.target_theta = Some((now, p.version, theta));
+                theta
             }
             RoutingMode::Slo => clamp(*live.slo_theta.get_or_insert(c.theta_base)),
         }
@@ -268,6 +281,22 @@ mod tests {
         let theta = p.theta_eff(now);
         let escalated = (0..100).filter(|i| *i as f64 / 100.0 > theta).count();
         assert_eq!(escalated, 20, "θ = {theta}");
+        // Reused for a moment (not recomputed per request), then recomputed from the new samples.
+        for _ in 0..100 {
+            p.record_decision(now, 0.99, false);
+        }
+        assert_eq!(p.theta_eff(now), theta);
+        let later = now + TARGET_REFRESH;
+        assert!(p.theta_eff(later) > theta);
+    }
+
+    #[test]
+    fn quantile_is_nearest_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(quantile(v.clone(), 0.5), Some(5.0));
+        assert_eq!(quantile(v.clone(), 0.95), Some(10.0));
+        assert_eq!(quantile(v, 0.0), Some(1.0));
+        assert_eq!(quantile(vec![], 0.5), None);
     }
 
     #[test]
