@@ -15,6 +15,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Largest request body, in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// Largest request head (start line and headers), in bytes; beyond, 431 in the OpenAI error shape (up to
+    /// 1 MiB; past that the HTTP layer refuses with a bare 431).
+    pub max_header_bytes: usize,
     /// Time allowed to receive a request's headers, in milliseconds (a slow client is cut off).
     pub header_timeout_ms: u64,
     /// Time allowed to receive a whole request body, in milliseconds (a total deadline, not per read).
@@ -45,6 +48,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 256 * 1024,
+            max_header_bytes: 64 * 1024,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             max_in_flight: 512,
@@ -74,6 +78,12 @@ impl ServerConfig {
         };
         positive("max_body_bytes", self.max_body_bytes as u64)?;
         positive("header_timeout_ms", self.header_timeout_ms)?;
+        if !(1024..=1 << 20).contains(&self.max_header_bytes) {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_header_bytes"),
+                "must be in 1024..=1048576",
+            ));
+        }
         positive("body_timeout_ms", self.body_timeout_ms)?;
         positive("max_in_flight", self.max_in_flight as u64)?;
         positive("max_connections", self.max_connections as u64)?;

@@ -106,7 +106,10 @@ mod tests {
         let huge = "card lost ".repeat(3_000);
         let a = tok.encode(&huge).unwrap();
         let b = tok.encode("card lost card lost card lost").unwrap();
-        assert_eq!(a, b, "the first tokens are the same, and both say truncated");
+        assert_eq!(
+            a, b,
+            "the first tokens are the same, and both say truncated"
+        );
     }
 
     #[test]

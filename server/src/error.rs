@@ -29,6 +29,9 @@ pub enum ApiError {
     /// Admin credentials missing or wrong (401).
     #[error("{0}")]
     Unauthorized(String),
+    /// The request head exceeds the limits (431).
+    #[error("{0}")]
+    HeadersTooLarge(String),
     /// Authenticated as nobody allowed to do this (403).
     #[error("{0}")]
     Forbidden(String),
@@ -89,6 +92,11 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
                 "invalid_api_key",
+            ),
+            ApiError::HeadersTooLarge(_) => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                "headers_too_large",
             ),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", "forbidden"),
             ApiError::BodyTimeout(_) => (
@@ -189,6 +197,7 @@ mod tests {
             (ApiError::Unavailable("down".into()), 503),
             (ApiError::Timeout("late".into()), 504),
             (ApiError::Forbidden("no".into()), 403),
+            (ApiError::HeadersTooLarge("big".into()), 431),
             (ApiError::BodyTimeout("slow".into()), 408),
         ] {
             assert_eq!(e.parts().0.as_u16(), status);

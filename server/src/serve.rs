@@ -21,6 +21,11 @@ use crate::app::AppState;
 use crate::routes::{admin_router, router};
 use crate::util::sample_utilization;
 
+/// Headers the HTTP layer parses at most (the router refuses more than [`crate::routes::MAX_HEADERS`]).
+const HTTP_MAX_HEADERS: usize = 1024;
+/// Bytes of request head the HTTP layer reads at most (the router refuses more than the configured limit).
+const HTTP_MAX_HEAD_BYTES: usize = (1 << 20) + 64 * 1024;
+
 /// After the listeners close, how long freshly accepted connections get to send their first request.
 const SETTLE: Duration = Duration::from_millis(200);
 
@@ -182,9 +187,14 @@ fn serve_conn(
         req.extensions_mut().insert(ConnectInfo(peer));
         app.clone().oneshot(req.map(axum::body::Body::new))
     });
+    // The HTTP layer's own limits sit above the configured ones, so that requests over the configured limits
+    // reach the router and get a 431 with a body (the HTTP layer's 431 has none).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
+        .max_headers(HTTP_MAX_HEADERS)
+        .max_header_size(HTTP_MAX_HEAD_BYTES)
+        .max_buf_size(HTTP_MAX_HEAD_BYTES + 64 * 1024)
         .serve_connection(TokioIo::new(stream), service);
     let conn = graceful.watch(conn);
     tokio::spawn(async move {

@@ -258,6 +258,28 @@ fn connections_beyond_the_per_peer_limit_get_503() {
     }
 }
 
+/// A request head over the limits (too many headers, or too many bytes) gets 431 with the OpenAI error body,
+/// not the HTTP layer's empty 431.
+#[test]
+fn oversized_headers_get_431_with_a_body() {
+    let srv = Server::start(|c| c.server.max_header_bytes = 8 * 1024);
+    let send = |extra: String| {
+        let mut s = TcpStream::connect(srv.bound.public).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!("GET /health HTTP/1.1\r\nhost: t\r\n{extra}connection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        read_response(&mut s).unwrap()
+    };
+    let many: String = (0..150).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let r = send(many);
+    assert_openai_error(&r, 431);
+    let big = format!("x-big: {}\r\n", "a".repeat(20_000));
+    let r = send(big);
+    assert_openai_error(&r, 431);
+    assert!(String::from_utf8_lossy(&r.body).contains("max_header_bytes"));
+    assert_eq!(send(String::new()).status, 200);
+}
+
 /// `/admin/*` and `/info` live on the admin listener only; the public one answers 404.
 #[test]
 fn admin_is_served_on_its_own_listener_only() {

@@ -43,9 +43,37 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             lame_duck,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            header_limits,
+        ))
         .layer(axum::middleware::from_fn(too_large_and_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// Headers a request may carry.
+pub const MAX_HEADERS: usize = 100;
+
+/// 431 in the OpenAI error shape for a request head over the limits (`server.max_header_bytes`,
+/// [`MAX_HEADERS`]).
+async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let bytes: usize = req.uri().to_string().len()
+        + headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
+    let max = state.config.server.max_header_bytes;
+    if headers.len() > MAX_HEADERS || bytes > max {
+        return ApiError::HeadersTooLarge(format!(
+            "request head of {} headers and {bytes} bytes; the limits are {MAX_HEADERS} headers and {max} \
+             bytes (server.max_header_bytes)",
+            headers.len()
+        ))
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// The admin router, served on its own listener (`server.admin_listen`, loopback by default): the live policy
@@ -66,6 +94,10 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             read_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            header_limits,
         ))
         .layer(axum::middleware::from_fn(too_large_and_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
