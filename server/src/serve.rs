@@ -26,6 +26,11 @@ const HTTP_MAX_HEADERS: usize = 1024;
 /// Bytes of request head the HTTP layer reads at most (the router refuses more than the configured limit).
 const HTTP_MAX_HEAD_BYTES: usize = (1 << 20) + 64 * 1024;
 
+/// After the lame duck: the listener closes once no connection has arrived for this long …
+const QUIET: Duration = Duration::from_millis(50);
+/// … or after this long at most.
+const CLOSE_BOUND: Duration = Duration::from_secs(1);
+
 /// After the listeners close, how long freshly accepted connections get to send their first request.
 const SETTLE: Duration = Duration::from_millis(200);
 
@@ -162,9 +167,16 @@ async fn accept_loop(
             () = &mut stopped => break,
         }
     }
-    while let Ok(Ok((stream, peer))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await
-    {
-        serve(stream, peer);
+    // Then keep accepting until no connection has arrived for QUIET (a load balancer that saw `/ready` turn
+    // 503 has stopped sending by now), at most CLOSE_BOUND: a connection still arriving as the listener closes
+    // would be reset with its request unanswered.
+    let bound = Instant::now() + CLOSE_BOUND;
+    loop {
+        let wait = QUIET.min(bound.saturating_duration_since(Instant::now()));
+        match tokio::time::timeout(wait, listener.accept()).await {
+            Ok(Ok((stream, peer))) => serve(stream, peer),
+            _ => break,
+        }
     }
 }
 
