@@ -598,6 +598,12 @@ async fn health_ready_info_redact_the_token() {
     let (s, _, b) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     let (s, _, b) = call(&r.admin, Request::get("/info").body(Body::empty()).unwrap()).await;
+    assert_openai_error(s, &b, 401);
+    let info = Request::get("/info")
+        .header("authorization", format!("bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (s, _, b) = call(&r.admin, info).await;
     assert_eq!(s, StatusCode::OK);
     let text = String::from_utf8_lossy(&b);
     assert!(

@@ -88,7 +88,15 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /info`: the effective config, secrets redacted.
-pub async fn info(State(state): State<Arc<AppState>>) -> Response {
+pub async fn info(
+    State(state): State<Arc<AppState>>,
+    crate::routes::admin::Peer(peer): crate::routes::admin::Peer,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    // The effective config names paths and worker arguments: admin credentials, as for /admin/routing.
+    if let Err(e) = crate::auth::authorize_admin(&state, &headers, peer) {
+        return e.into_response();
+    }
     let mut cfg = serde_json::to_value(&state.config).unwrap_or_default();
     if let Some(t) = cfg.pointer_mut("/server/admin_token") {
         if !t.is_null() {
