@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: fetch the models (once), make sure the `openai` Python package is there (for the
-# conformance test), then every unit, integration, multi-process and real-model test.
+# The whole test suite: fetch the models (once), make sure the `openai` Python package (conformance test) and
+# llama-cpp-python's server (openai engine test) are there, then every unit, integration, multi-process and
+# real-model test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -9,5 +10,14 @@ python="${PYTHON:-python3}"
 if ! "$python" -c "import openai" >/dev/null 2>&1; then
   echo "test: installing the openai Python package (conformance test)" >&2
   "$python" -m pip install --quiet "openai>=1.40" || { echo "test: cannot install openai with pip" >&2; exit 1; }
+fi
+if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
+  # The openai engine's test runs a real llama.cpp server (llama-cpp-python has no binary wheels: this
+  # compiles llama.cpp once, a few minutes). Generic x86-64 flags: a native build can use instructions the
+  # CPU reports but the VM does not allow.
+  echo "test: installing llama-cpp-python[server] (real upstream for the openai engine test)" >&2
+  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON}" \
+    "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
+    || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
 fi
 cargo test --workspace --all-targets "$@"

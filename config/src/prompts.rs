@@ -43,6 +43,10 @@ pub struct PromptConfig {
     pub answer_system: String,
     /// Answer routes: one line per candidate inside `{candidates}` (`{label}`, `{reply}`).
     pub answer_candidate: String,
+    /// Remote engines: the multiple-choice question (`{query}`, `{options}`), answered with one letter.
+    pub choice_prompt: String,
+    /// Remote engines: one option line inside `{options}` (`{letter}`, `{label}`, `{reply}`).
+    pub choice_option: String,
 }
 
 impl Default for PromptConfig {
@@ -83,6 +87,8 @@ impl PromptConfig {
                 .map_or(0, |n| n.max(0) as usize),
             answer_system: text("answer_system"),
             answer_candidate: text("answer_candidate"),
+            choice_prompt: text("choice_prompt"),
+            choice_option: text("choice_option"),
         }
     }
 }
@@ -104,6 +110,9 @@ impl PromptConfig {
         need("likelihood_prompt", &self.likelihood_prompt, "{query}")?;
         need("example_line", &self.example_line, "{example}")?;
         need("answer_system", &self.answer_system, "{candidates}")?;
+        need("choice_prompt", &self.choice_prompt, "{query}")?;
+        need("choice_prompt", &self.choice_prompt, "{options}")?;
+        need("choice_option", &self.choice_option, "{letter}")?;
         if self.likelihood_candidate.trim().is_empty() {
             return Err(ConfigError::invalid(
                 format!("{at}.likelihood_candidate"),

@@ -261,10 +261,20 @@ pub struct RerankerConfig {
     pub workers: usize,
     /// The worker program; empty: `tiergate-reranker` next to the `tiergate` binary.
     pub program: PathBuf,
-    /// `stub` or `mistralrs`.
+    /// `stub`, `mistralrs`, or `openai` (a remote OpenAI-compatible server: vLLM, TGI, llama.cpp, …).
     pub engine: String,
-    /// The model for `mistralrs`: a .gguf file or a Hugging Face folder.
+    /// The model: for `mistralrs` a .gguf file or a Hugging Face folder; for `openai` the upstream's model name.
     pub model: PathBuf,
+    /// `openai`: the base URL, up to and including `/v1`.
+    pub url: String,
+    /// `openai`: the name of the environment variable that holds the API key (empty: no key sent).
+    pub api_key_env: String,
+    /// `openai`: connect timeout, milliseconds.
+    pub connect_timeout_ms: u64,
+    /// `openai`: timeout of one upstream request, milliseconds (the job's deadline also applies).
+    pub request_timeout_ms: u64,
+    /// `openai`: requests in flight to the upstream at most, per worker (generations may take all but one).
+    pub remote_max_in_flight: usize,
     /// Dequantise GGUF weights to f32 (faster prefill on CPU).
     pub f32_weights: bool,
     /// Jobs each worker runs at once.
@@ -312,6 +322,11 @@ impl Default for RerankerConfig {
             program: PathBuf::new(),
             engine: "mistralrs".into(),
             model: PathBuf::from("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            url: String::new(),
+            api_key_env: String::new(),
+            connect_timeout_ms: 2_000,
+            request_timeout_ms: 60_000,
+            remote_max_in_flight: 32,
             f32_weights: false,
             max_concurrent: 4,
             extra_args: Vec::new(),
@@ -372,11 +387,28 @@ impl RerankerConfig {
 
     /// Checks the section.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        if self.engine != "stub" && self.engine != "mistralrs" {
+        if !["stub", "mistralrs", "openai"].contains(&self.engine.as_str()) {
             return Err(ConfigError::invalid(
                 format!("{at}.engine"),
-                format!("`{}`: use stub or mistralrs", self.engine),
+                format!("`{}`: use stub, mistralrs or openai", self.engine),
             ));
+        }
+        if self.engine == "openai" {
+            if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.url"),
+                    "the openai engine needs an http:// or https:// base URL (up to and including /v1)",
+                ));
+            }
+            if self.remote_max_in_flight < 2
+                || self.connect_timeout_ms == 0
+                || self.request_timeout_ms == 0
+            {
+                return Err(ConfigError::invalid(
+                    format!("{at}.remote_max_in_flight"),
+                    "remote_max_in_flight >= 2 and positive timeouts",
+                ));
+            }
         }
         if self.workers > 16 {
             return Err(ConfigError::invalid(format!("{at}.workers"), "at most 16"));

@@ -10,6 +10,7 @@ pub mod llama;
 #[cfg(feature = "llm")]
 pub mod llm;
 pub mod prompt;
+pub mod remote;
 pub mod scoring;
 pub mod serve;
 pub mod stub;

@@ -16,6 +16,8 @@ enum EngineKind {
     Stub,
     /// mistralrs with the model given by --model.
     Mistralrs,
+    /// A remote OpenAI-compatible server at --url (--model: its model name).
+    Openai,
 }
 
 /// A tiergate reranker worker.
@@ -68,6 +70,24 @@ struct Args {
     /// Stub: answer every N-th job with garbage.
     #[arg(long)]
     stub_garbage_every: Option<u64>,
+    /// openai: the base URL, up to and including /v1.
+    #[arg(long, default_value = "")]
+    url: String,
+    /// openai: the environment variable holding the API key (empty: none).
+    #[arg(long, default_value = "")]
+    api_key_env: String,
+    /// openai: connect timeout, ms.
+    #[arg(long, default_value_t = 2_000)]
+    connect_timeout_ms: u64,
+    /// openai: timeout of one upstream request, ms.
+    #[arg(long, default_value_t = 60_000)]
+    request_timeout_ms: u64,
+    /// openai: upstream requests in flight at most.
+    #[arg(long, default_value_t = 32)]
+    max_in_flight: usize,
+    /// openai: `top_logprobs` asked for when scoring (TGI: 5; OpenAI, vLLM: up to 20).
+    #[arg(long, default_value_t = 20)]
+    top_logprobs: usize,
     /// Stub: job N never returns from the engine (the process and its heartbeat stay alive).
     #[arg(long)]
     stub_stuck_after: Option<u64>,
@@ -111,6 +131,25 @@ fn run(args: Args) -> anyhow::Result<i32> {
             }))
         }
         EngineKind::Mistralrs => load_llm(&args)?,
+        EngineKind::Openai => {
+            let api_key = (!args.api_key_env.is_empty())
+                .then(|| std::env::var(&args.api_key_env))
+                .transpose()
+                .map_err(|_| anyhow::anyhow!("--api-key-env {}: not set", args.api_key_env))?;
+            let engine = tiergate_reranker::remote::RemoteEngine::new(
+                tiergate_reranker::remote::RemoteOptions {
+                    url: args.url.clone(),
+                    model: args.model.to_string_lossy().into_owned(),
+                    api_key,
+                    connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+                    request_timeout: Duration::from_millis(args.request_timeout_ms),
+                    max_in_flight: args.max_in_flight,
+                    top_logprobs: args.top_logprobs,
+                },
+            )?;
+            let heartbeat = Duration::from_millis(args.heartbeat_ms.max(1));
+            return tiergate_reranker::remote::serve_remote(worker, engine, heartbeat);
+        }
     };
     let cfg = ServeConfig {
         max_concurrent: args.max_concurrent,

@@ -20,20 +20,7 @@ pub struct ServeConfig {
 /// Serves jobs until the server shuts down or disappears. Returns the process exit code.
 pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> i32 {
     let worker = Arc::new(worker);
-    let hb = worker.clone();
-    let period = cfg.heartbeat;
-    // The heartbeat runs on its own thread: a long job must not look like a hang, a frozen process must.
-    let spawned = std::thread::Builder::new()
-        .name("heartbeat".into())
-        .spawn(move || loop {
-            if hb.should_exit() {
-                tracing::info!("server gone or shutting down: exiting");
-                std::process::exit(0);
-            }
-            hb.heartbeat();
-            std::thread::sleep(period);
-        });
-    if let Err(e) = spawned {
+    if let Err(e) = start_heartbeat(&worker, cfg.heartbeat) {
         tracing::error!(error = %e, "cannot start the heartbeat thread");
         return 1;
     }
@@ -77,14 +64,33 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
     0
 }
 
-/// How many job threads may run generations at once.
-struct GenerationSlots {
+/// Starts the heartbeat thread: liveness and busy time every `period`, and the process's exit when the server
+/// is gone or shutting down. It runs on its own thread: a long job must not look like a hang, a frozen process
+/// must.
+pub fn start_heartbeat(worker: &Arc<QueueWorker>, period: Duration) -> std::io::Result<()> {
+    let hb = worker.clone();
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || loop {
+            if hb.should_exit() {
+                tracing::info!("server gone or shutting down: exiting");
+                std::process::exit(0);
+            }
+            hb.heartbeat();
+            std::thread::sleep(period);
+        })
+        .map(|_| ())
+}
+
+/// How many job threads (or requests in flight) may run generations at once.
+pub struct GenerationSlots {
     limit: usize,
     running: std::sync::atomic::AtomicUsize,
 }
 
 impl GenerationSlots {
-    fn new(limit: usize) -> Self {
+    /// At most `limit` generations at once.
+    pub fn new(limit: usize) -> Self {
         Self {
             limit,
             running: std::sync::atomic::AtomicUsize::new(0),
@@ -92,7 +98,7 @@ impl GenerationSlots {
     }
 
     /// Reserves a place for a generation; false when all are taken (then take reranks only).
-    fn reserve(&self) -> bool {
+    pub fn reserve(&self) -> bool {
         use std::sync::atomic::Ordering::AcqRel;
         let prev = self.running.fetch_add(1, AcqRel);
         if prev < self.limit {
@@ -103,7 +109,7 @@ impl GenerationSlots {
     }
 
     /// Gives back a place reserved with [`GenerationSlots::reserve`] (when `held`).
-    fn release(&self, held: bool) {
+    pub fn release(&self, held: bool) {
         if held {
             self.running
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);

@@ -276,6 +276,22 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
             r.prefix_cache_mib.to_string(),
         ]);
     }
+    if r.engine == "openai" {
+        args.extend([
+            "--url".to_string(),
+            r.url.clone(),
+            "--model".into(),
+            r.model.to_string_lossy().into_owned(),
+            "--api-key-env".into(),
+            r.api_key_env.clone(),
+            "--connect-timeout-ms".into(),
+            r.connect_timeout_ms.to_string(),
+            "--request-timeout-ms".into(),
+            r.request_timeout_ms.to_string(),
+            "--max-in-flight".into(),
+            r.remote_max_in_flight.to_string(),
+        ]);
+    }
     args.extend(r.extra_args.iter().cloned());
     let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);
     let name_for_info = name.clone();

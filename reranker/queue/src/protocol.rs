@@ -58,6 +58,9 @@ pub struct Sampling {
 /// format, and makes serde buffer the whole document).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+// A rerank carries the route's templates inline; a job is built once per escalation and moved, never stored in
+// bulk, so boxing them would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     /// Score Tier-0's candidates for `text` with the LLM and fuse with Tier-0.
     Rerank {

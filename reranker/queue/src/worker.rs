@@ -197,6 +197,12 @@ pub struct TakenJob {
 }
 
 impl Taken {
+    /// Time until the job's deadline (`None`: no deadline; zero: passed).
+    pub fn time_left(&self) -> Option<Duration> {
+        (self.deadline_ns != 0)
+            .then(|| Duration::from_nanos(self.deadline_ns.saturating_sub(now_ns())))
+    }
+
     /// True when the submitter cancelled or the deadline passed: stop working on it.
     pub fn cancelled(&self) -> bool {
         let Some(s) = self.seg.slot(self.slot) else {

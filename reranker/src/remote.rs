@@ -1,0 +1,424 @@
+//! `reranker.engine = "openai"`: the worker talks to an OpenAI-compatible server (vLLM, TGI, SGLang, llama.cpp
+//! server, Ollama, a hosted API) instead of loading a model. The shared-memory queue stays the server's only
+//! path to the LLM side; this worker holds many upstream requests in flight on one pooled async client.
+//!
+//! - rerank: one multiple-choice question per candidate order (the route's `choice_prompt`, options as
+//!   single-token letters), `max_tokens: 1`, `temperature: 0`, `logprobs` with `top_logprobs`; the letters'
+//!   log-probabilities are renormalised over the letters (a letter missing from the top list is floored at the
+//!   lowest one returned). Two orders (as given, and reversed) are asked at once and averaged per candidate,
+//!   which cancels the position bias of small models (Tier-0's top choice is never always "A").
+//! - generate: a streamed chat completion relayed token chunk by token chunk, usage at the end.
+//! - failures: connection errors, timeouts, 429/503 and malformed answers fail that job with a message that
+//!   says which (the server degrades it); the job's deadline bounds every request.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tiergate_config::{display_label, render, PromptConfig};
+use tiergate_queue::{Candidate, Job, Message, Reply, RerankReply, Sampling, Taken, Usage};
+
+use crate::engine::{EngineError, Scored};
+use crate::serve::GenerationSlots;
+use tiergate_queue::fusion::{fuse, llm_probs};
+
+/// How to reach the upstream.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// Base URL up to and including `/v1`.
+    pub url: String,
+    /// The upstream's model name.
+    pub model: String,
+    /// Bearer key, if any.
+    pub api_key: Option<String>,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Timeout of one request.
+    pub request_timeout: Duration,
+    /// Requests in flight at most.
+    pub max_in_flight: usize,
+    /// `top_logprobs` asked for (TGI allows 5 by default, OpenAI and vLLM 20).
+    pub top_logprobs: usize,
+}
+
+/// The remote engine: a pooled client and the options.
+#[derive(Clone)]
+pub struct RemoteEngine {
+    client: reqwest::Client,
+    opts: Arc<RemoteOptions>,
+}
+
+/// Option letters, one token each in every common tokenizer.
+const LETTERS: &[u8] = b"ABCDEFGHIJ";
+
+impl RemoteEngine {
+    /// A client for `opts` (no request is made yet).
+    pub fn new(opts: RemoteOptions) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .timeout(opts.request_timeout)
+            .pool_max_idle_per_host(opts.max_in_flight)
+            .build()?;
+        Ok(Self {
+            client,
+            opts: Arc::new(opts),
+        })
+    }
+
+    /// POST `body` to `{url}/chat/completions`; a non-2xx status is an error naming it.
+    async fn post(&self, body: &Value) -> Result<reqwest::Response, EngineError> {
+        let url = format!("{}/chat/completions", self.opts.url.trim_end_matches('/'));
+        let mut req = self.client.post(&url).json(body);
+        if let Some(k) = &self.opts.api_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let text: String = text.chars().take(300).collect();
+        Err(EngineError::Failed(match status.as_u16() {
+            429 | 503 => format!("upstream busy ({status}): {text}"),
+            _ => format!("upstream answered {status}: {text}"),
+        }))
+    }
+
+    /// Scores `candidates` for `text`: the letters' log-probabilities in two orders, averaged.
+    pub async fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        prompt: &PromptConfig,
+    ) -> Result<Scored, EngineError> {
+        let k = candidates.len();
+        if k == 0 || k > LETTERS.len() {
+            return Err(EngineError::Invalid(format!(
+                "{k} candidates: the multiple-choice prompt takes 1 to {}",
+                LETTERS.len()
+            )));
+        }
+        let forward: Vec<usize> = (0..k).collect();
+        let reversed: Vec<usize> = (0..k).rev().collect();
+        let (a, b) = tokio::join!(
+            self.choice(text, candidates, prompt, &forward),
+            self.choice(text, candidates, prompt, &reversed)
+        );
+        let ((sa, ta), (sb, tb)) = (a?, b?);
+        Ok(Scored {
+            scores: sa.iter().zip(&sb).map(|(x, y)| (x + y) / 2.0).collect(),
+            prompt_tokens: ta + tb,
+        })
+    }
+
+    /// One multiple-choice question with the candidates in `order`; returns the log-probability of each
+    /// candidate (input order, renormalised over the letters) and the prompt tokens.
+    async fn choice(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        prompt: &PromptConfig,
+        order: &[usize],
+    ) -> Result<(Vec<f32>, u32), EngineError> {
+        let options: String = order
+            .iter()
+            .enumerate()
+            .map(|(pos, &i)| {
+                let letter = (LETTERS[pos] as char).to_string();
+                let c = &candidates[i];
+                render(
+                    &prompt.choice_option,
+                    &[
+                        ("letter", &letter),
+                        ("label", &display_label(&c.label)),
+                        ("reply", c.description.as_deref().unwrap_or("")),
+                    ],
+                )
+            })
+            .collect();
+        let content = render(
+            &prompt.choice_prompt,
+            &[("query", text.trim()), ("options", &options)],
+        );
+        let body = json!({
+            "model": self.opts.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": true,
+            "top_logprobs": self.opts.top_logprobs,
+        });
+        let v: Value = self
+            .post(&body)
+            .await?
+            .json()
+            .await
+            .map_err(|e| EngineError::Failed(format!("malformed upstream answer: {e}")))?;
+        let by_pos = letter_logprobs(&v, order.len())?;
+        let mut out = vec![0f32; candidates.len()];
+        for (pos, &i) in order.iter().enumerate() {
+            out[i] = by_pos[pos];
+        }
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as u32;
+        Ok((out, prompt_tokens))
+    }
+
+    /// A streamed chat completion; `on_token` gets each text chunk and returns false to stop.
+    pub async fn generate(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+    ) -> Result<Usage, EngineError> {
+        let mut body = json!({
+            "model": self.opts.model,
+            "messages": messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
+            "max_tokens": sampling.max_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if let Some(t) = sampling.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(p) = sampling.top_p {
+            body["top_p"] = json!(p);
+        }
+        if !sampling.stop.is_empty() {
+            body["stop"] = json!(sampling.stop);
+        }
+        if let Some(s) = sampling.seed {
+            body["seed"] = json!(s);
+        }
+        let resp = self.post(&body).await?;
+        let mut usage = Usage {
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            finish_reason: "stop".into(),
+        };
+        let mut stream = resp.bytes_stream();
+        let mut buf = Vec::new();
+        let mut sent = 0u32;
+        while let Some(bytes) = stream.next().await {
+            buf.extend_from_slice(&bytes.map_err(|e| transport_error(&e))?);
+            while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line);
+                let Some(data) = line.trim().strip_prefix("data:") else {
+                    continue;
+                };
+                let data = data.trim();
+                if data == "[DONE]" {
+                    return Ok(finish(usage, sent));
+                }
+                let v: Value = serde_json::from_str(data).map_err(|e| {
+                    EngineError::Failed(format!("malformed upstream stream event: {e}"))
+                })?;
+                if let Some(text) = v["choices"][0]["delta"]["content"].as_str() {
+                    if !text.is_empty() {
+                        sent += 1;
+                        if !on_token(text) {
+                            usage.finish_reason = "cancelled".into();
+                            return Ok(finish(usage, sent));
+                        }
+                    }
+                }
+                if let Some(r) = v["choices"][0]["finish_reason"].as_str() {
+                    usage.finish_reason = r.to_string();
+                }
+                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                    usage.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0) as u32;
+                    usage.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0) as u32;
+                }
+            }
+        }
+        Err(EngineError::Failed(
+            "upstream stream ended without [DONE]".into(),
+        ))
+    }
+}
+
+/// Usage with the completion count filled from the chunks when the upstream sent none.
+fn finish(mut usage: Usage, sent: u32) -> Usage {
+    if usage.completion_tokens == 0 {
+        usage.completion_tokens = sent;
+    }
+    usage
+}
+
+/// What a transport error means to an operator.
+fn transport_error(e: &reqwest::Error) -> EngineError {
+    EngineError::Failed(if e.is_timeout() {
+        format!("upstream timed out: {e}")
+    } else if e.is_connect() {
+        format!("upstream unreachable: {e}")
+    } else {
+        format!("upstream connection failed: {e}")
+    })
+}
+
+/// Log-probabilities of the first `k` option letters at the first generated position, renormalised over the
+/// letters. A letter not among the returned tokens gets the lowest returned log-probability.
+pub fn letter_logprobs(v: &Value, k: usize) -> Result<Vec<f32>, EngineError> {
+    let top = v["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        .as_array()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            EngineError::Failed(
+                "upstream answer has no top_logprobs (does it support logprobs?)".into(),
+            )
+        })?;
+    let mut best: HashMap<u8, f32> = HashMap::new();
+    let mut floor = f32::INFINITY;
+    for t in top {
+        let (Some(tok), Some(lp)) = (t["token"].as_str(), t["logprob"].as_f64()) else {
+            return Err(EngineError::Failed(format!(
+                "malformed top_logprobs entry: {t}"
+            )));
+        };
+        let lp = lp as f32;
+        if !lp.is_finite() {
+            continue;
+        }
+        floor = floor.min(lp);
+        let tok = tok.trim().trim_end_matches(')');
+        if let [c] = tok.as_bytes() {
+            let c = c.to_ascii_uppercase();
+            let e = best.entry(c).or_insert(f32::NEG_INFINITY);
+            *e = e.max(lp);
+        }
+    }
+    if !floor.is_finite() {
+        return Err(EngineError::Failed(
+            "no finite log-probability in the answer".into(),
+        ));
+    }
+    let raw: Vec<f32> = LETTERS[..k]
+        .iter()
+        .map(|l| best.get(l).copied().unwrap_or(floor))
+        .collect();
+    let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + raw.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+    Ok(raw.iter().map(|x| x - lse).collect())
+}
+
+/// Runs one job against the upstream and answers it; the job's deadline bounds the whole exchange.
+pub async fn run_remote_job(engine: &RemoteEngine, job: Job, mut taken: Taken) {
+    let left = taken.time_left().unwrap_or(Duration::from_secs(3600));
+    match job {
+        Job::Rerank {
+            text,
+            candidates,
+            llm_weight,
+            llm_temperature,
+            prompt,
+        } => match tokio::time::timeout(left, engine.score(&text, &candidates, &prompt)).await {
+            Ok(Ok(scored)) if scored.scores.len() == candidates.len() => {
+                let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
+                let llm = llm_probs(&scored.scores, llm_temperature);
+                let fused = fuse(&tier0, &llm, llm_weight);
+                taken.reply(&Reply::Rerank(RerankReply {
+                    llm,
+                    scores: scored.scores,
+                    fused,
+                    prompt_tokens: scored.prompt_tokens,
+                }));
+            }
+            Ok(Ok(_)) => taken.fail("engine returned the wrong number of scores"),
+            Ok(Err(e)) => taken.fail(&e.to_string()),
+            Err(_) => taken.fail("deadline passed while waiting for the upstream"),
+        },
+        Job::Generate { messages, sampling } => {
+            let mut cut = false;
+            let result = {
+                let mut on_token = |t: &str| {
+                    let sent = taken.chunk(t);
+                    cut |= !sent && taken.response_full();
+                    sent
+                };
+                tokio::time::timeout(left, engine.generate(&messages, &sampling, &mut on_token))
+                    .await
+            };
+            match result {
+                Ok(Ok(mut usage)) => {
+                    if cut {
+                        usage.finish_reason = "length".into();
+                    }
+                    taken.reply(&Reply::Generated(usage));
+                }
+                Ok(Err(e)) => taken.fail(&e.to_string()),
+                Err(_) => taken.fail("deadline passed while the upstream was generating"),
+            }
+        }
+    }
+}
+
+/// Serves jobs from the queue against the upstream until the server goes away: one thread takes jobs while
+/// fewer than `max_in_flight` run; each runs as a task on a small runtime (generations may take all places but
+/// one, so a rerank always finds one).
+pub fn serve_remote(
+    worker: tiergate_queue::QueueWorker,
+    engine: RemoteEngine,
+    heartbeat: Duration,
+) -> anyhow::Result<i32> {
+    let worker = Arc::new(worker);
+    crate::serve::start_heartbeat(&worker, heartbeat)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cap = engine.opts.max_in_flight.max(2);
+    let places = Arc::new(tokio::sync::Semaphore::new(cap));
+    let generations = Arc::new(GenerationSlots::new(cap - 1));
+    worker.set_ready(true);
+    tracing::info!(upstream = %engine.opts.url, model = %engine.opts.model, cap, "worker ready (openai engine)");
+    while !worker.shutdown_requested() {
+        let place = rt.block_on(places.clone().acquire_owned())?;
+        let reserved = generations.reserve();
+        let Some(taken) = worker.take(Duration::from_millis(100), reserved) else {
+            generations.release(reserved);
+            continue;
+        };
+        let generating = matches!(taken.job, Job::Generate { .. });
+        generations.release(reserved && !generating);
+        let (engine, generations) = (engine.clone(), generations.clone());
+        rt.spawn(async move {
+            run_remote_job(&engine, taken.job, taken.taken).await;
+            generations.release(generating);
+            drop(place);
+        });
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn letters_are_renormalised_and_missing_ones_floored() {
+        let v = json!({"choices": [{"logprobs": {"content": [{"token": "A", "logprob": -0.5, "top_logprobs": [
+            {"token": "A", "logprob": -0.5},
+            {"token": " B", "logprob": -1.5},
+            {"token": "The", "logprob": -2.0},
+            {"token": "b", "logprob": -3.0},
+        ]}]}}]});
+        let lp = letter_logprobs(&v, 3).unwrap();
+        let p: Vec<f32> = lp.iter().map(|x| x.exp()).collect();
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        // A: -0.5, B: -1.5 (the better of " B" and "b"), C: missing → the floor, -3.0.
+        assert!(p[0] > p[1] && p[1] > p[2]);
+        assert!(((lp[0] - lp[1]) - 1.0).abs() < 1e-5);
+        assert!(((lp[1] - lp[2]) - 1.5).abs() < 1e-5);
+    }
+
+    #[test]
+    fn an_answer_without_logprobs_is_an_error() {
+        let v = json!({"choices": [{"message": {"content": "A"}}]});
+        assert!(letter_logprobs(&v, 2).is_err());
+        let v = json!({"choices": [{"logprobs": {"content": [{"top_logprobs": [{"token": 3}]}]}}]});
+        assert!(letter_logprobs(&v, 2).is_err());
+    }
+}

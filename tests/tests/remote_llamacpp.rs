@@ -1,0 +1,299 @@
+//! The `openai` engine against a real OpenAI-compatible server nobody here wrote: llama.cpp's server
+//! (`python3 -m llama_cpp.server`, from the `llama-cpp-python[server]` package that `scripts/test.sh`
+//! installs) on a free loopback port, serving the SmolLM2 GGUF. A real worker process and queue in between:
+//! reranks, streamed generation, many jobs in flight, and the upstream killed mid-flight and restarted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiergate_queue::{
+    Candidate, Client, Event, Geometry, Job, Message, QueueError, Reply, Sampling, Segment,
+    Supervisor, SupervisorConfig,
+};
+use tiergate_tests::{binary, root};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A llama.cpp server child process, killed on drop.
+struct Upstream {
+    child: Child,
+}
+
+impl Upstream {
+    fn start(port: u16) -> Self {
+        let model = root().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            model.is_file(),
+            "{} missing: scripts/fetch-models.sh",
+            model.display()
+        );
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "llama_cpp.server",
+                "--host",
+                "127.0.0.1",
+                "--n_ctx",
+                "2048",
+            ])
+            .args(["--port", &port.to_string()])
+            .args(["--model", model.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m llama_cpp.server (pip install 'llama-cpp-python[server]')");
+        let up = Upstream { child };
+        let t = Instant::now();
+        while ureq::get(&format!("http://127.0.0.1:{port}/v1/models"))
+            .call()
+            .is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "llama.cpp server did not start (is llama-cpp-python[server] installed?)"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        up
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Rig {
+    client: Client,
+    _sup: Supervisor,
+}
+
+fn rig(port: u16) -> Rig {
+    let name = format!(
+        "tiergate-test-remote-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    );
+    let seg = Arc::new(
+        Segment::create(
+            &name,
+            Geometry {
+                slots: 32,
+                req_cap: 16 * 1024,
+                resp_cap: 64 * 1024,
+            },
+        )
+        .unwrap(),
+    );
+    let sup = Supervisor::start(
+        seg.clone(),
+        SupervisorConfig {
+            workers: 1,
+            program: binary("tiergate-reranker"),
+            args: [
+                "--engine",
+                "openai",
+                "--url",
+                &format!("http://127.0.0.1:{port}/v1"),
+                "--model",
+                "smollm2",
+                "--max-in-flight",
+                "8",
+                "--request-timeout-ms",
+                "60000",
+            ]
+            .map(String::from)
+            .to_vec(),
+            segment: name,
+            heartbeat_timeout: Duration::from_secs(5),
+            load_timeout: Duration::from_secs(30),
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+            retry: true,
+        },
+    )
+    .unwrap();
+    let client = Client::new(seg, Duration::from_secs(5)).unwrap();
+    let t = Instant::now();
+    while client.live_workers() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "worker not ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Rig { client, _sup: sup }
+}
+
+fn rerank(text: &str) -> Job {
+    let cand = |label: &str, p: f32| Candidate {
+        label: label.into(),
+        description: None,
+        examples: vec![],
+        p,
+    };
+    Job::Rerank {
+        text: text.into(),
+        candidates: vec![
+            cand("lost_or_stolen_card", 0.4),
+            cand("exchange_rate", 0.35),
+            cand("top_up_failed", 0.25),
+        ],
+        llm_weight: 0.5,
+        llm_temperature: 1.0,
+        prompt: tiergate_config::load(None, Vec::new(), &[])
+            .unwrap()
+            .reranker
+            .prompts,
+    }
+}
+
+fn generation(max_tokens: u32) -> Job {
+    Job::Generate {
+        messages: vec![Message {
+            role: "user".into(),
+            content: "Write a long story about a bank.".into(),
+        }],
+        sampling: Sampling {
+            max_tokens,
+            temperature: Some(0.0),
+            ..Default::default()
+        },
+    }
+}
+
+#[test]
+fn reranks_and_streams_through_a_real_llama_cpp_server() {
+    let port = free_port();
+    let _up = Upstream::start(port);
+    let r = rig(port);
+    // Rerank: a distribution over the candidates, deterministic at temperature 0, fused with Tier-0.
+    let Reply::Rerank(a) = r
+        .client
+        .call(
+            &rerank("my card was stolen yesterday"),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    else {
+        panic!("not a rerank reply")
+    };
+    assert_eq!(a.llm.len(), 3);
+    assert!((a.llm.iter().sum::<f32>() - 1.0).abs() < 1e-4, "{a:?}");
+    assert!((a.fused.iter().sum::<f32>() - 1.0).abs() < 1e-4, "{a:?}");
+    assert!(a.prompt_tokens > 20, "{a:?}");
+    let Reply::Rerank(b) = r
+        .client
+        .call(
+            &rerank("my card was stolen yesterday"),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    else {
+        panic!("not a rerank reply")
+    };
+    assert_eq!(a.scores, b.scores, "temperature 0 is deterministic");
+
+    // Streamed generation: several chunks, then usage.
+    let h = r
+        .client
+        .submit(&generation(12), Duration::from_secs(60))
+        .unwrap();
+    let (mut chunks, mut text) = (0, String::new());
+    let usage = loop {
+        match h.events.recv_timeout(Duration::from_secs(60)).unwrap() {
+            Event::Chunk(c) => {
+                chunks += 1;
+                text.push_str(&c);
+            }
+            Event::Reply(Reply::Generated(u)) => break u,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(
+        chunks >= 2 && !text.trim().is_empty(),
+        "{chunks} chunks: {text:?}"
+    );
+    // llama-cpp-python's stream carries no usage (it ignores `stream_options.include_usage`): the completion
+    // tokens are counted from the chunks, the prompt tokens stay unknown (0).
+    assert_eq!(usage.completion_tokens, 12, "{usage:?}");
+    assert_eq!(usage.finish_reason, "length", "{usage:?}");
+
+    // Eight reranks in flight at once on one worker: all answered.
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            r.client
+                .submit(
+                    &rerank(&format!("question {i}: what is the euro rate")),
+                    Duration::from_secs(120),
+                )
+                .unwrap()
+        })
+        .collect();
+    for h in handles {
+        assert!(matches!(h.wait_reply(), Ok(Reply::Rerank(_))));
+    }
+}
+
+#[test]
+fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
+    let port = free_port();
+    let mut up = Upstream::start(port);
+    let r = rig(port);
+    let h = r
+        .client
+        .submit(&generation(400), Duration::from_secs(60))
+        .unwrap();
+    // Wait for the stream to start, then kill the upstream under it.
+    assert!(matches!(
+        h.events.recv_timeout(Duration::from_secs(60)).unwrap(),
+        Event::Chunk(_)
+    ));
+    up.kill();
+    let t = Instant::now();
+    let end = loop {
+        match h.events.recv_timeout(Duration::from_secs(30)).unwrap() {
+            Event::Chunk(_) => continue,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(&end, Event::Error(QueueError::Engine(m)) if m.contains("upstream")),
+        "{end:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "the job hung after the upstream died"
+    );
+    // With the upstream down, a rerank fails at once with a typed error, and the worker stays up.
+    let down = r
+        .client
+        .call(&rerank("card stolen"), Duration::from_secs(30));
+    assert!(
+        matches!(&down, Err(QueueError::Engine(m)) if m.contains("unreachable")),
+        "{down:?}"
+    );
+    assert_eq!(r.client.live_workers(), 1);
+    // The upstream comes back on the same port: service resumes without a worker restart.
+    let _up = Upstream::start(port);
+    assert!(matches!(
+        r.client
+            .call(&rerank("card stolen"), Duration::from_secs(60)),
+        Ok(Reply::Rerank(_))
+    ));
+}
