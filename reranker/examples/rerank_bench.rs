@@ -7,6 +7,8 @@
 //!
 //! `cargo run -p tiergate-reranker --example rerank_bench [-- MODEL.gguf] [--scoring-weights quantized]`
 //! The llama.cpp peer on the same cases and GGUF: `bench/llamacpp_rerank.py`.
+//! `--upstream http://HOST:PORT/v1`: the same reranks through the `openai` engine (a worker that asks that
+//! OpenAI-compatible server; two multiple-choice requests per rerank) instead of the local model.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,6 +43,11 @@ fn main() -> anyhow::Result<()> {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_else(|| "int8".into());
+    let upstream = args
+        .iter()
+        .position(|a| a == "--upstream")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let cases: Cases = serde_json::from_str(&std::fs::read_to_string("bench/rerank_cases.json")?)?;
     let config = tiergate_config::load(None, Vec::new(), &[])?;
     let candidates: Vec<Candidate> = cases
@@ -53,12 +60,14 @@ fn main() -> anyhow::Result<()> {
             p: 0.2,
         })
         .collect();
-    for (tag, method) in [ScoringMethod::Channel, ScoringMethod::Likelihood]
-        .into_iter()
-        .enumerate()
-    {
+    let methods = if upstream.is_some() {
+        vec![ScoringMethod::Channel] // the remote engine always asks its multiple-choice question
+    } else {
+        vec![ScoringMethod::Channel, ScoringMethod::Likelihood]
+    };
+    for (tag, method) in methods.into_iter().enumerate() {
         // A fresh worker per method: cold figures start from empty caches.
-        let (client, sup) = start_worker(&model, &weights, tag)?;
+        let (client, sup) = start_worker(&model, &weights, tag, upstream.as_deref())?;
         let job = |q: &str| Job::Rerank {
             text: q.into(),
             candidates: candidates.clone(),
@@ -94,7 +103,8 @@ fn main() -> anyhow::Result<()> {
         let per_s = throughput(&client, &job(&cases.queries[1]), 4, Duration::from_secs(10))?;
         println!(
             "{}",
-            serde_json::json!({"engine": "tiergate", "method": format!("{method:?}").to_lowercase(),
+            serde_json::json!({"engine": if upstream.is_some() { "openai (remote)" } else { "tiergate" },
+                "method": if upstream.is_some() { "choice".to_string() } else { format!("{method:?}").to_lowercase() },
                 "scoring_weights": weights, "cold_s": round(cold), "median_s": round(median), "p90_s": round(p90),
                 "escalations_per_s_4_in_flight": round(per_s), "tokens_per_rerank": tokens, "picks": picks})
         );
@@ -135,7 +145,12 @@ fn throughput(client: &Client, job: &Job, in_flight: usize, run: Duration) -> an
     Ok(done as f64 / t.elapsed().as_secs_f64())
 }
 
-fn start_worker(model: &str, weights: &str, tag: usize) -> anyhow::Result<(Client, Supervisor)> {
+fn start_worker(
+    model: &str,
+    weights: &str,
+    tag: usize,
+    upstream: Option<&str>,
+) -> anyhow::Result<(Client, Supervisor)> {
     let name = format!("tiergate-rerank-bench-{}-{tag}", std::process::id());
     let seg = Arc::new(Segment::create(
         &name,
@@ -155,14 +170,19 @@ fn start_worker(model: &str, weights: &str, tag: usize) -> anyhow::Result<(Clien
         SupervisorConfig {
             workers: 1,
             program,
-            args: vec![
-                "--engine".into(),
-                "mistralrs".into(),
-                "--model".into(),
-                model.into(),
-                "--scoring-weights".into(),
-                weights.into(),
-            ],
+            args: match upstream {
+                Some(url) => ["--engine", "openai", "--url", url, "--model", "bench"]
+                    .map(String::from)
+                    .to_vec(),
+                None => vec![
+                    "--engine".into(),
+                    "mistralrs".into(),
+                    "--model".into(),
+                    model.into(),
+                    "--scoring-weights".into(),
+                    weights.into(),
+                ],
+            },
             segment: name,
             heartbeat_timeout: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
