@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: fetch the models (once), make sure the `openai` Python package (conformance test) and
-# llama-cpp-python's server (openai engine test) are there, then every unit, integration, multi-process and
-# real-model test.
+# The whole test suite: fetch the models (once), make sure the `openai` Python package (conformance test),
+# llama-cpp-python's server (openai engine test) and Prometheus (fleet-utilisation test) are there, then every
+# unit, integration, multi-process and real-model test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -19,5 +19,13 @@ if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
   CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON}" \
     "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
     || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
+fi
+if ! command -v prometheus >/dev/null 2>&1; then
+  # The fleet-utilisation test runs a real Prometheus (Debian package).
+  echo "test: installing the Debian package prometheus (real Prometheus for the fleet-utilisation test)" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get install -y --no-install-recommends prometheus >/dev/null \
+    || { echo "test: cannot install prometheus with apt-get" >&2; exit 1; }
 fi
 cargo test --workspace --all-targets "$@"

@@ -18,7 +18,7 @@ pub use prefilter::{
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
     FailureMode, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig,
-    UtilizationSource,
+    UtilizationConfig, UtilizationSource,
 };
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +37,8 @@ pub struct Config {
     pub reranker: RerankerConfig,
     /// Routes (`model` names).
     pub routes: Vec<RouteConfig>,
+    /// Where a fleet's utilisation comes from (the Prometheus source).
+    pub utilization: UtilizationConfig,
 }
 
 impl Config {
@@ -44,6 +46,15 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.prefilter.validate("prefilter")?;
         self.server.validate("server")?;
+        self.utilization.validate("utilization")?;
+        if self.routing.utilization_source == UtilizationSource::Prometheus
+            && self.utilization.prometheus_url.is_empty()
+        {
+            return Err(ConfigError::invalid(
+                "routing.utilization_source",
+                "`prometheus` needs utilization.prometheus_url and utilization.prometheus_query",
+            ));
+        }
         self.routing.validate("routing")?;
         self.reranker.validate("reranker")?;
         if self.reranker.workers > 0 && self.prefilter.top_k < self.reranker.candidates {

@@ -112,6 +112,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The one admission limit for the whole server.
     pub admission: Arc<Semaphore>,
+    /// The fleet's utilisation from the Prometheus source, with the time it was read.
+    pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
     pub draining: std::sync::atomic::AtomicBool,
     /// Start time.
@@ -191,6 +193,7 @@ impl AppState {
             policy: Arc::new(Policy::new(config.routing.clone())),
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
+            fleet_utilization: std::sync::Mutex::new(None),
             config,
             routes,
             route_order: order,

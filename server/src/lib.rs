@@ -7,6 +7,7 @@ pub mod app;
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod fleet;
 pub mod metrics;
 pub mod openai;
 pub mod policy;

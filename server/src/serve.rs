@@ -65,6 +65,12 @@ pub async fn run(
             .await??,
     );
     tokio::spawn(sample_utilization(Arc::downgrade(&state)));
+    if !config.utilization.prometheus_url.is_empty() {
+        tokio::spawn(crate::fleet::poll_prometheus(
+            Arc::downgrade(&state),
+            config.utilization.clone(),
+        ));
+    }
     if config.server.admin_token.is_none() {
         tracing::warn!(
             %admin_addr,

@@ -1,5 +1,6 @@
-//! The utilisation signal u: NVML (GPU) when it initialises, else the reranker workers' busy fraction, else a
-//! value an operator sets; smoothed, with the source in use visible in `/admin/routing`.
+//! The utilisation signal u: NVML (GPU) when it initialises, the fleet's Prometheus query when configured and
+//! fresh, else the reranker workers' busy fraction, else a value an operator sets; smoothed, with the source in
+//! use visible in `/admin/routing`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
@@ -52,13 +53,27 @@ pub async fn sample_utilization(state: Weak<AppState>) {
             let dt = now.duration_since(t0).as_nanos() as f64;
             Some((busy.saturating_sub(b0) as f64 / (dt * live)).clamp(0.0, 1.0))
         };
+        let stale = Duration::from_millis(state.config.utilization.stale_ms);
+        let fleet = state
+            .fleet_utilization
+            .lock()
+            .ok()
+            .and_then(|v| *v)
+            .filter(|(at, _)| at.elapsed() < stale)
+            .map(|(_, u)| u);
         let (sample, source) = match want {
             UtilizationSource::Manual => (Some(policy.cfg.manual_utilization), "manual"),
             UtilizationSource::Nvml => (gpu(), "nvml"),
             UtilizationSource::Workers => (workers(), "workers"),
-            UtilizationSource::Auto => match gpu() {
-                Some(g) => (Some(g), "nvml"),
+            // The fleet's value while fresh; the workers' while the query fails or is stale.
+            UtilizationSource::Prometheus => match fleet {
+                Some(u) => (Some(u), "prometheus"),
                 None => (workers(), "workers"),
+            },
+            UtilizationSource::Auto => match (gpu(), fleet) {
+                (Some(g), _) => (Some(g), "nvml"),
+                (None, Some(u)) => (Some(u), "prometheus"),
+                (None, None) => (workers(), "workers"),
             },
         };
         if let Some(u) = sample {

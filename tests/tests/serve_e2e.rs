@@ -4,84 +4,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tiergate_tests::{binary, minilm_dir, root};
+use tiergate_tests::{binary, root};
 
-struct Server {
-    child: Child,
-    base: String,
-    /// The admin listener (`/admin/*`, `/info`).
-    admin: String,
-}
-
-impl Drop for Server {
-    /// SIGTERM first (the server removes its segment and stops its workers), SIGKILL after 10 s.
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(extra: &[&str]) -> Server {
-    minilm_dir();
-    let mut child = Command::new(binary("tiergate"))
-        .current_dir(root())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.strip_prefix("tiergate listening on ") {
-                let _ = tx.send(addr.to_string());
-            } else if let Some(addr) = line.strip_prefix("tiergate admin listening on ") {
-                let _ = tx.send(addr.to_string());
-            }
-        }
-    });
-    let addr = || {
-        rx.recv_timeout(Duration::from_secs(120))
-            .expect("server did not start")
-    };
-    let (base, admin) = (addr(), addr());
-    let s = Server { child, base, admin };
-    // Wait for readiness (a live worker where the generate route needs one).
-    let t = Instant::now();
-    loop {
-        if let Ok(r) = ureq::get(&format!("{}/ready", s.base)).call() {
-            if r.status() == 200 {
-                break;
-            }
-        }
-        assert!(t.elapsed() < Duration::from_secs(120), "not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
-}
+mod common;
+use common::start;
 
 fn post(base: &str, body: Value) -> (u16, Option<String>, Option<String>, Value) {
     match ureq::post(&format!("{base}/v1/chat/completions")).send_json(body) {
@@ -125,7 +57,7 @@ fn serve_answers_with_real_minilm_and_passes_openai_conformance() {
         .unwrap();
     let source = a["utilization_in_use"].as_str().unwrap_or_default();
     assert!(
-        ["nvml", "workers", "manual", "none"].contains(&source),
+        ["nvml", "prometheus", "workers", "manual", "none"].contains(&source),
         "{a}"
     );
     let metrics = ureq::get(&format!("{}/metrics", s.base))

@@ -1,0 +1,80 @@
+//! The real `tiergate serve` process for end-to-end tests: started on port 0 (both listeners), ready when
+//! `/ready` says so, SIGTERM on drop.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // shared by several test files
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tiergate_tests::{binary, minilm_dir, root};
+
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    /// The admin listener (`/admin/*`, `/info`).
+    pub admin: String,
+}
+
+impl Drop for Server {
+    /// SIGTERM first (the server removes its segment and stops its workers), SIGKILL after 10 s.
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn start(extra: &[&str]) -> Server {
+    minilm_dir();
+    let mut child = Command::new(binary("tiergate"))
+        .current_dir(root())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix("tiergate listening on ") {
+                let _ = tx.send(addr.to_string());
+            } else if let Some(addr) = line.strip_prefix("tiergate admin listening on ") {
+                let _ = tx.send(addr.to_string());
+            }
+        }
+    });
+    let addr = || {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("server did not start")
+    };
+    let (base, admin) = (addr(), addr());
+    let s = Server { child, base, admin };
+    // Wait for readiness (a live worker where the generate route needs one).
+    let t = Instant::now();
+    loop {
+        if let Ok(r) = ureq::get(&format!("{}/ready", s.base)).call() {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s
+}
