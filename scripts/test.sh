@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: fetch the models (once), make sure the `openai` Python package (conformance test),
-# llama-cpp-python's server (openai engine test) and Prometheus (fleet-utilisation test) are there, then every
+# llama-cpp-python's server (openai engine test), Prometheus and Redis (fleet and replica tests) are there, then every
 # unit, integration, multi-process and real-model test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,12 +20,16 @@ if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
     "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
     || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
 fi
-if ! command -v prometheus >/dev/null 2>&1; then
-  # The fleet-utilisation test runs a real Prometheus (Debian package).
-  echo "test: installing the Debian package prometheus (real Prometheus for the fleet-utilisation test)" >&2
+# Debian packages of the real components some tests start: Prometheus (fleet utilisation), Redis (replicas
+# sharing one policy).
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "test: installing Debian packages: ${missing[*]}" >&2
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get install -y --no-install-recommends prometheus >/dev/null \
-    || { echo "test: cannot install prometheus with apt-get" >&2; exit 1; }
+  $sudo_cmd apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
+    || { echo "test: cannot install ${missing[*]} with apt-get" >&2; exit 1; }
 fi
 cargo test --workspace --all-targets "$@"

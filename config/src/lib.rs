@@ -17,8 +17,8 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
-    FailureMode, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig,
-    UtilizationConfig, UtilizationSource,
+    FailureMode, PolicyStoreConfig, RerankerConfig, RouteConfig, RouteKind, RoutingConfig,
+    RoutingMode, ServerConfig, UtilizationConfig, UtilizationSource,
 };
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// Where a fleet's utilisation comes from (the Prometheus source).
     pub utilization: UtilizationConfig,
+    /// Where the routing policy lives (this process, or Redis shared by replicas).
+    pub policy_store: PolicyStoreConfig,
 }
 
 impl Config {
@@ -47,6 +49,7 @@ impl Config {
         self.prefilter.validate("prefilter")?;
         self.server.validate("server")?;
         self.utilization.validate("utilization")?;
+        self.policy_store.validate("policy_store")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()
         {

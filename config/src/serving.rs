@@ -157,6 +157,59 @@ pub enum UtilizationSource {
     Prometheus,
 }
 
+/// Where the routing policy lives: in this process (`memory`, the default), or in Redis, shared by every
+/// replica that names the same `url` and `key` (changes through any replica reach all of them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyStoreConfig {
+    /// `memory` or `redis`.
+    pub kind: String,
+    /// `redis`: e.g. `redis://127.0.0.1:6379/0`.
+    pub url: String,
+    /// `redis`: the key prefix (`{key}` holds the policy and its version, `{key}:audit` the audit log,
+    /// `{key}:changes` is the channel changes are published on).
+    pub key: String,
+    /// `redis`: how often a replica reads the shared policy, milliseconds.
+    pub sync_ms: u64,
+}
+
+impl Default for PolicyStoreConfig {
+    fn default() -> Self {
+        Self {
+            kind: "memory".into(),
+            url: String::new(),
+            key: "tiergate:policy".into(),
+            sync_ms: 500,
+        }
+    }
+}
+
+impl PolicyStoreConfig {
+    /// Checks the section.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        match self.kind.as_str() {
+            "memory" => Ok(()),
+            "redis" if self.url.starts_with("redis://") || self.url.starts_with("rediss://") => {
+                if self.key.trim().is_empty() || !(50..=2_000).contains(&self.sync_ms) {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.key"),
+                        "a non-empty key and sync_ms in 50..=2000 (changes must reach every replica within 2 s)",
+                    ));
+                }
+                Ok(())
+            }
+            "redis" => Err(ConfigError::invalid(
+                format!("{at}.url"),
+                "must be a redis:// URL",
+            )),
+            other => Err(ConfigError::invalid(
+                format!("{at}.kind"),
+                format!("`{other}`: use memory or redis"),
+            )),
+        }
+    }
+}
+
 /// The Prometheus utilisation source: a PromQL query returning one number in [0, 1], e.g.
 /// `avg(DCGM_FI_DEV_GPU_UTIL)/100` (DCGM exporter), `sum(vllm:num_requests_running)/64` (vLLM, 64 = the
 /// fleet's capacity), `avg(llamacpp:requests_processing)` (llama.cpp server with one slot).

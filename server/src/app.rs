@@ -112,6 +112,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The one admission limit for the whole server.
     pub admission: Arc<Semaphore>,
+    /// The shared policy store, when `[policy_store] kind = "redis"`.
+    pub store: Option<crate::store::RedisStore>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
     pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
@@ -194,6 +196,10 @@ impl AppState {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
             fleet_utilization: std::sync::Mutex::new(None),
+            store: match config.policy_store.kind.as_str() {
+                "redis" => Some(crate::store::RedisStore::new(&config.policy_store)?),
+                _ => None,
+            },
             config,
             routes,
             route_order: order,

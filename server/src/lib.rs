@@ -13,5 +13,6 @@ pub mod openai;
 pub mod policy;
 pub mod routes;
 pub mod serve;
+pub mod store;
 pub mod util;
 pub mod validate;

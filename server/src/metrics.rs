@@ -30,6 +30,8 @@ pub const UTILIZATION: &str = "tiergate_utilization_ratio";
 pub const WORKER_RESTARTS: &str = "tiergate_worker_restarts_total";
 /// Policy version.
 pub const POLICY_VERSION: &str = "tiergate_policy_version";
+/// 1 while the shared policy store answers, 0 while this replica serves its last policy without it.
+pub const POLICY_STORE_UP: &str = "tiergate_policy_store_up";
 /// Connections refused at accept (connection limits).
 pub const CONNECTIONS_REFUSED: &str = "tiergate_connections_refused_total";
 
@@ -52,6 +54,10 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS_TOTAL, "Chat requests by route, tier and outcome");
+    describe_gauge!(
+        POLICY_STORE_UP,
+        "1 while the shared policy store (Redis) answers; 0 while the last policy is served without it"
+    );
     describe_counter!(
         CONNECTIONS_REFUSED,
         "Connections refused at accept by server.max_connections or max_connections_per_peer"

@@ -97,6 +97,22 @@ impl Policy {
             .map_or_else(|p| p.into_inner().clone(), |g| g.clone())
     }
 
+    /// Installs a policy decided elsewhere (the shared store) at `version`, if it is newer than the one in
+    /// force (or unconditionally with `adopt`: a replica's first read of the store); returns whether it was
+    /// installed. Versions never go back otherwise.
+    pub fn install(&self, cfg: RoutingConfig, version: u64, adopt: bool) -> bool {
+        let mut guard = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if !adopt && version <= guard.version {
+            return false;
+        }
+        *guard = Arc::new(Versioned { cfg, version });
+        drop(guard);
+        if let Ok(mut live) = self.live.lock() {
+            live.slo_theta = None;
+        }
+        true
+    }
+
     /// Replaces the fields if `if_match` (when given) equals the current version; returns (old, new).
     pub fn replace(
         &self,

@@ -65,6 +65,9 @@ pub async fn run(
             .await??,
     );
     tokio::spawn(sample_utilization(Arc::downgrade(&state)));
+    if state.store.is_some() {
+        tokio::spawn(crate::store::sync_policy(Arc::downgrade(&state)));
+    }
     if !config.utilization.prometheus_url.is_empty() {
         tokio::spawn(crate::fleet::poll_prometheus(
             Arc::downgrade(&state),

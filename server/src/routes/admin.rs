@@ -66,6 +66,42 @@ fn view(state: &AppState) -> Value {
     v
 }
 
+/// A change through the shared store: compare-and-set on the version there (the audit line goes to the shared
+/// log in the same step); on a conflict this replica installs the stored version and reports it. Redis
+/// unreachable: 503, the policy in force stays.
+async fn store_change(
+    state: &AppState,
+    store: &crate::store::RedisStore,
+    expected: u64,
+    cfg: RoutingConfig,
+    peer: Option<SocketAddr>,
+    change: &str,
+) -> Result<Result<(u64, u64), u64>, ApiError> {
+    use crate::store::Cas;
+    let unreachable = |e: redis::RedisError| {
+        ApiError::Unavailable(format!("the shared policy store is unreachable: {e}"))
+    };
+    let line =
+        json!({"from_version": expected, "peer": peer.map(|p| p.to_string()), "change": change})
+            .to_string();
+    match store
+        .compare_and_set(expected, &cfg, &line)
+        .await
+        .map_err(unreachable)?
+    {
+        Cas::Stored(v) => {
+            state.policy.install(cfg, v, false);
+            Ok(Ok((expected, v)))
+        }
+        Cas::Conflict(v) => {
+            if let Some((stored, version)) = store.fetch().await.map_err(unreachable)? {
+                state.policy.install(stored, version, false);
+            }
+            Ok(Err(v))
+        }
+    }
+}
+
 /// `base` with the fields of `patch`, validated.
 fn merged_policy(
     base: &RoutingConfig,
@@ -115,7 +151,9 @@ pub async fn patch_routing(
     headers: HeaderMap,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
-    change(&state, peer, &headers, body, false).unwrap_or_else(IntoResponse::into_response)
+    change(&state, peer, &headers, body, false)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `PUT /admin/routing`: all of the policy fields.
@@ -125,10 +163,12 @@ pub async fn put_routing(
     headers: HeaderMap,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
-    change(&state, peer, &headers, body, true).unwrap_or_else(IntoResponse::into_response)
+    change(&state, peer, &headers, body, true)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-fn change(
+async fn change(
     state: &AppState,
     peer: Option<SocketAddr>,
     headers: &HeaderMap,
@@ -176,13 +216,19 @@ fn change(
     };
     // Optimistic concurrency: merge onto the version read, replace only if it is still current, and merge
     // again onto a concurrent writer's version (without If-Match) instead of losing its change.
-    let (old, new) = loop {
+    let change = Value::Object(obj.clone()).to_string();
+    let (from, to) = loop {
         let current = state.policy.current();
         let cfg = merged_policy(&current.cfg, obj)?;
-        match state
-            .policy
-            .replace(cfg, Some(if_match.unwrap_or(current.version)))
-        {
+        let expected = if_match.unwrap_or(current.version);
+        let outcome = match &state.store {
+            None => state
+                .policy
+                .replace(cfg, Some(expected))
+                .map(|(old, new)| (old.version, new.version)),
+            Some(store) => store_change(state, store, expected, cfg, peer, &change).await?,
+        };
+        match outcome {
             Ok(changed) => break changed,
             Err(_) if if_match.is_none() => continue,
             Err(v) => {
@@ -192,11 +238,10 @@ fn change(
             }
         }
     };
-    let change = Value::Object(obj.clone()).to_string();
     tracing::info!(
         target: "tiergate::audit",
-        from_version = old.version,
-        to_version = new.version,
+        from_version = from,
+        to_version = to,
         peer = ?peer,
         change = %change,
         "routing policy changed"

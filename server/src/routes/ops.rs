@@ -80,6 +80,8 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
         axum::Json(json!({
             "ready": ok,
             "draining": draining,
+            // A replica without its shared store keeps serving its last policy (still ready), and says so.
+            "policy_store": state.store.as_ref().map(|s| if s.is_up() { "reachable" } else { "unreachable: serving the last policy" }),
             "prefilter": true,
             "live_workers": live
         })),

@@ -1,0 +1,175 @@
+//! The shared policy store (`[policy_store] kind = "redis"`): replicas behind one load balancer behave as one.
+//! The policy and its version live in one Redis hash; a change is a compare-and-set on the version (a Lua
+//! script, atomic in Redis) that also appends the audit line to one shared list and publishes the new version.
+//! Every replica reads the hash every `sync_ms` and installs a newer version, so a change through any replica
+//! reaches all of them within about `sync_ms`. A replica that loses Redis keeps serving its last policy, says so
+//! in `/ready` and in `tiergate_policy_store_up`, and refuses policy changes (503) until Redis is back.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Weak;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tiergate_config::{PolicyStoreConfig, RoutingConfig};
+
+use crate::app::AppState;
+
+const CAS: &str = r"
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if cur ~= tonumber(ARGV[1]) then return {0, cur} end
+local new = cur + 1
+redis.call('HSET', KEYS[1], 'version', new, 'policy', ARGV[2])
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('LTRIM', KEYS[2], -100000, -1)
+redis.call('PUBLISH', KEYS[3], new)
+return {1, new}
+";
+
+/// A Redis-backed policy store.
+pub struct RedisStore {
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    key: String,
+    sync: Duration,
+    up: AtomicBool,
+}
+
+/// What a compare-and-set did.
+pub enum Cas {
+    /// Stored at this version.
+    Stored(u64),
+    /// The store is at this other version.
+    Conflict(u64),
+}
+
+impl RedisStore {
+    /// A store for `cfg` (no connection is made yet).
+    pub fn new(cfg: &PolicyStoreConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: redis::Client::open(cfg.url.as_str())?,
+            conn: tokio::sync::Mutex::new(None),
+            key: cfg.key.clone(),
+            sync: Duration::from_millis(cfg.sync_ms),
+            up: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the last exchange with Redis worked.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| redis::RedisError::from((redis::ErrorKind::IoError, "connect timed out")))??;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Records the outcome of an exchange; a failed one drops the connection (the next one reconnects).
+    async fn note<T>(&self, r: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        let ok = r.is_ok();
+        if self.up.swap(ok, Ordering::AcqRel) != ok {
+            if ok {
+                tracing::info!(key = %self.key, "policy store reachable");
+            } else {
+                tracing::warn!(key = %self.key, error = ?r.as_ref().err(), "policy store unreachable: serving the last policy");
+            }
+        }
+        if !ok {
+            *self.conn.lock().await = None;
+        }
+        metrics::gauge!(crate::metrics::POLICY_STORE_UP).set(if ok { 1.0 } else { 0.0 });
+        r
+    }
+
+    /// The shared policy and its version, if one is stored.
+    pub async fn fetch(&self) -> redis::RedisResult<Option<(RoutingConfig, u64)>> {
+        let r = async {
+            let mut c = self.connection().await?;
+            let (version, policy): (Option<u64>, Option<String>) =
+                c.hget(&self.key, &["version", "policy"]).await?;
+            Ok(match (version, policy) {
+                (Some(v), Some(p)) => serde_json::from_str(&p).ok().map(|cfg| (cfg, v)),
+                _ => None,
+            })
+        }
+        .await;
+        self.note(r).await
+    }
+
+    /// Stores `cfg` as the version after `expected`, appending `audit` to the shared audit log, if the store
+    /// is still at `expected` (0: nothing stored yet).
+    pub async fn compare_and_set(
+        &self,
+        expected: u64,
+        cfg: &RoutingConfig,
+        audit: &str,
+    ) -> redis::RedisResult<Cas> {
+        let r = async {
+            let mut c = self.connection().await?;
+            let policy = serde_json::to_string(cfg).unwrap_or_default();
+            let (stored, version): (u8, u64) = redis::Script::new(CAS)
+                .key(&self.key)
+                .key(format!("{}:audit", self.key))
+                .key(format!("{}:changes", self.key))
+                .arg(expected)
+                .arg(policy)
+                .arg(audit)
+                .invoke_async(&mut c)
+                .await?;
+            Ok(if stored == 1 {
+                Cas::Stored(version)
+            } else {
+                Cas::Conflict(version)
+            })
+        }
+        .await;
+        self.note(r).await
+    }
+}
+
+/// Keeps this replica's policy in step with the store until the state is dropped: at start the stored policy
+/// wins (or this replica's config is stored as the first version), then every `sync_ms` a newer stored
+/// version is installed.
+pub async fn sync_policy(state: Weak<AppState>) {
+    let mut seeded = false;
+    loop {
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        let Some(store) = state.store.as_ref() else {
+            return;
+        };
+        match store.fetch().await {
+            Ok(Some((cfg, version))) => {
+                let adopt = !seeded;
+                seeded = true;
+                if state.policy.install(cfg, version, adopt) {
+                    tracing::info!(version, "routing policy from the shared store installed");
+                }
+            }
+            Ok(None) if !seeded => {
+                // Nothing stored yet: this replica's policy becomes version 1 of the shared one.
+                let local = state.policy.current();
+                let line = serde_json::json!({"event": "seeded", "version": 1}).to_string();
+                if let Ok(Cas::Stored(v)) = store.compare_and_set(0, &local.cfg, &line).await {
+                    state.policy.install(local.cfg.clone(), v, true);
+                    seeded = true;
+                }
+            }
+            _ => {}
+        }
+        let period = store.sync;
+        drop(state);
+        tokio::time::sleep(period).await;
+    }
+}

@@ -1,0 +1,199 @@
+//! Two real `tiergate serve` replicas sharing one policy through a real `redis-server` (Debian package,
+//! started by the test on a free loopback port): a change through either replica reaches the other within
+//! 2 s, versions stay monotonic, a stale `If-Match` is refused on either, the audit log is one list, and with
+//! Redis killed both keep serving their last policy (and say so), refusing changes until it is back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+use common::start;
+
+struct Redis(Child);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn redis(port: u16) -> Redis {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (Debian package `redis-server`; scripts/test.sh installs it)");
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Redis(child)
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn routing(admin: &str) -> Value {
+    ureq::get(&format!("{admin}/admin/routing"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap()
+}
+
+fn patch(admin: &str, body: Value, if_match: Option<u64>) -> Result<Value, u16> {
+    let mut r = ureq::request("PATCH", &format!("{admin}/admin/routing"));
+    if let Some(v) = if_match {
+        r = r.set("if-match", &v.to_string());
+    }
+    match r.send_json(body) {
+        Ok(resp) => Ok(resp.into_json().unwrap()),
+        Err(ureq::Error::Status(code, _)) => Err(code),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Waits (≤ 2 s, the bound) until `admin` shows `version`; returns the view.
+fn seen_within_2s(admin: &str, version: u64) -> Value {
+    let t = Instant::now();
+    loop {
+        let v = routing(admin);
+        if v["version"].as_u64() == Some(version) {
+            return v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "version {version} not seen in 2 s: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn chat_version(base: &str) -> (u16, String) {
+    let r = ureq::post(&format!("{base}/v1/chat/completions"))
+        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}))
+        .unwrap();
+    (
+        r.status(),
+        r.header("x-tiergate-policy-version")
+            .unwrap_or("")
+            .to_string(),
+    )
+}
+
+#[test]
+fn two_replicas_share_one_policy_through_a_real_redis() {
+    let port = free_port();
+    let redis_proc = redis(port);
+    let store = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &format!("policy_store.url=\"redis://127.0.0.1:{port}\""),
+        "--set",
+        "reranker.workers=0",
+    ];
+    let a = start(&store);
+    let b = start(&store);
+    // Both converge on the one stored policy.
+    let v0 = routing(&a.admin)["version"].as_u64().unwrap();
+    seen_within_2s(&b.admin, v0);
+
+    // A change through A reaches B (its admin view and its answers' version header).
+    let va = patch(
+        &a.admin,
+        json!({"mode": "static", "theta_base": 0.42}),
+        None,
+    )
+    .unwrap();
+    let v1 = va["version"].as_u64().unwrap();
+    assert_eq!(v1, v0 + 1);
+    let vb = seen_within_2s(&b.admin, v1);
+    assert_eq!(vb["theta_base"].as_f64(), Some(0.42));
+    assert_eq!(chat_version(&b.base), (200, v1.to_string()));
+
+    // A change through B reaches A; versions stay monotonic across replicas.
+    let v2 = patch(&b.admin, json!({"k": 0.2}), Some(v1)).unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(v2, v1 + 1);
+    let va = seen_within_2s(&a.admin, v2);
+    assert_eq!(
+        (va["theta_base"].as_f64(), va["k"].as_f64()),
+        (Some(0.42), Some(0.2)),
+        "B's change merged onto A's"
+    );
+
+    // A stale If-Match is refused on either replica; nothing changes.
+    assert_eq!(patch(&a.admin, json!({"k": 0.3}), Some(v1)), Err(412));
+    assert_eq!(patch(&b.admin, json!({"k": 0.3}), Some(v1)), Err(412));
+    assert_eq!(routing(&a.admin)["version"].as_u64(), Some(v2));
+
+    // One audit log: the seeding and both changes, whichever replica took them.
+    let audit: u64 = redis_cli(port, &["LLEN", "tiergate:policy:audit"])
+        .parse()
+        .unwrap();
+    assert_eq!(audit, 3, "seeded + 2 changes");
+
+    // Redis gone: both keep serving their last policy, say so, and refuse changes (503).
+    drop(redis_proc);
+    for s in [&a, &b] {
+        let t = Instant::now();
+        loop {
+            let ready: Value = ureq::get(&format!("{}/ready", s.base))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap();
+            if ready["policy_store"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("unreachable"))
+            {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{ready}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(chat_version(&s.base), (200, v2.to_string()));
+        assert_eq!(patch(&s.admin, json!({"k": 0.25}), None), Err(503));
+    }
+    let metrics = ureq::get(&format!("{}/metrics", a.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(metrics.contains("tiergate_policy_store_up 0"), "{metrics}");
+}
