@@ -20,6 +20,10 @@ if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
     "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
     || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
 fi
+if ! "$python" -c "import kubernetes_validate" >/dev/null 2>&1; then
+  echo "test: installing kubernetes-validate (schema check of deploy/k8s)" >&2
+  "$python" -m pip install --quiet kubernetes-validate || { echo "test: cannot install kubernetes-validate" >&2; exit 1; }
+fi
 # Debian packages of the real components some tests start: Prometheus (fleet utilisation), Redis (replicas
 # sharing one policy).
 missing=()
