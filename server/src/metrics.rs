@@ -12,6 +12,8 @@ pub const PREFILTER_BATCH_SIZE: &str = "tiergate_prefilter_batch_size";
 pub const PREFILTER_SECONDS: &str = "tiergate_prefilter_infer_seconds";
 /// Prefilter queue wait.
 pub const PREFILTER_QUEUE_SECONDS: &str = "tiergate_prefilter_queue_seconds";
+/// Escalations waiting for a worker (submitted, not yet taken).
+pub const QUEUE_WAITING: &str = "tiergate_escalation_waiting";
 /// Escalation queue depth (jobs in flight).
 pub const QUEUE_DEPTH: &str = "tiergate_escalation_queue_depth";
 /// Time from submitting an escalation to its first event.
@@ -53,7 +55,11 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(REQUESTS_TOTAL, "Chat requests by route, tier and outcome");
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "Chat requests by route, tier, channel (tier0, escalated, degraded, error) and outcome"
+    );
+    describe_gauge!(QUEUE_WAITING, "Escalations waiting for a worker");
     describe_gauge!(
         POLICY_STORE_UP,
         "1 while the shared policy store (Redis) answers; 0 while the last policy is served without it"

@@ -57,14 +57,22 @@ pub async fn chat(
     };
     match result {
         Ok((resp, tier)) => {
-            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "outcome" => "ok").increment(1);
-            metrics::histogram!(m::REQUEST_SECONDS, "route" => route, "tier" => tier)
+            // The bench's channels: Tier-0 answers, escalations the LLM answered, escalations degraded to Tier-0.
+            let channel = if resp.headers().contains_key("x-tiergate-degraded") {
+                "degraded"
+            } else if tier == "llm" {
+                "escalated"
+            } else {
+                "tier0"
+            };
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok").increment(1);
+            metrics::histogram!(m::REQUEST_SECONDS, "route" => route, "tier" => tier, "channel" => channel)
                 .record(started.elapsed().as_secs_f64());
             resp
         }
         Err(e) => {
             let code = e.parts().0.as_u16().to_string();
-            metrics::counter!(m::REQUESTS_TOTAL, "route" => route, "tier" => "none", "outcome" => code).increment(1);
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route, "tier" => "none", "channel" => "error", "outcome" => code).increment(1);
             e.into_response()
         }
     }

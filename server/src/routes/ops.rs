@@ -49,6 +49,12 @@ pub fn refresh_gauges(state: &AppState) {
     metrics::gauge!(m::POLICY_VERSION).set(state.policy.current().version as f64);
     if let Some(llm) = &state.llm {
         metrics::gauge!(m::QUEUE_DEPTH).set(llm.client.in_flight() as f64);
+        let seg = llm.client.segment();
+        let waiting = (0..seg.slots())
+            .filter_map(|i| seg.slot(i))
+            .filter(|s| tiergate_queue::slot::load(s).1 == tiergate_queue::layout::state::READY)
+            .count();
+        metrics::gauge!(m::QUEUE_WAITING).set(waiting as f64);
         metrics::counter!(m::WORKER_RESTARTS).absolute(
             llm.supervisor
                 .stats
