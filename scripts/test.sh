@@ -20,15 +20,19 @@ if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
     "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
     || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
 fi
-if ! "$python" -c "import kubernetes_validate" >/dev/null 2>&1; then
-  echo "test: installing kubernetes-validate (schema check of deploy/k8s)" >&2
-  "$python" -m pip install --quiet kubernetes-validate || { echo "test: cannot install kubernetes-validate" >&2; exit 1; }
-fi
-# Debian packages of the real components some tests start: Prometheus (fleet utilisation), Redis (replicas
-# sharing one policy).
+for module in kubernetes_validate:kubernetes-validate websocket:websocket-client; do
+  # kubernetes-validate: schema check of deploy/k8s; websocket-client: drives Chromium for the /console test.
+  if ! "$python" -c "import ${module%%:*}" >/dev/null 2>&1; then
+    echo "test: installing ${module#*:}" >&2
+    "$python" -m pip install --quiet "${module#*:}" || { echo "test: cannot install ${module#*:}" >&2; exit 1; }
+  fi
+done
+# Debian packages of the real components some tests start: Prometheus (fleet utilisation, rules), Redis
+# (replicas sharing one policy), Chromium (the /console page in a real browser).
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "test: installing Debian packages: ${missing[*]}" >&2
   sudo_cmd=""

@@ -112,6 +112,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The one admission limit for the whole server.
     pub admission: Arc<Semaphore>,
+    /// The last decisions, for `/console`.
+    pub decisions: std::sync::Mutex<std::collections::VecDeque<crate::console::Decision>>,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
     pub store: Option<crate::store::RedisStore>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
@@ -196,6 +198,7 @@ impl AppState {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
             fleet_utilization: std::sync::Mutex::new(None),
+            decisions: std::sync::Mutex::new(std::collections::VecDeque::new()),
             store: match config.policy_store.kind.as_str() {
                 "redis" => Some(crate::store::RedisStore::new(&config.policy_store)?),
                 _ => None,

@@ -179,6 +179,15 @@ impl Policy {
         }
     }
 
+    /// The ambiguities of the last 60 s of (not forced) decisions.
+    pub fn recent_ambiguity(&self, now: Instant) -> Vec<f64> {
+        let Ok(mut live) = self.live.lock() else {
+            return Vec::new();
+        };
+        prune(&mut live.ambiguity, now);
+        live.ambiguity.iter().map(|(_, a)| *a).collect()
+    }
+
     /// Records a routing decision on a request with ambiguity `a`.
     pub fn record_decision(&self, now: Instant, a: f64, escalated: bool) {
         if let Ok(mut live) = self.live.lock() {

@@ -66,8 +66,9 @@ pub async fn chat(
                 "tier0"
             };
             metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok").increment(1);
-            metrics::histogram!(m::REQUEST_SECONDS, "route" => route, "tier" => tier, "channel" => channel)
+            metrics::histogram!(m::REQUEST_SECONDS, "route" => route.clone(), "tier" => tier, "channel" => channel)
                 .record(started.elapsed().as_secs_f64());
+            crate::console::record(&state, &route, channel, &resp, started.elapsed());
             resp
         }
         Err(e) => {
@@ -230,7 +231,7 @@ fn respond_label(
         .logprobs
         .then(|| label_logprobs(pred, labels, &label, best_p, &final_probs, v.top_logprobs));
     let tier = meta.tier;
-    let resp = respond_text(
+    let mut resp = respond_text(
         state,
         v,
         content,
@@ -238,6 +239,7 @@ fn respond_label(
         Usage::new(pred.tokens as u32, 1),
         meta,
     );
+    resp.extensions_mut().insert(crate::console::Label(label));
     Ok((resp, tier))
 }
 

@@ -88,6 +88,8 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
                 .put(admin::put_routing),
         )
         .route("/info", get(ops::info))
+        .route("/admin/console", get(crate::console::data))
+        .route("/console", get(crate::console::page))
         .route("/health", get(ops::health))
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
