@@ -18,11 +18,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tiergate_config::{display_label, render, PromptConfig};
-use tiergate_queue::{Candidate, Job, Message, Reply, RerankReply, Sampling, Taken, Usage};
+use tiergate_queue::{Candidate, Job, Message, Reply, Sampling, Taken, Usage};
 
 use crate::engine::{EngineError, Scored};
-use crate::serve::GenerationSlots;
-use tiergate_queue::fusion::{fuse, llm_probs};
+use crate::serve::{answer_rerank, GenerationSlots};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -314,22 +313,16 @@ pub async fn run_remote_job(engine: &RemoteEngine, job: Job, mut taken: Taken) {
             llm_weight,
             llm_temperature,
             prompt,
-        } => match tokio::time::timeout(left, engine.score(&text, &candidates, &prompt)).await {
-            Ok(Ok(scored)) if scored.scores.len() == candidates.len() => {
-                let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
-                let llm = llm_probs(&scored.scores, llm_temperature);
-                let fused = fuse(&tier0, &llm, llm_weight);
-                taken.reply(&Reply::Rerank(RerankReply {
-                    llm,
-                    scores: scored.scores,
-                    fused,
-                    prompt_tokens: scored.prompt_tokens,
-                }));
-            }
-            Ok(Ok(_)) => taken.fail("engine returned the wrong number of scores"),
-            Ok(Err(e)) => taken.fail(&e.to_string()),
-            Err(_) => taken.fail("deadline passed while waiting for the upstream"),
-        },
+        } => {
+            let scored =
+                match tokio::time::timeout(left, engine.score(&text, &candidates, &prompt)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(EngineError::Failed(
+                        "deadline passed while waiting for the upstream".into(),
+                    )),
+                };
+            answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
+        }
         Job::Generate { messages, sampling } => {
             let mut cut = false;
             let result = {
@@ -376,13 +369,9 @@ pub fn serve_remote(
     tracing::info!(upstream = %engine.opts.url, model = %engine.opts.model, cap, "worker ready (openai engine)");
     while !worker.shutdown_requested() {
         let place = rt.block_on(places.clone().acquire_owned())?;
-        let reserved = generations.reserve();
-        let Some(taken) = worker.take(Duration::from_millis(100), reserved) else {
-            generations.release(reserved);
+        let Some((taken, generating)) = generations.take(&worker) else {
             continue;
         };
-        let generating = matches!(taken.job, Job::Generate { .. });
-        generations.release(reserved && !generating);
         let (engine, generations) = (engine.clone(), generations.clone());
         rt.spawn(async move {
             run_remote_job(&engine, taken.job, taken.taken).await;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tiergate_queue::{Job, QueueWorker, Reply, RerankReply, Taken};
+use tiergate_queue::{Job, QueueWorker, Reply, RerankReply, Taken, TakenJob};
 
 use crate::engine::Engine;
 use tiergate_queue::fusion::{fuse, llm_probs};
@@ -39,15 +39,10 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
             .spawn(move || {
                 // The heartbeat thread ends the process when the server is gone; here only the flag.
                 while !worker.shutdown_requested() {
-                    let reserved = generations.reserve();
-                    let Some(taken) = worker.take(Duration::from_millis(100), reserved) else {
-                        generations.release(reserved);
-                        continue;
-                    };
-                    let generating = matches!(taken.job, Job::Generate { .. });
-                    generations.release(reserved && !generating);
-                    run_job(engine.as_ref(), taken.job, taken.taken);
-                    generations.release(generating);
+                    if let Some((taken, generating)) = generations.take(&worker) {
+                        run_job(engine.as_ref(), taken.job, taken.taken);
+                        generations.release(generating);
+                    }
                 }
             });
         match spawned {
@@ -108,12 +103,50 @@ impl GenerationSlots {
         false
     }
 
+    /// Takes the next job (waiting up to 100 ms), a generation only if a place is free; returns it and
+    /// whether it holds a generation place, to give back with [`GenerationSlots::release`] when it ends.
+    pub fn take(&self, worker: &QueueWorker) -> Option<(TakenJob, bool)> {
+        let reserved = self.reserve();
+        let Some(taken) = worker.take(Duration::from_millis(100), reserved) else {
+            self.release(reserved);
+            return None;
+        };
+        let generating = matches!(taken.job, Job::Generate { .. });
+        self.release(reserved && !generating);
+        Some((taken, generating))
+    }
+
     /// Gives back a place reserved with [`GenerationSlots::reserve`] (when `held`).
     pub fn release(&self, held: bool) {
         if held {
             self.running
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
+    }
+}
+
+/// Answers a rerank job from the engine's scores: the LLM's distribution, fused with Tier-0's.
+pub fn answer_rerank(
+    mut taken: Taken,
+    candidates: &[tiergate_queue::Candidate],
+    llm_weight: f32,
+    llm_temperature: f32,
+    scored: Result<crate::engine::Scored, crate::engine::EngineError>,
+) {
+    match scored {
+        Ok(scored) if scored.scores.len() == candidates.len() => {
+            let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
+            let llm = llm_probs(&scored.scores, llm_temperature);
+            let fused = fuse(&tier0, &llm, llm_weight);
+            taken.reply(&Reply::Rerank(RerankReply {
+                llm,
+                scores: scored.scores,
+                fused,
+                prompt_tokens: scored.prompt_tokens,
+            }));
+        }
+        Ok(_) => taken.fail("engine returned the wrong number of scores"),
+        Err(e) => taken.fail(&e.to_string()),
     }
 }
 
@@ -130,21 +163,10 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
             llm_weight,
             llm_temperature,
             prompt,
-        } => match engine.score(&text, &candidates, &prompt, &|| taken.cancelled()) {
-            Ok(scored) if scored.scores.len() == candidates.len() => {
-                let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
-                let llm = llm_probs(&scored.scores, llm_temperature);
-                let fused = fuse(&tier0, &llm, llm_weight);
-                taken.reply(&Reply::Rerank(RerankReply {
-                    llm,
-                    scores: scored.scores,
-                    fused,
-                    prompt_tokens: scored.prompt_tokens,
-                }));
-            }
-            Ok(_) => taken.fail("engine returned the wrong number of scores"),
-            Err(e) => taken.fail(&e.to_string()),
-        },
+        } => {
+            let scored = engine.score(&text, &candidates, &prompt, &|| taken.cancelled());
+            answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
+        }
         Job::Generate { messages, sampling } => {
             // A chunk refused because the response area is full (not because the job was cancelled) cuts the
             // generation: it ends as `length`, as a token limit would.

@@ -5,30 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 mod common;
-use common::start;
-
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{free_port, start, Killed};
 
 fn routing(admin: &str) -> Value {
     ureq::get(&format!("{admin}/admin/routing"))
@@ -71,7 +54,7 @@ fn theta_follows_the_fleet_utilisation_from_a_real_prometheus() {
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
     let port = free_port();
-    let prom = Prometheus(
+    let prom = Killed(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",

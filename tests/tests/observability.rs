@@ -6,31 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tiergate_tests::root;
 
 mod common;
-use common::start;
-
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{free_port, start, Killed};
 
 /// The result vector of an instant query (panics on a query error).
 fn query(prom: &str, q: &str) -> Vec<Value> {
@@ -101,7 +84,7 @@ fn rules_and_dashboard_queries_return_data_from_a_real_prometheus() {
     )
     .unwrap();
     let port = free_port();
-    let _prom = Prometheus(
+    let _prom = Killed(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",

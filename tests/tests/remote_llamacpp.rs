@@ -16,6 +16,9 @@ use tiergate_queue::{
 };
 use tiergate_tests::{binary, root};
 
+mod common;
+use common::free_port;
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// A llama.cpp server child process, killed on drop.
@@ -71,14 +74,6 @@ impl Drop for Upstream {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Rig {

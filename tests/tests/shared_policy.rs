@@ -5,32 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 mod common;
-use common::start;
+use common::{free_port, start, Killed};
 
-struct Redis(Child);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn redis(port: u16) -> Redis {
+fn redis(port: u16) -> Killed {
     let child = Command::new("redis-server")
         .args([
             "--port",
@@ -54,7 +37,7 @@ fn redis(port: u16) -> Redis {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    Redis(child)
+    Killed(child)
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> String {

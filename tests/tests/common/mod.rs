@@ -78,3 +78,29 @@ pub fn start(extra: &[&str]) -> Server {
     }
     s
 }
+
+/// A child process (a real Prometheus, Redis, llama.cpp server …) killed and reaped on drop.
+pub struct Killed(pub Child);
+
+impl Killed {
+    /// Kills and reaps it now.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port free at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
