@@ -5,13 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 mod common;
-use common::{free_port, start, Killed};
+use common::start;
 
 fn routing(admin: &str) -> Value {
     ureq::get(&format!("{admin}/admin/routing"))
@@ -52,24 +51,7 @@ fn theta_follows_the_fleet_utilisation_from_a_real_prometheus() {
     let config = format!(
         "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: a\n    static_configs:\n      - targets: ['{target}']\n"
     );
-    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-    let port = free_port();
-    let prom = Killed(
-        Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus (Debian package `prometheus`; .ci/run installs it)"),
-    );
+    let (prom, prom_url) = common::prometheus(dir.path(), &config);
     let b = start(&[
         "--set",
         "reranker.engine=\"stub\"",
@@ -78,7 +60,7 @@ fn theta_follows_the_fleet_utilisation_from_a_real_prometheus() {
         "--set",
         "routing.utilization_source=\"prometheus\"",
         "--set",
-        &format!("utilization.prometheus_url=\"http://127.0.0.1:{port}\""),
+        &format!("utilization.prometheus_url=\"{prom_url}\""),
         "--set",
         "utilization.prometheus_query='max(tiergate_utilization_ratio{job=\"a\"})'",
         "--set",

@@ -6,14 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tiergate_tests::root;
 
 mod common;
-use common::{free_port, start, Killed};
+use common::start;
 
 /// The result vector of an instant query (panics on a query error).
 fn query(prom: &str, q: &str) -> Vec<Value> {
@@ -74,33 +74,12 @@ fn rules_and_dashboard_queries_return_data_from_a_real_prometheus() {
         .replace("interval: 15s", "interval: 1s");
     std::fs::write(dir.path().join("rules.yml"), fast).unwrap();
     let target = s.base.trim_start_matches("http://");
-    std::fs::write(
-        dir.path().join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\n\
-             scrape_configs:\n  - job_name: tiergate\n    static_configs:\n      - targets: ['{target}']\n",
-            dir.path().join("rules.yml").display()
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let _prom = Killed(
-        Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus"),
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\n\
+         scrape_configs:\n  - job_name: tiergate\n    static_configs:\n      - targets: ['{target}']\n",
+        dir.path().join("rules.yml").display()
     );
-    let prom = format!("http://127.0.0.1:{port}");
+    let (_prom, prom) = common::prometheus(dir.path(), &config);
 
     // A little traffic on every channel: Tier-0 answers, forced escalations, a generation, an error.
     let chat = |model: &str, text: &str, force: bool| {

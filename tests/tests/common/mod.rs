@@ -104,3 +104,23 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Starts a real Prometheus (Debian package `prometheus`) on a free loopback port with `config`
+/// (prometheus.yml text) written into `dir`; returns the process and its base URL.
+pub fn prometheus(dir: &std::path::Path, config: &str) -> (Killed, String) {
+    let file = dir.join("prometheus.yml");
+    std::fs::write(&file, config).unwrap();
+    let port = free_port();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", file.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus (Debian package `prometheus`; scripts/test.sh installs it)");
+    (Killed(child), format!("http://127.0.0.1:{port}"))
+}
