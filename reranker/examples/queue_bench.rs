@@ -5,7 +5,9 @@
 //!    events through the dispatcher thread, as async code waits);
 //! 2. how fast a flooded queue answers `Full`.
 //!
-//! `cargo run -p tiergate-reranker --example queue_bench [-- ROUND_TRIPS]`
+//! `cargo build --workspace --all-targets && target/debug/examples/queue_bench [ROUND_TRIPS]` (building the
+//! whole workspace, as the tests do: `-p tiergate-reranker` alone would unify features differently and
+//! compile mistralrs again)
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -18,10 +18,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tiergate_config::{display_label, render, PromptConfig};
-use tiergate_queue::{Candidate, Job, Message, Reply, Sampling, Taken, Usage};
+use tiergate_queue::{Candidate, Job, Message, Sampling, Taken, Usage};
 
 use crate::engine::{EngineError, Scored};
-use crate::serve::{answer_rerank, GenerationSlots};
+use crate::serve::{answer_generation, answer_rerank, GenerationSlots};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -314,36 +314,27 @@ pub async fn run_remote_job(engine: &RemoteEngine, job: Job, mut taken: Taken) {
             llm_temperature,
             prompt,
         } => {
-            let scored =
-                match tokio::time::timeout(left, engine.score(&text, &candidates, &prompt)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(EngineError::Failed(
+            let scored = tokio::time::timeout(left, engine.score(&text, &candidates, &prompt))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(EngineError::Failed(
                         "deadline passed while waiting for the upstream".into(),
-                    )),
-                };
+                    ))
+                });
             answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
         }
         Job::Generate { messages, sampling } => {
-            let mut cut = false;
-            let result = {
-                let mut on_token = |t: &str| {
-                    let sent = taken.chunk(t);
-                    cut |= !sent && taken.response_full();
-                    sent
-                };
-                tokio::time::timeout(left, engine.generate(&messages, &sampling, &mut on_token))
-                    .await
-            };
-            match result {
-                Ok(Ok(mut usage)) => {
-                    if cut {
-                        usage.finish_reason = "length".into();
-                    }
-                    taken.reply(&Reply::Generated(usage));
-                }
-                Ok(Err(e)) => taken.fail(&e.to_string()),
-                Err(_) => taken.fail("deadline passed while the upstream was generating"),
-            }
+            let result = tokio::time::timeout(
+                left,
+                engine.generate(&messages, &sampling, &mut |t| taken.chunk(t)),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(EngineError::Failed(
+                    "deadline passed while the upstream was generating".into(),
+                ))
+            });
+            answer_generation(taken, result);
         }
     }
 }

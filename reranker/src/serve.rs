@@ -150,6 +150,23 @@ pub fn answer_rerank(
     }
 }
 
+/// Answers a generation job with its usage, or its error. A generation cut because a chunk did not fit the
+/// response area (not because the job was cancelled) ends as `length`, as a token limit would.
+pub fn answer_generation(
+    mut taken: Taken,
+    result: Result<tiergate_queue::Usage, crate::engine::EngineError>,
+) {
+    match result {
+        Ok(mut usage) => {
+            if taken.response_full() {
+                usage.finish_reason = "length".into();
+            }
+            taken.reply(&Reply::Generated(usage))
+        }
+        Err(e) => taken.fail(&e.to_string()),
+    }
+}
+
 /// Runs one job and answers it.
 pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
     if engine.on_job_start() {
@@ -168,23 +185,8 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
             answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
         }
         Job::Generate { messages, sampling } => {
-            // A chunk refused because the response area is full (not because the job was cancelled) cuts the
-            // generation: it ends as `length`, as a token limit would.
-            let mut cut = false;
-            let result = engine.generate(&messages, &sampling, &mut |t| {
-                let sent = taken.chunk(t);
-                cut |= !sent && taken.response_full();
-                sent
-            });
-            match result {
-                Ok(mut usage) => {
-                    if cut {
-                        usage.finish_reason = "length".into();
-                    }
-                    taken.reply(&Reply::Generated(usage))
-                }
-                Err(e) => taken.fail(&e.to_string()),
-            }
+            let result = engine.generate(&messages, &sampling, &mut |t| taken.chunk(t));
+            answer_generation(taken, result);
         }
     }
 }

@@ -2,7 +2,6 @@
 //! listener, and the data it polls (`GET /admin/console`): the live policy view, the ambiguity histogram of the
 //! last 60 s, per-channel P95 of recent answers, and the last decisions (no request text is kept).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -104,10 +103,10 @@ pub async fn data(
     let recent: Vec<Decision> = state
         .decisions
         .lock()
-        .map(|q| q.iter().cloned().collect::<VecDeque<_>>().into())
+        .map(|q| q.iter().cloned().collect())
         .unwrap_or_default();
     let p95 = |channel: &str| {
-        let mut v: Vec<f64> = recent
+        let v: Vec<f64> = recent
             .iter()
             .filter(|d| {
                 d.channel == channel
@@ -116,7 +115,7 @@ pub async fn data(
             })
             .map(|d| d.latency_ms)
             .collect();
-        crate::policy::quantile(std::mem::take(&mut v), 0.95)
+        crate::policy::quantile(v, 0.95)
     };
     let live = state.policy.live_view(now);
     let current = state.policy.current();

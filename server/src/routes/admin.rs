@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use tiergate_config::RoutingConfig;
 
 use crate::app::AppState;
+use crate::auth::authorize_admin;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 
@@ -31,14 +32,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
                 .map(|c| c.0),
         ))
     }
-}
-
-fn authorize(
-    state: &AppState,
-    headers: &HeaderMap,
-    peer: Option<SocketAddr>,
-) -> Result<(), ApiError> {
-    crate::auth::authorize_admin(state, headers, peer)
 }
 
 fn view(state: &AppState) -> Value {
@@ -138,7 +131,7 @@ pub async fn get_routing(
     Peer(peer): Peer,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(e) = authorize(&state, &headers, peer) {
+    if let Err(e) = authorize_admin(&state, &headers, peer) {
         return e.into_response();
     }
     with_etag(&state, view(&state))
@@ -175,7 +168,7 @@ async fn change(
     body: Value,
     full: bool,
 ) -> Result<Response, ApiError> {
-    authorize(state, headers, peer)?;
+    authorize_admin(state, headers, peer)?;
     let obj = body.as_object().ok_or_else(|| ApiError::Invalid {
         message: "expected a JSON object".into(),
         param: None,

@@ -20,7 +20,6 @@ use crate::error::ApiError;
 /// The public router: the OpenAI API behind the admission limit (bodies read in full, within a total deadline,
 /// before a permit is taken), and the probes and metrics outside it (a liveness probe never gets 429).
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.config.server.max_body_bytes;
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/models", get(ops::models))
@@ -32,7 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             read_body,
         ));
-    Router::new()
+    let public = Router::new()
         .merge(api)
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
@@ -42,7 +41,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             lame_duck,
-        ))
+        ));
+    outer_layers(public, state)
+}
+
+/// What both listeners do to every request: the head limits, the request id, the body limit.
+fn outer_layers(router: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    let limit = state.config.server.max_body_bytes;
+    router
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             header_limits,
@@ -59,7 +65,7 @@ pub const MAX_HEADERS: usize = 100;
 /// [`MAX_HEADERS`]).
 async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let headers = req.headers();
-    let bytes: usize = req.uri().to_string().len()
+    let bytes: usize = req.uri().path_and_query().map_or(0, |p| p.as_str().len())
         + headers
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
@@ -79,8 +85,7 @@ async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: N
 /// The admin router, served on its own listener (`server.admin_listen`, loopback by default): the live policy
 /// and the effective config.
 pub fn admin_router(state: Arc<AppState>) -> Router {
-    let limit = state.config.server.max_body_bytes;
-    Router::new()
+    let admin = Router::new()
         .route(
             "/admin/routing",
             get(admin::get_routing)
@@ -96,14 +101,8 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             read_body,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            header_limits,
-        ))
-        .layer(axum::middleware::from_fn(too_large_and_request_id))
-        .layer(axum::extract::DefaultBodyLimit::max(limit))
-        .with_state(state)
+        ));
+    outer_layers(admin, state)
 }
 
 /// Reads the whole request body within `server.body_timeout_ms` in total (a body trickled a byte at a time
