@@ -20,8 +20,9 @@ if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
     "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
     || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
 fi
-for module in kubernetes_validate:kubernetes-validate websocket:websocket-client; do
-  # kubernetes-validate: schema check of deploy/k8s; websocket-client: drives Chromium for the /console test.
+for module in kubernetes_validate:kubernetes-validate websocket:websocket-client opentelemetry.proto:opentelemetry-proto grpc:grpcio; do
+  # kubernetes-validate: schema check of deploy/k8s; websocket-client: drives Chromium for the /console test;
+  # opentelemetry-proto and grpcio: the OTLP receiver (HTTP and gRPC) of the tracing test.
   if ! "$python" -c "import ${module%%:*}" >/dev/null 2>&1; then
     echo "test: installing ${module#*:}" >&2
     "$python" -m pip install --quiet "${module#*:}" || { echo "test: cannot install ${module#*:}" >&2; exit 1; }

@@ -41,6 +41,13 @@ pub struct ServerConfig {
     pub on_escalation_failure: FailureMode,
     /// Time given to in-flight requests at shutdown, in milliseconds.
     pub drain_ms: u64,
+    /// Where traces are exported (OTLP), e.g. `http://127.0.0.1:4318` (HTTP: `/v1/traces` is appended) or
+    /// `http://127.0.0.1:4317` (gRPC). Empty: the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when set, else off.
+    pub otlp_endpoint: String,
+    /// `http/protobuf` or `grpc`. Empty: `OTEL_EXPORTER_OTLP_PROTOCOL` when set, else `http/protobuf`.
+    pub otlp_protocol: String,
+    /// Share of new traces recorded, in [0, 1] (a request's own `traceparent` decides for its trace).
+    pub trace_sample_ratio: f64,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +66,9 @@ impl Default for ServerConfig {
             lame_duck_ms: 2_000,
             on_escalation_failure: FailureMode::Degrade,
             drain_ms: 10_000,
+            otlp_endpoint: String::new(),
+            otlp_protocol: String::new(),
+            trace_sample_ratio: 1.0,
         }
     }
 }
@@ -105,6 +115,18 @@ impl ServerConfig {
                     "must be at least 8 characters without spaces (or unset: loopback-only admin)",
                 ));
             }
+        }
+        if !(0.0..=1.0).contains(&self.trace_sample_ratio) {
+            return Err(ConfigError::invalid(
+                format!("{at}.trace_sample_ratio"),
+                "must be in [0, 1]",
+            ));
+        }
+        if !["", "http/protobuf", "grpc"].contains(&self.otlp_protocol.as_str()) {
+            return Err(ConfigError::invalid(
+                format!("{at}.otlp_protocol"),
+                "must be `http/protobuf` or `grpc`",
+            ));
         }
         if self.admin_listen == self.listen && self.listen.port() != 0 {
             return Err(ConfigError::invalid(

@@ -14,5 +14,6 @@ pub mod remote;
 pub mod scoring;
 pub mod serve;
 pub mod stub;
+pub mod trace;
 
 pub use engine::{Engine, EngineError, Scored};

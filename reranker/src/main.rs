@@ -94,24 +94,52 @@ struct Args {
     /// Stub: milliseconds the "model load" takes before the worker is ready.
     #[arg(long, default_value_t = 0)]
     stub_load_ms: u64,
+    /// Where this worker exports its spans (the server passes its own OTLP endpoint; empty: not exported).
+    #[arg(long, default_value = "")]
+    otlp_endpoint: String,
+    /// The OTLP transport: http/protobuf or grpc.
+    #[arg(long, default_value = "http/protobuf")]
+    otlp_protocol: String,
+    /// `service.name` of this worker's spans.
+    #[arg(long, default_value = "tiergate-worker")]
+    service_name: String,
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(args) {
+    let telemetry = match init_telemetry(&args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tiergate-reranker: error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = run(args);
+    drop(telemetry);
+    match result {
         Ok(code) => std::process::ExitCode::from(code as u8),
         Err(e) => {
             eprintln!("tiergate-reranker: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Logs, and the job spans exported where the server says (as children of the server's spans only: the worker
+/// starts no trace of its own).
+fn init_telemetry(args: &Args) -> anyhow::Result<tiergate_telemetry::Telemetry> {
+    let export = if args.otlp_endpoint.is_empty() {
+        None
+    } else {
+        Some(tiergate_telemetry::Export {
+            url: args.otlp_endpoint.clone(),
+            protocol: tiergate_telemetry::Protocol::parse(&args.otlp_protocol)?,
+            service_name: args.service_name.clone(),
+            sample_ratio: 1.0,
+            roots: false,
+        })
+    };
+    tiergate_telemetry::init(export)
 }
 
 fn run(args: Args) -> anyhow::Result<i32> {

@@ -18,10 +18,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tiergate_config::{display_label, render, PromptConfig};
-use tiergate_queue::{Candidate, Job, Message, Sampling, Taken, Usage};
+use tiergate_queue::{Candidate, Job, Message, Sampling, TakenJob, Usage};
 
 use crate::engine::{EngineError, Scored};
 use crate::serve::{answer_generation, answer_rerank, GenerationSlots};
+use crate::trace::JobTrace;
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -304,7 +305,13 @@ pub fn letter_logprobs(v: &Value, k: usize) -> Result<Vec<f32>, EngineError> {
 }
 
 /// Runs one job against the upstream and answers it; the job's deadline bounds the whole exchange.
-pub async fn run_remote_job(engine: &RemoteEngine, job: Job, mut taken: Taken) {
+pub async fn run_remote_job(engine: &RemoteEngine, job: TakenJob) {
+    let TakenJob {
+        job,
+        trace,
+        mut taken,
+    } = job;
+    let mut spans = JobTrace::start(&job, trace.as_ref());
     let left = taken.time_left().unwrap_or(Duration::from_secs(3600));
     match job {
         Job::Rerank {
@@ -321,12 +328,16 @@ pub async fn run_remote_job(engine: &RemoteEngine, job: Job, mut taken: Taken) {
                         "deadline passed while waiting for the upstream".into(),
                     ))
                 });
+            spans.scored(candidates.len(), &scored);
             answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
         }
         Job::Generate { messages, sampling } => {
             let result = tokio::time::timeout(
                 left,
-                engine.generate(&messages, &sampling, &mut |t| taken.chunk(t)),
+                engine.generate(&messages, &sampling, &mut |t| {
+                    spans.token();
+                    taken.chunk(t)
+                }),
             )
             .await
             .unwrap_or_else(|_| {
@@ -334,6 +345,7 @@ pub async fn run_remote_job(engine: &RemoteEngine, job: Job, mut taken: Taken) {
                     "deadline passed while the upstream was generating".into(),
                 ))
             });
+            spans.generated(&result);
             answer_generation(taken, result);
         }
     }
@@ -365,7 +377,7 @@ pub fn serve_remote(
         };
         let (engine, generations) = (engine.clone(), generations.clone());
         rt.spawn(async move {
-            run_remote_job(&engine, taken.job, taken.taken).await;
+            run_remote_job(&engine, taken).await;
             generations.release(generating);
             drop(place);
         });

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tiergate_queue::{Job, QueueWorker, Reply, RerankReply, Taken, TakenJob};
 
 use crate::engine::Engine;
+use crate::trace::JobTrace;
 use tiergate_queue::fusion::{fuse, llm_probs};
 
 /// Loop settings.
@@ -40,7 +41,7 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
                 // The heartbeat thread ends the process when the server is gone; here only the flag.
                 while !worker.shutdown_requested() {
                     if let Some((taken, generating)) = generations.take(&worker) {
-                        run_job(engine.as_ref(), taken.job, taken.taken);
+                        run_job(engine.as_ref(), taken);
                         generations.release(generating);
                     }
                 }
@@ -69,6 +70,7 @@ pub fn start_heartbeat(worker: &Arc<QueueWorker>, period: Duration) -> std::io::
         .spawn(move || loop {
             if hb.should_exit() {
                 tracing::info!("server gone or shutting down: exiting");
+                tiergate_telemetry::flush();
                 std::process::exit(0);
             }
             hb.heartbeat();
@@ -167,8 +169,15 @@ pub fn answer_generation(
     }
 }
 
-/// Runs one job and answers it.
-pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
+/// Runs one job and answers it, in the job's span.
+pub fn run_job(engine: &dyn Engine, job: TakenJob) {
+    let TakenJob {
+        job,
+        trace,
+        mut taken,
+    } = job;
+    let mut spans = JobTrace::start(&job, trace.as_ref());
+    let _in_span = spans.span().clone().entered();
     if engine.on_job_start() {
         taken.corrupt(&[0xff, 0xff, 0xff, 0x7f, 9, b'g', b'a', b'r', b'b']);
         return;
@@ -182,10 +191,15 @@ pub fn run_job(engine: &dyn Engine, job: Job, mut taken: Taken) {
             prompt,
         } => {
             let scored = engine.score(&text, &candidates, &prompt, &|| taken.cancelled());
+            spans.scored(candidates.len(), &scored);
             answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
         }
         Job::Generate { messages, sampling } => {
-            let result = engine.generate(&messages, &sampling, &mut |t| taken.chunk(t));
+            let result = engine.generate(&messages, &sampling, &mut |t| {
+                spans.token();
+                taken.chunk(t)
+            });
+            spans.generated(&result);
             answer_generation(taken, result);
         }
     }

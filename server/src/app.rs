@@ -304,6 +304,17 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
             r.remote_max_in_flight.to_string(),
         ]);
     }
+    // The worker exports its job spans where this server exports its own.
+    if let Some(e) = tiergate_telemetry::export() {
+        args.extend([
+            "--otlp-endpoint".to_string(),
+            e.url.clone(),
+            "--otlp-protocol".into(),
+            e.protocol.as_str().into(),
+            "--service-name".into(),
+            format!("{}-worker", e.service_name),
+        ]);
+    }
     args.extend(r.extra_args.iter().cloned());
     let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);
     let name_for_info = name.clone();

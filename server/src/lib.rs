@@ -15,5 +15,6 @@ pub mod policy;
 pub mod routes;
 pub mod serve;
 pub mod store;
+pub mod trace;
 pub mod util;
 pub mod validate;

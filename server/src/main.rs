@@ -1,4 +1,4 @@
-//! The `tiergate` binary. Thin: parse arguments, set up tracing, dispatch to a command.
+//! The `tiergate` binary. Thin: parse arguments, dispatch to a command (each sets up its logs; `serve` its traces too).
 
 use clap::Parser;
 
@@ -6,13 +6,6 @@ mod cli;
 
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     match cli::run(args, std::env::vars()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

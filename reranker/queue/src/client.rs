@@ -18,7 +18,9 @@ use std::time::Duration;
 use crate::error::{QueueError, Result};
 use crate::futex::{self, now_ns};
 use crate::layout::{job_kind, state, Segment, MAX_WORKERS};
-use crate::protocol::{decode_frames, encode_job, Frame, Job, Reply};
+use crate::protocol::{
+    decode_frames, encode_job, encode_job_traced, Frame, Job, Reply, TraceParent,
+};
 use crate::slot;
 
 /// What a job's receiver gets.
@@ -198,7 +200,17 @@ impl Client {
     /// Submits `job` with a deadline `timeout` from now. Fails at once with `Full` (no free slot),
     /// `WorkerDown` (no live worker) or `Invalid` (does not fit a slot).
     pub fn submit(&self, job: &Job, timeout: Duration) -> Result<JobHandle> {
-        let bytes = encode_job(job)?;
+        self.submit_traced(job, None, timeout)
+    }
+
+    /// [`Client::submit`] with the submitter's trace context, which the worker's spans continue.
+    pub fn submit_traced(
+        &self,
+        job: &Job,
+        trace: Option<&TraceParent>,
+        timeout: Duration,
+    ) -> Result<JobHandle> {
+        let bytes = encode_job_traced(job, trace)?;
         self.submit_kind(&bytes, kind_of(job), timeout)
     }
 

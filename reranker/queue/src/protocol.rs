@@ -135,14 +135,37 @@ pub mod frame {
     pub const ERROR: u8 = 3;
 }
 
+/// The submitter's trace context (W3C header values), carried with a job so that the worker's spans continue
+/// the request's trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TraceParent {
+    /// `traceparent`.
+    pub traceparent: String,
+    /// `tracestate` (may be empty).
+    pub tracestate: String,
+}
+
 /// Encodes a job for a slot.
 pub fn encode_job(job: &Job) -> Result<Vec<u8>> {
-    postcard::to_allocvec(job).map_err(|e| QueueError::Invalid(format!("cannot encode job: {e}")))
+    encode_job_traced(job, None)
+}
+
+/// Encodes a job and its trace context for a slot: the document is `(Option<TraceParent>, Job)`.
+pub fn encode_job_traced(job: &Job, trace: Option<&TraceParent>) -> Result<Vec<u8>> {
+    postcard::to_allocvec(&(trace, job))
+        .map_err(|e| QueueError::Invalid(format!("cannot encode job: {e}")))
 }
 
 /// Decodes a job read from a slot (untrusted bytes).
 pub fn decode_job(bytes: &[u8]) -> Result<Job> {
-    postcard::from_bytes(bytes).map_err(|e| QueueError::Protocol(format!("bad job: {e}")))
+    decode_job_traced(bytes).map(|(job, _)| job)
+}
+
+/// Decodes a job and its trace context read from a slot (untrusted bytes).
+pub fn decode_job_traced(bytes: &[u8]) -> Result<(Job, Option<TraceParent>)> {
+    postcard::from_bytes::<(Option<TraceParent>, Job)>(bytes)
+        .map(|(trace, job)| (job, trace))
+        .map_err(|e| QueueError::Protocol(format!("bad job: {e}")))
 }
 
 /// Encodes a final reply.
@@ -253,6 +276,16 @@ mod tests {
         };
         let bytes = encode_job(&job).unwrap();
         assert_eq!(decode_job(&bytes).unwrap(), job);
+        let trace = TraceParent {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: "congo=t61rcWkgMzE".into(),
+        };
+        let traced = encode_job_traced(&job, Some(&trace)).unwrap();
+        assert_eq!(
+            decode_job_traced(&traced).unwrap(),
+            (job.clone(), Some(trace))
+        );
+        assert_eq!(decode_job_traced(&bytes).unwrap(), (job.clone(), None));
         for cut in 0..bytes.len() {
             // Truncated anywhere: an error (or, at a boundary postcard cannot see, a different job), never a panic.
             let _ = decode_job(&bytes[..cut]);

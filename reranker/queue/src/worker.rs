@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use crate::error::{QueueError, Result};
 use crate::futex::{self, now_ns};
 use crate::layout::{job_kind, pid_alive, Segment, WorkerRecord, MAX_WORKERS};
-use crate::protocol::{decode_job, encode_frame, encode_reply, frame, Job, Reply, FRAME_HEADER};
+use crate::protocol::{
+    decode_job_traced, encode_frame, encode_reply, frame, Job, Reply, TraceParent, FRAME_HEADER,
+};
 use crate::slot;
 
 /// How long a job thread polls for the next job before sleeping: jobs that follow each other closely are taken
@@ -141,18 +143,18 @@ impl QueueWorker {
         let parsed = self
             .seg
             .read_request(i, len)
-            .and_then(|b| decode_job(&b))
-            .and_then(|job| {
+            .and_then(|b| decode_job_traced(&b))
+            .and_then(|(job, trace)| {
                 let generate = matches!(job, Job::Generate { .. });
                 if generate != (declared == job_kind::GENERATE) {
                     return Err(QueueError::Protocol(
                         "the job's kind does not match its slot header".into(),
                     ));
                 }
-                Ok(job)
+                Ok((job, trace))
             });
         match parsed {
-            Ok(job) => Some(TakenJob { job, taken }),
+            Ok((job, trace)) => Some(TakenJob { job, trace, taken }),
             Err(e) => {
                 tracing::warn!(slot = i, error = %e, "rejecting unreadable job");
                 taken.fail(&e.to_string());
@@ -192,6 +194,8 @@ pub struct Taken {
 pub struct TakenJob {
     /// The request.
     pub job: Job,
+    /// The submitter's trace context, when it sent one.
+    pub trace: Option<TraceParent>,
     /// The handle to answer it.
     pub taken: Taken,
 }

@@ -72,8 +72,12 @@ pub struct ConfigArgs {
 
 /// Runs a parsed command. `env` is the process environment (for `TIERGATE__…` overrides).
 pub fn run(cli: Cli, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
+    if let Command::Serve(args) = &cli.command {
+        return serve::run(args, env);
+    }
+    let _logs = tiergate_telemetry::init(None)?;
     match cli.command {
-        Command::Serve(args) => serve::run(&args, env),
+        Command::Serve(_) => Ok(()),
         Command::Train(args) => train::run(&args),
         Command::Eval(args) => eval::run(&args, env),
         Command::FitFusion(args) => fit::run(&args, env),

@@ -39,10 +39,19 @@ pub fn run(
         cfg.server.admin_listen = listen;
     }
     cfg.server.validate("server")?;
+    // Logs and traces: the config's OTLP settings, else the standard OTEL_* variables.
+    let export = tiergate_telemetry::Export::resolve(
+        &cfg.server.otlp_endpoint,
+        &cfg.server.otlp_protocol,
+        cfg.server.trace_sample_ratio,
+        "tiergate",
+        |k| std::env::var(k).ok(),
+    )?;
+    let telemetry = tiergate_telemetry::init(export)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let (tx, rx) = tokio::sync::oneshot::channel::<tiergate_server::serve::Bound>();
         let reporter = tokio::spawn(async move {
             if let Ok(b) = rx.await {
@@ -60,5 +69,8 @@ pub fn run(
         .await;
         reporter.abort();
         result
-    })
+    });
+    drop(rt);
+    drop(telemetry);
+    result
 }

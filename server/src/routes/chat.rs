@@ -19,6 +19,8 @@ use crate::extract::ApiJson;
 use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::{validate, ValidChat};
+use tiergate_telemetry::TARGET;
+use tracing::Instrument;
 
 use super::escalate::{decide, escalate_answer, escalate_rerank};
 
@@ -43,14 +45,19 @@ pub async fn chat(
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {
     let started = Instant::now();
-    let valid = match validate(req, |name| state.routes.get(name).map(|r| r.kind)) {
+    let validated = tracing::info_span!(target: TARGET, "validate")
+        .in_scope(|| validate(req, |name| state.routes.get(name).map(|r| r.kind)));
+    let valid = match validated {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let result = match valid.kind {
-        RouteKind::Generate => generate(&state, valid, started).await,
+        RouteKind::Generate => {
+            let span = tracing::info_span!(target: TARGET, "generation");
+            generate(&state, valid, started).instrument(span).await
+        }
         RouteKind::Classify | RouteKind::Answer => {
             classified(&state, valid, &headers, started).await
         }
@@ -158,7 +165,11 @@ async fn classified(
         .prefilter
         .as_ref()
         .ok_or_else(|| ApiError::Internal("route without a classifier".into()))?;
-    let pred = prefilter.classify(&v.text).await?;
+    let span = tracing::info_span!(target: TARGET, "prefilter");
+    let at = std::time::SystemTime::now();
+    let pred = prefilter.classify(&v.text).instrument(span.clone()).await?;
+    crate::trace::prefilter_steps(&span, at, &pred);
+    drop(span);
     metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
     metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
     metrics::histogram!(m::PREFILTER_QUEUE_SECONDS).record(pred.timings.queue.as_secs_f64());
@@ -172,10 +183,17 @@ async fn classified(
     // Tier-0's answer is also the degraded fallback.
     let mut final_probs = d.top.clone();
     if d.escalate {
-        if let Some(resp) = escalate_answer(state, route, &v, &d, &mut meta, started).await? {
+        let span = tracing::info_span!(target: TARGET, "escalation");
+        let answered = escalate_answer(state, route, &v, &d, &mut meta, started)
+            .instrument(span.clone())
+            .await?;
+        if let Some(resp) = answered {
             return Ok((resp, "llm"));
         }
-        if let Some(fused) = escalate_rerank(state, route, &v, &d, &mut meta).await? {
+        let reranked = escalate_rerank(state, route, &v, &d, &mut meta)
+            .instrument(span)
+            .await?;
+        if let Some(fused) = reranked {
             final_probs = fused;
         }
         if !meta.forced {
@@ -184,7 +202,8 @@ async fn classified(
                 .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
         }
     }
-    respond_label(state, route, &v, &d.pred, final_probs, meta)
+    tracing::info_span!(target: TARGET, "response")
+        .in_scope(|| respond_label(state, route, &v, &d.pred, final_probs, meta))
 }
 
 /// The label answer (classify), or the label's reply (answer route, not escalated or degraded).
@@ -250,6 +269,7 @@ pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Resu
     }
     meta.tier = "tier0";
     meta.degraded = Some(queue_error_reason(e));
+    crate::trace::degraded(queue_error_reason(e));
     Ok(())
 }
 
@@ -395,7 +415,7 @@ async fn generate(
     let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
     let handle = llm
         .client
-        .submit(&job, deadline)
+        .submit_traced(&job, crate::trace::job_parent().as_ref(), deadline)
         .map_err(queue_error_to_api)?;
     let meta = Meta {
         tier: "llm",
@@ -465,70 +485,75 @@ pub(super) async fn stream_or_collect(
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let route = v.route.clone();
     let include_usage = v.include_usage;
-    tokio::spawn(async move {
-        let mut ev = first;
-        let _ = tx
-            .send(chunk(
-                &id,
-                created,
-                &route,
-                json!({"role": "assistant", "content": ""}),
-                None,
-                None,
-            ))
-            .await;
-        loop {
-            match ev {
-                Event::Chunk(c) => {
-                    if tx
-                        .send(chunk(
-                            &id,
-                            created,
-                            &route,
-                            json!({"content": c}),
-                            None,
-                            None,
-                        ))
-                        .await
-                        .is_err()
-                    {
-                        return; // client gone: dropping the handle cancels the job
+    tokio::spawn(
+        async move {
+            let mut ev = first;
+            let _ = tx
+                .send(chunk(
+                    &id,
+                    created,
+                    &route,
+                    json!({"role": "assistant", "content": ""}),
+                    None,
+                    None,
+                ))
+                .await;
+            loop {
+                match ev {
+                    Event::Chunk(c) => {
+                        if tx
+                            .send(chunk(
+                                &id,
+                                created,
+                                &route,
+                                json!({"content": c}),
+                                None,
+                                None,
+                            ))
+                            .await
+                            .is_err()
+                        {
+                            return; // client gone: dropping the handle cancels the job
+                        }
+                    }
+                    Event::Reply(Reply::Generated(u)) => {
+                        let finish = if u.finish_reason == "length" {
+                            "length"
+                        } else {
+                            "stop"
+                        };
+                        let _ = tx
+                            .send(chunk(&id, created, &route, json!({}), Some(finish), None))
+                            .await;
+                        if include_usage {
+                            let usage = Usage::new(
+                                u.prompt_tokens + extra_prompt_tokens,
+                                u.completion_tokens,
+                            );
+                            let _ = tx.send(usage_chunk(&id, created, &route, &usage)).await;
+                        }
+                        break;
+                    }
+                    Event::Reply(_) | Event::Error(_) => {
+                        let err = match ev {
+                            Event::Error(e) => queue_error_to_api(e),
+                            _ => ApiError::Internal("unexpected reply kind".into()),
+                        };
+                        let _ = tx
+                            .send(SseEvent::default().data(err.body().to_string()))
+                            .await;
+                        break;
                     }
                 }
-                Event::Reply(Reply::Generated(u)) => {
-                    let finish = if u.finish_reason == "length" {
-                        "length"
-                    } else {
-                        "stop"
-                    };
-                    let _ = tx
-                        .send(chunk(&id, created, &route, json!({}), Some(finish), None))
-                        .await;
-                    if include_usage {
-                        let usage =
-                            Usage::new(u.prompt_tokens + extra_prompt_tokens, u.completion_tokens);
-                        let _ = tx.send(usage_chunk(&id, created, &route, &usage)).await;
-                    }
-                    break;
-                }
-                Event::Reply(_) | Event::Error(_) => {
-                    let err = match ev {
-                        Event::Error(e) => queue_error_to_api(e),
-                        _ => ApiError::Internal("unexpected reply kind".into()),
-                    };
-                    let _ = tx
-                        .send(SseEvent::default().data(err.body().to_string()))
-                        .await;
-                    break;
-                }
+                ev = match handle.events.recv_async().await {
+                    Ok(e) => e,
+                    Err(_) => Event::Error(QueueError::Cancelled),
+                };
             }
-            ev = match handle.events.recv_async().await {
-                Ok(e) => e,
-                Err(_) => Event::Error(QueueError::Cancelled),
-            };
+            let _ = tx.send(SseEvent::default().data("[DONE]")).await;
         }
-        let _ = tx.send(SseEvent::default().data("[DONE]")).await;
-    });
+        .instrument(tracing::info_span!(target: TARGET, "stream")),
+    );
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let stream = futures_util::StreamExt::map(stream, Ok::<_, Infallible>);
     let mut resp = Sse::new(stream).into_response();

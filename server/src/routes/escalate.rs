@@ -32,11 +32,24 @@ pub(super) fn decide(
     headers: &HeaderMap,
     meta: &mut Meta,
 ) -> Result<Decided, ApiError> {
+    let span = tracing::info_span!(target: tiergate_telemetry::TARGET, "decision");
     let ambiguity = 1.0 - f64::from(pred.confidence);
     let override_theta = crate::auth::threshold_override(state, headers)?;
     let now = Instant::now();
     let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
     let escalate = ambiguity > theta;
+    let policy = state.policy.current();
+    crate::trace::decision(
+        &span,
+        &crate::trace::Decision {
+            ambiguity,
+            theta,
+            mode: crate::trace::mode_name(policy.cfg.mode),
+            version: policy.version,
+            escalated: escalate,
+            forced: override_theta.is_some(),
+        },
+    );
     // A forced θ says nothing about the traffic: it stays out of the policy's statistics.
     meta.forced = override_theta.is_some();
     if !meta.forced {
@@ -112,7 +125,8 @@ pub(super) async fn escalate_answer(
         sampling: sampling(v),
     };
     let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-    match llm.client.submit(&job, deadline) {
+    let parent = crate::trace::job_parent();
+    match llm.client.submit_traced(&job, parent.as_ref(), deadline) {
         Ok(handle) => {
             meta.tier = "llm";
             let prompt_tokens = d.pred.tokens as u32;
@@ -171,7 +185,8 @@ pub(super) async fn escalate_rerank(
     };
     let t = Instant::now();
     let ahead = llm.client.in_flight() as u32 + 1;
-    let outcome = match llm.client.submit(&job, deadline) {
+    let parent = crate::trace::job_parent();
+    let outcome = match llm.client.submit_traced(&job, parent.as_ref(), deadline) {
         Ok(h) => h.reply().await,
         Err(e) => Err(e),
     };

@@ -30,7 +30,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             read_body,
-        ));
+        ))
+        .layer(axum::middleware::from_fn(crate::trace::request));
     let public = Router::new()
         .merge(api)
         .route("/metrics", get(ops::metrics))

@@ -33,8 +33,14 @@ impl Drop for Server {
 }
 
 pub fn start(extra: &[&str]) -> Server {
+    start_env(extra, &[])
+}
+
+/// [`start`] with extra environment variables.
+pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     minilm_dir();
     let mut child = Command::new(binary("tiergate"))
+        .envs(env.iter().copied())
         .current_dir(root())
         .args([
             "serve",
