@@ -17,6 +17,9 @@ use tracing::Instrument;
 /// The response header carrying the request's trace id.
 pub const TRACE_ID_HEADER: &str = "x-tiergate-trace-id";
 
+/// The target of the per-request log line (`RUST_LOG=info,tiergate::access=debug` turns it on).
+pub const ACCESS_LOG: &str = "tiergate::access";
+
 /// Runs the request inside its span and returns the trace id with the response.
 pub async fn request(req: Request, next: Next) -> Response {
     let parent = {

@@ -229,6 +229,59 @@ fn an_escalated_request_is_one_trace_across_the_server_and_the_worker() {
 }
 
 #[test]
+fn a_streamed_generation_has_prefill_and_decode_spans_in_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = receiver(dir.path());
+    let s = server(
+        &format!("http://127.0.0.1:{}", r.http),
+        "http/protobuf",
+        "1.0",
+    );
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let resp = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .set("traceparent", &format!("00-{trace}-b7ad6b7169203331-01"))
+        .send_json(json!({"model": "generate", "stream": true, "max_tokens": 8,
+                          "messages": [{"role": "user", "content": "say something"}]}))
+        .unwrap();
+    assert_eq!(resp.header("x-tiergate-trace-id"), Some(trace));
+    let body = resp.into_string().unwrap();
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let got = wait_for(
+        &r,
+        trace,
+        &[
+            ROOT,
+            "generation",
+            "stream",
+            "worker.job",
+            "prefill",
+            "decode",
+        ],
+    );
+    assert_child(&got, "generation", ROOT);
+    assert_child(&got, "stream", "generation");
+    assert_child(&got, "worker.job", "generation");
+    assert_child(&got, "prefill", "worker.job");
+    assert_child(&got, "decode", "worker.job");
+    assert_eq!(
+        one(&got, "worker.job")["attributes"]["job.kind"],
+        "generate"
+    );
+    assert!(
+        one(&got, "decode")["attributes"]["llm.completion_tokens"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+    // The stream span lasts until the last event, past the handler's return.
+    let (stream, root) = (one(&got, "stream"), one(&got, ROOT));
+    assert!(
+        stream["end_ns"].as_u64() >= root["end_ns"].as_u64(),
+        "{stream} {root}"
+    );
+}
+
+#[test]
 fn grpc_export_carries_the_same_trace() {
     let dir = tempfile::tempdir().unwrap();
     let r = receiver(dir.path());
