@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgGroup, Parser};
+use clap::{ArgGroup, Parser, Subcommand};
 
 use crate::parse_duration;
 use crate::schedule::ScheduleSpec;
@@ -13,9 +13,14 @@ use crate::schedule::ScheduleSpec;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tiergate-bench", version)]
 #[command(group(ArgGroup::new("load").required(true).args(["rate", "concurrency"])))]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    /// A tool instead of a load test.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Base URL of the server, e.g. http://127.0.0.1:8080.
-    #[arg(long)]
+    #[arg(long, required = true, default_value = "")]
     pub url: String,
 
     /// Workload: CSV (text[,label[,route]], header optional) or JSONL ({"text", "label"?, "route"?}).
@@ -116,6 +121,18 @@ pub struct Args {
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
+    /// Client patience, for a latency experiment's report: the share of each variant's answers a user with
+    /// this patience would have abandoned. `fixed:2s`, `uniform:1s..5s`, `exp:3s` (mean) or
+    /// `lognormal:2s,0.6` (median, σ).
+    #[arg(long)]
+    pub patience: Option<crate::patience::Patience>,
+
+    /// Price file (TOML: instance types with an hourly price, replicas and the channels they run): adds the
+    /// cost per 1,000 requests per channel and blended, and the escalated share's cost (bench/costs/ has
+    /// examples).
+    #[arg(long)]
+    pub cost: Option<PathBuf>,
+
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -132,6 +149,22 @@ pub fn parse_header(s: &str) -> Result<(String, String), String> {
     hyper::header::HeaderValue::from_str(value)
         .map_err(|_| format!("--header `{s}`: the value is not valid header text"))?;
     Ok((name.to_string(), value.to_string()))
+}
+
+/// The bench's tools.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Service-level objectives.
+    #[command(subcommand)]
+    Slo(SloCommand),
+}
+
+/// `slo …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum SloCommand {
+    /// From a business SLA (end-to-end P95) to the model's P95 budget, its latency band and an SLO file
+    /// for --slo: budget = (SLA − overhead) × (1 − margin).
+    Derive(crate::derive::DeriveArgs),
 }
 
 impl Args {

@@ -104,6 +104,8 @@ pub struct Row {
     pub accuracy: Option<f64>,
     pub escalation_share: Option<f64>,
     pub errors: u64,
+    /// Per 1,000 answered requests (with --cost).
+    pub cost_per_1k: Option<f64>,
     /// Against hybrid-load.
     pub throughput_ratio: Option<f64>,
     pub p99_ratio: Option<f64>,
@@ -130,6 +132,7 @@ pub fn rows(runs: &[RunReport]) -> Vec<Row> {
             accuracy: r.channel("served").and_then(|c| c.accuracy),
             escalation_share: r.escalation_share(),
             errors: r.channel("errors").map_or(0, |c| c.count),
+            cost_per_1k: r.cost.as_ref().and_then(|c| c.blended_per_1k),
             throughput_ratio: None,
             p99_ratio: None,
             accuracy_ratio: None,
@@ -154,7 +157,7 @@ pub fn render(rows: &[Row]) -> String {
     let mut s = String::from("\n== comparison (ratios against hybrid-load) ==\n");
     let _ = writeln!(
         s,
-        "{:<14} {:>8} {:>9} {:>10} {:>10} {:>11} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}",
+        "{:<14} {:>8} {:>9} {:>10} {:>10} {:>11} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>10}",
         "variant",
         "requests",
         "served/s",
@@ -167,14 +170,15 @@ pub fn render(rows: &[Row]) -> String {
         "errors",
         "×thrpt",
         "×p99",
-        "×acc"
+        "×acc",
+        "cost/1k"
     );
     let o = |x: Option<f64>| x.map_or("-".to_string(), ms);
     let r2 = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<14} {:>8} {:>9.1} {:>10} {:>10} {:>11} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}",
+            "{:<14} {:>8} {:>9.1} {:>10} {:>10} {:>11} {:>10} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>10}",
             r.variant,
             r.requests,
             r.served_per_s,
@@ -189,6 +193,7 @@ pub fn render(rows: &[Row]) -> String {
             r2(r.throughput_ratio),
             r2(r.p99_ratio),
             r2(r.accuracy_ratio),
+            r.cost_per_1k.map_or("-".into(), |c| format!("{c:.4}")),
         );
     }
     s

@@ -412,13 +412,71 @@ pub fn run_charts(r: &RunReport) -> Vec<String> {
 }
 
 /// The page.
+/// A run's cost and latency-experiment tables (when it has them).
+fn tables(r: &crate::report::RunReport) -> String {
+    let mut h = String::new();
+    if let Some(c) = &r.cost {
+        let _ = write!(
+            h,
+            "<h3>cost ({}; fleet {:.2}/h)</h3><table><tr><th>channel</th><th>req/s</th><th>cost/h</th>\
+             <th>per 1k requests</th><th>band</th></tr>",
+            esc(&c.currency),
+            c.fleet_hourly
+        );
+        for ch in &c.channels {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{:.1}</td><td>{:.4}</td><td>{}</td><td>{}</td></tr>",
+                esc(&ch.channel),
+                ch.requests_per_s,
+                ch.hourly,
+                ch.per_1k.map_or("-".into(), |x| format!("{x:.4}")),
+                if ch.out_of_band {
+                    "out of band"
+                } else {
+                    "in band"
+                }
+            );
+        }
+        let _ = write!(
+            h,
+            "<tr><th>blended</th><td></td><td></td><td>{}</td><td>escalation: {} of the cost</td></tr></table>",
+            c.blended_per_1k.map_or("-".into(), |x| format!("{x:.4}")),
+            c.escalated_cost_share.map_or("-".into(), |x| format!("{:.1}%", x * 100.0))
+        );
+    }
+    if !r.variants.is_empty() {
+        h.push_str(
+            "<h3>latency experiment</h3><table><tr><th>variant</th><th>answers</th><th>p50 ms</th>\
+                    <th>p95 ms</th><th>p99 ms</th><th>band</th><th>abandoned</th></tr>",
+        );
+        for v in &r.variants {
+            let l = v.stats.latency.clone().unwrap_or_default();
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&v.variant),
+                v.stats.count,
+                crate::report::ms(l.p50_ms),
+                crate::report::ms(l.p95_ms),
+                crate::report::ms(l.p99_ms),
+                v.stats.band.unwrap_or("-"),
+                v.abandoned.map_or("-".into(), |a| format!("{:.1}%", a * 100.0))
+            );
+        }
+        h.push_str("</table>");
+    }
+    h
+}
+
 pub fn page(report: &Report, text: &str) -> String {
     let mut h = String::new();
     let _ = write!(
         h,
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>tiergate-bench — {}</title><style>\
          body{{font-family:sans-serif;margin:20px;color:#222}} pre{{background:#f6f6f6;padding:10px;font-size:12px;overflow-x:auto}}\
-         .charts{{display:flex;flex-wrap:wrap;gap:10px}} h2{{margin-top:28px}}</style></head><body>\
+         .charts{{display:flex;flex-wrap:wrap;gap:10px}} h2{{margin-top:28px}}\
+         table{{border-collapse:collapse;font-size:13px}} td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}</style></head><body>\
          <h1>tiergate-bench</h1><p>{} — route <code>{}</code></p>",
         esc(&report.url),
         esc(&report.url),
@@ -431,6 +489,27 @@ pub fn page(report: &Report, text: &str) -> String {
             h.push_str(&c);
         }
         h.push_str("</div>");
+        h.push_str(&tables(r));
+    }
+    if let Some(rows) = report
+        .comparison
+        .as_ref()
+        .filter(|rs| rs.iter().any(|r| r.cost_per_1k.is_some()))
+    {
+        h.push_str("<h2>cost, latency and accuracy by policy</h2><table><tr><th>policy</th><th>cost per 1k</th><th>p99 ms</th><th>accuracy</th><th>escalated</th></tr>");
+        for r in rows {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.variant),
+                r.cost_per_1k.map_or("-".into(), |c| format!("{c:.4}")),
+                r.p99_served_ms.map_or("-".into(), crate::report::ms),
+                r.accuracy.map_or("-".into(), |a| format!("{a:.3}")),
+                r.escalation_share
+                    .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),
+            );
+        }
+        h.push_str("</table>");
     }
     h.push_str("</body></html>\n");
     h

@@ -29,6 +29,10 @@ pub struct ChatResult {
     pub first_token: Option<Instant>,
     pub content: String,
     pub tokens_out: u32,
+    /// `Server-Timing: model;dur=` (ms).
+    pub model_ms: Option<f64>,
+    /// `x-tiergate-variant`.
+    pub variant: Option<&'static str>,
 }
 
 impl ChatResult {
@@ -41,8 +45,21 @@ impl ChatResult {
             first_token: None,
             content: String::new(),
             tokens_out: 0,
+            model_ms: None,
+            variant: None,
         }
     }
+}
+
+/// The `dur` of metric `name` in a `Server-Timing` header value.
+pub fn server_timing(value: &str, name: &str) -> Option<f64> {
+    value.split(',').find_map(|metric| {
+        let mut parts = metric.split(';').map(str::trim);
+        if parts.next()? != name {
+            return None;
+        }
+        parts.find_map(|p| p.strip_prefix("dur=")?.parse::<f64>().ok())
+    })
 }
 
 /// A pooled client bound to one base URL.
@@ -150,6 +167,12 @@ impl HttpClient {
             first_token: None,
             content: String::new(),
             tokens_out: 0,
+            model_ms: resp
+                .headers()
+                .get("server-timing")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| server_timing(v, "model")),
+            variant: header("x-tiergate-variant"),
         };
         let body = resp.into_body();
         if !(200..300).contains(&status) {

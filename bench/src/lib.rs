@@ -8,8 +8,11 @@
 
 pub mod args;
 pub mod compare;
+pub mod cost;
+pub mod derive;
 pub mod html;
 pub mod http;
+pub mod patience;
 pub mod report;
 pub mod run;
 pub mod schedule;

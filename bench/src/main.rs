@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use serde_json::json;
-use tiergate_bench::args::Args;
+use tiergate_bench::args::{Args, Command, SloCommand};
 use tiergate_bench::http::HttpClient;
 use tiergate_bench::report::{Report, RunReport};
 use tiergate_bench::run::{execute, Load, Plan};
@@ -15,6 +15,9 @@ use tokio::sync::watch;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Slo(SloCommand::Derive(a))) = &args.command {
+        return slo_derive(a);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,6 +45,11 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         Some(p) => workload::load(p)?,
         None => workload::synthetic(1000, args.seed),
     };
+    let prices = args
+        .cost
+        .as_deref()
+        .map(tiergate_bench::cost::CostFile::load)
+        .transpose()?;
     let slo_lines = match &args.slo {
         Some(p) => slo::load(p)?,
         None => slo::defaults(),
@@ -106,6 +114,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         "seed": args.seed,
         "timeout_s": args.timeout.as_secs_f64(),
         "headers": args.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>(),
+        "patience": args.patience,
     });
     let plan = Plan {
         items: Arc::new(items),
@@ -157,7 +166,13 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
             let data = execute(&client, &p, stop_rx.clone()).await;
             let mut s = settings.clone();
             s["policy"] = v.patch.clone();
-            runs.push(RunReport::build(v.name, s, &data, &slo_lines));
+            runs.push(RunReport::build(
+                v.name,
+                s,
+                &data,
+                &slo_lines,
+                args.patience.as_ref(),
+            ));
         }
         // Put the server's own policy back whatever happened.
         if let Err(e) = compare::patch(&admin, token, &saved).await {
@@ -172,11 +187,24 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
     } else {
         let data = execute(&client, &plan, stop_rx.clone()).await;
         (
-            vec![RunReport::build("run", settings, &data, &slo_lines)],
+            vec![RunReport::build(
+                "run",
+                settings,
+                &data,
+                &slo_lines,
+                args.patience.as_ref(),
+            )],
             None,
         )
     };
 
+    let mut runs = runs;
+    if let Some(f) = &prices {
+        for r in &mut runs {
+            r.cost = Some(tiergate_bench::cost::of(f, r));
+        }
+    }
+    let rows = rows.map(|_| compare::rows(&runs));
     let mut text: String = runs.iter().map(RunReport::render).collect();
     if let Some(rows) = &rows {
         text.push_str(&compare::render(rows));
@@ -232,6 +260,30 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         return Ok(ExitCode::from(2));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `slo derive`: prints the derivation, writes (or prints) the SLO file.
+fn slo_derive(a: &tiergate_bench::derive::DeriveArgs) -> ExitCode {
+    match tiergate_bench::derive::run(a) {
+        Ok((d, text)) => {
+            print!("{}", tiergate_bench::derive::render(&d));
+            match &a.out {
+                Some(p) => {
+                    if let Err(e) = std::fs::write(p, &text) {
+                        eprintln!("tiergate-bench: cannot write {}: {e}", p.display());
+                        return ExitCode::from(1);
+                    }
+                    println!("SLO file written to {} (use it with --slo)", p.display());
+                }
+                None => print!("\n{text}"),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tiergate-bench: slo derive: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn is_transport(kind: &str) -> bool {

@@ -40,10 +40,20 @@ pub struct RunReport {
     pub client: ClientOverhead,
     pub series: Vec<Second>,
     pub scrape: Scrape,
+    /// The variants of a latency experiment, when the server ran one (`x-tiergate-variant`).
+    pub variants: Vec<crate::patience::VariantStats>,
+    /// What the run's traffic costs (with --cost).
+    pub cost: Option<crate::cost::RunCost>,
 }
 
 impl RunReport {
-    pub fn build(name: &str, settings: Value, data: &RunData, slo: &[SloLine]) -> Self {
+    pub fn build(
+        name: &str,
+        settings: Value,
+        data: &RunData,
+        slo: &[SloLine],
+        patience: Option<&crate::patience::Patience>,
+    ) -> Self {
         let os = &data.outcomes;
         let total = os.len() as u64;
         let e = data.elapsed_s;
@@ -86,6 +96,8 @@ impl RunReport {
                 achieved_rps: total as f64 / e.max(1e-9),
             },
             series: series(os),
+            variants: crate::patience::variants(os, e, patience),
+            cost: None,
             scrape: data.scrape.clone(),
             channels,
         }
@@ -183,6 +195,10 @@ impl RunReport {
                 .map(|(k, v)| format!("{k} × {v}"))
                 .collect();
             let _ = writeln!(s, "  errors: {}", list.join(", "));
+        }
+        s.push_str(&crate::patience::render(&self.variants));
+        if let Some(c) = &self.cost {
+            s.push_str(&crate::cost::render(c));
         }
         if let Some(share) = self.escalation_share() {
             let _ = writeln!(

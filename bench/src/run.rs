@@ -147,6 +147,10 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
         degraded: r.degraded,
         tokens_out: r.tokens_out,
         correct,
+        model_us: r
+            .model_ms
+            .map(|ms| (ms * 1e3).min(f64::from(u32::MAX)) as u32),
+        variant: r.variant,
     }
 }
 

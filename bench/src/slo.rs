@@ -24,6 +24,12 @@ pub enum Metric {
     /// The channel's share of all requests (use with `channel = "errors"` for an error budget).
     Share,
     Accuracy,
+    /// Time in models (`Server-Timing: model;dur=`), the model's budget of a derived SLO.
+    ModelP50Ms,
+    ModelP95Ms,
+    ModelP99Ms,
+    /// Everything but model time (end to end minus model time, per request).
+    OverheadP95Ms,
 }
 
 /// One objective.
@@ -150,6 +156,10 @@ fn measure(s: &ChannelStats, m: Metric) -> Option<f64> {
         Metric::RequestsPerS => Some(s.requests_per_s),
         Metric::Share => Some(s.share),
         Metric::Accuracy => s.accuracy,
+        Metric::ModelP50Ms => s.model.as_ref().map(|m| m.p50_ms),
+        Metric::ModelP95Ms => s.model.as_ref().map(|m| m.p95_ms),
+        Metric::ModelP99Ms => s.model.as_ref().map(|m| m.p99_ms),
+        Metric::OverheadP95Ms => s.overhead.as_ref().map(|m| m.p95_ms),
     }
 }
 
@@ -195,6 +205,7 @@ mod tests {
                 degraded: None,
                 tokens_out: 10,
                 correct: None,
+                ..Outcome::default()
             })
             .collect();
         ChannelStats::of(name, os.iter(), ms.len() as u64, 1.0)

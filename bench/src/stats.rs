@@ -6,7 +6,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// One finished request.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Outcome {
     /// Intended send time, seconds from the start of the run.
     pub at_s: f64,
@@ -23,6 +23,10 @@ pub struct Outcome {
     pub tokens_out: u32,
     /// `None` when the request had no label (or the route does not answer with labels).
     pub correct: Option<bool>,
+    /// Time the server spent in models (`Server-Timing: model;dur=`), microseconds (u32: 71 minutes).
+    pub model_us: Option<u32>,
+    /// The latency-injection variant the server assigned (`x-tiergate-variant`).
+    pub variant: Option<&'static str>,
 }
 
 /// Most distinct strings [`intern`] keeps; past it, new values read `other` (a server sending a new tier or
@@ -172,6 +176,10 @@ pub struct ChannelStats {
     pub share: f64,
     pub latency: Option<Percentiles>,
     pub ttft: Option<Percentiles>,
+    /// Model time per request (`Server-Timing: model;dur=`), where the server reported it.
+    pub model: Option<Percentiles>,
+    /// End to end minus model time per request: the serving overhead (network, queueing, HTTP, routing).
+    pub overhead: Option<Percentiles>,
     pub requests_per_s: f64,
     pub tokens_per_s: f64,
     pub tokens_out: u64,
@@ -195,6 +203,12 @@ impl ChannelStats {
     ) -> Self {
         let lat = histogram(outcomes.clone().map(|o| o.latency_us));
         let ttft = histogram(outcomes.clone().filter_map(|o| o.ttft_us));
+        let model = histogram(outcomes.clone().filter_map(|o| o.model_us.map(u64::from)));
+        let overhead = histogram(
+            outcomes
+                .clone()
+                .filter_map(|o| Some(o.latency_us.saturating_sub(u64::from(o.model_us?)))),
+        );
         let count = lat.len();
         let tokens_out: u64 = outcomes.clone().map(|o| u64::from(o.tokens_out)).sum();
         let mut errors = BTreeMap::new();
@@ -223,6 +237,8 @@ impl ChannelStats {
             band: latency.as_ref().map(|l| band(l.p95_ms)),
             latency,
             ttft: Percentiles::of(&ttft),
+            model: Percentiles::of(&model),
+            overhead: Percentiles::of(&overhead),
             requests_per_s: count as f64 / elapsed,
             tokens_per_s: tokens_out as f64 / elapsed,
             tokens_out,
@@ -316,6 +332,7 @@ mod tests {
             degraded: degraded.then_some("queue_full"),
             tokens_out: 2,
             correct: Some(ms < 50),
+            ..Outcome::default()
         }
     }
 
@@ -328,9 +345,9 @@ mod tests {
         }
         assert_eq!(intern("never-seen-before"), "other");
         assert_eq!(intern("tier0"), "tier0");
-        // What the bench keeps per request.
+        // What the bench keeps per request (96 bytes before model time and the experiment's variant).
         assert!(
-            std::mem::size_of::<Outcome>() <= 96,
+            std::mem::size_of::<Outcome>() <= 120,
             "{}",
             std::mem::size_of::<Outcome>()
         );

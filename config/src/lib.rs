@@ -5,12 +5,14 @@
 //! environment itself: `main` passes the variables in.
 
 mod error;
+mod experiments;
 mod load;
 mod prefilter;
 mod prompts;
 mod serving;
 
 pub use error::ConfigError;
+pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
 pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
@@ -41,9 +43,20 @@ pub struct Config {
     pub utilization: UtilizationConfig,
     /// Where the routing policy lives (this process, or Redis shared by replicas).
     pub policy_store: PolicyStoreConfig,
+    /// Latency-injection A/B tests (none by default; live-editable through `/admin/experiments`).
+    pub experiments: Vec<ExperimentConfig>,
 }
 
 impl Config {
+    /// The configured route names (the implicit `classify` route when none is configured).
+    pub fn route_names(&self) -> Vec<&str> {
+        if self.routes.is_empty() {
+            vec!["classify"]
+        } else {
+            self.routes.iter().map(|r| r.name.as_str()).collect()
+        }
+    }
+
     /// Checks every field; the first problem found is returned with the field's dotted path.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.prefilter.validate("prefilter")?;
@@ -86,6 +99,7 @@ impl Config {
                 pr.validate(&format!("routes[{i}].prompts"))?;
             }
         }
+        validate_experiments(&self.experiments, &self.route_names(), "experiments")?;
         Ok(())
     }
 }

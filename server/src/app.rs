@@ -120,6 +120,8 @@ pub struct AppState {
     pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
     pub draining: std::sync::atomic::AtomicBool,
+    /// Latency-injection experiments in force.
+    pub experiments: crate::experiments::Experiments,
     /// Start time.
     pub started: Instant,
 }
@@ -197,6 +199,7 @@ impl AppState {
             policy: Arc::new(Policy::new(config.routing.clone())),
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
+            experiments: crate::experiments::Experiments::new(config.experiments.clone()),
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: std::sync::Mutex::new(std::collections::VecDeque::new()),
             store: match config.policy_store.kind.as_str() {

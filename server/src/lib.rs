@@ -7,6 +7,7 @@ pub mod app;
 pub mod auth;
 pub mod console;
 pub mod error;
+pub mod experiments;
 pub mod extract;
 pub mod fleet;
 pub mod metrics;

@@ -37,6 +37,13 @@ pub const POLICY_STORE_UP: &str = "tiergate_policy_store_up";
 /// Connections refused at accept (connection limits).
 pub const CONNECTIONS_REFUSED: &str = "tiergate_connections_refused_total";
 
+/// Requests of routes under a latency experiment, by variant (`control` included) and route.
+pub const EXPERIMENT_REQUESTS_TOTAL: &str = "tiergate_experiment_requests_total";
+/// Their server-side latency, the injected delay included.
+pub const EXPERIMENT_REQUEST_SECONDS: &str = "tiergate_experiment_request_duration_seconds";
+/// The delay injected per request.
+pub const EXPERIMENT_DELAY_SECONDS: &str = "tiergate_experiment_delay_seconds";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
     60.0,
@@ -60,6 +67,20 @@ fn describe() {
         "Chat requests by route, tier, channel (tier0, escalated, degraded, error) and outcome"
     );
     describe_gauge!(QUEUE_WAITING, "Escalations waiting for a worker");
+    describe_counter!(
+        EXPERIMENT_REQUESTS_TOTAL,
+        "Requests on routes under a latency-injection experiment, by variant and route"
+    );
+    describe_histogram!(
+        EXPERIMENT_REQUEST_SECONDS,
+        Unit::Seconds,
+        "Server-side latency of requests under an experiment (injected delay included), by variant"
+    );
+    describe_histogram!(
+        EXPERIMENT_DELAY_SECONDS,
+        Unit::Seconds,
+        "Delay injected per request, by variant"
+    );
     describe_gauge!(
         POLICY_STORE_UP,
         "1 while the shared policy store (Redis) answers; 0 while the last policy is served without it"

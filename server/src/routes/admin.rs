@@ -241,3 +241,42 @@ async fn change(
     );
     Ok(with_etag(state, view(state)))
 }
+
+/// `GET /admin/experiments`: the latency experiments in force.
+pub async fn get_experiments(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = authorize_admin(&state, &headers, peer) {
+        return e.into_response();
+    }
+    axum::Json(json!({"experiments": *state.experiments.current()})).into_response()
+}
+
+/// `PUT /admin/experiments`: replaces the list (`{"experiments": [...]}`; an empty list stops them all),
+/// validated as the config's `[[experiments]]` against this server's routes.
+pub async fn put_experiments(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Value>,
+) -> Response {
+    let run = || -> Result<Response, ApiError> {
+        authorize_admin(&state, &headers, peer)?;
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Body {
+            experiments: Vec<tiergate_config::ExperimentConfig>,
+        }
+        let b: Body = serde_json::from_value(body.clone())
+            .map_err(|e| ApiError::invalid("experiments", e.to_string()))?;
+        let routes: Vec<&str> = state.route_order.iter().map(String::as_str).collect();
+        tiergate_config::validate_experiments(&b.experiments, &routes, "experiments")
+            .map_err(|e| ApiError::invalid("experiments", e.to_string()))?;
+        tracing::info!(target: "tiergate::audit", peer = ?peer, experiments = %body, "latency experiments replaced");
+        state.experiments.replace(b.experiments);
+        Ok(axum::Json(json!({"experiments": *state.experiments.current()})).into_response())
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}

@@ -34,8 +34,20 @@ pub(super) struct Meta {
     pub(super) forced: bool,
     pub(super) degraded: Option<&'static str>,
     pub(super) prefilter_ms: f64,
+    /// The encoder's forward pass (Tier-0's model time).
+    pub(super) infer_ms: f64,
     pub(super) queue_ms: f64,
     pub(super) rerank_ms: f64,
+    /// A collected generation, from submit to its last token (the LLM's time).
+    pub(super) generation_ms: f64,
+}
+
+impl Meta {
+    /// Time spent in models (Tier-0's forward, the LLM's rerank or collected generation), as known when the
+    /// headers are written: everything else is the serving overhead.
+    fn model_ms(&self) -> f64 {
+        self.infer_ms + self.rerank_ms + self.generation_ms
+    }
 }
 
 /// The handler.
@@ -53,6 +65,9 @@ pub async fn chat(
     };
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
+    let variant = state
+        .experiments
+        .assign(&route, valid.user.as_deref(), &headers);
     let result = match valid.kind {
         RouteKind::Generate => {
             let span = tracing::info_span!(target: TARGET, "generation");
@@ -62,7 +77,7 @@ pub async fn chat(
             classified(&state, valid, &headers, started).await
         }
     };
-    match result {
+    let mut resp = match result {
         Ok((resp, tier)) => {
             // The bench's channels: Tier-0 answers, escalations the LLM answered, escalations degraded to Tier-0.
             let channel = if resp.headers().contains_key("x-tiergate-degraded") {
@@ -80,10 +95,15 @@ pub async fn chat(
         }
         Err(e) => {
             let code = e.parts().0.as_u16().to_string();
-            metrics::counter!(m::REQUESTS_TOTAL, "route" => route, "tier" => "none", "channel" => "error", "outcome" => code).increment(1);
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => "none", "channel" => "error", "outcome" => code).increment(1);
             e.into_response()
         }
+    };
+    // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).
+    if let Some(v) = &variant {
+        crate::experiments::apply(v, &route, &mut resp, started).await;
     }
+    resp
 }
 
 fn now_s() -> u64 {
@@ -126,8 +146,12 @@ fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
     put(
         "server-timing",
         format!(
-            "prefilter;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}",
-            meta.prefilter_ms, meta.queue_ms, meta.rerank_ms
+            "prefilter;dur={:.3}, infer;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}, model;dur={:.3}",
+            meta.prefilter_ms,
+            meta.infer_ms,
+            meta.queue_ms,
+            meta.rerank_ms,
+            meta.model_ms()
         ),
     );
 }
@@ -177,6 +201,7 @@ async fn classified(
         tier: "tier0",
         confidence: Some(pred.confidence),
         prefilter_ms: started.elapsed().as_secs_f64() * 1e3,
+        infer_ms: pred.timings.infer.as_secs_f64() * 1e3,
         ..Meta::default()
     };
     let d = decide(state, pred, headers, &mut meta)?;
@@ -472,6 +497,7 @@ pub(super) async fn stream_or_collect(
         } else {
             "stop"
         };
+        meta.generation_ms = t.elapsed().as_secs_f64() * 1e3;
         let mut resp = axum::Json(json!({
             "id": id, "object": "chat.completion", "created": created, "model": v.route,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,

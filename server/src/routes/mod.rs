@@ -93,6 +93,10 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
                 .patch(admin::patch_routing)
                 .put(admin::put_routing),
         )
+        .route(
+            "/admin/experiments",
+            get(admin::get_experiments).put(admin::put_experiments),
+        )
         .route("/info", get(ops::info))
         .route("/admin/console", get(crate::console::data))
         .route("/console", get(crate::console::page))
