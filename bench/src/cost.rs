@@ -1,8 +1,10 @@
 //! Cost per tier (`--cost FILE`): what a run's traffic costs on the fleet a price file describes.
 //!
-//! Each instance type has an hourly price, a replica count and the channels it runs (e.g. a CPU instance for
-//! `tier0` and `degraded`, a GPU instance for `escalated`). An instance running several channels is split
-//! between them by their request counts. A channel's cost per 1,000 requests is its share of the fleet's hourly
+//! Each instance type has an hourly price, the channels it runs (e.g. a CPU instance for `tier0` and
+//! `degraded`, a GPU instance for `escalated`), and either a fixed `replicas` count or a `capacity_rps` (the
+//! requests per second one replica serves): then the fleet is sized to the run's traffic,
+//! max(`min_replicas`, ⌈rate ÷ capacity⌉) replicas, which is how a policy that escalates less needs fewer GPUs.
+//! An instance running several channels is split between them by their request counts. A channel's cost per 1,000 requests is its share of the fleet's hourly
 //! cost over its requests per hour *at the run's rate*: run the bench at the production rate (`--rate`) for
 //! production costs, or closed loop for the cost at capacity. With `latency_penalty = x`, a channel whose P95
 //! is outside its band costs (1 + x) times as much (the band a channel should stay in: `[bands]`, by default
@@ -53,10 +55,27 @@ pub struct Instance {
     pub name: String,
     /// Price per instance-hour.
     pub hourly: f64,
+    /// A fixed replica count (without `capacity_rps`).
     #[serde(default = "one")]
     pub replicas: u32,
+    /// Requests per second one replica serves: the fleet is sized to the run's traffic.
+    #[serde(default)]
+    pub capacity_rps: Option<f64>,
+    /// The fewest replicas when sized by `capacity_rps`.
+    #[serde(default)]
+    pub min_replicas: u32,
     /// The channels it runs.
     pub channels: Vec<String>,
+}
+
+impl Instance {
+    /// Replicas for channels with `rate` requests per second in all.
+    pub fn replicas_for(&self, rate: f64) -> u32 {
+        match self.capacity_rps {
+            Some(c) => ((rate / c).ceil() as u32).max(self.min_replicas),
+            None => self.replicas,
+        }
+    }
 }
 
 impl CostFile {
@@ -72,6 +91,9 @@ impl CostFile {
                     "instance `{}`: hourly must be ≥ 0 and replicas ≥ 1",
                     i.name
                 ));
+            }
+            if i.capacity_rps.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                return Err(format!("instance `{}`: capacity_rps must be > 0", i.name));
             }
             if i.channels.is_empty() {
                 return Err(format!("instance `{}`: name the channels it runs", i.name));
@@ -115,14 +137,14 @@ impl CostFile {
                 "Tier-4"
             })
     }
+}
 
-    /// The fleet's cost per hour.
-    pub fn hourly(&self) -> f64 {
-        self.instance
-            .iter()
-            .map(|i| i.hourly * f64::from(i.replicas))
-            .sum()
-    }
+/// An instance type as sized for a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sized {
+    pub name: String,
+    pub replicas: u32,
+    pub hourly: f64,
 }
 
 /// One channel's cost.
@@ -143,6 +165,8 @@ pub struct ChannelCost {
 pub struct RunCost {
     pub currency: String,
     pub fleet_hourly: f64,
+    /// The fleet as sized for the run.
+    pub instances: Vec<Sized>,
     pub channels: Vec<ChannelCost>,
     /// Per 1,000 answered requests, all channels (penalties included).
     pub blended_per_1k: Option<f64>,
@@ -159,9 +183,16 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
     let rate = |c: &str| run.channel(c).map_or(0.0, |s| s.requests_per_s);
     let mut hourly: BTreeMap<&str, f64> = CHANNELS.iter().map(|c| (*c, 0.0)).collect();
     let mut idle = 0.0;
+    let mut instances = Vec::new();
     for i in &f.instance {
-        let cost = i.hourly * f64::from(i.replicas);
         let total: f64 = i.channels.iter().map(|c| rate(c)).sum();
+        let replicas = i.replicas_for(total);
+        let cost = i.hourly * f64::from(replicas);
+        instances.push(Sized {
+            name: i.name.clone(),
+            replicas,
+            hourly: cost,
+        });
         if total <= 0.0 {
             idle += cost;
             continue;
@@ -205,7 +236,8 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
     let esc = channels.iter().find(|c| c.channel == "escalated");
     RunCost {
         currency: f.currency.clone(),
-        fleet_hourly: f.hourly(),
+        fleet_hourly: instances.iter().map(|i| i.hourly).sum(),
+        instances,
         blended_per_1k: per_1k(penalised_total, served),
         escalated_cost_share: esc
             .filter(|_| penalised_total > 0.0)
@@ -220,9 +252,14 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
 pub fn render(c: &RunCost) -> String {
     let m = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.4}"));
     let mut s = format!(
-        "  cost ({}; fleet {:.2}/h{}):\n  {:<10} {:>9} {:>10} {:>12}\n",
+        "  cost ({}; fleet {:.2}/h: {}{}):\n  {:<10} {:>9} {:>10} {:>12}\n",
         c.currency,
         c.fleet_hourly,
+        c.instances
+            .iter()
+            .map(|i| format!("{} × {}", i.replicas, i.name))
+            .collect::<Vec<_>>()
+            .join(", "),
         if c.idle_hourly > 0.0 {
             format!(", {:.2}/h idle", c.idle_hourly)
         } else {
@@ -303,9 +340,9 @@ mod tests {
     #[test]
     fn costs_per_channel_and_blended() {
         let f = CostFile::parse(FILE).unwrap();
-        assert_eq!(f.hourly(), 1.4);
         // 9 req/s Tier-0, 1 req/s escalated (100 s run): 32,400 and 3,600 requests an hour.
         let c = of(&f, &run(900, 100, 2000));
+        assert_eq!(c.fleet_hourly, 1.4);
         let ch = |n: &str| c.channels.iter().find(|x| x.channel == n).unwrap().clone();
         assert!(
             (ch("tier0").hourly - 0.4).abs() < 1e-9,
@@ -332,6 +369,26 @@ mod tests {
         let idle = of(&f, &run(1000, 0, 0));
         assert_eq!(idle.idle_hourly, 1.0);
         assert!((idle.blended_per_1k.unwrap() - 1.4 / 36.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_sized_fleet_follows_the_traffic() {
+        let sized = FILE.replace(
+            "name = \"gpu\"",
+            "name = \"gpu\"\ncapacity_rps = 0.3\nmin_replicas = 0",
+        );
+        let f = CostFile::parse(&sized).unwrap();
+        // 1 escalation/s at 0.3 per replica: 4 GPUs.
+        let c = of(&f, &run(900, 100, 2000));
+        assert_eq!(c.instances[1].replicas, 4);
+        assert!((c.fleet_hourly - 4.4).abs() < 1e-9);
+        // No escalations: no GPU at all.
+        let c = of(&f, &run(1000, 0, 0));
+        assert_eq!(c.instances[1].replicas, 0);
+        assert!((c.fleet_hourly - 0.4).abs() < 1e-9);
+        assert_eq!(c.idle_hourly, 0.0);
+        let bad = sized.replace("capacity_rps = 0.3", "capacity_rps = 0");
+        assert!(CostFile::parse(&bad).is_err());
     }
 
     #[test]
