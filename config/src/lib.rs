@@ -4,6 +4,7 @@
 //! This crate owns no behaviour and must not depend on any other tiergate crate. It never reads the process
 //! environment itself: `main` passes the variables in.
 
+mod batch;
 mod error;
 mod experiments;
 mod load;
@@ -11,6 +12,7 @@ mod prefilter;
 mod prompts;
 mod serving;
 
+pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
@@ -45,6 +47,8 @@ pub struct Config {
     pub policy_store: PolicyStoreConfig,
     /// Latency-injection A/B tests (none by default; live-editable through `/admin/experiments`).
     pub experiments: Vec<ExperimentConfig>,
+    /// The Batch API.
+    pub batch: BatchConfig,
 }
 
 impl Config {
@@ -63,6 +67,7 @@ impl Config {
         self.server.validate("server")?;
         self.utilization.validate("utilization")?;
         self.policy_store.validate("policy_store")?;
+        self.batch.validate("batch")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()
         {

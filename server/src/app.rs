@@ -120,6 +120,10 @@ pub struct AppState {
     pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
     pub draining: std::sync::atomic::AtomicBool,
+    /// The Batch API (`None`: off, or its store could not be opened: `batch_unavailable` says why).
+    pub batches: Option<Arc<crate::batch::Batches>>,
+    /// Why the Batch API is unavailable although enabled.
+    pub batch_unavailable: Option<String>,
     /// Latency-injection experiments in force.
     pub experiments: crate::experiments::Experiments,
     /// Start time.
@@ -190,6 +194,17 @@ impl AppState {
                 },
             );
         }
+        let (batches, batch_unavailable) = if config.batch.enabled {
+            match crate::batch::Batches::open(&config.batch) {
+                Ok(b) => (Some(Arc::new(b)), None),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Batch API is unavailable");
+                    (None, Some(e.to_string()))
+                }
+            }
+        } else {
+            (None, None)
+        };
         let llm = if config.reranker.workers > 0 {
             Some(start_llm(&config, worker_program)?)
         } else {
@@ -200,6 +215,8 @@ impl AppState {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
             experiments: crate::experiments::Experiments::new(config.experiments.clone()),
+            batches,
+            batch_unavailable,
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: std::sync::Mutex::new(std::collections::VecDeque::new()),
             store: match config.policy_store.kind.as_str() {

@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod batch;
 pub mod console;
 pub mod error;
 pub mod experiments;

@@ -65,6 +65,13 @@ pub async fn run(
             .await??,
     );
     tokio::spawn(sample_utilization(Arc::downgrade(&state)));
+    let (stop_batches, batches_stopped) = tokio::sync::watch::channel(false);
+    let batch_runner = state.batches.is_some().then(|| {
+        tokio::spawn(crate::batch::runner::run(
+            Arc::downgrade(&state),
+            batches_stopped,
+        ))
+    });
     if state.store.is_some() {
         tokio::spawn(crate::store::sync_policy(Arc::downgrade(&state)));
     }
@@ -134,6 +141,16 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("drain deadline passed; closing remaining connections");
+    }
+    // The batch runner stops between lines (a line cut short has no result and runs again at the next start).
+    let _ = stop_batches.send(true);
+    if let Some(r) = batch_runner {
+        if tokio::time::timeout(Duration::from_secs(5), r)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the batch runner did not stop within 5 s");
+        }
     }
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");
     // Dropping the last state reference stops the supervisor (workers exit) and unlinks the segment.

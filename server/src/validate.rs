@@ -55,6 +55,9 @@ pub struct ValidChat {
     pub json_object: bool,
     /// End-user id, recorded in the request's log line.
     pub user: Option<String>,
+    /// A line of a batch (set by the handler, not by the client): its LLM work waits for the interactive
+    /// channel.
+    pub batch: bool,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
@@ -243,6 +246,7 @@ pub fn validate(
         top_logprobs,
         json_object,
         user,
+        batch: false,
     })
 }
 

@@ -53,16 +53,18 @@ impl Meta {
 /// The handler.
 pub async fn chat(
     State(state): State<Arc<AppState>>,
+    batch_line: Option<axum::Extension<crate::batch::BatchLine>>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {
     let started = Instant::now();
     let validated = tracing::info_span!(target: TARGET, "validate")
         .in_scope(|| validate(req, |name| state.routes.get(name).map(|r| r.kind)));
-    let valid = match validated {
+    let mut valid = match validated {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
+    valid.batch = batch_line.is_some();
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let variant = state
@@ -438,6 +440,7 @@ async fn generate(
         sampling: sampling(&v),
     };
     let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
+    let _turn = crate::batch::llm_turn(state, v.batch).await;
     let handle = llm
         .client
         .submit_traced(&job, crate::trace::job_parent().as_ref(), deadline)

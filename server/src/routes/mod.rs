@@ -32,8 +32,26 @@ pub fn router(state: Arc<AppState>) -> Router {
             read_body,
         ))
         .layer(axum::middleware::from_fn(crate::trace::request));
+    let files_limit = usize::try_from(state.config.batch.max_file_bytes).unwrap_or(usize::MAX);
+    let batch = Router::new()
+        .route(
+            "/v1/files",
+            post(crate::batch::upload).layer(axum::extract::DefaultBodyLimit::max(
+                files_limit.saturating_add(64 << 10),
+            )),
+        )
+        .route("/v1/files/{id}", get(crate::batch::file))
+        .route("/v1/files/{id}/content", get(crate::batch::content))
+        .route(
+            "/v1/batches",
+            post(crate::batch::create).get(crate::batch::list),
+        )
+        .route("/v1/batches/{id}", get(crate::batch::get))
+        .route("/v1/batches/{id}/cancel", post(crate::batch::cancel))
+        .layer(axum::middleware::from_fn(crate::trace::request));
     let public = Router::new()
         .merge(api)
+        .merge(batch)
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))

@@ -24,6 +24,8 @@ pub fn config(tiny: &TinyModel) -> Config {
     let mut cfg = Config::default();
     cfg.prefilter.encoder = tiny.dir.path().to_path_buf();
     cfg.prefilter.max_tokens = 16;
+    // Each test server keeps its batches in its own directory.
+    cfg.batch.data_dir = tiny.dir.path().join("batches");
     cfg.prefilter.head = HeadConfig::FewShot {
         labels: vec![
             FewShotLabel {

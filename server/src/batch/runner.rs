@@ -1,0 +1,307 @@
+//! The batch runner: one background task that takes open batches oldest first, validates the input, runs
+//! each line through the public router in-process (the same validation, routing and escalation as any
+//! request, marked as batch work so its LLM jobs wait for the interactive channel to be idle), commits each
+//! line's result as it finishes, then writes the output and error files. A stopped or killed server resumes
+//! at the lines without a result.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use super::store::{new_id, Store};
+use super::BatchLine;
+use crate::app::AppState;
+
+/// One validated input line.
+#[derive(Debug)]
+struct Line {
+    no: usize,
+    custom_id: String,
+    body: Value,
+}
+
+/// Runs batches until `stop` turns true.
+pub async fn run(state: Weak<AppState>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let next = {
+            let Some(s) = state.upgrade() else { return };
+            let Some(b) = s.batches.as_ref() else { return };
+            b.store
+                .open_batches()
+                .ok()
+                .and_then(|v| v.into_iter().next())
+        };
+        match next {
+            Some(id) => {
+                if let Err(e) = run_batch(&state, &id, &mut stop).await {
+                    tracing::error!(batch = %id, error = %e, "batch runner error; retrying in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            None => {
+                let wake = match state.upgrade().and_then(|s| s.batches.clone()) {
+                    Some(b) => b,
+                    None => return,
+                };
+                tokio::select! {
+                    _ = wake.wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+        if *stop.borrow() {
+            return;
+        }
+    }
+}
+
+/// Takes one batch as far as it goes (to its end, or until `stop`).
+async fn run_batch(
+    weak: &Weak<AppState>,
+    id: &str,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let state = weak
+        .upgrade()
+        .ok_or_else(|| anyhow::anyhow!("server gone"))?;
+    let b = state
+        .batches
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no batch store"))?;
+    let store = &b.store;
+    let row = store
+        .batch(id)?
+        .ok_or_else(|| anyhow::anyhow!("no batch {id}"))?;
+    let lines = match parse_input(store, &row.input_file_id, &row.endpoint, b.cfg.max_lines) {
+        Ok(lines) => lines,
+        Err(errors) => {
+            tracing::warn!(batch = %id, "batch input refused");
+            store.fail(id, &errors)?;
+            super::notify_webhook(&b, store.batch(id)?);
+            return Ok(());
+        }
+    };
+    store.set_total(id, lines.len())?;
+    if row.status == "validating" {
+        store.set_status(id, "in_progress")?;
+    }
+    let done = store.done_lines(id)?;
+    let router = crate::routes::router(state.clone());
+    drop(state);
+    let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
+    let mut results = futures_util::stream::iter(todo)
+        .map(|l| {
+            let router = router.clone();
+            let mut stop = stop.clone();
+            async move {
+                tokio::select! {
+                    r = run_line(router, id, &l) => Some((l.no, r)),
+                    _ = stop.wait_for(|s| *s) => None,
+                }
+            }
+        })
+        .buffer_unordered(b.cfg.concurrency);
+    while let Some(r) = results.next().await {
+        let Some((no, (ok, out))) = r else { break };
+        store.put_result(id, no, ok, &out)?;
+        let status = store.batch(id)?.map(|r| r.status).unwrap_or_default();
+        if status == "cancelling" || *stop.borrow() {
+            break;
+        }
+    }
+    drop(results);
+    if *stop.borrow() {
+        return Ok(()); // resumed at the next start
+    }
+    finish(&b, id)
+}
+
+/// Writes the files and closes the batch (`completed`, or `cancelled` when it was asked to stop).
+fn finish(b: &super::Batches, id: &str) -> anyhow::Result<()> {
+    let store = &b.store;
+    let cancelling = store.batch(id)?.is_some_and(|r| r.status == "cancelling");
+    if !cancelling {
+        store.set_status(id, "finalizing")?;
+    }
+    store.finish_files(id)?;
+    store.set_status(id, if cancelling { "cancelled" } else { "completed" })?;
+    let row = store.batch(id)?;
+    if let Some(r) = &row {
+        tracing::info!(batch = %id, status = %r.status, total = r.total, completed = r.completed,
+            failed = r.failed, "batch finished");
+    }
+    super::notify_webhook(b, row);
+    Ok(())
+}
+
+/// Reads and checks the input file: every line a JSON request for `endpoint` with a unique `custom_id`.
+/// Refused: the OpenAI `errors.data` list (at most 20 entries).
+fn parse_input(
+    store: &Store,
+    file_id: &str,
+    endpoint: &str,
+    max_lines: usize,
+) -> Result<Vec<Line>, Value> {
+    let err = |line: Option<usize>, code: &str, message: String| json!({"code": code, "message": message, "param": null, "line": line.map(|l| l + 1)});
+    let raw = std::fs::read_to_string(store.file_path(file_id)).map_err(|e| {
+        json!([err(
+            None,
+            "invalid_file",
+            format!("cannot read the input: {e}")
+        )])
+    })?;
+    let mut lines = Vec::new();
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (no, text) in raw
+        .lines()
+        .enumerate()
+        .filter(|(_, t)| !t.trim().is_empty())
+    {
+        let v: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(err(Some(no), "invalid_json", e.to_string()));
+                continue;
+            }
+        };
+        let custom_id = v["custom_id"].as_str().unwrap_or_default().to_string();
+        if custom_id.is_empty() || !seen.insert(custom_id.clone()) {
+            errors.push(err(
+                Some(no),
+                "invalid_custom_id",
+                "`custom_id` must be a non-empty string, unique in the file".into(),
+            ));
+        } else if v["method"] != "POST" || v["url"] != endpoint {
+            errors.push(err(
+                Some(no),
+                "invalid_url",
+                format!("each line must be `\"method\": \"POST\", \"url\": \"{endpoint}\"`"),
+            ));
+        } else if !v["body"].is_object() {
+            errors.push(err(
+                Some(no),
+                "invalid_body",
+                "`body` must be a JSON object".into(),
+            ));
+        } else {
+            lines.push(Line {
+                no: lines.len() + errors.len(),
+                custom_id,
+                body: v["body"].clone(),
+            });
+        }
+    }
+    if lines.len() + errors.len() > max_lines {
+        errors.insert(
+            0,
+            err(
+                None,
+                "too_many_lines",
+                format!("more than batch.max_lines = {max_lines} requests"),
+            ),
+        );
+    }
+    if lines.is_empty() && errors.is_empty() {
+        errors.push(err(None, "empty_file", "the input holds no request".into()));
+    }
+    if errors.is_empty() {
+        Ok(lines)
+    } else {
+        errors.truncate(20);
+        Err(Value::Array(errors))
+    }
+}
+
+/// Runs one line through the router; retries while the server sheds load (429, or 503 from admission).
+/// Returns whether it succeeded and its output line.
+async fn run_line(router: axum::Router, batch: &str, l: &Line) -> (bool, Value) {
+    let mut body = l.body.clone();
+    if let Some(o) = body.as_object_mut() {
+        o.insert("stream".into(), json!(false));
+    }
+    let request_id = format!("{batch}-{}", l.no);
+    let bytes = body.to_string();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let req = Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .header("x-request-id", &request_id)
+            .extension(BatchLine)
+            .body(Body::from(bytes.clone()));
+        let Ok(req) = req else {
+            return (
+                false,
+                line_error(&l.custom_id, "internal_error", "cannot build the request"),
+            );
+        };
+        let Ok(resp) = router.clone().oneshot(req).await;
+        let status = resp.status();
+        // tiergate's own headers (tier, degraded, confidence, threshold) ride along: a batch has no headers.
+        let tiergate: serde_json::Map<String, Value> = resp
+            .headers()
+            .iter()
+            .filter(|(k, _)| k.as_str().starts_with("x-tiergate-"))
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), json!(v.to_str().ok()?))))
+            .collect();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        }
+        let raw = axum::body::to_bytes(resp.into_body(), 16 << 20)
+            .await
+            .unwrap_or_default();
+        let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+        let out = json!({
+            "id": new_id("batch_req_"),
+            "custom_id": l.custom_id,
+            "response": {"status_code": status.as_u16(), "request_id": request_id, "body": body,
+                         "headers": tiergate},
+            "error": null,
+        });
+        return (status.is_success(), out);
+    }
+}
+
+fn line_error(custom_id: &str, code: &str, message: &str) -> Value {
+    json!({"id": new_id("batch_req_"), "custom_id": custom_id, "response": null,
+           "error": {"code": code, "message": message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_are_checked_line_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let ok = "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"m\"}}\n\n{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n";
+        let f = s.put_file("in.jsonl", "batch", ok.as_bytes()).unwrap();
+        let lines = parse_input(&s, &f.id, "/v1/chat/completions", 10).unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!((lines[1].no, lines[1].custom_id.as_str()), (1, "b"));
+        assert!(parse_input(&s, &f.id, "/v1/chat/completions", 1).is_err());
+        let bad = "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\nnot json\n{\"custom_id\":\"c\",\"method\":\"GET\",\"url\":\"/v1/models\",\"body\":{}}\n";
+        let f = s.put_file("bad.jsonl", "batch", bad.as_bytes()).unwrap();
+        let errors = parse_input(&s, &f.id, "/v1/chat/completions", 10).unwrap_err();
+        let codes: Vec<&str> = errors
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["code"].as_str().unwrap())
+            .collect();
+        assert_eq!(codes, ["invalid_custom_id", "invalid_json", "invalid_url"]);
+        assert_eq!(errors[1]["line"], 3);
+        let f = s.put_file("empty.jsonl", "batch", b"\n").unwrap();
+        assert!(parse_input(&s, &f.id, "/v1/chat/completions", 10).is_err());
+    }
+}

@@ -1,0 +1,286 @@
+//! The Batch API on a real `tiergate serve` (stub LLM worker, θ = 0 so every line escalates): the official
+//! `openai` Python client unchanged (upload, create, poll, download, cancel, list, a refused create), a server
+//! SIGKILLed mid-batch that resumes after restart with exactly one output line per input line, and the signed
+//! completion webhook.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tiergate_tests::root;
+
+mod common;
+use common::{start_env, Server};
+
+fn input(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let texts = [
+        "my card has not arrived",
+        "how do I top up",
+        "someone stole my card",
+        "hmm",
+    ];
+    let body: String = (0..n)
+        .map(|i| {
+            json!({"custom_id": format!("req-{i}"), "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "classify", "messages": [{"role": "user", "content": texts[i % 4]}]}})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let p = dir.join("input.jsonl");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn server(data: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let dir = format!("batch.data_dir=\"{}\"", data.display());
+    let mut args = vec![
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        &dir,
+    ];
+    args.extend_from_slice(extra);
+    start_env(&args, env)
+}
+
+#[test]
+fn the_openai_client_runs_a_batch_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(&tmp.path().join("data"), &[], &[]);
+    let out = Command::new("python3")
+        .arg(root().join("tests/python/batch_openai.py"))
+        .arg(&s.base)
+        .arg(input(tmp.path(), 12))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "batch_openai.py (openai package):\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["file"]["purpose"], "batch");
+    assert_eq!(r["batch"]["status"], "completed");
+    assert_eq!(
+        r["batch"]["counts"],
+        json!({"total": 12, "completed": 12, "failed": 0})
+    );
+    assert_eq!(r["batch"]["metadata"]["suite"], "batch_openai");
+    assert!(r["batch"]["error_file_id"].is_null());
+    let lines = r["lines"].as_array().unwrap();
+    let ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (0..12).map(|i| format!("req-{i}")).collect();
+    assert_eq!(ids, want, "one line per request, in input order");
+    assert!(lines
+        .iter()
+        .all(|l| l["status"] == 200 && !l["content"].as_str().unwrap().is_empty()));
+    // θ = 0: every line went through the same routing as a live request and was escalated.
+    assert!(lines.iter().all(|l| l["tier"] == "llm"), "{lines:?}");
+    assert_eq!(r["cancelled"]["status"], "cancelled");
+    let listed: Vec<&str> = r["listed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed[..2],
+        [
+            r["cancelled"]["id"].as_str().unwrap(),
+            r["batch"]["id"].as_str().unwrap()
+        ]
+    );
+    assert!(
+        r["refused"]
+            .as_str()
+            .unwrap()
+            .contains("no file `file-nope`"),
+        "{r}"
+    );
+}
+
+fn get(s: &Server, path: &str) -> Value {
+    ureq::get(&format!("{}{path}", s.base))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap()
+}
+
+fn upload_and_create(s: &Server, input: &std::path::Path) -> String {
+    let boundary = "tgboundary";
+    let mut body = format!(
+        "--{boundary}\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+         content-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\ncontent-type: application/jsonl\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend(std::fs::read(input).unwrap());
+    body.extend(format!("\r\n--{boundary}--\r\n").into_bytes());
+    let f: Value = ureq::post(&format!("{}/v1/files", s.base))
+        .set(
+            "content-type",
+            &format!("multipart/form-data; boundary={boundary}"),
+        )
+        .send_bytes(&body)
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let b: Value = ureq::post(&format!("{}/v1/batches", s.base))
+        .send_json(json!({"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    b["id"].as_str().unwrap().to_string()
+}
+
+fn wait_status(s: &Server, id: &str, status: &str) -> Value {
+    let t = Instant::now();
+    loop {
+        let b = get(s, &format!("/v1/batches/{id}"));
+        if b["status"] == status {
+            return b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "still {b}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_server_killed_mid_batch_resumes_and_loses_no_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let n = 40;
+    let input = input(tmp.path(), n);
+    // 150 ms per rerank: the batch takes seconds, long enough to kill the server in the middle.
+    let slow = [
+        "--set",
+        "reranker.extra_args=[\"--stub-delay-ms\", \"150\"]",
+    ];
+    let mut s = server(&data, &slow, &[]);
+    let id = upload_and_create(&s, &input);
+    let t = Instant::now();
+    loop {
+        let b = get(&s, &format!("/v1/batches/{id}"));
+        let done = b["request_counts"]["completed"].as_u64().unwrap();
+        if done >= 5 {
+            assert!(done < n as u64, "the batch finished before the kill: {b}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{b}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.child.kill().unwrap(); // SIGKILL: no drain, no goodbye
+    s.child.wait().unwrap();
+    drop(s);
+    // A new server on the same data directory resumes the batch.
+    let s = server(&data, &slow, &[]);
+    let b = wait_status(&s, &id, "completed");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": n, "completed": n, "failed": 0}),
+        "{b}"
+    );
+    let out = ureq::get(&format!(
+        "{}/v1/files/{}/content",
+        s.base,
+        b["output_file_id"].as_str().unwrap()
+    ))
+    .call()
+    .unwrap()
+    .into_string()
+    .unwrap();
+    let mut per_id: HashMap<String, u32> = HashMap::new();
+    for l in out.lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["response"]["status_code"], 200, "{v}");
+        // Answered by the LLM, not degraded: after the restart, lines wait for the new worker.
+        assert_eq!(v["response"]["headers"]["x-tiergate-tier"], "llm", "{v}");
+        assert!(
+            v["response"]["headers"]["x-tiergate-degraded"].is_null(),
+            "{v}"
+        );
+        *per_id
+            .entry(v["custom_id"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_id.len(), n, "every input line has an output line");
+    assert!(
+        per_id.values().all(|&c| c == 1),
+        "and exactly one: {per_id:?}"
+    );
+}
+
+#[test]
+fn a_finished_batch_is_posted_to_the_webhook_signed() {
+    let hook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("webhook_url=\"http://{}/hook\"", hook.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // The first attempt is refused (500): the webhook is retried.
+        for (i, conn) in hook.incoming().enumerate() {
+            let mut c = conn.unwrap();
+            let mut r = BufReader::new(c.try_clone().unwrap());
+            let mut headers = HashMap::new();
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                if line.trim().is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = line.split_once(':') {
+                    headers.insert(k.trim().to_lowercase(), v.trim().to_string());
+                }
+            }
+            let mut body = vec![0; headers["content-length"].parse().unwrap()];
+            r.read_exact(&mut body).unwrap();
+            let status = if i == 0 {
+                "500 Internal Server Error"
+            } else {
+                "200 OK"
+            };
+            c.write_all(format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n").as_bytes())
+                .unwrap();
+            if i > 0 {
+                tx.send((headers, body)).unwrap();
+                return;
+            }
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let webhook = format!("batch.{url}");
+    let s = server(
+        &tmp.path().join("data"),
+        &[
+            "--set",
+            &webhook,
+            "--set",
+            "batch.webhook_secret_env=\"HOOK_SECRET\"",
+        ],
+        &[("HOOK_SECRET", "s3cret-for-the-test")],
+    );
+    let id = upload_and_create(&s, &input(tmp.path(), 3));
+    let (headers, body) = rx.recv_timeout(Duration::from_secs(60)).expect("webhook");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["status"].as_str()),
+        (Some(id.as_str()), Some("completed"))
+    );
+    let want = format!(
+        "sha256={}",
+        tiergate_server::batch::sign(b"s3cret-for-the-test", &body)
+    );
+    assert_eq!(headers["x-tiergate-signature"], want);
+}
