@@ -44,6 +44,9 @@ pub const EXPERIMENT_REQUEST_SECONDS: &str = "tiergate_experiment_request_durati
 /// The delay injected per request.
 pub const EXPERIMENT_DELAY_SECONDS: &str = "tiergate_experiment_delay_seconds";
 
+/// Batch LLM jobs cancelled for an interactive escalation (the line runs again later).
+pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
     60.0,

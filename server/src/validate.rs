@@ -57,7 +57,7 @@ pub struct ValidChat {
     pub user: Option<String>,
     /// A line of a batch (set by the handler, not by the client): its LLM work waits for the interactive
     /// channel.
-    pub batch: bool,
+    pub batch: Option<crate::batch::BatchLine>,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
@@ -246,7 +246,7 @@ pub fn validate(
         top_logprobs,
         json_object,
         user,
-        batch: false,
+        batch: None,
     })
 }
 

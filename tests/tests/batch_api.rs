@@ -284,3 +284,66 @@ fn a_finished_batch_is_posted_to_the_webhook_signed() {
     );
     assert_eq!(headers["x-tiergate-signature"], want);
 }
+
+#[test]
+fn interactive_escalations_preempt_batch_llm_jobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Every rerank takes 300 ms: a batch line holds the LLM long enough for interactive requests to arrive.
+    let slow = [
+        "--set",
+        "reranker.extra_args=[\"--stub-delay-ms\", \"300\"]",
+    ];
+    let s = server(&tmp.path().join("data"), &slow, &[]);
+    let n = 12;
+    let id = upload_and_create(&s, &input(tmp.path(), n));
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..6 {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(
+                json!({"model": "classify", "messages": [{"role": "user", "content": "hmm"}]}),
+            )
+            .unwrap();
+        assert_eq!(r.header("x-tiergate-tier"), Some("llm"));
+        assert!(r.header("x-tiergate-degraded").is_none());
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let b = wait_status(&s, &id, "completed");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": n, "completed": n, "failed": 0}),
+        "{b}"
+    );
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let preempted: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("tiergate_batch_preemptions_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(preempted >= 1.0, "no batch job yielded:\n{metrics}");
+    // A preempted line ran again: still exactly one output line per input line.
+    let out = ureq::get(&format!(
+        "{}/v1/files/{}/content",
+        s.base,
+        b["output_file_id"].as_str().unwrap()
+    ))
+    .call()
+    .unwrap()
+    .into_string()
+    .unwrap();
+    let mut ids: Vec<String> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["custom_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n);
+}

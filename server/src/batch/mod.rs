@@ -18,9 +18,50 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use store::Store;
 
-/// Marks a request as a batch line (set by the runner; a client cannot set it).
-#[derive(Debug, Clone, Copy)]
-pub struct BatchLine;
+/// Marks a request as a batch line (set by the runner as a request extension; a client cannot set it).
+#[derive(Debug, Clone, Default)]
+pub struct BatchLine {
+    /// Set while the line holds the batch's LLM turn.
+    holds_llm: Arc<std::sync::atomic::AtomicBool>,
+    /// An interactive escalation may cancel this line's LLM job (it is run again later); false after a few
+    /// preemptions, so a batch always progresses.
+    preemptible: bool,
+}
+
+impl PartialEq for BatchLine {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.holds_llm, &other.holds_llm)
+    }
+}
+
+impl BatchLine {
+    /// A line; `preemptible`: its LLM job yields to interactive escalations.
+    pub fn new(preemptible: bool) -> Self {
+        Self {
+            holds_llm: Arc::default(),
+            preemptible,
+        }
+    }
+
+    /// Its LLM job is running and may be cancelled for an interactive one.
+    pub fn preemptible_now(&self) -> bool {
+        self.preemptible && self.holds_llm.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// A batch line's turn at the LLM (released on drop).
+pub struct Turn<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    line: BatchLine,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.line
+            .holds_llm
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
 
 /// The Batch API's state.
 pub struct Batches {
@@ -30,6 +71,8 @@ pub struct Batches {
     pub wake: tokio::sync::Notify,
     /// One batch LLM job at a time.
     llm_gate: tokio::sync::Semaphore,
+    /// Notified when an interactive escalation wants the LLM.
+    pub preempt: tokio::sync::Notify,
 }
 
 impl Batches {
@@ -40,18 +83,20 @@ impl Batches {
             cfg: cfg.clone(),
             wake: tokio::sync::Notify::new(),
             llm_gate: tokio::sync::Semaphore::new(1),
+            preempt: tokio::sync::Notify::new(),
         })
     }
 }
 
-/// Waits, for a batch line, until a worker is live and the LLM is free of interactive work (at most
-/// `batch.max_llm_wait_ms`); the returned permit is held until the LLM answered. Interactive requests pass at
-/// once (`None`).
-pub async fn llm_turn(state: &AppState, batch: bool) -> Option<tokio::sync::SemaphorePermit<'_>> {
-    if !batch {
-        return None;
-    }
+/// Before an LLM job. An interactive request passes at once (`None`) and asks a running batch job to yield.
+/// A batch line waits until a worker is live and the LLM is free of interactive work (at most
+/// `batch.max_llm_wait_ms`); the returned turn is held until the LLM answered.
+pub async fn llm_turn<'a>(state: &'a AppState, line: Option<&BatchLine>) -> Option<Turn<'a>> {
     let b = state.batches.as_ref()?;
+    let Some(line) = line else {
+        b.preempt.notify_waiters();
+        return None;
+    };
     let permit = b.llm_gate.acquire().await.ok()?;
     let waited = std::time::Instant::now();
     let max = Duration::from_millis(b.cfg.max_llm_wait_ms);
@@ -59,7 +104,12 @@ pub async fn llm_turn(state: &AppState, batch: bool) -> Option<tokio::sync::Sema
     while state.llm.as_ref().is_some_and(busy) && waited.elapsed() < max {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Some(permit)
+    line.holds_llm
+        .store(true, std::sync::atomic::Ordering::Release);
+    Some(Turn {
+        _permit: permit,
+        line: line.clone(),
+    })
 }
 
 fn batches(state: &AppState) -> Result<&Arc<Batches>, ApiError> {

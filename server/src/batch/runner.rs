@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use super::store::{new_id, Store};
-use super::BatchLine;
+use super::{BatchLine, Batches};
 use crate::app::AppState;
 
 /// One validated input line.
@@ -100,9 +100,10 @@ async fn run_batch(
         .map(|l| {
             let router = router.clone();
             let mut stop = stop.clone();
+            let b = b.clone();
             async move {
                 tokio::select! {
-                    r = run_line(router, id, &l) => Some((l.no, r)),
+                    r = run_line(router, &b, id, &l) => Some((l.no, r)),
                     _ = stop.wait_for(|s| *s) => None,
                 }
             }
@@ -220,9 +221,13 @@ fn parse_input(
     }
 }
 
-/// Runs one line through the router; retries while the server sheds load (429, or 503 from admission).
-/// Returns whether it succeeded and its output line.
-async fn run_line(router: axum::Router, batch: &str, l: &Line) -> (bool, Value) {
+/// Preemptions after which a line's LLM job no longer yields.
+const MAX_PREEMPTIONS: u32 = 3;
+
+/// Runs one line through the router; runs it again when the server sheds load (429) or when an interactive
+/// escalation preempted its LLM job (at most [`MAX_PREEMPTIONS`] times). Returns whether it succeeded and
+/// its output line.
+async fn run_line(router: axum::Router, b: &Batches, batch: &str, l: &Line) -> (bool, Value) {
     let mut body = l.body.clone();
     if let Some(o) = body.as_object_mut() {
         o.insert("stream".into(), json!(false));
@@ -230,11 +235,13 @@ async fn run_line(router: axum::Router, batch: &str, l: &Line) -> (bool, Value) 
     let request_id = format!("{batch}-{}", l.no);
     let bytes = body.to_string();
     let mut backoff = Duration::from_millis(100);
+    let mut preempted = 0;
     loop {
+        let line = BatchLine::new(preempted < MAX_PREEMPTIONS);
         let req = Request::post("/v1/chat/completions")
             .header("content-type", "application/json")
             .header("x-request-id", &request_id)
-            .extension(BatchLine)
+            .extension(line.clone())
             .body(Body::from(bytes.clone()));
         let Ok(req) = req else {
             return (
@@ -242,7 +249,21 @@ async fn run_line(router: axum::Router, batch: &str, l: &Line) -> (bool, Value) 
                 line_error(&l.custom_id, "internal_error", "cannot build the request"),
             );
         };
-        let Ok(resp) = router.clone().oneshot(req).await;
+        let answer = router.clone().oneshot(req);
+        tokio::pin!(answer);
+        let resp = loop {
+            let yield_now = b.preempt.notified();
+            tokio::select! {
+                r = &mut answer => break r.ok(),
+                _ = yield_now => if line.preemptible_now() { break None },
+            }
+        };
+        // Preempted: dropping the request cancels its LLM job; the line runs again at its next turn.
+        let Some(resp) = resp else {
+            preempted += 1;
+            metrics::counter!(crate::metrics::BATCH_PREEMPTIONS_TOTAL).increment(1);
+            continue;
+        };
         let status = resp.status();
         // tiergate's own headers (tier, degraded, confidence, threshold) ride along: a batch has no headers.
         let tiergate: serde_json::Map<String, Value> = resp

@@ -64,7 +64,7 @@ pub async fn chat(
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
-    valid.batch = batch_line.is_some();
+    valid.batch = batch_line.map(|e| e.0);
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let variant = state
@@ -440,7 +440,7 @@ async fn generate(
         sampling: sampling(&v),
     };
     let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-    let _turn = crate::batch::llm_turn(state, v.batch).await;
+    let _turn = crate::batch::llm_turn(state, v.batch.as_ref()).await;
     let handle = llm
         .client
         .submit_traced(&job, crate::trace::job_parent().as_ref(), deadline)

@@ -91,7 +91,7 @@ pub(super) async fn escalate_answer(
         return Ok(None);
     };
     // A batch line waits here for the interactive channel to leave the LLM idle.
-    let _turn = crate::batch::llm_turn(state, v.batch).await;
+    let _turn = crate::batch::llm_turn(state, v.batch.as_ref()).await;
     if let Some(e) = llm_unavailable(state) {
         degrade(state, meta, &e)?;
         return Ok(None);
@@ -157,7 +157,7 @@ pub(super) async fn escalate_rerank(
         return Ok(None);
     };
     let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
-    let _turn = crate::batch::llm_turn(state, v.batch).await;
+    let _turn = crate::batch::llm_turn(state, v.batch.as_ref()).await;
     let busy = llm_unavailable(state).or_else(|| {
         llm.rerank_out_of_reach(deadline, state.config.reranker.workers)
             .then_some(QueueError::DeadlineExceeded)
