@@ -48,6 +48,11 @@ pub struct ServerConfig {
     pub otlp_protocol: String,
     /// Share of new traces recorded, in [0, 1] (a request's own `traceparent` decides for its trace).
     pub trace_sample_ratio: f64,
+    /// A JSON-lines file that receives every rerank the LLM answered (query text, Tier-0's and the fused
+    /// distribution) for `tiergate distill`. Empty: off (users' text is written nowhere).
+    pub record_escalations: String,
+    /// Size of the record file before it rotates to `FILE.1`, bytes.
+    pub record_max_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +74,8 @@ impl Default for ServerConfig {
             otlp_endpoint: String::new(),
             otlp_protocol: String::new(),
             trace_sample_ratio: 1.0,
+            record_escalations: String::new(),
+            record_max_bytes: 64 << 20,
         }
     }
 }
@@ -102,6 +109,7 @@ impl ServerConfig {
             self.max_connections_per_peer as u64,
         )?;
         positive("drain_ms", self.drain_ms)?;
+        positive("record_max_bytes", self.record_max_bytes)?;
         if self.max_connections_per_peer > self.max_connections {
             return Err(ConfigError::invalid(
                 format!("{at}.max_connections_per_peer"),

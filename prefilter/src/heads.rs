@@ -61,6 +61,21 @@ impl Head {
         })
     }
 
+    /// The weight `[labels, hidden]` and bias of a linear head (what `tiergate train` writes).
+    pub fn linear_weights(&self) -> Result<(Tensor, Tensor)> {
+        match &self.kind {
+            HeadKind::Linear(lin) => Ok((
+                lin.weight().clone(),
+                lin.bias()
+                    .cloned()
+                    .ok_or_else(|| PrefilterError::Training("the head has no bias".into()))?,
+            )),
+            _ => Err(PrefilterError::Training(
+                "only a trained linear head (`tiergate train`) can be distilled".into(),
+            )),
+        }
+    }
+
     /// Calibrated probabilities `[batch, labels]`.
     pub fn probabilities(&self, x: &Embedded) -> Result<Tensor> {
         let logits = (self.logits(x)? / self.temperature)?;

@@ -9,6 +9,7 @@ pub mod bert;
 pub mod calibrate;
 pub mod classifier;
 pub mod data;
+pub mod distill;
 pub mod encoder;
 pub mod error;
 pub mod eval;

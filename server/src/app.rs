@@ -124,6 +124,8 @@ pub struct AppState {
     pub batches: Option<Arc<crate::batch::Batches>>,
     /// Why the Batch API is unavailable although enabled.
     pub batch_unavailable: Option<String>,
+    /// Where escalations are recorded for distillation (`server.record_escalations`).
+    pub recorder: Option<crate::record::Recorder>,
     /// Latency-injection experiments in force.
     pub experiments: crate::experiments::Experiments,
     /// Start time.
@@ -217,6 +219,13 @@ impl AppState {
             experiments: crate::experiments::Experiments::new(config.experiments.clone()),
             batches,
             batch_unavailable,
+            recorder: match config.server.record_escalations.as_str() {
+                "" => None,
+                p => Some(crate::record::Recorder::open(
+                    std::path::Path::new(p),
+                    config.server.record_max_bytes,
+                )?),
+            },
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: std::sync::Mutex::new(std::collections::VecDeque::new()),
             store: match config.policy_store.kind.as_str() {

@@ -1,5 +1,7 @@
-//! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`.
+//! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`,
+//! `tiergate distill`.
 
+mod distill;
 mod eval;
 mod fit;
 mod hybrid;
@@ -29,6 +31,9 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Fit the fusion of the LLM's scores with Tier-0's on a dev split and write it into the head folder.
     FitFusion(fit::FitArgs),
+    /// Refresh a trained head with the LLM's verdicts recorded on escalations (`server.record_escalations`):
+    /// soft targets mixed with the original training data, recalibrated, compared before/after.
+    Distill(distill::DistillArgs),
 }
 
 /// Where the data comes from and how to read it.
@@ -81,6 +86,7 @@ pub fn run(cli: Cli, env: impl IntoIterator<Item = (String, String)>) -> anyhow:
         Command::Train(args) => train::run(&args),
         Command::Eval(args) => eval::run(&args, env),
         Command::FitFusion(args) => fit::run(&args, env),
+        Command::Distill(args) => distill::run(&args),
     }
 }
 

@@ -206,6 +206,7 @@ pub(super) async fn escalate_rerank(
                 .zip(&r.fused)
                 .map(|((i, _), p)| (*i, *p))
                 .collect();
+            record(state, route, v, d, &r);
             fused.sort_by(|a, b| b.1.total_cmp(&a.1));
             Ok(Some(fused))
         }
@@ -222,4 +223,28 @@ pub(super) async fn escalate_rerank(
             Ok(None)
         }
     }
+}
+
+/// Records an answered rerank for `tiergate distill` (when `server.record_escalations` is set).
+fn record(
+    state: &AppState,
+    route: &Route,
+    v: &ValidChat,
+    d: &Decided,
+    r: &tiergate_queue::RerankReply,
+) {
+    let (Some(rec), Some(prefilter)) = (&state.recorder, &route.prefilter) else {
+        return;
+    };
+    let labels = prefilter.labels();
+    rec.write(&serde_json::json!({
+        "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
+        "route": route.name,
+        "text": v.text,
+        "ambiguity": 1.0 - f64::from(d.pred.confidence),
+        "candidates": d.top.iter().map(|(i, _)| labels[*i].as_str()).collect::<Vec<_>>(),
+        "tier0": d.top.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+        "llm": r.llm,
+        "fused": r.fused,
+    }));
 }

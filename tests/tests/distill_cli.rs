@@ -1,0 +1,145 @@
+//! Distillation end to end on the real MiniLM: `tiergate train` a head on the project's workload, serve it
+//! with `server.record_escalations` (stub LLM worker, θ = 0 so every request is a rerank the LLM answers),
+//! then `tiergate distill` those records into a new head that loads and serves.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+use tiergate_tests::{binary, minilm_dir, root};
+
+mod common;
+use common::start;
+
+#[test]
+fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
+    let work = tempfile::tempdir().unwrap();
+    let data = root().join("bench/workloads/bank24.jsonl");
+    let head = work.path().join("head");
+    let train = Command::new(binary("tiergate"))
+        .args(["train", "--encoder"])
+        .arg(minilm_dir())
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&head)
+        .args(["--dev-fraction", "0.25", "--precision", "f32"])
+        .output()
+        .unwrap();
+    assert!(
+        train.status.success(),
+        "{}",
+        String::from_utf8_lossy(&train.stderr)
+    );
+
+    let records = work.path().join("records/escalations.jsonl");
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "prefilter.precision=\"f32\"",
+        "--set",
+        &format!(
+            "prefilter.head={{kind=\"trained\", dir=\"{}\"}}",
+            head.display()
+        ),
+        "--set",
+        &format!("server.record_escalations=\"{}\"", records.display()),
+    ]);
+    let texts: Vec<String> = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .take(40)
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    for t in &texts {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": t}]}))
+            .unwrap();
+        assert_eq!(r.header("x-tiergate-tier"), Some("llm"));
+    }
+    drop(s);
+    let lines: Vec<Value> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), texts.len(), "one record per answered rerank");
+    for (rec, t) in lines.iter().zip(&texts) {
+        assert_eq!(rec["text"].as_str(), Some(t.as_str()));
+        let fused: f64 = rec["fused"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_f64().unwrap())
+            .sum();
+        assert!((fused - 1.0).abs() < 1e-3, "{rec}");
+        assert_eq!(
+            rec["candidates"].as_array().unwrap().len(),
+            rec["tier0"].as_array().unwrap().len()
+        );
+    }
+
+    let out = work.path().join("distilled");
+    let report = work.path().join("report.json");
+    let d = Command::new(binary("tiergate"))
+        .args(["distill", "--classifier"])
+        .arg(&head)
+        .arg("--records")
+        .arg(&records)
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "--dev-fraction",
+            "0.25",
+            "--precision",
+            "f32",
+            "--epochs",
+            "10",
+            "--out",
+        ])
+        .arg(&out)
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&d.stdout);
+    assert!(
+        d.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&d.stderr)
+    );
+    assert!(
+        stdout.contains("before: dev accuracy") && stdout.contains(" after: dev accuracy"),
+        "{stdout}"
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["records_used"], texts.len());
+    for side in ["before", "after"] {
+        for k in ["dev_accuracy", "dev_escalated_share", "records_agreement"] {
+            let x = r[side][k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&x), "{side}.{k} = {x}");
+        }
+    }
+    // The LLM's verdicts pulled the head towards them.
+    assert!(
+        r["after"]["records_agreement"].as_f64() >= r["before"]["records_agreement"].as_f64(),
+        "{r}"
+    );
+    // The refreshed head loads as a serving head.
+    let (meta, _) = tiergate_prefilter::heads::load_trained(&out).unwrap();
+    assert_eq!(
+        meta.temperature,
+        r["after"]["temperature"].as_f64().unwrap()
+    );
+}
