@@ -2,10 +2,11 @@
 //! `server.record_escalations`) fed back into a trained head as soft targets, so that Tier-0 is sure where the
 //! LLM was needed before.
 //!
-//! The head continues from its weights: each optimiser step takes a batch of the original training data
-//! (cross-entropy on the gold labels, so nothing is forgotten) and a batch of records (cross-entropy against
-//! the fused distribution softened at temperature T, scaled by T², i.e. the KL of knowledge distillation up
-//! to a constant), then it is recalibrated (temperature scaling) on the original dev split. Before/after
+//! The head continues from its weights on the original training rows and the records shuffled together:
+//! a training row contributes cross-entropy on its gold label (so nothing is forgotten), a record the
+//! cross-entropy against the LLM's fused distribution at temperature T, scaled by T² (the KL of knowledge
+//! distillation up to a constant) and by `weight`; then the head is recalibrated (temperature scaling) on the
+//! original dev split. Before/after
 //! figures on that dev split: accuracy, ECE and the escalated share at a given θ; and on the records: how
 //! often Tier-0's answer is the LLM's.
 
@@ -117,7 +118,8 @@ pub fn record_target(line: &str, labels: &[String]) -> Option<Target> {
     })
 }
 
-/// Continues a linear head (`w`, `b`) on hard labels and soft targets; returns the new weights.
+/// Continues a linear head (`w`, `b`) on hard labels and soft targets mixed in one shuffled set (a record
+/// counts `weight` times a training row); returns the new weights.
 pub fn distill_head(
     (w, b): (&Tensor, &Tensor),
     (x_train, y_train): (&Tensor, &[u32]),
@@ -129,7 +131,7 @@ pub fn distill_head(
     let mut opt = AdamW::new(
         vec![w.clone(), b.clone()],
         ParamsAdamW {
-            lr: 2e-3,
+            lr: 1e-3,
             weight_decay: 1e-4,
             ..Default::default()
         },
@@ -138,42 +140,39 @@ pub fn distill_head(
     let logits = |x: &Tensor| -> Result<Tensor> { Ok(x.matmul(&w.t()?)?.broadcast_add(&b)?) };
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed);
     let (n, m) = (y_train.len(), t_rec.dim(0)?);
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    let mut rec_order: Vec<u32> = (0..m as u32).collect();
+    // Indices below n are training rows, from n on records.
+    let mut order: Vec<u32> = (0..(n + m) as u32).collect();
     let t = o.temperature;
-    let mut r = 0;
     for _ in 0..o.epochs.max(1) {
         order.shuffle(&mut rng);
         for chunk in order.chunks(64) {
-            let idx = Tensor::new(chunk, &device)?;
-            let yb = Tensor::new(
-                chunk
-                    .iter()
-                    .map(|&i| y_train[i as usize])
-                    .collect::<Vec<u32>>(),
-                &device,
-            )?;
-            let mut loss =
-                candle_nn::loss::cross_entropy(&logits(&x_train.index_select(&idx, 0)?)?, &yb)?;
-            if m > 0 {
-                if r + 32 > m {
-                    rec_order.shuffle(&mut rng);
-                    r = 0;
-                }
-                let rc = &rec_order[r..(r + 32).min(m)];
-                r += rc.len();
-                let ridx = Tensor::new(rc, &device)?;
+            let (rows, recs): (Vec<u32>, Vec<u32>) = chunk.iter().partition(|&&i| (i as usize) < n);
+            let mut loss = Tensor::zeros((), DType::F32, &device)?;
+            if !rows.is_empty() {
+                let idx = Tensor::new(rows.as_slice(), &device)?;
+                let yb = Tensor::new(
+                    rows.iter()
+                        .map(|&i| y_train[i as usize])
+                        .collect::<Vec<u32>>(),
+                    &device,
+                )?;
+                let ce =
+                    candle_nn::loss::cross_entropy(&logits(&x_train.index_select(&idx, 0)?)?, &yb)?;
+                loss = (loss + (ce * rows.len() as f64)?)?;
+            }
+            if !recs.is_empty() {
+                let ridx = Tensor::new(
+                    recs.iter().map(|&i| i - n as u32).collect::<Vec<u32>>(),
+                    &device,
+                )?;
                 let log_p = candle_nn::ops::log_softmax(
                     &(logits(&x_rec.index_select(&ridx, 0)?)? / t)?,
                     1,
                 )?;
-                let soft = (t_rec.index_select(&ridx, 0)? * log_p)?
-                    .sum(1)?
-                    .mean(0)?
-                    .neg()?;
+                let soft = (t_rec.index_select(&ridx, 0)? * log_p)?.sum_all()?.neg()?;
                 loss = (loss + (soft * (o.weight * t * t))?)?;
             }
-            opt.backward_step(&loss)?;
+            opt.backward_step(&(loss / chunk.len() as f64)?)?;
         }
     }
     Ok((w.as_tensor().clone(), b.as_tensor().clone()))
@@ -372,7 +371,7 @@ mod tests {
             seed: 1,
             temperature: 2.0,
             weight: 1.0,
-            epochs: 400,
+            epochs: 600,
             theta: 0.5,
             max_tokens: 16,
             precision: Precision::F32,

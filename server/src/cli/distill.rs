@@ -27,11 +27,11 @@ pub struct DistillArgs {
     /// Softening temperature of the LLM's distributions.
     #[arg(long, default_value_t = 2.0)]
     pub temperature: f64,
-    /// Weight of the records against the training data.
+    /// How many training rows one record counts as.
     #[arg(long, default_value_t = 1.0)]
     pub weight: f64,
-    /// Passes over the training data.
-    #[arg(long, default_value_t = 20)]
+    /// Passes over the training rows and records.
+    #[arg(long, default_value_t = 5)]
     pub epochs: usize,
     /// θ at which the escalated share is compared before and after.
     #[arg(long, default_value_t = 0.65)]
