@@ -229,24 +229,12 @@ pub fn distill(o: &DistillOptions, progress: &mut dyn FnMut(&str)) -> Result<Dis
     let y_train: Vec<u32> = train.iter().map(|r| r.1).collect();
     let y_dev: Vec<usize> = dev.iter().map(|r| r.1).collect();
     let rec_top: Vec<usize> = records.iter().map(|r| argmax(&r.1).0).collect();
-    let before = figures(
-        &(w0.clone(), b0.clone()),
-        &x_dev,
-        &y_dev,
-        &x_rec,
-        &rec_top,
-        o.theta,
-    )?;
+    let measure =
+        |w: &Tensor, b: &Tensor| figures((w, b), (&x_dev, &y_dev), (&x_rec, &rec_top), o.theta);
+    let before = measure(&w0, &b0)?;
     progress("distilling");
     let (w, b) = distill_head((&w0, &b0), (&x_train, &y_train), (&x_rec, &t_rec), o)?;
-    let after = figures(
-        &(w.clone(), b.clone()),
-        &x_dev,
-        &y_dev,
-        &x_rec,
-        &rec_top,
-        o.theta,
-    )?;
+    let after = measure(&w, &b)?;
     let mut meta = meta.clone();
     meta.encoder = encoder_dir
         .canonicalize()
@@ -273,11 +261,9 @@ pub fn distill(o: &DistillOptions, progress: &mut dyn FnMut(&str)) -> Result<Dis
 
 /// A head's figures: calibrated on the dev split (its own temperature fitted there), then measured.
 fn figures(
-    (w, b): &(Tensor, Tensor),
-    x_dev: &Tensor,
-    y_dev: &[usize],
-    x_rec: &Tensor,
-    rec_top: &[usize],
+    (w, b): (&Tensor, &Tensor),
+    (x_dev, y_dev): (&Tensor, &[usize]),
+    (x_rec, rec_top): (&Tensor, &[usize]),
     theta: f64,
 ) -> Result<Figures> {
     let logits = |x: &Tensor| -> Result<Vec<Vec<f32>>> {

@@ -306,12 +306,7 @@ pub fn letter_logprobs(v: &Value, k: usize) -> Result<Vec<f32>, EngineError> {
 
 /// Runs one job against the upstream and answers it; the job's deadline bounds the whole exchange.
 pub async fn run_remote_job(engine: &RemoteEngine, job: TakenJob) {
-    let TakenJob {
-        job,
-        trace,
-        mut taken,
-    } = job;
-    let mut spans = JobTrace::start(&job, trace.as_ref());
+    let (job, mut taken, mut spans) = JobTrace::of(job);
     let left = taken.time_left().unwrap_or(Duration::from_secs(3600));
     match job {
         Job::Rerank {

@@ -171,12 +171,7 @@ pub fn answer_generation(
 
 /// Runs one job and answers it, in the job's span.
 pub fn run_job(engine: &dyn Engine, job: TakenJob) {
-    let TakenJob {
-        job,
-        trace,
-        mut taken,
-    } = job;
-    let mut spans = JobTrace::start(&job, trace.as_ref());
+    let (job, mut taken, mut spans) = JobTrace::of(job);
     let _in_span = spans.span().clone().entered();
     if engine.on_job_start() {
         taken.corrupt(&[0xff, 0xff, 0xff, 0x7f, 9, b'g', b'a', b'r', b'b']);

@@ -37,6 +37,12 @@ impl JobTrace {
         }
     }
 
+    /// Opens the span of a taken job: returns the job, its handle and its trace.
+    pub fn of(taken: tiergate_queue::TakenJob) -> (Job, tiergate_queue::Taken, Self) {
+        let trace = Self::start(&taken.job, taken.trace.as_ref());
+        (taken.job, taken.taken, trace)
+    }
+
     /// The job's span.
     pub fn span(&self) -> &tracing::Span {
         &self.span
