@@ -135,7 +135,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
     };
     let token = args.admin_token.as_deref();
 
-    let (runs, rows) = if args.compare {
+    let mut runs = if args.compare {
         let view = scrape::routing(&admin, token)
             .await
             .map_err(|e| format!("--compare sets the policy through /admin/routing: {e}"))?;
@@ -182,29 +182,24 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         if let Some(e) = failure {
             return Err(e);
         }
-        let rows = compare::rows(&runs);
-        (runs, Some(rows))
+        runs
     } else {
         let data = execute(&client, &plan, stop_rx.clone()).await;
-        (
-            vec![RunReport::build(
-                "run",
-                settings,
-                &data,
-                &slo_lines,
-                args.patience.as_ref(),
-            )],
-            None,
-        )
+        vec![RunReport::build(
+            "run",
+            settings,
+            &data,
+            &slo_lines,
+            args.patience.as_ref(),
+        )]
     };
-
-    let mut runs = runs;
     if let Some(f) = &prices {
         for r in &mut runs {
             r.cost = Some(tiergate_bench::cost::of(f, r));
         }
     }
-    let rows = rows.map(|_| compare::rows(&runs));
+    // The comparison reads the runs' costs: made once they are in.
+    let rows = args.compare.then(|| compare::rows(&runs));
     let mut text: String = runs.iter().map(RunReport::render).collect();
     if let Some(rows) = &rows {
         text.push_str(&compare::render(rows));

@@ -145,6 +145,7 @@ impl Drop for Telemetry {
 }
 
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+static TRACER: OnceLock<opentelemetry_sdk::trace::SdkTracer> = OnceLock::new();
 
 /// Installs the global subscriber: logs on stderr, and spans of [`TARGET`] as OpenTelemetry spans, exported
 /// when `export` is given. Call once per process.
@@ -158,6 +159,7 @@ pub fn init(export: Option<Export>) -> anyhow::Result<Telemetry> {
             .build(),
     };
     let tracer = provider.tracer("tiergate");
+    let _ = TRACER.set(tracer.clone());
     let _ = PROVIDER.set(provider);
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
@@ -228,13 +230,12 @@ pub fn record_child(
     if !cx.span().span_context().is_sampled() {
         return;
     }
-    let Some(p) = PROVIDER.get() else { return };
-    let tracer = p.tracer("tiergate");
+    let Some(tracer) = TRACER.get() else { return };
     let mut span = tracer
         .span_builder(name)
         .with_start_time(start)
         .with_attributes(attributes)
-        .start_with_context(&tracer, &cx);
+        .start_with_context(tracer, &cx);
     span.end_with_timestamp(end);
 }
 

@@ -146,6 +146,16 @@ fn upload_and_create(s: &Server, input: &std::path::Path) -> String {
     b["id"].as_str().unwrap().to_string()
 }
 
+/// The output file of a finished batch.
+fn output_file(s: &Server, b: &Value) -> String {
+    let id = b["output_file_id"].as_str().unwrap();
+    ureq::get(&format!("{}/v1/files/{id}/content", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
+}
+
 fn wait_status(s: &Server, id: &str, status: &str) -> Value {
     let t = Instant::now();
     loop {
@@ -193,15 +203,7 @@ fn a_server_killed_mid_batch_resumes_and_loses_no_line() {
         json!({"total": n, "completed": n, "failed": 0}),
         "{b}"
     );
-    let out = ureq::get(&format!(
-        "{}/v1/files/{}/content",
-        s.base,
-        b["output_file_id"].as_str().unwrap()
-    ))
-    .call()
-    .unwrap()
-    .into_string()
-    .unwrap();
+    let out = output_file(&s, &b);
     let mut per_id: HashMap<String, u32> = HashMap::new();
     for l in out.lines() {
         let v: Value = serde_json::from_str(l).unwrap();
@@ -325,15 +327,7 @@ fn interactive_escalations_preempt_batch_llm_jobs() {
         .unwrap_or(0.0);
     assert!(preempted >= 1.0, "no batch job yielded:\n{metrics}");
     // A preempted line ran again: still exactly one output line per input line.
-    let out = ureq::get(&format!(
-        "{}/v1/files/{}/content",
-        s.base,
-        b["output_file_id"].as_str().unwrap()
-    ))
-    .call()
-    .unwrap()
-    .into_string()
-    .unwrap();
+    let out = output_file(&s, &b);
     let mut ids: Vec<String> = out
         .lines()
         .map(|l| {

@@ -144,6 +144,17 @@ fn a_latency_experiment_assigns_stably_delays_and_labels() {
     assert!(r.header("x-tiergate-variant").is_none(), "stopped");
 }
 
+/// The stdout of a run that must have succeeded (its stdout and stderr shown otherwise).
+fn succeeded(out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn bench(args: &[&str]) -> std::process::Output {
     Command::new(binary("tiergate-bench"))
         .current_dir(root())
@@ -181,12 +192,7 @@ fn the_bench_reports_variants_costs_and_derives_an_slo_from_the_run() {
         html_path.to_str().unwrap(),
         "--quiet",
     ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     assert!(
         text.contains("latency experiment") && text.contains("cost (USD"),
         "{text}"
@@ -285,12 +291,7 @@ fn the_bench_reports_variants_costs_and_derives_an_slo_from_the_run() {
         "--fail-on-slo",
         "--quiet",
     ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     assert!(
         text.contains("model P95 ≤") && text.contains("PASS"),
         "{text}"

@@ -112,8 +112,7 @@ async fn run_batch(
     while let Some(r) = results.next().await {
         let Some((no, (ok, out))) = r else { break };
         store.put_result(id, no, ok, &out)?;
-        let status = store.batch(id)?.map(|r| r.status).unwrap_or_default();
-        if status == "cancelling" || *stop.borrow() {
+        if store.status(id)?.as_deref() == Some("cancelling") || *stop.borrow() {
             break;
         }
     }
@@ -193,8 +192,9 @@ fn parse_input(
                 "`body` must be a JSON object".into(),
             ));
         } else {
+            // With any error the batch fails as a whole, so only error-free inputs number their lines.
             lines.push(Line {
-                no: lines.len() + errors.len(),
+                no: lines.len(),
                 custom_id,
                 body: v["body"].clone(),
             });

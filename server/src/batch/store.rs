@@ -264,6 +264,16 @@ impl Store {
         Ok(row)
     }
 
+    /// A batch's status alone (what the runner checks after each line).
+    pub fn status(&self, id: &str) -> anyhow::Result<Option<String>> {
+        Ok(self
+            .db()?
+            .query_row("SELECT status FROM batches WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
     /// Batches, newest first, after the one named `after`.
     pub fn list(&self, after: Option<&str>, limit: usize) -> anyhow::Result<Vec<BatchRow>> {
         let ids: Vec<String> = {
