@@ -30,6 +30,8 @@ const HTTP_MAX_HEAD_BYTES: usize = (1 << 20) + 64 * 1024;
 const QUIET: Duration = Duration::from_millis(50);
 /// … or after this long at most.
 const CLOSE_BOUND: Duration = Duration::from_secs(1);
+/// Most connections taken from the backlog in the last sweep before the listener closes.
+const BACKLOG_SWEEP: usize = 1024;
 
 /// After the listeners close, how long freshly accepted connections get to send their first request.
 const SETTLE: Duration = Duration::from_millis(200);
@@ -200,6 +202,14 @@ async fn accept_loop(
     loop {
         let wait = QUIET.min(bound.saturating_duration_since(Instant::now()));
         match tokio::time::timeout(wait, listener.accept()).await {
+            Ok(Ok((stream, peer))) => serve(stream, peer),
+            _ => break,
+        }
+    }
+    // At the bound, connections may still wait in the backlog (clients that kept arriving, or a runtime too
+    // busy to accept them in time): take every one already there (a bounded sweep) before the listener closes.
+    for _ in 0..BACKLOG_SWEEP {
+        match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
             Ok(Ok((stream, peer))) => serve(stream, peer),
             _ => break,
         }
