@@ -6,6 +6,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/fetch-models.sh
+# The Qwen2.5-Coder-0.5B judge (~470 MiB): its forward parity and choice tests (tests/tests/real_qwen.rs).
+scripts/fetch-models.sh --judge qwen2.5-0.5b
 python="${PYTHON:-python3}"
 if ! "$python" -c "import openai" >/dev/null 2>&1; then
   echo "test: installing the openai Python package (conformance test)" >&2

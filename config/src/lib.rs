@@ -8,6 +8,7 @@ mod batch;
 mod error;
 mod experiments;
 mod load;
+mod models;
 mod prefilter;
 mod prompts;
 mod serving;
@@ -16,6 +17,7 @@ pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
+pub use models::{profile_for, profiles, template, ChatTemplate, ModelProfile};
 pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
 };

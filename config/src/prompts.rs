@@ -16,6 +16,29 @@ pub enum ScoringMethod {
     Channel,
     /// P(candidate text | a prompt holding the query): one shared prompt, every candidate scored off it.
     Likelihood,
+    /// One multiple-choice prompt in the model's chat template, the candidates as letters: the next-token
+    /// distribution over the letters, averaged over cyclic shifts of the options.
+    Choice,
+    /// Whatever the worker's model profile says (`models/profiles.toml`).
+    Auto,
+}
+
+impl ScoringMethod {
+    /// The name used in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Channel => "channel",
+            Self::Likelihood => "likelihood",
+            Self::Choice => "choice",
+            Self::Auto => "auto",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Channel, Self::Likelihood, Self::Choice, Self::Auto]
+            .into_iter()
+            .find(|m| m.name() == s)
+    }
 }
 
 /// Templates for one route (placeholders: `{label}`, `{examples}`, `{example}`, `{reply}`, `{query}`,
@@ -43,10 +66,16 @@ pub struct PromptConfig {
     pub answer_system: String,
     /// Answer routes: one line per candidate inside `{candidates}` (`{label}`, `{reply}`).
     pub answer_candidate: String,
-    /// Remote engines: the multiple-choice question (`{query}`, `{options}`), answered with one letter.
+    /// Choice: the multiple-choice question (`{query}`, `{options}`), answered with one letter.
     pub choice_prompt: String,
-    /// Remote engines: one option line inside `{options}` (`{letter}`, `{label}`, `{reply}`).
+    /// Choice: one option line inside `{options}` (`{letter}`, `{label}`, `{reply}`, `{examples}`).
     pub choice_option: String,
+    /// Choice: one example line inside an option's `{examples}` (`{example}`).
+    pub choice_example: String,
+    /// Choice (when `method = "choice"`; `auto` takes the profile's): examples shown per option.
+    pub choice_examples: usize,
+    /// Choice (same precedence): cyclic shifts of the options, their letter distributions averaged.
+    pub choice_orders: usize,
 }
 
 impl Default for PromptConfig {
@@ -70,25 +99,28 @@ impl PromptConfig {
                 .unwrap_or_default()
                 .to_string()
         };
+        let count = |k: &str| {
+            table
+                .get(k)
+                .and_then(|v| v.as_integer())
+                .map_or(0, |n| n.max(0) as usize)
+        };
         Self {
-            method: match text("method").as_str() {
-                "likelihood" => ScoringMethod::Likelihood,
-                _ => ScoringMethod::Channel,
-            },
+            method: ScoringMethod::parse(&text("method")).unwrap_or(ScoringMethod::Auto),
             label_prefix: text("label_prefix"),
             example_line: text("example_line"),
             query: text("query"),
             likelihood_prompt: text("likelihood_prompt"),
             likelihood_candidate: text("likelihood_candidate"),
             content_free: text("content_free"),
-            max_examples: table
-                .get("max_examples")
-                .and_then(|v| v.as_integer())
-                .map_or(0, |n| n.max(0) as usize),
+            max_examples: count("max_examples"),
             answer_system: text("answer_system"),
             answer_candidate: text("answer_candidate"),
             choice_prompt: text("choice_prompt"),
             choice_option: text("choice_option"),
+            choice_example: text("choice_example"),
+            choice_examples: count("choice_examples"),
+            choice_orders: count("choice_orders"),
         }
     }
 }
@@ -119,10 +151,17 @@ impl PromptConfig {
                 "must not be empty",
             ));
         }
-        if self.max_examples > 16 {
+        need("choice_example", &self.choice_example, "{example}")?;
+        if !(1..=10).contains(&self.choice_orders) {
+            return Err(ConfigError::invalid(
+                format!("{at}.choice_orders"),
+                "1 to 10",
+            ));
+        }
+        if self.max_examples > 16 || self.choice_examples > 16 {
             return Err(ConfigError::invalid(
                 format!("{at}.max_examples"),
-                "at most 16",
+                "at most 16 (choice_examples too)",
             ));
         }
         Ok(())
@@ -179,7 +218,7 @@ mod tests {
     fn neutral_prompts_parse_and_validate() {
         let p = PromptConfig::default();
         p.validate("reranker.prompts").unwrap();
-        assert_eq!(p.method, ScoringMethod::Channel);
+        assert_eq!(p.method, ScoringMethod::Auto);
         assert!(p.max_examples > 0);
         // Every key of the file is a field (deny_unknown_fields), and a partial table keeps the rest neutral.
         let full: PromptConfig = toml::from_str(NEUTRAL_PROMPTS).unwrap();

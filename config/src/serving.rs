@@ -453,6 +453,9 @@ pub struct RerankerConfig {
     pub prefix_cache_mib: usize,
     /// Prompt templates (a route's own `prompts` win).
     pub prompts: PromptConfig,
+    /// The model profile `method = "auto"` follows (`config/models/profiles.toml`); empty: the profile whose
+    /// `match` is part of the model's file name.
+    pub profile: String,
     /// Candidates sent to the LLM.
     pub candidates: usize,
     /// Escalations allowed in flight before new ones degrade at once ("deadline out of reach": a longer
@@ -487,6 +490,7 @@ impl Default for RerankerConfig {
             scoring_weights: "int8".into(),
             prefix_cache_mib: 512,
             prompts: PromptConfig::default(),
+            profile: String::new(),
             candidates: 5,
             max_in_flight: 0,
         }
@@ -589,6 +593,9 @@ impl RerankerConfig {
             ));
         }
         self.prompts.validate(&format!("{at}.prompts"))?;
+        if !self.profile.is_empty() {
+            crate::profile_for("", &self.profile)?;
+        }
         if !(1..=10).contains(&self.candidates) {
             return Err(ConfigError::invalid(
                 format!("{at}.candidates"),

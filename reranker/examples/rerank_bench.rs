@@ -1,11 +1,13 @@
 //! The escalation's cost on this machine: reranks of `bench/rerank_cases.json` (5 candidates with 4 examples
 //! each, 8 queries) through the real shared-memory queue and a real `tiergate-reranker --engine mistralrs`
-//! worker process, for each scoring method of the default config's templates:
+//! worker process, for each scoring method of the default config's templates (choice with its default
+//! `choice_orders`, label names only):
 //! - cold: the first rerank (channel: the 5 label prefixes are prefilled then);
 //! - warm: median and p90 over 2 × 8 reranks, one at a time;
 //! - throughput: 4 reranks kept in flight for 10 s (escalations completed per second).
 //!
-//! `cargo run -p tiergate-reranker --example rerank_bench [-- MODEL.gguf] [--scoring-weights quantized]`
+//! `cargo run -p tiergate-reranker --example rerank_bench [-- MODEL.gguf] [--scoring-weights quantized]
+//! [--methods choice,channel]`
 //! The llama.cpp peer on the same cases and GGUF: `bench/llamacpp_rerank.py`.
 //! `--upstream http://HOST:PORT/v1`: the same reranks through the `openai` engine (a worker that asks that
 //! OpenAI-compatible server; two multiple-choice requests per rerank) instead of the local model.
@@ -48,6 +50,11 @@ fn main() -> anyhow::Result<()> {
         .position(|a| a == "--upstream")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--methods")
+        .and_then(|i| args.get(i + 1))
+        .map(|m| m.split(',').map(str::to_string).collect());
     let cases: Cases = serde_json::from_str(&std::fs::read_to_string("bench/rerank_cases.json")?)?;
     let config = tiergate_config::load(None, Vec::new(), &[])?;
     let candidates: Vec<Candidate> = cases
@@ -63,8 +70,19 @@ fn main() -> anyhow::Result<()> {
     let methods = if upstream.is_some() {
         vec![ScoringMethod::Channel] // the remote engine always asks its multiple-choice question
     } else {
-        vec![ScoringMethod::Channel, ScoringMethod::Likelihood]
+        vec![
+            ScoringMethod::Channel,
+            ScoringMethod::Likelihood,
+            ScoringMethod::Choice,
+        ]
     };
+    let methods: Vec<ScoringMethod> = methods
+        .into_iter()
+        .filter(|m| {
+            only.as_ref()
+                .is_none_or(|o| o.iter().any(|n| n == m.name()))
+        })
+        .collect();
     for (tag, method) in methods.into_iter().enumerate() {
         // A fresh worker per method: cold figures start from empty caches.
         let (client, sup) = start_worker(&model, &weights, tag, upstream.as_deref())?;

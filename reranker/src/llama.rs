@@ -1,11 +1,12 @@
-//! A llama-architecture decoder over GGUF weights, written for scoring rather than generation.
+//! A llama-family decoder over GGUF weights (`llama` and `qwen2`), written for scoring rather than generation.
 //!
 //! candle-transformers' `quantized_llama` returns the logits of the last position only and keeps one linear
 //! KV cache per model, so scoring k candidates after one prompt takes k forwards (or k model clones fed one
 //! token at a time). This forward takes explicit positions, an optional past (keys/values of earlier
 //! tokens, possibly several unrelated prefixes concatenated) and a block mask, and returns the final hidden
 //! state of every position: all candidates of a rerank go through one forward, each seeing only its own
-//! prefix. Weight names and the interleaved RoPE follow the GGUF llama layout (as `quantized_llama` does).
+//! prefix. Weight names follow the GGUF layout: `llama` with the interleaved RoPE (as `quantized_llama`),
+//! `qwen2` with biases on the q/k/v projections and the half-split RoPE (as `quantized_qwen2`).
 
 use std::ops::Range;
 use std::path::Path;
@@ -14,9 +15,38 @@ use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor, D};
 use tiergate_prefilter::int8::QDense;
 
+/// The architectures this forward runs (`general.architecture` in the GGUF file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama and its look-alikes (SmolLM2): no projection biases, interleaved RoPE pairs.
+    Llama,
+    /// Qwen2 / Qwen2.5: biases on q, k and v, RoPE over the two halves of a head.
+    Qwen2,
+}
+
+impl Arch {
+    /// The metadata key prefix and the name in `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Llama, Self::Qwen2]
+            .into_iter()
+            .find(|a| a.name() == s)
+    }
+}
+
 /// Shapes read from the GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
+    /// Architecture.
+    pub arch: Arch,
+    /// Vocabulary size.
+    pub vocab: usize,
     /// Transformer blocks.
     pub n_layer: usize,
     /// Query heads.
@@ -134,6 +164,8 @@ fn int8_parallel(q: &QDense, x: &[f32], m: usize, k: usize) -> Vec<f32> {
 }
 
 struct Layer {
+    /// q/k/v biases (Qwen2).
+    bias: Option<[Tensor; 3]>,
     wq: Linear,
     wk: Linear,
     wv: Linear,
@@ -152,6 +184,8 @@ pub struct Llama {
     layers: Vec<Layer>,
     norm: Tensor,
     output: Linear,
+    /// The output projection is the embedding matrix (tied weights): one logit is one dot product with a row.
+    tied: bool,
     cos: Tensor,
     sin: Tensor,
     device: Device,
@@ -219,56 +253,47 @@ fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
 }
 
 impl Llama {
-    /// Loads a llama-architecture GGUF file on the CPU.
+    /// Loads a `llama` or `qwen2` GGUF file on the CPU. Errors name the file.
     pub fn load(path: &Path, format: WeightFormat) -> candle_core::Result<Self> {
+        let named =
+            |e: candle_core::Error| candle_core::Error::Msg(format!("{}: {e}", path.display()));
         let device = Device::Cpu;
-        let mut file = std::fs::File::open(path)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        let ct = gguf_file::Content::read(&mut file).map_err(|e| e.with_path(path))?;
-        let arch = ct
-            .metadata
-            .get("general.architecture")
-            .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_default();
-        if arch != "llama" {
-            candle_core::bail!("{}: architecture `{arch}` is not llama", path.display())
-        }
-        let n_head = md_u32(&ct, "llama.attention.head_count")?;
-        let hidden = md_u32(&ct, "llama.embedding_length")?;
-        let cfg = LlamaConfig {
-            n_layer: md_u32(&ct, "llama.block_count")?,
-            n_head,
-            n_kv_head: md_u32(&ct, "llama.attention.head_count_kv")?,
-            head_dim: hidden / n_head,
-            hidden,
-            eps: f64::from(md_f32(&ct, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5)),
-            max_positions: md_u32(&ct, "llama.context_length")
-                .unwrap_or(2048)
-                .min(8192),
-        };
-        let rope_base = md_f32(&ct, "llama.rope.freq_base").unwrap_or(10_000.0);
-        let mut get = |name: &str| ct.tensor(&mut file, name, &device);
+        let mut file = std::fs::File::open(path).map_err(|e| named(e.into()))?;
+        let ct = gguf_file::Content::read(&mut file).map_err(named)?;
+        let cfg = read_config(&ct).map_err(named)?;
+        let rope_base =
+            md_f32(&ct, &format!("{}.rope.freq_base", cfg.arch.name())).unwrap_or(10_000.0);
+        let mut get = |name: &str| ct.tensor(&mut file, name, &device).map_err(named);
         let matmul = |q: QTensor| Linear::load(q, format);
         let embed_q = get("token_embd.weight")?;
         let embed = embed_q.dequantize(&device)?;
         let norm = get("output_norm.weight")?.dequantize(&device)?;
-        let output = match get("output.weight") {
-            Ok(t) => matmul(t)?,
-            Err(_) => matmul(embed_q)?,
+        let (output, tied) = match get("output.weight") {
+            Ok(t) => (matmul(t)?, false),
+            Err(_) => (matmul(embed_q)?, true),
         };
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
-            let mut w = |n: &str| get(&format!("blk.{i}.{n}.weight"));
+            let mut w = |n: &str| get(&format!("blk.{i}.{n}"));
+            let bias = match cfg.arch {
+                Arch::Llama => None,
+                Arch::Qwen2 => Some([
+                    w("attn_q.bias")?.dequantize(&device)?,
+                    w("attn_k.bias")?.dequantize(&device)?,
+                    w("attn_v.bias")?.dequantize(&device)?,
+                ]),
+            };
             layers.push(Layer {
-                wq: matmul(w("attn_q")?)?,
-                wk: matmul(w("attn_k")?)?,
-                wv: matmul(w("attn_v")?)?,
-                wo: matmul(w("attn_output")?)?,
-                gate: matmul(w("ffn_gate")?)?,
-                down: matmul(w("ffn_down")?)?,
-                up: matmul(w("ffn_up")?)?,
-                attn_norm: w("attn_norm")?.dequantize(&device)?,
-                ffn_norm: w("ffn_norm")?.dequantize(&device)?,
+                bias,
+                wq: matmul(w("attn_q.weight")?)?,
+                wk: matmul(w("attn_k.weight")?)?,
+                wv: matmul(w("attn_v.weight")?)?,
+                wo: matmul(w("attn_output.weight")?)?,
+                gate: matmul(w("ffn_gate.weight")?)?,
+                down: matmul(w("ffn_down.weight")?)?,
+                up: matmul(w("ffn_up.weight")?)?,
+                attn_norm: w("attn_norm.weight")?.dequantize(&device)?,
+                ffn_norm: w("ffn_norm.weight")?.dequantize(&device)?,
             });
         }
         let (cos, sin) = rope_tables(cfg.head_dim, rope_base, cfg.max_positions, &device)?;
@@ -278,6 +303,7 @@ impl Llama {
             layers,
             norm,
             output,
+            tied,
             cos,
             sin,
             device,
@@ -334,6 +360,22 @@ impl Llama {
         Ok((x, KvCache { layers: kv, len: n }))
     }
 
+    /// Logits of a few tokens only for the given final hidden rows `[m, hidden]` → `[m, ids.len()]`: with
+    /// tied weights a dot product with each token's embedding row, a fraction of the full projection
+    /// (151,936 rows for Qwen2); otherwise the full projection, gathered.
+    pub fn token_logits(&self, hidden_rows: &Tensor, ids: &[u32]) -> candle_core::Result<Tensor> {
+        if ids.iter().any(|&t| t as usize >= self.cfg.vocab) {
+            candle_core::bail!("token id beyond the vocabulary of {}", self.cfg.vocab)
+        }
+        let idx = Tensor::new(ids, &self.device)?;
+        if self.tied {
+            let rows = self.embed.index_select(&idx, 0)?;
+            return hidden_rows.matmul(&rows.t()?);
+        }
+        let logits = self.output.forward(hidden_rows)?;
+        logits.index_select(&idx, 1)
+    }
+
     /// Log-probabilities over the vocabulary for the given final hidden rows `[m, hidden]` → `[m, vocab]`.
     pub fn log_probs(&self, hidden_rows: &Tensor) -> candle_core::Result<Tensor> {
         let logits = self.output.forward(hidden_rows)?;
@@ -351,24 +393,29 @@ impl Llama {
     ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
         let (_, n, _) = x.dims3()?;
         let (h, kvh, d) = (self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim);
-        let q = layer
-            .wq
-            .forward(x)?
-            .reshape((1, n, h, d))?
-            .transpose(1, 2)?;
-        let k = layer
-            .wk
-            .forward(x)?
-            .reshape((1, n, kvh, d))?
-            .transpose(1, 2)?;
-        let v = layer
-            .wv
-            .forward(x)?
-            .reshape((1, n, kvh, d))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let q = candle_nn::rotary_emb::rope_i(&q.contiguous()?, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope_i(&k.contiguous()?, cos, sin)?;
+        let (mut q, mut k, mut v) = (
+            layer.wq.forward(x)?,
+            layer.wk.forward(x)?,
+            layer.wv.forward(x)?,
+        );
+        if let Some([bq, bk, bv]) = &layer.bias {
+            q = q.broadcast_add(bq)?;
+            k = k.broadcast_add(bk)?;
+            v = v.broadcast_add(bv)?;
+        }
+        let q = q.reshape((1, n, h, d))?.transpose(1, 2)?.contiguous()?;
+        let k = k.reshape((1, n, kvh, d))?.transpose(1, 2)?.contiguous()?;
+        let v = v.reshape((1, n, kvh, d))?.transpose(1, 2)?.contiguous()?;
+        let (q, k) = match self.cfg.arch {
+            Arch::Llama => (
+                candle_nn::rotary_emb::rope_i(&q, cos, sin)?,
+                candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
+            ),
+            Arch::Qwen2 => (
+                candle_nn::rotary_emb::rope(&q, cos, sin)?,
+                candle_nn::rotary_emb::rope(&k, cos, sin)?,
+            ),
+        };
         let (k_all, v_all) = match past {
             Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
             None => (k.clone(), v.clone()),
@@ -385,6 +432,38 @@ impl Llama {
             .reshape((1, n, h * d))?;
         Ok((layer.wo.forward(&y)?, k, v))
     }
+}
+
+/// The shapes of a GGUF file; an architecture this forward does not run is an error naming it.
+fn read_config(ct: &gguf_file::Content) -> candle_core::Result<LlamaConfig> {
+    let name = ct
+        .metadata
+        .get("general.architecture")
+        .and_then(|v| v.to_string().ok().cloned())
+        .unwrap_or_default();
+    let Some(arch) = Arch::parse(&name) else {
+        candle_core::bail!(
+            "architecture `{name}` is not supported by the scoring forward (llama, qwen2)"
+        )
+    };
+    let key = |k: &str| format!("{}.{k}", arch.name());
+    let n_head = md_u32(ct, &key("attention.head_count"))?;
+    let hidden = md_u32(ct, &key("embedding_length"))?;
+    let vocab = match ct.tensor_infos.get("token_embd.weight") {
+        Some(info) => info.shape.dims().first().copied().unwrap_or(0),
+        None => candle_core::bail!("no token_embd.weight"),
+    };
+    Ok(LlamaConfig {
+        arch,
+        vocab,
+        n_layer: md_u32(ct, &key("block_count"))?,
+        n_head,
+        n_kv_head: md_u32(ct, &key("attention.head_count_kv"))?,
+        head_dim: hidden / n_head.max(1),
+        hidden,
+        eps: f64::from(md_f32(ct, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5)),
+        max_positions: md_u32(ct, &key("context_length")).unwrap_or(2048).min(8192),
+    })
 }
 
 fn rope_tables(

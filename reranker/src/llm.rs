@@ -35,6 +35,8 @@ pub struct LlmOptions {
     pub scoring_weights: WeightFormat,
     /// Bytes of cached label prefixes.
     pub prefix_cache_bytes: usize,
+    /// The scoring profile (`config/models/profiles.toml`); empty: matched by the model's file name.
+    pub profile: String,
 }
 
 /// A loaded mistralrs model with its own tokio runtime (the job loop is plain threads).
@@ -114,8 +116,23 @@ impl MistralEngine {
         let scorer = if path.is_file() {
             let t = std::time::Instant::now();
             let llama = Llama::load(path, opts.scoring_weights).map_err(failed)?;
-            tracing::info!(took = ?t.elapsed(), weights = ?opts.scoring_weights, "scoring model loaded");
-            Some(Scorer::new(llama, opts.prefix_cache_bytes))
+            let profile = tiergate_config::profile_for(&path.to_string_lossy(), &opts.profile)
+                .map_err(failed)?;
+            let template = tiergate_config::template(&profile.template).map_err(failed)?;
+            tracing::info!(
+                took = ?t.elapsed(),
+                weights = ?opts.scoring_weights,
+                arch = llama.config().arch.name(),
+                profile = %profile.name,
+                method = profile.method.name(),
+                "scoring model loaded"
+            );
+            Some(Scorer::with_profile(
+                llama,
+                opts.prefix_cache_bytes,
+                profile,
+                template,
+            ))
         } else {
             None
         };
@@ -167,7 +184,7 @@ impl Engine for MistralEngine {
             )));
         }
         let scorer = self.scorer.as_ref().ok_or_else(|| {
-            EngineError::Invalid("scoring needs a .gguf model (llama architecture)".into())
+            EngineError::Invalid("scoring needs a .gguf model (llama or qwen2 architecture)".into())
         })?;
         scorer.score(self, text, candidates, prompt, cancelled)
     }

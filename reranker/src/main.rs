@@ -49,6 +49,9 @@ struct Args {
     /// or quantized (as stored).
     #[arg(long, default_value = "int8")]
     scoring_weights: String,
+    /// The scoring profile `method = auto` follows (config/models/profiles.toml); empty: by the model's file name.
+    #[arg(long, default_value = "")]
+    profile: String,
     /// Memory for cached label prefixes, MiB.
     #[arg(long, default_value_t = 512)]
     prefix_cache_mib: usize,
@@ -173,6 +176,10 @@ fn run(args: Args) -> anyhow::Result<i32> {
                     request_timeout: Duration::from_millis(args.request_timeout_ms),
                     max_in_flight: args.max_in_flight,
                     top_logprobs: args.top_logprobs,
+                    profile: tiergate_config::profile_for(
+                        &args.model.to_string_lossy(),
+                        &args.profile,
+                    )?,
                 },
             )?;
             let heartbeat = Duration::from_millis(args.heartbeat_ms.max(1));
@@ -204,6 +211,7 @@ fn load_llm(args: &Args) -> anyhow::Result<Arc<dyn Engine>> {
                 )
             })?,
         prefix_cache_bytes: args.prefix_cache_mib << 20,
+        profile: args.profile.clone(),
     };
     Ok(Arc::new(tiergate_reranker::llm::MistralEngine::load(
         &opts,

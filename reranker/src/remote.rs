@@ -3,10 +3,12 @@
 //! path to the LLM side; this worker holds many upstream requests in flight on one pooled async client.
 //!
 //! - rerank: one multiple-choice question per candidate order (the route's `choice_prompt`, options as
-//!   single-token letters), `max_tokens: 1`, `temperature: 0`, `logprobs` with `top_logprobs`; the letters'
-//!   log-probabilities are renormalised over the letters (a letter missing from the top list is floored at the
-//!   lowest one returned). Two orders (as given, and reversed) are asked at once and averaged per candidate,
-//!   which cancels the position bias of small models (Tier-0's top choice is never always "A").
+//!   single-token letters, the same text the local engine puts in its chat template: `prompt::choice_question`),
+//!   `max_tokens: 1`, `temperature: 0`, `logprobs` with `top_logprobs`; the letters' log-probabilities are
+//!   renormalised over the letters (a letter missing from the top list is floored at the lowest one
+//!   returned). The orders are the local engine's cyclic shifts (`prompt::choice_orders`; examples and order
+//!   count from the route, or under `auto` from the profile matching the upstream's model name), asked at
+//!   once and averaged per candidate, which cancels the letter-position bias of small models.
 //! - generate: a streamed chat completion relayed token chunk by token chunk, usage at the end.
 //! - failures: connection errors, timeouts, 429/503 and malformed answers fail that job with a message that
 //!   says which (the server degrades it); the job's deadline bounds every request.
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tiergate_config::{display_label, render, PromptConfig};
+use tiergate_config::{ModelProfile, PromptConfig, ScoringMethod};
 use tiergate_queue::{Candidate, Job, Message, Sampling, TakenJob, Usage};
 
 use crate::engine::{EngineError, Scored};
@@ -41,6 +43,8 @@ pub struct RemoteOptions {
     pub max_in_flight: usize,
     /// `top_logprobs` asked for (TGI allows 5 by default, OpenAI and vLLM 20).
     pub top_logprobs: usize,
+    /// What `method = "auto"` means for this upstream (examples per option, option orders).
+    pub profile: ModelProfile,
 }
 
 /// The remote engine: a pooled client and the options.
@@ -50,8 +54,7 @@ pub struct RemoteEngine {
     opts: Arc<RemoteOptions>,
 }
 
-/// Option letters, one token each in every common tokenizer.
-const LETTERS: &[u8] = b"ABCDEFGHIJ";
+use crate::prompt::{self, LETTERS};
 
 impl RemoteEngine {
     /// A client for `opts` (no request is made yet).
@@ -87,7 +90,7 @@ impl RemoteEngine {
         }))
     }
 
-    /// Scores `candidates` for `text`: the letters' log-probabilities in two orders, averaged.
+    /// Scores `candidates` for `text`: the letters' log-probabilities in the cyclic orders, averaged.
     pub async fn score(
         &self,
         text: &str,
@@ -101,48 +104,41 @@ impl RemoteEngine {
                 LETTERS.len()
             )));
         }
-        let forward: Vec<usize> = (0..k).collect();
-        let reversed: Vec<usize> = (0..k).rev().collect();
-        let (a, b) = tokio::join!(
-            self.choice(text, candidates, prompt, &forward),
-            self.choice(text, candidates, prompt, &reversed)
-        );
-        let ((sa, ta), (sb, tb)) = (a?, b?);
+        let (examples, orders) = match prompt.method {
+            ScoringMethod::Auto => (self.opts.profile.examples, self.opts.profile.orders),
+            _ => (prompt.choice_examples, prompt.choice_orders),
+        };
+        let orders = prompt::choice_orders(k, orders);
+        let asked = futures_util::future::join_all(
+            orders
+                .iter()
+                .map(|o| self.choice(text, candidates, prompt, o, examples)),
+        )
+        .await;
+        let mut letter_lp = Vec::with_capacity(orders.len());
+        let mut prompt_tokens = 0;
+        for a in asked {
+            let (lp, t) = a?;
+            letter_lp.push(lp);
+            prompt_tokens += t;
+        }
         Ok(Scored {
-            scores: sa.iter().zip(&sb).map(|(x, y)| (x + y) / 2.0).collect(),
-            prompt_tokens: ta + tb,
+            scores: prompt::average_over_orders(&orders, &letter_lp, &vec![0.0; k], k),
+            prompt_tokens,
         })
     }
 
     /// One multiple-choice question with the candidates in `order`; returns the log-probability of each
-    /// candidate (input order, renormalised over the letters) and the prompt tokens.
+    /// letter position (renormalised over the letters) and the prompt tokens.
     async fn choice(
         &self,
         text: &str,
         candidates: &[Candidate],
         prompt: &PromptConfig,
         order: &[usize],
+        examples: usize,
     ) -> Result<(Vec<f32>, u32), EngineError> {
-        let options: String = order
-            .iter()
-            .enumerate()
-            .map(|(pos, &i)| {
-                let letter = (LETTERS[pos] as char).to_string();
-                let c = &candidates[i];
-                render(
-                    &prompt.choice_option,
-                    &[
-                        ("letter", &letter),
-                        ("label", &display_label(&c.label)),
-                        ("reply", c.description.as_deref().unwrap_or("")),
-                    ],
-                )
-            })
-            .collect();
-        let content = render(
-            &prompt.choice_prompt,
-            &[("query", text.trim()), ("options", &options)],
-        );
+        let content = prompt::choice_question(text, candidates, order, prompt, examples);
         let body = json!({
             "model": self.opts.model,
             "messages": [{"role": "user", "content": content}],
@@ -158,12 +154,8 @@ impl RemoteEngine {
             .await
             .map_err(|e| EngineError::Failed(format!("malformed upstream answer: {e}")))?;
         let by_pos = letter_logprobs(&v, order.len())?;
-        let mut out = vec![0f32; candidates.len()];
-        for (pos, &i) in order.iter().enumerate() {
-            out[i] = by_pos[pos];
-        }
         let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as u32;
-        Ok((out, prompt_tokens))
+        Ok((by_pos, prompt_tokens))
     }
 
     /// A streamed chat completion; `on_token` gets each text chunk and returns false to stop.

@@ -6,14 +6,20 @@
 //! - **likelihood**: score_i = mean log P(candidate_i | prompt with the query): prompt and all candidates in
 //!   one forward, each candidate attending to the prompt and to itself.
 //!
-//! Both subtract a content-free prior per candidate (the same score with `prompt.content_free` in place of
-//! the query, cached), which removes the bias a small model has for some labels whatever the message says.
+//! - **choice**: one multiple-choice question in the model's chat template, the candidates as letters; the
+//!   next-token distribution over the letters (only those logits are computed), averaged over cyclic shifts
+//!   of the options. The shifts share their common token prefix (system line, query) in one forward.
+//!
+//! Channel and likelihood subtract a content-free prior per candidate (the same score with
+//! `prompt.content_free` in place of the query, cached), which removes the bias a small model has for some
+//! labels whatever the message says; choice subtracts a content-free prior per letter and option count
+//! (the question asked about `content_free` with every option reading `content_free`), when it is set.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, IndexOp, Tensor};
-use tiergate_config::{PromptConfig, ScoringMethod};
+use tiergate_config::{ChatTemplate, ModelProfile, PromptConfig, ScoringMethod};
 use tiergate_queue::Candidate;
 
 use crate::engine::{EngineError, Scored};
@@ -26,6 +32,8 @@ const MAX_QUERY_TOKENS: usize = 96;
 const MAX_PREFIX_TOKENS: usize = 768;
 /// Most cached likelihood priors.
 const MAX_PRIORS: usize = 100_000;
+/// Longest choice prompt, in tokens (a longer one is refused: cutting it would cut off the question).
+const MAX_CHOICE_TOKENS: usize = 2048;
 
 /// Text to token ids (no special tokens).
 pub trait Tokenize: Send + Sync {
@@ -50,6 +58,8 @@ struct Prefix {
 struct Cache {
     prefixes: HashMap<String, (Arc<Prefix>, u64)>,
     priors: HashMap<String, f32>,
+    /// Choice: content-free prior per letter, keyed by the option count and the prompt templates.
+    letter_priors: HashMap<String, Vec<f32>>,
     bytes: usize,
     budget: usize,
     clock: u64,
@@ -91,24 +101,73 @@ impl Cache {
 /// every core).
 pub struct Scorer {
     model: Llama,
+    profile: ModelProfile,
+    template: ChatTemplate,
     cache: Mutex<Cache>,
     forward: Mutex<()>,
 }
 
+/// What the scorer does for one job: the route's method, or the profile's under `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Formulation {
+    /// Never `auto`.
+    pub method: ScoringMethod,
+    /// Choice: examples per option.
+    pub examples: usize,
+    /// Choice: option orders.
+    pub orders: usize,
+}
+
 impl Scorer {
-    /// Wraps a loaded model; `cache_bytes` bounds the cached prefixes.
-    pub fn new(model: Llama, cache_bytes: usize) -> Self {
+    /// Wraps a loaded model under the `default` profile; `cache_bytes` bounds the cached prefixes.
+    pub fn new(model: Llama, cache_bytes: usize) -> Result<Self, EngineError> {
+        let profile = tiergate_config::profile_for("", "default").map_err(failed)?;
+        let template = tiergate_config::template(&profile.template).map_err(failed)?;
+        Ok(Self::with_profile(model, cache_bytes, profile, template))
+    }
+
+    /// Wraps a loaded model that scores as `profile` says under `method = "auto"`, in `template`.
+    pub fn with_profile(
+        model: Llama,
+        cache_bytes: usize,
+        profile: ModelProfile,
+        template: ChatTemplate,
+    ) -> Self {
         Self {
             model,
+            profile,
+            template,
             cache: Mutex::new(Cache {
                 prefixes: HashMap::new(),
                 priors: HashMap::new(),
+                letter_priors: HashMap::new(),
                 bytes: 0,
                 budget: cache_bytes,
                 clock: 0,
             }),
             forward: Mutex::new(()),
         }
+    }
+
+    /// The formulation a job with these templates gets.
+    pub fn formulation(&self, p: &PromptConfig) -> Formulation {
+        match p.method {
+            ScoringMethod::Auto => Formulation {
+                method: self.profile.method,
+                examples: self.profile.examples,
+                orders: self.profile.orders,
+            },
+            method => Formulation {
+                method,
+                examples: p.choice_examples,
+                orders: p.choice_orders,
+            },
+        }
+    }
+
+    /// The chat template of the model.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
     }
 
     /// The model.
@@ -126,10 +185,83 @@ impl Scorer {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
         let _one = self.forward.lock().map_err(failed)?;
-        match p.method {
+        let f = self.formulation(p);
+        match f.method {
             ScoringMethod::Channel => self.channel(tok, text, candidates, p, cancelled),
             ScoringMethod::Likelihood => self.likelihood(tok, text, candidates, p, cancelled),
+            ScoringMethod::Choice | ScoringMethod::Auto => {
+                self.choice(tok, text, candidates, p, f, cancelled)
+            }
         }
+    }
+
+    fn choice(
+        &self,
+        tok: &dyn Tokenize,
+        text: &str,
+        candidates: &[Candidate],
+        p: &PromptConfig,
+        f: Formulation,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Scored, EngineError> {
+        let k = candidates.len();
+        let letters = letter_tokens(tok, k)?;
+        let prior = self.letter_prior(tok, k, p, &letters)?;
+        if cancelled() {
+            return Err(EngineError::Cancelled);
+        }
+        let orders = prompt::choice_orders(k, f.orders);
+        let prompts: Vec<Vec<u32>> = orders
+            .iter()
+            .map(|o| {
+                let q = prompt::choice_question(text, candidates, o, p, f.examples);
+                encode_whole(tok, &self.template.single_turn(&q), MAX_CHOICE_TOKENS)
+            })
+            .collect::<Result<_, _>>()?;
+        let letter_lp = letter_logprobs(&self.model, &prompts, &letters).map_err(failed)?;
+        Ok(Scored {
+            scores: prompt::average_over_orders(&orders, &letter_lp, &prior, k),
+            prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() as u32,
+        })
+    }
+
+    /// Choice: the content-free prior per letter for `k` options (zeros when `content_free` is empty).
+    fn letter_prior(
+        &self,
+        tok: &dyn Tokenize,
+        k: usize,
+        p: &PromptConfig,
+        letters: &[Vec<u32>],
+    ) -> Result<Vec<f32>, EngineError> {
+        if p.content_free.trim().is_empty() {
+            return Ok(vec![0.0; k]);
+        }
+        let key = format!(
+            "{k}\u{1f}{}\u{1f}{}\u{1f}{}",
+            p.content_free, p.choice_prompt, p.choice_option
+        );
+        if let Some(v) = self.cache.lock().map_err(failed)?.letter_priors.get(&key) {
+            return Ok(v.clone());
+        }
+        let blank: Vec<Candidate> = (0..k)
+            .map(|_| Candidate {
+                label: p.content_free.clone(),
+                description: Some(p.content_free.clone()),
+                examples: Vec::new(),
+                p: 0.0,
+            })
+            .collect();
+        let order: Vec<usize> = (0..k).collect();
+        let q = prompt::choice_question(&p.content_free, &blank, &order, p, 0);
+        let ids = encode_whole(tok, &self.template.single_turn(&q), MAX_CHOICE_TOKENS)?;
+        let lp = letter_logprobs(&self.model, &[ids], letters).map_err(failed)?;
+        let v = lp.into_iter().next().unwrap_or_else(|| vec![0.0; k]);
+        let mut cache = self.cache.lock().map_err(failed)?;
+        if cache.letter_priors.len() > MAX_PRIORS {
+            cache.letter_priors.clear();
+        }
+        cache.letter_priors.insert(key, v.clone());
+        Ok(v)
     }
 
     fn channel(
@@ -430,6 +562,116 @@ fn token_logprobs(model: &Llama, rows: &Tensor, targets: &[u32]) -> candle_core:
     lp.gather(&idx, 1)?.squeeze(1)?.to_vec1::<f32>()
 }
 
+/// The token ids an option letter can be written as at the start of the reply (`A` and ` A`, whichever
+/// are single tokens), for the first `k` letters.
+fn letter_tokens(tok: &dyn Tokenize, k: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+    if k == 0 || k > prompt::LETTERS.len() {
+        return Err(EngineError::Invalid(format!(
+            "{k} candidates: the multiple-choice prompt takes 1 to {}",
+            prompt::LETTERS.len()
+        )));
+    }
+    prompt::LETTERS[..k]
+        .iter()
+        .map(|&l| {
+            let mut ids = Vec::new();
+            for form in [format!("{}", l as char), format!(" {}", l as char)] {
+                if let [id] = tok.encode(&form)?.as_slice() {
+                    if !ids.contains(id) {
+                        ids.push(*id);
+                    }
+                }
+            }
+            if ids.is_empty() {
+                return Err(EngineError::Invalid(format!(
+                    "the tokenizer splits the option letter {}",
+                    l as char
+                )));
+            }
+            Ok(ids)
+        })
+        .collect()
+}
+
+/// For each prompt, log-probabilities of the letters (each letter the log-sum of its token forms) as the
+/// next token, normalised over the letters. All prompts go through one forward: their common token prefix
+/// once, each remainder seeing it.
+pub fn letter_logprobs(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    letters: &[Vec<u32>],
+) -> candle_core::Result<Vec<Vec<f32>>> {
+    let Some(first) = prompts.first() else {
+        return Ok(Vec::new());
+    };
+    let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+    // Every remainder keeps at least one token: its last hidden state is the one read.
+    let common = (0..shortest.saturating_sub(1))
+        .take_while(|&i| prompts.iter().all(|p| p[i] == first[i]))
+        .count();
+    let mut segments = Vec::with_capacity(prompts.len() + 1);
+    if common > 0 {
+        segments.push(Segment {
+            tokens: first[..common].to_vec(),
+            start_pos: 0,
+            sees_past: 0..0,
+            sees_segments: vec![],
+        });
+    }
+    let mut last_rows = Vec::with_capacity(prompts.len());
+    let mut at = common;
+    for p in prompts {
+        segments.push(Segment {
+            tokens: p[common..].to_vec(),
+            start_pos: common,
+            sees_past: 0..0,
+            sees_segments: if common > 0 { vec![0] } else { vec![] },
+        });
+        at += p.len() - common;
+        last_rows.push((at - 1) as u32);
+    }
+    let (hidden, _) = model.forward(&segments, None)?;
+    let rows = hidden.index_select(&Tensor::new(last_rows.as_slice(), &Device::Cpu)?, 0)?;
+    let ids: Vec<u32> = letters.iter().flatten().copied().collect();
+    let logits = model.token_logits(&rows, &ids)?.to_vec2::<f32>()?;
+    Ok(logits
+        .iter()
+        .map(|row| {
+            let mut at = 0;
+            let per_letter: Vec<f32> = letters
+                .iter()
+                .map(|forms| {
+                    let v = log_sum_exp(&row[at..at + forms.len()]);
+                    at += forms.len();
+                    v
+                })
+                .collect();
+            let norm = log_sum_exp(&per_letter);
+            per_letter.iter().map(|v| v - norm).collect()
+        })
+        .collect())
+}
+
+fn log_sum_exp(v: &[f32]) -> f32 {
+    let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m;
+    }
+    m + v.iter().map(|x| (x - m).exp()).sum::<f32>().ln()
+}
+
+/// Encodes a whole prompt; longer than `max` tokens is refused, not cut.
+fn encode_whole(tok: &dyn Tokenize, text: &str, max: usize) -> Result<Vec<u32>, EngineError> {
+    let ids = tok.encode(text)?;
+    if ids.is_empty() || ids.len() > max {
+        return Err(EngineError::Invalid(format!(
+            "the choice prompt has {} tokens (1 to {max})",
+            ids.len()
+        )));
+    }
+    Ok(ids)
+}
+
 fn encode_bounded(tok: &dyn Tokenize, text: &str, max: usize) -> Result<Vec<u32>, EngineError> {
     let mut ids = tok.encode(text)?;
     if ids.is_empty() {
@@ -464,6 +706,7 @@ mod tests {
         let mut c = Cache {
             prefixes: HashMap::new(),
             priors: HashMap::new(),
+            letter_priors: HashMap::new(),
             bytes: 0,
             budget: 3 * 10 * 32,
             clock: 0,

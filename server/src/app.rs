@@ -42,10 +42,56 @@ pub struct Fusion {
     pub fit: Option<tiergate_prefilter::heads::FittedFusion>,
 }
 
+/// The LLM's name for reports and `fusion.json`: the model file and the formulation it scores with (under
+/// `method = "auto"`, the one its profile picks), e.g. `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (choice)`.
+pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
+    let r = &config.reranker;
+    let model = if r.engine == "stub" {
+        "stub".to_string()
+    } else {
+        r.model
+            .file_name()
+            .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
+    };
+    let method = match prompts.method {
+        tiergate_config::ScoringMethod::Auto if r.engine == "openai" => "choice",
+        tiergate_config::ScoringMethod::Auto => {
+            tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile)
+                .map_or("auto", |p| p.method.name())
+        }
+        m => m.name(),
+    };
+    format!("{model} ({method})").to_lowercase()
+}
+
+/// A head's fit, if it was made with the LLM named `running`; a fit made with another LLM is refused, and
+/// the refusal logged.
+pub fn fit_for<'a>(
+    fit: Option<&'a tiergate_prefilter::heads::FittedFusion>,
+    running: &str,
+) -> Option<&'a tiergate_prefilter::heads::FittedFusion> {
+    let f = fit?;
+    if f.llm == running {
+        return Some(f);
+    }
+    tracing::warn!(
+        fitted_with = %f.llm,
+        running = %running,
+        "the head's fusion.json was fitted with another LLM: not used (run tiergate fit-fusion with this one)"
+    );
+    None
+}
+
 impl Fusion {
-    /// The head's fitted fusion, else the config's values.
-    pub fn resolve(config: &Config, prefilter: Option<&PrefilterHandle>) -> Self {
-        match prefilter.and_then(|p| p.fitted_fusion()) {
+    /// The head's fitted fusion when it was fitted with the LLM this server runs, else the config's values
+    /// (a fit made with another judge says nothing about this one).
+    pub fn resolve(
+        config: &Config,
+        prompts: &PromptConfig,
+        prefilter: Option<&PrefilterHandle>,
+    ) -> Self {
+        let running = llm_name(config, prompts);
+        match fit_for(prefilter.and_then(|p| p.fitted_fusion()), &running) {
             Some(f) => Self {
                 llm_weight: f.llm_weight,
                 llm_temperature: f.llm_temperature,
@@ -180,7 +226,11 @@ impl AppState {
                 }
             };
             order.push(r.name.clone());
-            let fusion = Fusion::resolve(&config, prefilter.as_ref());
+            let prompts = r
+                .prompts
+                .clone()
+                .unwrap_or_else(|| config.reranker.prompts.clone());
+            let fusion = Fusion::resolve(&config, &prompts, prefilter.as_ref());
             warn_if_llm_adds_nothing(&r.name, &fusion);
             routes.insert(
                 r.name.clone(),
@@ -188,10 +238,7 @@ impl AppState {
                     name: r.name.clone(),
                     kind: r.kind,
                     prefilter,
-                    prompts: r
-                        .prompts
-                        .clone()
-                        .unwrap_or_else(|| config.reranker.prompts.clone()),
+                    prompts,
                     fusion,
                 },
             );
@@ -273,6 +320,9 @@ fn warn_if_llm_adds_nothing(route: &str, fusion: &Fusion) {
 /// Creates the segment and starts the workers the config asks for (also used by `eval --hybrid`).
 pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
     let r = &config.reranker;
+    if r.engine == "mistralrs" && r.workers > 0 {
+        crate::preflight::check_local_model(&r.model)?;
+    }
     // Unique per server instance in this process (tests run several).
     static INSTANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -316,6 +366,9 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
             "--prefix-cache-mib".into(),
             r.prefix_cache_mib.to_string(),
         ]);
+    }
+    if !r.profile.is_empty() && r.engine != "stub" {
+        args.extend(["--profile".to_string(), r.profile.clone()]);
     }
     if r.engine == "openai" {
         args.extend([

@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod metrics;
 pub mod openai;
 pub mod policy;
+pub mod preflight;
 pub mod record;
 pub mod routes;
 pub mod serve;

@@ -214,6 +214,32 @@ fn fit_fusion_writes_a_fit_the_classifier_loads() {
     );
     assert!(f.fused_accuracy >= f.tier0_accuracy, "{f:?}");
     assert_eq!(f.llm, "stub (channel)");
+    // The fit is used with the LLM it was fitted with, and refused with another formulation.
+    for (method, want) in [("channel", "fitted"), ("likelihood", "config")] {
+        let out = Command::new(binary("tiergate"))
+            .args(["eval", "--classifier"])
+            .arg(&head)
+            .arg("--data")
+            .arg(&data)
+            .args(["--hybrid", "--json", "--max-escalated", "0.3"])
+            .args([
+                "--set",
+                "reranker.engine=\"stub\"",
+                "--set",
+                "reranker.candidates=3",
+            ])
+            .args(["--set", &format!("reranker.prompts.method=\"{method}\"")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["fusion_source"], want, "{method}");
+        assert_eq!(report["llm"], format!("stub ({method})"));
+    }
     // Representative utterances were stored with the head at train time.
     assert_eq!(c.examples.len(), 3);
     assert!(c.examples.iter().all(|e| !e.is_empty()), "{:?}", c.examples);

@@ -102,7 +102,7 @@ fn forward_matches_candle_quantized_llama() {
 #[test]
 fn one_pass_scores_equal_k_full_prefills() {
     let model = Llama::load(&model_path(), WeightFormat::F32).unwrap();
-    let scorer = Scorer::new(model, 64 << 20);
+    let scorer = Scorer::new(model, 64 << 20).unwrap();
     let candidates = vec![
         cand(
             "card_arrival",
@@ -163,6 +163,7 @@ fn one_pass_scores_equal_k_full_prefills() {
                             )
                             .unwrap()
                     }
+                    other => panic!("{other:?} is tested below"),
                 })
                 .collect();
             let diff = got

@@ -36,6 +36,10 @@ pub struct EvalArgs {
     /// more are not reported.
     #[arg(long, default_value_t = 0.3)]
     pub max_escalated: f64,
+    /// With --hybrid: write one JSON line per row here (text, gold, Tier-0's candidates and probabilities,
+    /// the LLM's raw scores and seconds), so later features can be evaluated offline.
+    #[arg(long)]
+    pub rows: Option<PathBuf>,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
@@ -106,6 +110,10 @@ pub struct HybridReport {
     pub fusion_source: &'static str,
     /// Rows the LLM scored.
     pub llm_rows: usize,
+    /// LLM seconds per escalation over all the rows it scored, one at a time: p50.
+    pub llm_seconds_p50: Option<f64>,
+    /// The same, p95.
+    pub llm_seconds_p95: Option<f64>,
     /// Per θ (ascending), including the θ that escalates 10% of the rows.
     pub grid: Vec<hybrid::GridPoint>,
 }
@@ -122,24 +130,35 @@ fn run_hybrid(
             eprintln!("{m}");
         }
     })?;
-    let (w, t, source) = match &classifier.fusion {
-        Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
-        None => (
-            cfg.reranker.llm_weight,
-            cfg.reranker.llm_temperature,
-            "config",
-        ),
-    };
+    if let Some(path) = &args.rows {
+        write_rows(path, classifier, rows, &scored)?;
+    }
+    let (w, t, source) =
+        match tiergate_server::app::fit_for(classifier.fusion.as_ref(), &hybrid::llm_name(cfg)) {
+            Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
+            None => (
+                cfg.reranker.llm_weight,
+                cfg.reranker.llm_temperature,
+                "config",
+            ),
+        };
     let mut thetas: Vec<f64> = (1..20).map(|i| f64::from(i) * 0.05).collect();
     thetas.push(hybrid::theta_for_share(&scored, 0.1));
     thetas.sort_by(f64::total_cmp);
+    let seconds: Vec<f64> = scored
+        .iter()
+        .filter(|r| r.llm.is_some())
+        .map(|r| r.llm_s)
+        .collect();
     let report = HybridReport {
         n: scored.len(),
         llm: hybrid::llm_name(cfg),
         llm_weight: w,
         llm_temperature: t,
         fusion_source: source,
-        llm_rows: scored.iter().filter(|r| r.llm.is_some()).count(),
+        llm_rows: seconds.len(),
+        llm_seconds_p50: tiergate_server::policy::quantile(seconds.clone(), 0.5),
+        llm_seconds_p95: tiergate_server::policy::quantile(seconds, 0.95),
         grid: hybrid::grid(&scored, &thetas, w, t),
     };
     if args.json {
@@ -150,12 +169,40 @@ fn run_hybrid(
     Ok(())
 }
 
+/// `--rows FILE`: one JSON object per evaluated row.
+fn write_rows(
+    path: &std::path::Path,
+    classifier: &Classifier,
+    examples: &[tiergate_prefilter::data::Example],
+    scored: &[hybrid::Row],
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let labels = classifier.labels();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for (e, r) in examples.iter().zip(scored) {
+        let line = serde_json::json!({
+            "text": e.text,
+            "gold": e.label,
+            "tier0": r.top.iter().map(|&(l, p)| serde_json::json!({"label": labels[l], "p": p})).collect::<Vec<_>>(),
+            "ambiguity": r.ambiguity,
+            "llm_scores": r.llm,
+            "llm_s": r.llm.as_ref().map(|_| r.llm_s),
+        });
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 fn print_hybrid(r: &HybridReport) {
     let opt = |v: Option<f64>| v.map_or("     -".to_string(), |a| format!("{a:.4}"));
     println!(
         "n {}  llm {}  fusion w = {} T = {} ({})  LLM rows {}",
         r.n, r.llm, r.llm_weight, r.llm_temperature, r.fusion_source, r.llm_rows
     );
+    if let (Some(p50), Some(p95)) = (r.llm_seconds_p50, r.llm_seconds_p95) {
+        println!("LLM seconds per escalation, one at a time: p50 {p50:.3}, p95 {p95:.3}");
+    }
     println!("θ       escalated  tier0    hybrid   | on escalated: tier0   llm      fused    | LLM s/esc");
     for g in &r.grid {
         println!(

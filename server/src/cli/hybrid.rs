@@ -339,18 +339,9 @@ fn route_prompts(config: &Config) -> tiergate_config::PromptConfig {
         .unwrap_or_else(|| config.reranker.prompts.clone())
 }
 
-/// The LLM's name for reports and `fusion.json`: model file and scoring method.
+/// The LLM's name for reports and `fusion.json` (see [`tiergate_server::app::llm_name`]).
 pub fn llm_name(config: &Config) -> String {
-    let model = if config.reranker.engine == "stub" {
-        "stub".to_string()
-    } else {
-        config
-            .reranker
-            .model
-            .file_name()
-            .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
-    };
-    format!("{model} ({:?})", route_prompts(config).method).to_lowercase()
+    tiergate_server::app::llm_name(config, &route_prompts(config))
 }
 
 /// Writes the fit into the head folder.
