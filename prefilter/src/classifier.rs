@@ -24,6 +24,9 @@ pub struct Classifier {
     pub examples: Vec<Vec<String>>,
     /// The fusion fitted for this head (`fusion.json` in a trained head's folder).
     pub fusion: Option<crate::heads::FittedFusion>,
+    /// The examples with their embeddings, once [`Classifier::ground`] ran: predictions then carry the
+    /// query's embedding so the examples nearest it can be shown to a judge.
+    pub representatives: Option<std::sync::Arc<crate::grounding::Representatives>>,
 }
 
 impl Classifier {
@@ -61,8 +64,31 @@ impl Classifier {
                     replies: labels.iter().map(|l| l.reply.clone()).collect(),
                     examples: labels.iter().map(|l| l.examples.clone()).collect(),
                     fusion: None,
+                    representatives: None,
                 })
             }
+        }
+    }
+
+    /// Embeds the examples so that predictions carry the query's embedding and examples can be ranked by
+    /// nearness to it (`crate::grounding`).
+    pub fn ground(&mut self) -> Result<()> {
+        if self.representatives.is_none() {
+            let r = crate::grounding::Representatives::embed(
+                &self.tokenizer,
+                &self.encoder,
+                &self.examples,
+            )?;
+            self.representatives = Some(std::sync::Arc::new(r));
+        }
+        Ok(())
+    }
+
+    /// The label's examples, nearest `query` first when grounded (else as stored).
+    pub fn examples_for(&self, label: usize, query: &[f32]) -> Vec<String> {
+        match &self.representatives {
+            Some(r) => r.nearest(label, query),
+            None => self.examples.get(label).cloned().unwrap_or_default(),
         }
     }
 
@@ -107,6 +133,7 @@ impl Classifier {
             replies,
             examples,
             fusion: crate::heads::FittedFusion::load(dir)?,
+            representatives: None,
         })
     }
 
@@ -131,6 +158,7 @@ impl Classifier {
             replies,
             examples,
             fusion: None,
+            representatives: None,
         })
     }
 
@@ -141,11 +169,25 @@ impl Classifier {
 
     /// Calibrated label probabilities for a batch of tokenised inputs, one row per input.
     pub fn probabilities(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
+        Ok(self.probabilities_and_embeddings(inputs)?.0)
+    }
+
+    /// Probabilities, and when grounded the pooled embedding of each input (else empty rows).
+    pub fn probabilities_and_embeddings(
+        &self,
+        inputs: &[&Tokens],
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
         if inputs.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let x = self.encoder.embed(inputs)?;
-        Ok(self.head.probabilities(&x)?.to_vec2::<f32>()?)
+        let probs = self.head.probabilities(&x)?.to_vec2::<f32>()?;
+        let embeddings = if self.representatives.is_some() {
+            x.pooled.to_vec2::<f32>()?
+        } else {
+            vec![Vec::new(); probs.len()]
+        };
+        Ok((probs, embeddings))
     }
 }
 

@@ -216,6 +216,7 @@ mod tests {
     fn pred(probs: Vec<f32>) -> Prediction {
         let (label, confidence) = argmax(&probs);
         Prediction {
+            embedding: Vec::new(),
             probs,
             top: Vec::new(),
             label,

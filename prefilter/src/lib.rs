@@ -14,6 +14,7 @@ pub mod encoder;
 pub mod error;
 pub mod eval;
 pub mod fastops;
+pub mod grounding;
 pub mod heads;
 pub mod int8;
 pub mod runtime;

@@ -34,6 +34,9 @@ pub struct Prediction {
     pub top: Vec<(usize, f32)>,
     /// Index of the most likely label.
     pub label: usize,
+    /// The pooled embedding of the input when the classifier is grounded (else empty): the examples
+    /// nearest it are the ones shown to a judge.
+    pub embedding: Vec<f32>,
     /// Its probability.
     pub confidence: f32,
     /// Tokens the encoder saw (after truncation).
@@ -156,6 +159,7 @@ pub struct PrefilterHandle {
     labels: Arc<Vec<String>>,
     replies: Arc<Vec<Option<String>>>,
     examples: Arc<Vec<Vec<String>>>,
+    representatives: Option<Arc<crate::grounding::Representatives>>,
     fusion: Option<crate::heads::FittedFusion>,
     capacity: usize,
 }
@@ -175,6 +179,7 @@ impl PrefilterHandle {
             labels: Arc::new(classifier.labels().to_vec()),
             replies: Arc::new(classifier.replies.clone()),
             examples: Arc::new(classifier.examples.clone()),
+            representatives: classifier.representatives.clone(),
             fusion: classifier.fusion.clone(),
             capacity: cfg.queue_capacity,
         };
@@ -218,6 +223,15 @@ impl PrefilterHandle {
     /// Example utterances per label (empty where none are known).
     pub fn examples(&self) -> &[Vec<String>] {
         &self.examples
+    }
+
+    /// The label's examples for a prediction: nearest its embedding first when the classifier was grounded
+    /// ([`Classifier::ground`]), else as stored.
+    pub fn examples_for(&self, label: usize, prediction: &Prediction) -> Vec<String> {
+        match &self.representatives {
+            Some(r) => r.nearest(label, &prediction.embedding),
+            None => self.examples.get(label).cloned().unwrap_or_default(),
+        }
     }
 
     /// The fusion fitted for this head, when its folder has one.
@@ -300,13 +314,14 @@ fn run(classifier: &Classifier, rx: flume::Receiver<Job>, limits: BatchLimits, t
         }
         let started = Instant::now();
         let inputs: Vec<&Tokens> = batch.iter().map(|j| &j.tokens).collect();
-        let result = classifier.probabilities(&inputs);
+        let result = classifier.probabilities_and_embeddings(&inputs);
         let infer = started.elapsed();
         let n = batch.len();
         match result {
-            Ok(rows) => {
-                for (job, probs) in batch.into_iter().zip(rows) {
-                    let prediction = predict(probs, &job, top_k, n, started, infer);
+            Ok((rows, embeddings)) => {
+                for ((job, probs), embedding) in batch.into_iter().zip(rows).zip(embeddings) {
+                    let mut prediction = predict(probs, &job, top_k, n, started, infer);
+                    prediction.embedding = embedding;
                     // The caller may have gone meanwhile; nothing to do then.
                     let _ = job.reply.send(Ok(prediction));
                 }
@@ -343,6 +358,7 @@ fn predict(
         .collect();
     Prediction {
         label,
+        embedding: Vec::new(),
         confidence,
         top,
         tokens: job.tokens.ids.len(),

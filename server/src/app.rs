@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tiergate_config::{Config, HeadConfig, PromptConfig, RouteKind};
+use tiergate_config::{Config, HeadConfig, PromptConfig, RouteKind, ScoringMethod};
 use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
 use tokio::sync::Semaphore;
@@ -26,6 +26,9 @@ pub struct Route {
     pub prompts: PromptConfig,
     /// How its escalations are fused.
     pub fusion: Fusion,
+    /// The judge is shown examples per candidate in a formulation where they may differ per query
+    /// (`choice`): each candidate's examples go nearest the query first.
+    pub grounded: bool,
 }
 
 /// The fusion in force for a route, and where it comes from.
@@ -42,6 +45,30 @@ pub struct Fusion {
     pub fit: Option<tiergate_prefilter::heads::FittedFusion>,
 }
 
+/// The formulation the worker will use for these templates and the examples per candidate it shows
+/// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
+pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, usize) {
+    let r = &config.reranker;
+    let profile = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile).ok();
+    match prompts.method {
+        ScoringMethod::Auto => {
+            let examples = profile.as_ref().map_or(0, |p| p.examples);
+            if r.engine == "openai" {
+                (ScoringMethod::Choice, examples)
+            } else {
+                (profile.map_or(ScoringMethod::Auto, |p| p.method), examples)
+            }
+        }
+        m => (m, prompts.choice_examples),
+    }
+}
+
+/// Whether candidates' examples should be ranked by nearness to the query: the choice formulation shows
+/// a few per candidate, and they may differ per query (the channel form's fixed examples are its cache key).
+pub fn grounded(config: &Config, prompts: &PromptConfig) -> bool {
+    matches!(formulation(config, prompts), (ScoringMethod::Choice, k) if k > 0)
+}
+
 /// The LLM's name for reports and `fusion.json`: the model file and the formulation it scores with (under
 /// `method = "auto"`, the one its profile picks), e.g. `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (choice)`.
 pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
@@ -53,15 +80,13 @@ pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
             .file_name()
             .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
     };
-    let method = match prompts.method {
-        tiergate_config::ScoringMethod::Auto if r.engine == "openai" => "choice",
-        tiergate_config::ScoringMethod::Auto => {
-            tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile)
-                .map_or("auto", |p| p.method.name())
-        }
-        m => m.name(),
+    let (method, examples) = formulation(config, prompts);
+    let grounding = if method == ScoringMethod::Choice && examples > 0 {
+        format!(", {examples} nearest examples")
+    } else {
+        String::new()
     };
-    format!("{model} ({method})").to_lowercase()
+    format!("{model} ({}{grounding})", method.name()).to_lowercase()
 }
 
 /// A head's fit, if it was made with the LLM named `running`; a fit made with another LLM is refused, and
@@ -200,6 +225,11 @@ impl AppState {
             config.routes.clone()
         };
         for r in &route_cfgs {
+            let prompts = r
+                .prompts
+                .clone()
+                .unwrap_or_else(|| config.reranker.prompts.clone());
+            let grounded = grounded(&config, &prompts);
             let prefilter = if r.kind == RouteKind::Generate {
                 None
             } else {
@@ -212,7 +242,10 @@ impl AppState {
                     None => {
                         let mut pcfg = config.prefilter.clone();
                         pcfg.head = head.clone();
-                        let classifier = Classifier::from_config(&pcfg)?;
+                        let mut classifier = Classifier::from_config(&pcfg)?;
+                        if grounded {
+                            classifier.ground()?;
+                        }
                         tracing::info!(
                             route = %r.name,
                             precision = ?classifier.encoder.precision(),
@@ -226,10 +259,6 @@ impl AppState {
                 }
             };
             order.push(r.name.clone());
-            let prompts = r
-                .prompts
-                .clone()
-                .unwrap_or_else(|| config.reranker.prompts.clone());
             let fusion = Fusion::resolve(&config, &prompts, prefilter.as_ref());
             warn_if_llm_adds_nothing(&r.name, &fusion);
             routes.insert(
@@ -240,6 +269,7 @@ impl AppState {
                     prefilter,
                     prompts,
                     fusion,
+                    grounded,
                 },
             );
         }

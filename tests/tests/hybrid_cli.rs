@@ -240,6 +240,78 @@ fn fit_fusion_writes_a_fit_the_classifier_loads() {
         assert_eq!(report["fusion_source"], want, "{method}");
         assert_eq!(report["llm"], format!("stub ({method})"));
     }
+    // Scores written once (`eval --hybrid --rows`) fit the same fusion offline (`fit-fusion --from-rows`), and
+    // a rows file from other data is refused.
+    let rows_file = dir.path().join("rows-out.jsonl");
+    let sets = [
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.candidates=3",
+    ];
+    let run = |args: &[&str]| {
+        let out = Command::new(binary("tiergate"))
+            .args(args)
+            .arg("--classifier")
+            .arg(&head)
+            .arg("--data")
+            .arg(&data)
+            .args(["--dev-fraction", "0.3"])
+            .args(sets)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let rows_arg = rows_file.to_string_lossy().into_owned();
+    let (ok, err) = run(&[
+        "eval",
+        "--split",
+        "dev",
+        "--hybrid",
+        "--json",
+        "--max-escalated",
+        "1.0",
+        "--rows",
+        &rows_arg,
+    ]);
+    assert!(ok, "{err}");
+    let lines = std::fs::read_to_string(&rows_file).unwrap();
+    let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    assert!(
+        first["text"].is_string() && first["gold"].is_string(),
+        "{first}"
+    );
+    assert_eq!(first["tier0"].as_array().unwrap().len(), 3, "{first}");
+    assert_eq!(first["llm_scores"].as_array().unwrap().len(), 3, "{first}");
+    assert_eq!(first["llm"], "stub (channel)");
+    let (ok, err) = run(&["fit-fusion", "--from-rows", &rows_arg]);
+    assert!(ok, "{err}");
+    let g = Classifier::from_dir(&head, 64, Precision::F32)
+        .unwrap()
+        .fusion
+        .unwrap();
+    assert_eq!(
+        (
+            g.llm_weight,
+            g.llm_temperature,
+            g.rows,
+            g.rows_fixed,
+            g.rows_broken
+        ),
+        (
+            f.llm_weight,
+            f.llm_temperature,
+            f.rows,
+            f.rows_fixed,
+            f.rows_broken
+        ),
+        "the offline fit equals the one that ran the LLM"
+    );
+    let (ok, err) = run(&["fit-fusion", "--split", "all", "--from-rows", &rows_arg]);
+    assert!(!ok && err.contains("rows"), "{err}");
     // Representative utterances were stored with the head at train time.
     assert_eq!(c.examples.len(), 3);
     assert!(c.examples.iter().all(|e| !e.is_empty()), "{:?}", c.examples);

@@ -40,6 +40,10 @@ pub struct EvalArgs {
     /// the LLM's raw scores and seconds), so later features can be evaluated offline.
     #[arg(long)]
     pub rows: Option<PathBuf>,
+    /// With --hybrid: take the LLM's scores from an earlier `--rows FILE` of the same rows instead of running
+    /// the LLM (Tier-0 is run again and must agree with the file).
+    #[arg(long)]
+    pub from_rows: Option<PathBuf>,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
@@ -125,23 +129,28 @@ fn run_hybrid(
     rows: &[tiergate_prefilter::data::Example],
 ) -> anyhow::Result<()> {
     let quiet = args.json;
-    let scored = hybrid::score_rows(cfg, classifier, rows, args.max_escalated, &mut |m| {
-        if !quiet {
-            eprintln!("{m}");
-        }
-    })?;
+    let (scored, llm) = match &args.from_rows {
+        Some(path) => hybrid::rows_from_file(path, cfg, classifier, rows)?,
+        None => (
+            hybrid::score_rows(cfg, classifier, rows, args.max_escalated, &mut |m| {
+                if !quiet {
+                    eprintln!("{m}");
+                }
+            })?,
+            hybrid::llm_name(cfg),
+        ),
+    };
     if let Some(path) = &args.rows {
-        write_rows(path, classifier, rows, &scored)?;
+        write_rows(path, classifier, rows, &scored, &llm)?;
     }
-    let (w, t, source) =
-        match tiergate_server::app::fit_for(classifier.fusion.as_ref(), &hybrid::llm_name(cfg)) {
-            Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
-            None => (
-                cfg.reranker.llm_weight,
-                cfg.reranker.llm_temperature,
-                "config",
-            ),
-        };
+    let (w, t, source) = match tiergate_server::app::fit_for(classifier.fusion.as_ref(), &llm) {
+        Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
+        None => (
+            cfg.reranker.llm_weight,
+            cfg.reranker.llm_temperature,
+            "config",
+        ),
+    };
     let mut thetas: Vec<f64> = (1..20).map(|i| f64::from(i) * 0.05).collect();
     thetas.push(hybrid::theta_for_share(&scored, 0.1));
     thetas.sort_by(f64::total_cmp);
@@ -152,7 +161,7 @@ fn run_hybrid(
         .collect();
     let report = HybridReport {
         n: scored.len(),
-        llm: hybrid::llm_name(cfg),
+        llm,
         llm_weight: w,
         llm_temperature: t,
         fusion_source: source,
@@ -175,6 +184,7 @@ fn write_rows(
     classifier: &Classifier,
     examples: &[tiergate_prefilter::data::Example],
     scored: &[hybrid::Row],
+    llm: &str,
 ) -> anyhow::Result<()> {
     use std::io::Write;
     let labels = classifier.labels();
@@ -187,6 +197,7 @@ fn write_rows(
             "ambiguity": r.ambiguity,
             "llm_scores": r.llm,
             "llm_s": r.llm.as_ref().map(|_| r.llm_s),
+            "llm": llm,
         });
         writeln!(out, "{line}")?;
     }

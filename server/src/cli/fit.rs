@@ -23,6 +23,10 @@ pub struct FitArgs {
     /// Seed of the split (as given to `tiergate train`).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Fit on the LLM scores of an earlier `tiergate eval --hybrid --rows FILE` over the same rows instead of
+    /// running the LLM again (Tier-0 is run again and must agree with the file).
+    #[arg(long)]
+    pub from_rows: Option<PathBuf>,
     /// The LLM runs on (and the fit sees) this share of the rows, the most ambiguous: the escalations of the
     /// operating range.
     #[arg(long, default_value_t = 0.3)]
@@ -41,10 +45,16 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
     let data = tiergate_prefilter::data::read(&args.data.spec())?;
     let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
-    let scored = hybrid::score_rows(&cfg, &classifier, &rows, args.max_escalated, &mut |m| {
-        eprintln!("{m}")
-    })?;
-    let f = hybrid::save_fit(&args.classifier, &cfg, &scored)?;
+    let (scored, llm) = match &args.from_rows {
+        Some(path) => hybrid::rows_from_file(path, &cfg, &classifier, &rows)?,
+        None => (
+            hybrid::score_rows(&cfg, &classifier, &rows, args.max_escalated, &mut |m| {
+                eprintln!("{m}")
+            })?,
+            hybrid::llm_name(&cfg),
+        ),
+    };
+    let f = hybrid::save_fit(&args.classifier, &llm, &scored)?;
     println!(
         "fit on {} escalated rows with {}: llm_weight {} llm_temperature {}; accuracy on them: Tier-0 {:.4}, fused {:.4}",
         f.rows, f.llm, f.llm_weight, f.llm_temperature, f.tier0_accuracy, f.fused_accuracy

@@ -26,6 +26,8 @@ pub struct Row {
     pub llm: Option<Vec<f32>>,
     /// LLM seconds for this row.
     pub llm_s: f64,
+    /// The query's embedding when the classifier is grounded (else empty).
+    pub embedding: Vec<f32>,
 }
 
 impl Row {
@@ -221,7 +223,8 @@ pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow
             .map(|e| classifier.tokenizer.encode(&e.text))
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<_> = tokens.iter().collect();
-        for (e, p) in chunk.iter().zip(classifier.probabilities(&refs)?) {
+        let (probs, embeddings) = classifier.probabilities_and_embeddings(&refs)?;
+        for ((e, p), embedding) in chunk.iter().zip(probs).zip(embeddings) {
             let mut idx: Vec<usize> = (0..p.len()).collect();
             idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
             let top: Vec<(usize, f32)> = idx.iter().take(k.max(1)).map(|&i| (i, p[i])).collect();
@@ -231,16 +234,22 @@ pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow
                 top,
                 llm: None,
                 llm_s: 0.0,
+                embedding,
             });
         }
     }
     Ok(out)
 }
 
-/// Loads a classifier folder with the config's token limit and precision (what serving would use).
+/// Loads a classifier folder with the config's token limit and precision (what serving would use),
+/// grounded when the configured formulation shows examples nearest the query.
 pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier> {
-    Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
-        .with_context(|| format!("loading classifier {}", dir.display()))
+    let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
+        .with_context(|| format!("loading classifier {}", dir.display()))?;
+    if tiergate_server::app::grounded(config, &route_prompts(config)) {
+        c.ground()?;
+    }
+    Ok(c)
 }
 
 /// Tier-0 over `examples`, then the configured LLM over the `max_escalated` share Tier-0 is least sure of:
@@ -295,7 +304,7 @@ fn run_llm(
             .map(|&(l, p)| Candidate {
                 label: classifier.labels()[l].clone(),
                 description: classifier.replies.get(l).cloned().flatten(),
-                examples: classifier.examples.get(l).cloned().unwrap_or_default(),
+                examples: classifier.examples_for(l, &rows[i].embedding),
                 p,
             })
             .collect();
@@ -344,15 +353,85 @@ pub fn llm_name(config: &Config) -> String {
     tiergate_server::app::llm_name(config, &route_prompts(config))
 }
 
-/// Writes the fit into the head folder.
-pub fn save_fit(dir: &Path, config: &Config, rows: &[Row]) -> anyhow::Result<FittedFusion> {
+/// The rows of an earlier `eval --hybrid --rows FILE` over the same data: Tier-0 is run again here (and must
+/// give the candidates the file holds: the same head), the LLM's scores and seconds come from the file.
+/// Returns the rows and the LLM the file was written with (the configured one when the file does not say).
+pub fn rows_from_file(
+    path: &Path,
+    config: &Config,
+    classifier: &Classifier,
+    examples: &[Example],
+) -> anyhow::Result<(Vec<Row>, String)> {
+    let k = config.reranker.candidates;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    anyhow::ensure!(
+        lines.len() == examples.len(),
+        "{}: {} rows, but the data has {} (the same --data and split are needed)",
+        path.display(),
+        lines.len(),
+        examples.len()
+    );
+    let mut rows = tier0_rows(classifier, examples, k)?;
+    let labels = classifier.labels();
+    let mut llm = llm_name(config);
+    for (i, (line, e)) in lines.iter().zip(examples).enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        anyhow::ensure!(
+            v["text"].as_str() == Some(e.text.as_str()),
+            "{} line {}: another text than the data's row {}",
+            path.display(),
+            i + 1,
+            i + 1
+        );
+        let top: Vec<&str> = v["tier0"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|c| c["label"].as_str()).collect())
+            .unwrap_or_default();
+        let ours: Vec<&str> = rows[i]
+            .top
+            .iter()
+            .map(|&(l, _)| labels[l].as_str())
+            .collect();
+        anyhow::ensure!(
+            top == ours,
+            "{} line {}: Tier-0's candidates differ (written with another head or --set reranker.candidates)",
+            path.display(),
+            i + 1
+        );
+        if let Some(scores) = v["llm_scores"].as_array() {
+            let s: Vec<f32> = scores
+                .iter()
+                .filter_map(|x| x.as_f64())
+                .map(|x| x as f32)
+                .collect();
+            anyhow::ensure!(
+                s.len() == ours.len(),
+                "{} line {}: scores for another candidate count",
+                path.display(),
+                i + 1
+            );
+            rows[i].llm = Some(s);
+            rows[i].llm_s = v["llm_s"].as_f64().unwrap_or(0.0);
+        }
+        if let Some(name) = v["llm"].as_str() {
+            llm = name.to_string();
+        }
+    }
+    Ok((rows, llm))
+}
+
+/// Writes the fit, made with the LLM named `llm`, into the head folder.
+pub fn save_fit(dir: &Path, llm: &str, rows: &[Row]) -> anyhow::Result<FittedFusion> {
     let fit = fit(rows);
     let seen = rows.iter().filter(|r| r.llm.is_some()).count();
     let n = seen.max(1) as f64;
     let f = FittedFusion {
         llm_weight: fit.w,
         llm_temperature: fit.t,
-        llm: llm_name(config),
+        llm: llm.to_string(),
         rows: seen,
         tier0_accuracy: fit.tier0 as f64 / n,
         fused_accuracy: fit.correct as f64 / n,
@@ -377,6 +456,7 @@ mod tests {
             ambiguity: 1.0 - f64::from(top[0].1),
             llm: llm.map(<[f32]>::to_vec),
             llm_s: 0.5,
+            embedding: Vec::new(),
         }
     }
 

@@ -175,7 +175,11 @@ pub(super) async fn escalate_rerank(
         .map(|(i, p)| Candidate {
             label: prefilter.labels()[*i].clone(),
             description: prefilter.replies().get(*i).cloned().flatten(),
-            examples: prefilter.examples().get(*i).cloned().unwrap_or_default(),
+            examples: if route.grounded {
+                prefilter.examples_for(*i, &d.pred)
+            } else {
+                prefilter.examples().get(*i).cloned().unwrap_or_default()
+            },
             p: *p,
         })
         .collect();
