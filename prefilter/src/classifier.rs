@@ -10,6 +10,9 @@ use crate::error::{PrefilterError, Result};
 use crate::heads::{self, Head};
 use crate::tokenize::{TextTokenizer, Tokens};
 
+/// One `Vec<f32>` per input.
+pub type Rows = Vec<Vec<f32>>;
+
 /// Tokenizer, encoder and head, used from one thread at a time (the batching thread owns it at run time).
 pub struct Classifier {
     /// The tokenizer (shared with callers so they can tokenise outside the model thread).
@@ -173,10 +176,7 @@ impl Classifier {
     }
 
     /// Probabilities, and when grounded the pooled embedding of each input (else empty rows).
-    pub fn probabilities_and_embeddings(
-        &self,
-        inputs: &[&Tokens],
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    pub fn probabilities_and_embeddings(&self, inputs: &[&Tokens]) -> Result<(Rows, Rows)> {
         if inputs.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }

@@ -303,7 +303,9 @@ fn probe_choice_prompt() {
             .iter()
             .map(|l| engine.encode(l).unwrap())
             .collect();
-        let lp = tiergate_reranker::scoring::letter_logprobs(&m, &[ids.clone()], &letters).unwrap();
+        let lp =
+            tiergate_reranker::scoring::letter_logprobs(&m, std::slice::from_ref(&ids), &letters)
+                .unwrap();
         let (hidden, _) = m
             .forward(
                 &[Seg {
