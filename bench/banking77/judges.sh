@@ -6,6 +6,7 @@
 # usage: bench/banking77/judges.sh JUDGE METHOD SPLIT SHARE [K]   e.g. qwen1.5 choice dev 0.3 2
 #   JUDGE: smollm2 | qwen0.5 | qwen1.5;  METHOD: auto | choice | channel | likelihood;  SPLIT: dev | test
 #   K: with METHOD choice, examples per option (the K nearest the query; default 0)
+# Environment: TAG (a suffix for the output files) and SETS (more `--set` values, separated by `;`).
 # Needs /tmp/b77/{dev,test}.csv and a head in /tmp/b77/head (tiergate train … --out /tmp/b77/head).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,8 +23,12 @@ out=/tmp/b77/rows
 mkdir -p "$out"
 tag="$judge-$method-$split-$share"
 if [[ "$k" != 0 ]]; then tag="$judge-$method-k$k-$split-$share"; fi
+tag="$tag${TAG:-}"
+extra=()
+IFS=';' read -r -a more <<<"${SETS:-}"
+for s in "${more[@]}"; do [[ -n "$s" ]] && extra+=(--set "$s"); done
 "$bin" eval --classifier /tmp/b77/head --data "/tmp/b77/$split.csv" --hybrid --json \
   --max-escalated "$share" --rows "$out/$tag.jsonl" \
   --set "reranker.model=\"$model\"" --set "reranker.prompts.method=\"$method\"" \
-  --set "reranker.prompts.choice_examples=$k" >"$out/$tag.json"
+  --set "reranker.prompts.choice_examples=$k" "${extra[@]}" >"$out/$tag.json"
 echo "wrote $out/$tag.jsonl"
