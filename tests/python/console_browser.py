@@ -51,13 +51,19 @@ class Cdp:
         return r["result"].get("value")
 
     def wait(self, expr, what, timeout=20):
+        # Until the page has loaded, its elements are missing and the expression throws: that is "not yet",
+        # not a failure (Page.navigate returns before the document exists).
         t = time.time()
+        last = None
         while time.time() - t < timeout:
-            v = self.eval(expr)
+            try:
+                v = self.eval(expr)
+            except RuntimeError as e:
+                v, last = None, e
             if v:
                 return v
             time.sleep(0.2)
-        raise RuntimeError(f"timed out waiting for {what}")
+        raise RuntimeError(f"timed out waiting for {what} (last error: {last})")
 
 
 def main():
