@@ -17,7 +17,7 @@ pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
-pub use models::{profile_for, profiles, template, ChatTemplate, ModelProfile};
+pub use models::{profile_for, profiles, template, ChatTemplate, Formulation, ModelProfile};
 pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
 };

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{render, ConfigError, ScoringMethod};
+use crate::{render, ConfigError, PromptConfig, ScoringMethod};
 
 const PROFILES: &str = include_str!("../models/profiles.toml");
 const TEMPLATES: &[(&str, &str)] = &[
@@ -31,6 +31,36 @@ pub struct ModelProfile {
     pub orders: usize,
     /// The chat template's name (a file under `models/`).
     pub template: String,
+}
+
+/// What one job is scored with: the route's method, or under `auto` the profile's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Formulation {
+    /// Never `auto`.
+    pub method: ScoringMethod,
+    /// Choice: examples per option.
+    pub examples: usize,
+    /// Choice: option orders.
+    pub orders: usize,
+}
+
+impl ModelProfile {
+    /// The formulation a job with templates `p` gets on this model: the profile's under `method = "auto"`,
+    /// else the route's method with its `choice_examples` and `choice_orders`.
+    pub fn resolve(&self, p: &PromptConfig) -> Formulation {
+        match p.method {
+            ScoringMethod::Auto => Formulation {
+                method: self.method,
+                examples: self.examples,
+                orders: self.orders,
+            },
+            method => Formulation {
+                method,
+                examples: p.choice_examples,
+                orders: p.choice_orders,
+            },
+        }
+    }
 }
 
 /// A chat template: how a system line, a user turn and the start of the assistant's turn are written.

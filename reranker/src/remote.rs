@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tiergate_config::{ModelProfile, PromptConfig, ScoringMethod};
+use tiergate_config::{ModelProfile, PromptConfig};
 use tiergate_queue::{Candidate, Job, Message, Sampling, TakenJob, Usage};
 
 use crate::engine::{EngineError, Scored};
@@ -104,10 +104,9 @@ impl RemoteEngine {
                 LETTERS.len()
             )));
         }
-        let (examples, orders) = match prompt.method {
-            ScoringMethod::Auto => (self.opts.profile.examples, self.opts.profile.orders),
-            _ => (prompt.choice_examples, prompt.choice_orders),
-        };
+        // Under `auto` the upstream's profile gives examples and orders; the question is always a choice.
+        let f = self.opts.profile.resolve(prompt);
+        let (examples, orders) = (f.examples, f.orders);
         let orders = prompt::choice_orders(k, orders);
         let asked = futures_util::future::join_all(
             orders
@@ -291,8 +290,7 @@ pub fn letter_logprobs(v: &Value, k: usize) -> Result<Vec<f32>, EngineError> {
         .iter()
         .map(|l| best.get(l).copied().unwrap_or(floor))
         .collect();
-    let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + raw.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+    let lse = crate::scoring::log_sum_exp(&raw);
     Ok(raw.iter().map(|x| x - lse).collect())
 }
 

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, IndexOp, Tensor};
-use tiergate_config::{ChatTemplate, ModelProfile, PromptConfig, ScoringMethod};
+use tiergate_config::{ChatTemplate, Formulation, ModelProfile, PromptConfig, ScoringMethod};
 use tiergate_queue::Candidate;
 
 use crate::engine::{EngineError, Scored};
@@ -107,17 +107,6 @@ pub struct Scorer {
     forward: Mutex<()>,
 }
 
-/// What the scorer does for one job: the route's method, or the profile's under `auto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Formulation {
-    /// Never `auto`.
-    pub method: ScoringMethod,
-    /// Choice: examples per option.
-    pub examples: usize,
-    /// Choice: option orders.
-    pub orders: usize,
-}
-
 impl Scorer {
     /// Wraps a loaded model under the `default` profile; `cache_bytes` bounds the cached prefixes.
     pub fn new(model: Llama, cache_bytes: usize) -> Result<Self, EngineError> {
@@ -151,18 +140,7 @@ impl Scorer {
 
     /// The formulation a job with these templates gets.
     pub fn formulation(&self, p: &PromptConfig) -> Formulation {
-        match p.method {
-            ScoringMethod::Auto => Formulation {
-                method: self.profile.method,
-                examples: self.profile.examples,
-                orders: self.profile.orders,
-            },
-            method => Formulation {
-                method,
-                examples: p.choice_examples,
-                orders: p.choice_orders,
-            },
-        }
+        self.profile.resolve(p)
     }
 
     /// The chat template of the model.
@@ -652,7 +630,8 @@ pub fn letter_logprobs(
         .collect())
 }
 
-fn log_sum_exp(v: &[f32]) -> f32 {
+/// log Σ exp(v), stable (−∞ for an empty or all −∞ slice).
+pub(crate) fn log_sum_exp(v: &[f32]) -> f32 {
     let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !m.is_finite() {
         return m;

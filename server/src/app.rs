@@ -49,17 +49,14 @@ pub struct Fusion {
 /// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
 pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, usize) {
     let r = &config.reranker;
-    let profile = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile).ok();
-    match prompts.method {
-        ScoringMethod::Auto => {
-            let examples = profile.as_ref().map_or(0, |p| p.examples);
-            if r.engine == "openai" {
-                (ScoringMethod::Choice, examples)
-            } else {
-                (profile.map_or(ScoringMethod::Auto, |p| p.method), examples)
-            }
-        }
-        m => (m, prompts.choice_examples),
+    let Ok(profile) = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile) else {
+        return (prompts.method, prompts.choice_examples);
+    };
+    let f = profile.resolve(prompts);
+    if r.engine == "openai" && prompts.method == ScoringMethod::Auto {
+        (ScoringMethod::Choice, f.examples)
+    } else {
+        (f.method, f.examples)
     }
 }
 

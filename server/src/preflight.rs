@@ -1,10 +1,9 @@
 //! Checks of the worker's model made once, before any worker starts: a missing file or an architecture the
 //! scoring forward does not run is an error at start that names the file, not a worker restart loop.
 //!
-//! Reads only the GGUF header (magic, version, metadata keys up to `general.architecture`); the tensors stay
-//! on disk and the server needs no model library.
+//! Reads only the GGUF header with candle's reader (already built for the prefilter); the tensors stay on
+//! disk and the server needs no LLM library.
 
-use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// Architectures the worker's scoring forward runs.
@@ -57,96 +56,12 @@ pub fn check_local_model(path: &Path) -> Result<(), PreflightError> {
 
 /// `general.architecture` of a GGUF file.
 pub fn gguf_architecture(path: &Path) -> Result<String, String> {
-    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(f);
-    let mut magic = [0u8; 4];
-    r.read_exact(&mut magic).map_err(|e| e.to_string())?;
-    if &magic != b"GGUF" {
-        return Err("no GGUF magic".into());
+    let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| e.to_string())?);
+    let ct = candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| e.to_string())?;
+    match ct.metadata.get("general.architecture") {
+        Some(v) => v.to_string().cloned().map_err(|e| e.to_string()),
+        None => Err("no general.architecture".into()),
     }
-    let version = read_u32(&mut r)?;
-    if !(2..=3).contains(&version) {
-        return Err(format!("GGUF version {version} (2 or 3 expected)"));
-    }
-    let _tensors = read_u64(&mut r)?;
-    let kvs = read_u64(&mut r)?;
-    for _ in 0..kvs {
-        let key = read_string(&mut r)?;
-        let ty = read_u32(&mut r)?;
-        if key == "general.architecture" {
-            if ty != 8 {
-                return Err("general.architecture is not a string".into());
-            }
-            return read_string(&mut r);
-        }
-        skip_value(&mut r, ty)?;
-    }
-    Err("no general.architecture".into())
-}
-
-fn read_u32(r: &mut impl Read) -> Result<u32, String> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b).map_err(|e| e.to_string())?;
-    Ok(u32::from_le_bytes(b))
-}
-
-fn read_u64(r: &mut impl Read) -> Result<u64, String> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b).map_err(|e| e.to_string())?;
-    Ok(u64::from_le_bytes(b))
-}
-
-/// Longest metadata string read into memory (keys and the architecture name are short).
-const MAX_STRING: u64 = 1 << 16;
-
-fn read_string(r: &mut impl Read) -> Result<String, String> {
-    let n = read_u64(r)?;
-    if n > MAX_STRING {
-        return Err(format!("metadata string of {n} bytes"));
-    }
-    let mut b = vec![0u8; n as usize];
-    r.read_exact(&mut b).map_err(|e| e.to_string())?;
-    String::from_utf8(b).map_err(|e| e.to_string())
-}
-
-/// Bytes of a fixed-size GGUF value type; None for strings and arrays.
-fn fixed_size(ty: u32) -> Result<Option<u64>, String> {
-    Ok(match ty {
-        0 | 1 | 7 => Some(1),
-        2 | 3 => Some(2),
-        4..=6 => Some(4),
-        10..=12 => Some(8),
-        8 | 9 => None,
-        other => return Err(format!("unknown metadata type {other}")),
-    })
-}
-
-fn skip_value<R: Read + Seek>(r: &mut R, ty: u32) -> Result<(), String> {
-    if let Some(n) = fixed_size(ty)? {
-        return seek(r, n);
-    }
-    if ty == 8 {
-        let n = read_u64(r)?;
-        return seek(r, n);
-    }
-    let item = read_u32(r)?;
-    let count = read_u64(r)?;
-    match fixed_size(item)? {
-        Some(n) => seek(r, n.saturating_mul(count)),
-        None => {
-            for _ in 0..count {
-                skip_value(r, item)?;
-            }
-            Ok(())
-        }
-    }
-}
-
-fn seek<R: Seek>(r: &mut R, n: u64) -> Result<(), String> {
-    let n = i64::try_from(n).map_err(|_| "metadata value too large".to_string())?;
-    r.seek(SeekFrom::Current(n))
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

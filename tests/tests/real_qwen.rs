@@ -12,16 +12,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
-use tiergate_queue::{
-    Candidate, Client, Event, Geometry, Job, Message, Reply, Sampling, Segment, Supervisor,
-    SupervisorConfig,
-};
+use tiergate_queue::{Candidate, Event, Job, Message, Reply, Sampling};
 use tiergate_reranker::llama::{Arch, Llama, Segment as Seg, WeightFormat};
-use tiergate_tests::{binary, root};
+use tiergate_tests::root;
+
+mod common;
 
 const TOL: f32 = 2e-3;
 
@@ -126,47 +124,7 @@ fn cand(label: &str) -> Candidate {
 #[test]
 fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
     let Some(model) = qwen() else { return };
-    let name = format!("tiergate-test-qwen-{}", std::process::id());
-    let seg = Arc::new(
-        Segment::create(
-            &name,
-            Geometry {
-                slots: 8,
-                req_cap: 8192,
-                resp_cap: 65536,
-            },
-        )
-        .unwrap(),
-    );
-    let _sup = Supervisor::start(
-        seg.clone(),
-        SupervisorConfig {
-            workers: 1,
-            program: binary("tiergate-reranker"),
-            args: vec![
-                "--engine".into(),
-                "mistralrs".into(),
-                "--model".into(),
-                model.to_string_lossy().into(),
-            ],
-            segment: name,
-            heartbeat_timeout: Duration::from_secs(10),
-            load_timeout: Duration::from_secs(600),
-            backoff_initial: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(2),
-            retry: false,
-        },
-    )
-    .unwrap();
-    let client = Client::new(seg, Duration::from_secs(5)).unwrap();
-    let t = Instant::now();
-    while client.live_workers() == 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "the Qwen worker did not become ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (client, _sup) = common::llm_worker(&model, "qwen", Duration::from_secs(300));
     let cases = [
         (
             "What is the exchange rate from dollars to euros?",

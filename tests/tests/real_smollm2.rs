@@ -5,14 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tiergate_queue::{
-    Candidate, Client, Event, Geometry, Job, Message, Reply, Sampling, Segment, Supervisor,
-    SupervisorConfig,
-};
-use tiergate_tests::{binary, root};
+use tiergate_queue::{Candidate, Event, Job, Message, Reply, Sampling};
+use tiergate_tests::root;
+
+mod common;
 
 /// A candidate as the server sends it: the label with a few example utterances (self-written here), which
 /// is what the channel scoring reads.
@@ -56,47 +54,7 @@ fn smollm2_reranks_easy_cases_and_streams_a_reply() {
         "{} missing: run scripts/fetch-models.sh",
         model.display()
     );
-    let name = format!("tiergate-test-llm-{}", std::process::id());
-    let seg = Arc::new(
-        Segment::create(
-            &name,
-            Geometry {
-                slots: 8,
-                req_cap: 8192,
-                resp_cap: 65536,
-            },
-        )
-        .unwrap(),
-    );
-    let _sup = Supervisor::start(
-        seg.clone(),
-        SupervisorConfig {
-            workers: 1,
-            program: binary("tiergate-reranker"),
-            args: vec![
-                "--engine".into(),
-                "mistralrs".into(),
-                "--model".into(),
-                model.to_string_lossy().into(),
-            ],
-            segment: name,
-            heartbeat_timeout: Duration::from_secs(5),
-            load_timeout: Duration::from_secs(600),
-            backoff_initial: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(2),
-            retry: false,
-        },
-    )
-    .unwrap();
-    let client = Client::new(seg, Duration::from_secs(5)).unwrap();
-    let t = Instant::now();
-    while client.live_workers() == 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "the SmolLM2 worker did not become ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (client, _sup) = common::llm_worker(&model, "smollm2", Duration::from_secs(120));
     let cases = [
         (
             "What is the exchange rate from dollars to euros?",

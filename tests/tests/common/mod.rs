@@ -130,3 +130,55 @@ pub fn prometheus(dir: &std::path::Path, config: &str) -> (Killed, String) {
         .expect("prometheus (Debian package `prometheus`; scripts/test.sh installs it)");
     (Killed(child), format!("http://127.0.0.1:{port}"))
 }
+
+/// A `tiergate-reranker --engine mistralrs` worker on `model` behind a fresh shared-memory queue, ready
+/// (waits up to `ready_within` for the model to load). Drop the supervisor to stop it.
+pub fn llm_worker(
+    model: &std::path::Path,
+    tag: &str,
+    ready_within: Duration,
+) -> (tiergate_queue::Client, tiergate_queue::Supervisor) {
+    use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
+    let name = format!("tiergate-test-{tag}-{}", std::process::id());
+    let seg = std::sync::Arc::new(
+        Segment::create(
+            &name,
+            Geometry {
+                slots: 8,
+                req_cap: 8192,
+                resp_cap: 65536,
+            },
+        )
+        .unwrap(),
+    );
+    let sup = Supervisor::start(
+        seg.clone(),
+        SupervisorConfig {
+            workers: 1,
+            program: binary("tiergate-reranker"),
+            args: vec![
+                "--engine".into(),
+                "mistralrs".into(),
+                "--model".into(),
+                model.to_string_lossy().into(),
+            ],
+            segment: name,
+            heartbeat_timeout: Duration::from_secs(10),
+            load_timeout: Duration::from_secs(600),
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(2),
+            retry: false,
+        },
+    )
+    .unwrap();
+    let client = Client::new(seg, Duration::from_secs(5)).unwrap();
+    let t = Instant::now();
+    while client.live_workers() == 0 {
+        assert!(
+            t.elapsed() < ready_within,
+            "the {tag} worker did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (client, sup)
+}
