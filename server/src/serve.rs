@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tiergate_config::Config;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -33,8 +32,9 @@ const CLOSE_BOUND: Duration = Duration::from_secs(1);
 /// Most connections taken from the backlog in the last sweep before the listener closes.
 const BACKLOG_SWEEP: usize = 1024;
 
-/// After the listeners close, how long freshly accepted connections get to send their first request.
-const SETTLE: Duration = Duration::from_millis(200);
+/// At the drain, how long a connection that has not begun a request yet gets to begin one (its client may have
+/// sent it already; closing the connection would reset it). Bounded by the header timeout and the drain.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// The addresses the server listens on (port 0 in the config → the real port).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,7 @@ pub async fn run(
             admin: admin_addr,
         });
     }
-    let graceful = Arc::new(GracefulShutdown::new());
+    let graceful = Arc::new(Drain::new());
     let header_timeout = Duration::from_millis(config.server.header_timeout_ms);
     let stop = Arc::new(tokio::sync::Notify::new());
     let limits = Arc::new(ConnLimits::new(
@@ -130,11 +130,6 @@ pub async fn run(
     tokio::time::sleep(lame).await;
     stop.notify_waiters();
     let _ = tokio::join!(public, admin);
-    let graceful = Arc::try_unwrap(graceful)
-        .map_err(|_| anyhow::anyhow!("an accept loop outlived its listener"))?;
-    // Connections accepted last get a moment to deliver the request their client has sent (it is answered
-    // with `Connection: close`) before idle connections are closed.
-    tokio::time::sleep(SETTLE.min(Duration::from_millis(config.server.drain_ms))).await;
     let drain = Duration::from_millis(config.server.drain_ms);
     tracing::info!(?drain, "listeners closed: draining in-flight requests");
     let t = Instant::now();
@@ -168,7 +163,7 @@ async fn accept_loop(
     app: axum::Router,
     limits: Option<Arc<ConnLimits>>,
     header_timeout: Duration,
-    graceful: Arc<GracefulShutdown>,
+    graceful: Arc<Drain>,
     stop: Arc<tokio::sync::Notify>,
 ) {
     let serve = |stream, peer| {
@@ -223,7 +218,7 @@ fn serve_conn(
     app: &axum::Router,
     limits: Option<&Arc<ConnLimits>>,
     header_timeout: Duration,
-    graceful: &GracefulShutdown,
+    graceful: &Drain,
 ) {
     let guard = match limits.map(|l| l.admit(peer)) {
         Some(Err(why)) => return refuse(stream, why),
@@ -231,7 +226,10 @@ fn serve_conn(
         None => None,
     };
     let app = app.clone();
+    let begun = Arc::new(tokio::sync::Notify::new());
+    let first = begun.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        first.notify_one();
         req.extensions_mut().insert(ConnectInfo(peer));
         app.clone().oneshot(req.map(axum::body::Body::new))
     });
@@ -244,13 +242,68 @@ fn serve_conn(
         .max_header_size(HTTP_MAX_HEAD_BYTES)
         .max_buf_size(HTTP_MAX_HEAD_BYTES + 64 * 1024)
         .serve_connection(TokioIo::new(stream), service);
-    let conn = graceful.watch(conn);
+    let grace = FIRST_REQUEST_GRACE.min(header_timeout);
+    let conn = graceful.watch(conn, begun, grace);
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "connection ended with an error");
         }
         drop(guard);
     });
+}
+
+/// The drain of open connections: at `shutdown`, a connection serving a request finishes it (its response
+/// says `Connection: close`), an idle keep-alive connection closes, and a connection that has not begun its
+/// first request gets a grace to begin one (as Go's `http.Server.Shutdown` spares new connections).
+struct Drain {
+    tx: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drain {
+    fn new() -> Self {
+        Self {
+            tx: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// `conn`, shut down gracefully at the drain; `begun` is notified when a request has begun on it.
+    fn watch<I, S>(
+        &self,
+        conn: hyper::server::conn::http1::Connection<I, S>,
+        begun: Arc<tokio::sync::Notify>,
+        grace: Duration,
+    ) -> impl std::future::Future<Output = hyper::Result<()>> + use<I, S>
+    where
+        S: hyper::service::HttpService<Incoming>,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+        S::ResBody: 'static,
+        <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut rx = self.tx.subscribe();
+        async move {
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                _ = rx.wait_for(|draining| *draining) => {}
+            }
+            // A request that has begun holds a permit (or takes it now); otherwise wait for one, briefly.
+            tokio::select! {
+                r = conn.as_mut() => return r,
+                _ = tokio::time::timeout(grace, begun.notified()) => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let r = conn.await;
+            drop(rx);
+            r
+        }
+    }
+
+    /// Signals the drain and waits until every watched connection has ended.
+    async fn shutdown(&self) {
+        let _ = self.tx.send(true);
+        self.tx.closed().await;
+    }
 }
 
 /// Answers a connection over the limits with a 503 in the OpenAI error shape (best effort, never blocking) and
