@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
 use tiergate_prefilter::eval::{evaluate, EvalOptions, EvalReport};
 use tiergate_prefilter::Classifier;
@@ -130,19 +131,45 @@ fn run_hybrid(
 ) -> anyhow::Result<()> {
     let quiet = args.json;
     let (scored, llm) = match &args.from_rows {
-        Some(path) => hybrid::rows_from_file(path, cfg, classifier, rows)?,
-        None => (
-            hybrid::score_rows(cfg, classifier, rows, args.max_escalated, &mut |m| {
-                if !quiet {
-                    eprintln!("{m}");
-                }
-            })?,
-            hybrid::llm_name(cfg),
-        ),
+        Some(path) => {
+            let (scored, llm, held) = hybrid::rows_from_file(path, cfg, classifier, rows)?;
+            if held < rows.len() {
+                eprintln!(
+                    "{}: {held} of {} rows (a run cut short?): the rest count as not escalated",
+                    path.display(),
+                    rows.len()
+                );
+            }
+            if let Some(out) = &args.rows {
+                let mut file = RowsFile::create(out, classifier, rows, &llm)?;
+                file.rest(&scored)?;
+            }
+            (scored, llm)
+        }
+        None => {
+            let llm = hybrid::llm_name(cfg);
+            let mut file = match &args.rows {
+                Some(out) => Some(RowsFile::create(out, classifier, rows, &llm)?),
+                None => None,
+            };
+            let scored = hybrid::score_rows(
+                cfg,
+                classifier,
+                rows,
+                args.max_escalated,
+                &mut |m| {
+                    if !quiet {
+                        eprintln!("{m}");
+                    }
+                },
+                &mut |i, r| file.as_mut().map_or(Ok(()), |f| f.line(i, r)),
+            )?;
+            if let Some(f) = &mut file {
+                f.rest(&scored)?;
+            }
+            (scored, llm)
+        }
     };
-    if let Some(path) = &args.rows {
-        write_rows(path, classifier, rows, &scored, &llm)?;
-    }
     let (w, t, source) = match tiergate_server::app::fit_for(classifier.fusion.as_ref(), &llm) {
         Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
         None => (
@@ -178,31 +205,51 @@ fn run_hybrid(
     Ok(())
 }
 
-/// `--rows FILE`: one JSON object per evaluated row.
-fn write_rows(
-    path: &std::path::Path,
-    classifier: &Classifier,
-    examples: &[tiergate_prefilter::data::Example],
-    scored: &[hybrid::Row],
-    llm: &str,
-) -> anyhow::Result<()> {
-    use std::io::Write;
-    let labels = classifier.labels();
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    for (e, r) in examples.iter().zip(scored) {
-        let line = serde_json::json!({
-            "text": e.text,
-            "gold": e.label,
-            "tier0": r.top.iter().map(|&(l, p)| serde_json::json!({"label": labels[l], "p": p})).collect::<Vec<_>>(),
-            "ambiguity": r.ambiguity,
-            "llm_scores": r.llm,
-            "llm_s": r.llm.as_ref().map(|_| r.llm_s),
-            "llm": llm,
-        });
-        writeln!(out, "{line}")?;
+/// `--rows FILE`: one JSON line per evaluated row, flushed as the LLM scores it (the most ambiguous first),
+/// then the rows the LLM did not see.
+struct RowsFile<'a> {
+    out: std::fs::File,
+    labels: &'a [String],
+    examples: &'a [tiergate_prefilter::data::Example],
+    llm: String,
+    written: Vec<bool>,
+}
+
+impl<'a> RowsFile<'a> {
+    fn create(
+        path: &std::path::Path,
+        classifier: &'a Classifier,
+        examples: &'a [tiergate_prefilter::data::Example],
+        llm: &str,
+    ) -> anyhow::Result<Self> {
+        let out =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self {
+            out,
+            labels: classifier.labels(),
+            examples,
+            llm: llm.to_string(),
+            written: vec![false; examples.len()],
+        })
     }
-    out.flush()?;
-    Ok(())
+
+    fn line(&mut self, i: usize, row: &hybrid::Row) -> anyhow::Result<()> {
+        use std::io::Write;
+        let line = hybrid::row_line(i, &self.examples[i], row, self.labels, &self.llm);
+        writeln!(self.out, "{line}")?;
+        self.written[i] = true;
+        Ok(())
+    }
+
+    /// Every row not written yet.
+    fn rest(&mut self, rows: &[hybrid::Row]) -> anyhow::Result<()> {
+        for (i, r) in rows.iter().enumerate() {
+            if !self.written[i] {
+                self.line(i, r)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn print_hybrid(r: &HybridReport) {

@@ -46,11 +46,19 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
     let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
     let (scored, llm) = match &args.from_rows {
-        Some(path) => hybrid::rows_from_file(path, &cfg, &classifier, &rows)?,
+        Some(path) => {
+            let (scored, llm, _) = hybrid::rows_from_file(path, &cfg, &classifier, &rows)?;
+            (scored, llm)
+        }
         None => (
-            hybrid::score_rows(&cfg, &classifier, &rows, args.max_escalated, &mut |m| {
-                eprintln!("{m}")
-            })?,
+            hybrid::score_rows(
+                &cfg,
+                &classifier,
+                &rows,
+                args.max_escalated,
+                &mut |m| eprintln!("{m}"),
+                &mut |_, _| Ok(()),
+            )?,
             hybrid::llm_name(&cfg),
         ),
     };

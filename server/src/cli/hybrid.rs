@@ -253,13 +253,15 @@ pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier
 }
 
 /// Tier-0 over `examples`, then the configured LLM over the `max_escalated` share Tier-0 is least sure of:
-/// what `eval --hybrid` reports on and `fit-fusion` fits on.
+/// what `eval --hybrid` reports on and `fit-fusion` fits on. `scored` sees each row as soon as the LLM has
+/// scored it (the most ambiguous first), so a run cut short keeps what it measured.
 pub fn score_rows(
     config: &Config,
     classifier: &Classifier,
     examples: &[Example],
     max_escalated: f64,
     progress: &mut dyn FnMut(&str),
+    scored: &mut dyn FnMut(usize, &Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     anyhow::ensure!(
         max_escalated > 0.0 && max_escalated <= 1.0,
@@ -268,7 +270,7 @@ pub fn score_rows(
     let mut rows = tier0_rows(classifier, examples, config.reranker.candidates)?;
     let low = theta_for_share(&rows, max_escalated);
     let texts: Vec<&str> = examples.iter().map(|r| r.text.as_str()).collect();
-    run_llm(config, classifier, &texts, &mut rows, low, progress)?;
+    run_llm(config, classifier, &texts, &mut rows, low, progress, scored)?;
     Ok(rows)
 }
 
@@ -281,6 +283,7 @@ fn run_llm(
     rows: &mut [Row],
     theta_low: f64,
     progress: &mut dyn FnMut(&str),
+    scored: &mut dyn FnMut(usize, &Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let program = super::serve::worker_program();
     let llm = tiergate_server::app::start_llm(config, program)?;
@@ -293,9 +296,10 @@ fn run_llm(
         std::thread::sleep(Duration::from_millis(50));
     }
     let prompt = route_prompts(config);
-    let todo: Vec<usize> = (0..rows.len())
+    let mut todo: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].ambiguity > theta_low)
         .collect();
+    todo.sort_by(|&a, &b| rows[b].ambiguity.total_cmp(&rows[a].ambiguity));
     progress(&format!("LLM: {} rows to score", todo.len()));
     for (n, &i) in todo.iter().enumerate() {
         let candidates = rows[i]
@@ -331,6 +335,7 @@ fn run_llm(
         );
         rows[i].llm_s = t.elapsed().as_secs_f64();
         rows[i].llm = Some(r.scores);
+        scored(i, &rows[i])?;
         if (n + 1) % 50 == 0 {
             progress(&format!("LLM: {}/{} rows", n + 1, todo.len()));
         }
@@ -353,74 +358,90 @@ pub fn llm_name(config: &Config) -> String {
     tiergate_server::app::llm_name(config, &route_prompts(config))
 }
 
+/// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.
+pub fn row_line(i: usize, example: &Example, row: &Row, labels: &[String], llm: &str) -> String {
+    serde_json::json!({
+        "row": i,
+        "text": example.text,
+        "gold": example.label,
+        "tier0": row.top.iter().map(|&(l, p)| serde_json::json!({"label": labels[l], "p": p})).collect::<Vec<_>>(),
+        "ambiguity": row.ambiguity,
+        "llm_scores": row.llm,
+        "llm_s": row.llm.as_ref().map(|_| row.llm_s),
+        "llm": llm,
+    })
+    .to_string()
+}
+
 /// The rows of an earlier `eval --hybrid --rows FILE` over the same data: Tier-0 is run again here (and must
 /// give the candidates the file holds: the same head), the LLM's scores and seconds come from the file.
-/// Returns the rows and the LLM the file was written with (the configured one when the file does not say).
+/// Lines name their data row (`row`); a file cut short (a killed run) gives the LLM scores it has, and rows
+/// it lacks count as not escalated. Returns the rows, the LLM the file was written with (the configured one
+/// when the file does not say) and how many of the data's rows the file holds.
 pub fn rows_from_file(
     path: &Path,
     config: &Config,
     classifier: &Classifier,
     examples: &[Example],
-) -> anyhow::Result<(Vec<Row>, String)> {
+) -> anyhow::Result<(Vec<Row>, String, usize)> {
     let k = config.reranker.candidates;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    anyhow::ensure!(
-        lines.len() == examples.len(),
-        "{}: {} rows, but the data has {} (the same --data and split are needed)",
-        path.display(),
-        lines.len(),
-        examples.len()
-    );
     let mut rows = tier0_rows(classifier, examples, k)?;
-    let labels = classifier.labels();
+    let mut seen = vec![false; examples.len()];
     let mut llm = llm_name(config);
-    for (i, (line, e)) in lines.iter().zip(examples).enumerate() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+    for (n, line) in lines.iter().enumerate() {
+        let at = || format!("{} line {}", path.display(), n + 1);
+        let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;
+        // Files written before lines named their row hold every row in data order.
+        let i = v["row"].as_u64().map_or(n, |i| i as usize);
         anyhow::ensure!(
-            v["text"].as_str() == Some(e.text.as_str()),
-            "{} line {}: another text than the data's row {}",
-            path.display(),
-            i + 1,
-            i + 1
+            i < examples.len() && !seen[i],
+            "{}: row {i} is outside the data ({} rows) or given twice (the same --data and split are needed)",
+            at(),
+            examples.len()
         );
-        let top: Vec<&str> = v["tier0"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|c| c["label"].as_str()).collect())
-            .unwrap_or_default();
-        let ours: Vec<&str> = rows[i]
-            .top
-            .iter()
-            .map(|&(l, _)| labels[l].as_str())
-            .collect();
-        anyhow::ensure!(
-            top == ours,
-            "{} line {}: Tier-0's candidates differ (written with another head or --set reranker.candidates)",
-            path.display(),
-            i + 1
-        );
-        if let Some(scores) = v["llm_scores"].as_array() {
-            let s: Vec<f32> = scores
-                .iter()
-                .filter_map(|x| x.as_f64())
-                .map(|x| x as f32)
-                .collect();
-            anyhow::ensure!(
-                s.len() == ours.len(),
-                "{} line {}: scores for another candidate count",
-                path.display(),
-                i + 1
-            );
-            rows[i].llm = Some(s);
-            rows[i].llm_s = v["llm_s"].as_f64().unwrap_or(0.0);
-        }
+        seen[i] = true;
+        read_row_line(&v, &examples[i], &mut rows[i], classifier.labels()).with_context(at)?;
         if let Some(name) = v["llm"].as_str() {
             llm = name.to_string();
         }
     }
-    Ok((rows, llm))
+    Ok((rows, llm, lines.len()))
+}
+
+/// Checks one line against the data's row and Tier-0's candidates, and takes its LLM scores.
+fn read_row_line(
+    v: &serde_json::Value,
+    example: &Example,
+    row: &mut Row,
+    labels: &[String],
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        v["text"].as_str() == Some(example.text.as_str()),
+        "another text than the data's row (the same --data and split are needed)"
+    );
+    let top: Vec<&str> = v["tier0"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|c| c["label"].as_str()).collect())
+        .unwrap_or_default();
+    let ours: Vec<&str> = row.top.iter().map(|&(l, _)| labels[l].as_str()).collect();
+    anyhow::ensure!(
+        top == ours,
+        "Tier-0's candidates differ (written with another head or --set reranker.candidates)"
+    );
+    if let Some(scores) = v["llm_scores"].as_array() {
+        let s: Vec<f32> = scores
+            .iter()
+            .filter_map(|x| x.as_f64())
+            .map(|x| x as f32)
+            .collect();
+        anyhow::ensure!(s.len() == ours.len(), "scores for another candidate count");
+        row.llm = Some(s);
+        row.llm_s = v["llm_s"].as_f64().unwrap_or(0.0);
+    }
+    Ok(())
 }
 
 /// Writes the fit, made with the LLM named `llm`, into the head folder.
