@@ -32,6 +32,10 @@ pub struct PrefilterConfig {
     /// 0 picks the number of CPU cores. Whole batches in parallel use the cores better than splitting each
     /// matmul across them.
     pub workers: usize,
+    /// A forward that starts while no other batch runs or waits splits its int8 layers' rows over a helper
+    /// thread (both cores on one request when the machine is otherwise idle: batch-1 latency); `false` keeps
+    /// every forward on its worker's one thread.
+    pub lend_idle_core: bool,
     /// Arithmetic of the encoder's dense layers at inference: `auto` (int8 where the CPU has AVX-512 VNNI and
     /// the encoder is BERT-family, else f32), `f32`, or `int8` (an error where it cannot run).
     pub precision: Precision,
@@ -76,6 +80,7 @@ impl Default for PrefilterConfig {
             queue_capacity: 1_024,
             top_k: 5,
             workers: 0,
+            lend_idle_core: true,
             precision: Precision::Auto,
         }
     }

@@ -1,9 +1,41 @@
 //! Int8 dense layers for inference on AVX-512 VNNI (`vpdpbusd`: 64 u8×i8 multiply-adds per instruction, four
-//! times f32 FMA's rate), for the prefilter's encoder and the reranker's scoring forward. Weights are quantised once per output channel (symmetric i8), activations per row
-//! at each call (symmetric, stored as u8 with a +128 offset that the precomputed weight sums take back out).
+//! times f32 FMA's rate), for the prefilter's encoder and the reranker's scoring forward. Weights are quantised
+//! once per output channel (symmetric i8), activations per row at each call (symmetric, stored as u8 with a
+//! +128 offset that the precomputed weight sums take back out).
+//!
+//! One call is three passes: the activations are quantised (a vectorised pass over `x`), the register-tiled
+//! kernel multiplies, and each tile's integers are turned into `f32` (offset, scales, bias) in registers and
+//! stored straight into the output — no `i32` buffer. A CPU without VNNI runs portable loops that compute
+//! the same bits.
 
 /// Output channels per packed block (one zmm of i32 accumulators).
 const NB: usize = 16;
+/// Blocks per panel: a tile reads one panel's weights as one contiguous stream.
+const PANEL: usize = 4;
+/// Rows per full tile: 6 rows × 4 blocks = 24 accumulators, 4 weight registers, 1–2 broadcasts (32 zmm).
+const ROWS: usize = 6;
+/// With a helper thread lent ([`with_helper`]), a layer of at least this many rows splits them in two.
+const SPLIT_ROWS: usize = 8;
+
+thread_local! {
+    /// The pool whose thread this thread's layers may borrow (see [`with_helper`]).
+    static HELPER: std::cell::RefCell<Option<std::sync::Arc<rayon::ThreadPool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `helper`'s thread lent to the int8 layers this thread runs meanwhile: a layer with
+/// [`SPLIT_ROWS`] rows or more computes half of them there (both cores on one forward when the other core
+/// would be idle). Rows are independent, so the result is the same bits as on one thread.
+pub fn with_helper<T>(helper: &std::sync::Arc<rayon::ThreadPool>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<std::sync::Arc<rayon::ThreadPool>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            HELPER.with(|h| *h.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(HELPER.with(|h| h.borrow_mut().replace(helper.clone())));
+    f()
+}
 
 /// A dense layer `y = x·Wᵀ + b` with i8 weights.
 pub struct QDense {
@@ -11,16 +43,18 @@ pub struct QDense {
     k: usize,
     /// `k` rounded up to 4 (one i32 of u8 activations per `vpdpbusd` lane).
     k4: usize,
-    /// Packed `[out/16][k4/4][16][4]`: one 64-byte load holds 4 inputs of 16 output channels, so the kernel
-    /// accumulates 16 outputs per register and never reduces horizontally. Zero-padded.
+    /// Packed in panels of up to [`PANEL`] blocks of 16 output channels: `[panel][k4/4][blocks][16][4]`, so one
+    /// 64-byte load holds 4 inputs of 16 outputs (16 outputs per register, no horizontal reduction) and a
+    /// tile's loads walk one panel front to back. Zero-padded.
     w: Vec<i8>,
-    /// Per output channel: weight scale.
+    /// Per output channel (padded to the blocks with 0): weight scale.
     sw: Vec<f32>,
-    /// Per output channel: Σ w (for the +128 activation offset).
-    wsum: Vec<i32>,
+    /// Per output channel (padded): −128 · Σ w, which takes the +128 activation offset back out.
+    corr: Vec<i32>,
+    /// Per output channel (padded): bias.
     b: Vec<f32>,
     /// The CPU runs the AVX-512 VNNI kernel (checked once at construction); otherwise a portable loop
-    /// computes the same integers, so `forward` is sound on any CPU.
+    /// computes the same bits, so `forward` is sound on any CPU.
     vnni: bool,
 }
 
@@ -30,6 +64,7 @@ pub fn available() -> bool {
     {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -40,11 +75,23 @@ pub fn available() -> bool {
 
 fn scale_of(v: &[f32]) -> f32 {
     let m = v.iter().fold(0f32, |a, x| a.max(x.abs()));
+    scale_from_max(m)
+}
+
+/// The symmetric scale for a largest magnitude `m` (1 for an all-zero row).
+fn scale_from_max(m: f32) -> f32 {
     if m > 0.0 {
         m / 127.0
     } else {
         1.0
     }
+}
+
+/// Where block `nb`'s group `g` lies in the packed weights (bytes), for `blocks` blocks and `groups` groups.
+fn packed_at(nb: usize, g: usize, blocks: usize, groups: usize) -> usize {
+    let (panel, j) = (nb / PANEL, nb % PANEL);
+    let width = PANEL.min(blocks - panel * PANEL);
+    (panel * PANEL * groups + g * width + j) * NB * 4
 }
 
 impl QDense {
@@ -53,20 +100,24 @@ impl QDense {
         let k4 = k.div_ceil(4) * 4;
         let blocks = out.div_ceil(NB);
         let groups = k4 / 4;
-        let mut packed = vec![0i8; blocks * NB * k4];
-        let mut sw = vec![0f32; out];
-        let mut wsum = vec![0i32; out];
+        let outp = blocks * NB;
+        let mut packed = vec![0i8; outp * k4];
+        let mut sw = vec![0f32; outp];
+        let mut corr = vec![0i32; outp];
+        let mut bias = vec![0f32; outp];
+        bias[..out].copy_from_slice(&b[..out]);
         for n in 0..out {
             let row = &w[n * k..(n + 1) * k];
             let s = scale_of(row);
             sw[n] = s;
             let (nb, o) = (n / NB, n % NB);
+            let mut sum = 0i32;
             for (i, &x) in row.iter().enumerate() {
                 let v = (x / s).round().clamp(-127.0, 127.0) as i8;
-                let (g, t) = (i / 4, i % 4);
-                packed[((nb * groups + g) * NB + o) * 4 + t] = v;
-                wsum[n] += i32::from(v);
+                packed[packed_at(nb, i / 4, blocks, groups) + o * 4 + i % 4] = v;
+                sum += i32::from(v);
             }
+            corr[n] = -128 * sum;
         }
         Self {
             out,
@@ -74,8 +125,8 @@ impl QDense {
             k4,
             w: packed,
             sw,
-            wsum,
-            b: b.to_vec(),
+            corr,
+            b: bias,
             vnni: available(),
         }
     }
@@ -85,152 +136,282 @@ impl QDense {
     }
 
     /// `x` is `[m, k]` row-major; returns `[m, out]`. Panics when `x` is shorter than `m · k`. Runs the
-    /// VNNI kernel where the CPU has it, the portable loop elsewhere (same result, much slower).
+    /// VNNI kernel where the CPU has it, portable loops elsewhere (the same bits, much slower).
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (k, k4) = (self.k, self.k4);
+        let k = self.k;
         assert!(
             x.len() >= m * k,
             "QDense::forward: {} inputs for {m} rows of {k}",
             x.len()
         );
-        let mut xq = vec![128u8; m * k4];
-        let mut sx = vec![0f32; m];
-        for r in 0..m {
-            let row = &x[r * k..(r + 1) * k];
-            let s = scale_of(row);
-            sx[r] = s;
-            let inv = 1.0 / s;
-            for (d, &v) in xq[r * k4..r * k4 + k].iter_mut().zip(row) {
-                *d = ((v * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
-            }
-        }
-        let outp = self.out.div_ceil(NB) * NB;
-        let mut acc = vec![0i32; m * outp];
-        self.gemm(&xq, &mut acc, m, outp);
         let mut y = vec![0f32; m * self.out];
-        for r in 0..m {
-            for n in 0..self.out {
-                let a = acc[r * outp + n] - 128 * self.wsum[n];
-                y[r * self.out + n] = a as f32 * sx[r] * self.sw[n] + self.b[n];
+        let helper = HELPER.with(|h| h.borrow().clone());
+        match helper {
+            Some(pool) if m >= SPLIT_ROWS => {
+                let half = m / 2;
+                let (xa, xb) = x[..m * k].split_at(half * k);
+                let (ya, yb) = y.split_at_mut(half * self.out);
+                pool.in_place_scope(|s| {
+                    s.spawn(|_| self.forward_into(xb, m - half, yb));
+                    self.forward_into(xa, half, ya);
+                });
             }
+            _ => self.forward_into(x, m, &mut y),
         }
         y
     }
-}
 
-impl QDense {
-    /// `acc = xq · wᵀ` over the packed weights, by the kernel this CPU runs.
-    fn gemm(&self, xq: &[u8], acc: &mut [i32], m: usize, outp: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if self.vnni {
-            // SAFETY: `vnni` is `available()` (the CPU has the target features); `xq` is `[m, k4]`, `w` is
-            // `[outp/16][k4/4][16][4]` and `acc` is `[m, outp]`, the sizes the kernel indexes.
-            unsafe { gemm_u8i8(xq, &self.w, acc, m, outp, self.k4) };
+    /// [`Self::forward`] on this thread, into `y` (`[m, out]`).
+    fn forward_into(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        if m == 0 {
             return;
         }
-        gemm_portable(xq, &self.w, acc, m, outp, self.k4);
-    }
-}
-
-/// The kernel's integers with plain loops (CPUs without AVX-512 VNNI, and the reference in tests).
-fn gemm_portable(x: &[u8], w: &[i8], acc: &mut [i32], m: usize, outp: usize, k4: usize) {
-    let groups = k4 / 4;
-    for r in 0..m {
-        let xr = &x[r * k4..(r + 1) * k4];
-        for n in 0..outp {
-            let (nb, o) = (n / NB, n % NB);
-            let mut sum = 0i32;
-            for g in 0..groups {
-                let base = ((nb * groups + g) * NB + o) * 4;
-                for t in 0..4 {
-                    sum += i32::from(xr[g * 4 + t]) * i32::from(w[base + t]);
-                }
+        let k = self.k;
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni {
+            // SAFETY: `vnni` is `available()` (the CPU has the target features); `x` holds `m · k` values (checked
+            // by `forward`), `y` `m · out`, and the kernels allocate the rest with the sizes they index.
+            unsafe {
+                let (xq, sx) = quantize_avx512(x, m, k, self.k4);
+                gemm_avx512(self, &xq, &sx, y, m);
             }
-            acc[r * outp + n] = sum;
+            return;
+        }
+        let (xq, sx) = quantize_portable(x, m, k, self.k4);
+        self.gemm_portable(&xq, &sx, y, m);
+    }
+
+    /// The output channel's `f32` from its integer dot product (the kernel's epilogue does the same two
+    /// roundings: a multiply, then an add).
+    fn dequant(&self, dot: i32, sx: f32, n: usize) -> f32 {
+        (dot + self.corr[n]) as f32 * (sx * self.sw[n]) + self.b[n]
+    }
+
+    /// The kernel's result with plain loops (CPUs without AVX-512 VNNI, and the reference in tests).
+    fn gemm_portable(&self, xq: &[u8], sx: &[f32], y: &mut [f32], m: usize) {
+        let (k4, groups, blocks) = (self.k4, self.k4 / 4, self.out.div_ceil(NB));
+        for r in 0..m {
+            let xr = &xq[r * k4..(r + 1) * k4];
+            for n in 0..self.out {
+                let (nb, o) = (n / NB, n % NB);
+                let mut dot = 0i32;
+                for g in 0..groups {
+                    let base = packed_at(nb, g, blocks, groups) + o * 4;
+                    for t in 0..4 {
+                        dot += i32::from(xr[g * 4 + t]) * i32::from(self.w[base + t]);
+                    }
+                }
+                y[r * self.out + n] = self.dequant(dot, sx[r], n);
+            }
         }
     }
 }
 
-/// `acc[r, n] = Σ_k x[r, k] · w[n, k]` over u8 `x` `[m, k4]` and packed i8 `w` (see [`QDense`]), `outp` a
-/// multiple of 16. Outer loop over tiles of 4 output blocks (their weights stay in cache), inner over rows.
+/// Rows quantised to u8 (`[m, k4]`, value + 128, padding 128 = zero) and their scales: round half to even.
+fn quantize_portable(x: &[f32], m: usize, k: usize, k4: usize) -> (Vec<u8>, Vec<f32>) {
+    let mut xq = vec![128u8; m * k4];
+    let mut sx = vec![0f32; m];
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let s = scale_of(row);
+        sx[r] = s;
+        let inv = 1.0 / s;
+        for (d, &v) in xq[r * k4..r * k4 + k].iter_mut().zip(row) {
+            *d = ((v * inv).round_ties_even().clamp(-127.0, 127.0) as i32 + 128) as u8;
+        }
+    }
+    (xq, sx)
+}
+
+/// [`quantize_portable`] with AVX-512: 16 values per step (the conversion rounds half to even, as there).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn gemm_u8i8(x: &[u8], w: &[i8], acc: &mut [i32], m: usize, outp: usize, k4: usize) {
-    let blocks = outp / NB;
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quantize_avx512(x: &[f32], m: usize, k: usize, k4: usize) -> (Vec<u8>, Vec<f32>) {
+    use std::arch::x86_64::*;
+    let mut xq = vec![128u8; m * k4];
+    let mut sx = vec![0f32; m];
+    let full = k / 16 * 16;
+    let tail: __mmask16 = ((1u32 << (k - full)) - 1) as u16;
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let p = row.as_ptr();
+        // SAFETY: every load reads inside `row` (the tail with a mask); every store writes inside row r of xq.
+        unsafe {
+            let mut mx = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < full {
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(p.add(i))));
+                i += 16;
+            }
+            if full < k {
+                mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, p.add(full))));
+            }
+            let s = scale_from_max(_mm512_reduce_max_ps(mx));
+            sx[r] = s;
+            let inv = _mm512_set1_ps(1.0 / s);
+            let (lo, hi, off) = (
+                _mm512_set1_epi32(-127),
+                _mm512_set1_epi32(127),
+                _mm512_set1_epi32(128),
+            );
+            let q = xq.as_mut_ptr().add(r * k4);
+            let conv = |v: __m512| {
+                let n = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+                _mm512_cvtepi32_epi8(_mm512_add_epi32(
+                    _mm512_min_epi32(_mm512_max_epi32(n, lo), hi),
+                    off,
+                ))
+            };
+            let mut i = 0;
+            while i < full {
+                _mm_storeu_si128(q.add(i) as *mut _, conv(_mm512_loadu_ps(p.add(i))));
+                i += 16;
+            }
+            if full < k {
+                let v = conv(_mm512_maskz_loadu_ps(tail, p.add(full)));
+                _mm_mask_storeu_epi8(q.add(full) as *mut _, tail, v);
+            }
+        }
+    }
+    (xq, sx)
+}
+
+/// `y = dequant(xq · wᵀ)` over the packed weights: panels of 4 blocks outside, tiles of 6 rows inside (the
+/// panel's weights stay in cache while the rows stream by); remainders take smaller tiles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemm_avx512(q: &QDense, xq: &[u8], sx: &[f32], y: &mut [f32], m: usize) {
+    let blocks = q.out.div_ceil(NB);
     let mut nb = 0;
     while nb < blocks {
-        let j = (blocks - nb).min(4);
+        let j = (blocks - nb).min(PANEL);
         let mut r = 0;
         while r < m {
-            let rows = (m - r).min(4);
-            // SAFETY: same target features as this function; the tile lies inside x, w and acc.
-            unsafe {
+            let rows = (m - r).min(ROWS);
+            let t = Tile {
+                q,
+                xq,
+                sx,
+                r0: r,
+                nb0: nb,
+            };
+            // SAFETY: same target features as this function; rows r..r+rows < m and blocks nb..nb+j < blocks.
+            let took = unsafe {
                 match (rows, j) {
-                    (4, 4) => tile::<4, 4>(x, w, acc, r, nb, outp, k4),
-                    (4, _) => tile::<4, 1>(x, w, acc, r, nb, outp, k4),
-                    (_, 4) => tile::<1, 4>(x, w, acc, r, nb, outp, k4),
-                    _ => tile::<1, 1>(x, w, acc, r, nb, outp, k4),
+                    (6, 4) => t.run::<6, 4, 1>(y),
+                    (6, 3) => t.run::<6, 3, 1>(y),
+                    (6, 2) => t.run::<6, 2, 1>(y),
+                    (6, _) => t.run::<6, 1, 1>(y),
+                    (4 | 5, 4) => t.run::<4, 4, 1>(y),
+                    (4 | 5, 3) => t.run::<4, 3, 1>(y),
+                    (4 | 5, 2) => t.run::<4, 2, 1>(y),
+                    (4 | 5, _) => t.run::<4, 1, 1>(y),
+                    (2 | 3, 4) => t.run::<2, 4, 2>(y),
+                    (2 | 3, 3) => t.run::<2, 3, 2>(y),
+                    (2 | 3, 2) => t.run::<2, 2, 2>(y),
+                    (2 | 3, _) => t.run::<2, 1, 2>(y),
+                    (_, 4) => t.run::<1, 4, 2>(y),
+                    (_, 3) => t.run::<1, 3, 2>(y),
+                    (_, 2) => t.run::<1, 2, 2>(y),
+                    (_, _) => t.run::<1, 1, 2>(y),
                 }
-            }
-            r += if rows == 4 { 4 } else { 1 };
+            };
+            r += took;
         }
-        nb += if j == 4 { 4 } else { 1 };
+        nb += j;
     }
 }
 
-/// Rows `r0..r0+R` against output blocks `nb0..nb0+J` (16 outputs each): R×J zmm accumulators.
+/// One register tile's place: rows from `r0`, blocks from `nb0` (the first block of a panel).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // index loops read as the register tile they are
-unsafe fn tile<const R: usize, const J: usize>(
-    x: &[u8],
-    w: &[i8],
-    acc: &mut [i32],
+struct Tile<'a> {
+    q: &'a QDense,
+    xq: &'a [u8],
+    sx: &'a [f32],
     r0: usize,
     nb0: usize,
-    outp: usize,
-    k4: usize,
-) {
-    use std::arch::x86_64::*;
-    let groups = k4 / 4;
-    let xp = x.as_ptr();
-    let wp = w.as_ptr();
-    // Row and weight-block cursors, advanced by constant strides (no index arithmetic in the loop).
-    // SAFETY (all pointer offsets below): rows r0..r0+R < m hold k4 bytes each; blocks nb0..nb0+J hold
-    // `groups` × 64 bytes each; the loop reads exactly those.
-    let mut xr: [*const u8; R] = std::array::from_fn(|i| unsafe { xp.add((r0 + i) * k4) });
-    let mut wj: [*const i8; J] =
-        std::array::from_fn(|jj| unsafe { wp.add((nb0 + jj) * groups * NB * 4) });
-    let mut s = [[_mm512_setzero_si512(); J]; R];
-    for _ in 0..groups {
-        let mut xb = [_mm512_setzero_si512(); R];
-        for i in 0..R {
-            // SAFETY: see above; 4 bytes of row i.
-            unsafe {
-                xb[i] = _mm512_set1_epi32(std::ptr::read_unaligned(xr[i] as *const i32));
-                xr[i] = xr[i].add(4);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile<'_> {
+    /// Rows `r0..r0+R` against the `J` blocks of the panel at `nb0`: R×J zmm accumulators, `U` of them per
+    /// output (`U` = 2 splits the K loop over two independent chains, for tiles too small to hide
+    /// `vpdpbusd`'s latency; integer sums, so the split is exact). Returns R.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // index loops read as the register tile they are
+    unsafe fn run<const R: usize, const J: usize, const U: usize>(&self, y: &mut [f32]) -> usize {
+        use std::arch::x86_64::*;
+        let q = self.q;
+        let (k4, groups) = (q.k4, q.k4 / 4);
+        let blocks = q.out.div_ceil(NB);
+        // SAFETY (all pointer offsets below): rows r0..r0+R < m hold k4 bytes each; the panel at nb0 holds
+        // `groups` × J × 64 bytes from `packed_at(nb0, 0)`; the loop reads exactly those.
+        let xp = self.xq.as_ptr();
+        let mut xr: [*const u8; R] = std::array::from_fn(|i| unsafe { xp.add((self.r0 + i) * k4) });
+        let mut wp = unsafe { q.w.as_ptr().add(packed_at(self.nb0, 0, blocks, groups)) };
+        let mut s = [[[_mm512_setzero_si512(); J]; R]; U];
+        let mut g = 0;
+        // The panel's 4 inputs × 16 outputs per block first (J registers), then one broadcast row at a time:
+        // R×J accumulators + J + 1 registers (30 of 32 for the full tile, no spills).
+        while g + U <= groups {
+            for u in 0..U {
+                // SAFETY: see above; 64 bytes of each block's group g + u, then 4 bytes of each row.
+                let wv: [__m512i; J] = std::array::from_fn(|jj| unsafe {
+                    _mm512_loadu_si512(wp.add(jj * NB * 4) as *const _)
+                });
+                wp = unsafe { wp.add(J * NB * 4) };
+                for i in 0..R {
+                    let xb =
+                        unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(xr[i] as *const i32)) };
+                    xr[i] = unsafe { xr[i].add(4) };
+                    for jj in 0..J {
+                        s[u][i][jj] = _mm512_dpbusd_epi32(s[u][i][jj], xb, wv[jj]);
+                    }
+                }
             }
+            g += U;
         }
-        for jj in 0..J {
-            // SAFETY: see above; 64 bytes of block jj.
-            let wv = unsafe { _mm512_loadu_si512(wj[jj] as *const _) };
-            wj[jj] = unsafe { wj[jj].add(NB * 4) };
+        if g < groups {
+            // SAFETY: as above (the last group when U = 2 and the group count is odd).
+            let wv: [__m512i; J] = std::array::from_fn(|jj| unsafe {
+                _mm512_loadu_si512(wp.add(jj * NB * 4) as *const _)
+            });
             for i in 0..R {
-                s[i][jj] = _mm512_dpbusd_epi32(s[i][jj], xb[i], wv);
+                let xb =
+                    unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(xr[i] as *const i32)) };
+                for jj in 0..J {
+                    s[0][i][jj] = _mm512_dpbusd_epi32(s[0][i][jj], xb, wv[jj]);
+                }
             }
         }
-    }
-    for i in 0..R {
-        for jj in 0..J {
-            // SAFETY: 16 i32 of row r0+i starting at output (nb0+jj)*16 < outp.
-            unsafe {
-                _mm512_storeu_si512(
-                    acc.as_mut_ptr().add((r0 + i) * outp + (nb0 + jj) * NB) as *mut _,
-                    s[i][jj],
-                )
-            };
+        for i in 0..R {
+            let r = self.r0 + i;
+            let sxr = _mm512_set1_ps(self.sx[r]);
+            for jj in 0..J {
+                let n0 = (self.nb0 + jj) * NB;
+                let mut dot = s[0][i][jj];
+                for u in 1..U {
+                    dot = _mm512_add_epi32(dot, s[u][i][jj]);
+                }
+                // SAFETY: corr, sw and b are padded to whole blocks; the store is masked to row r's outputs.
+                unsafe {
+                    let a = _mm512_add_epi32(
+                        dot,
+                        _mm512_loadu_si512(q.corr.as_ptr().add(n0) as *const _),
+                    );
+                    let scale = _mm512_mul_ps(sxr, _mm512_loadu_ps(q.sw.as_ptr().add(n0)));
+                    let v = _mm512_add_ps(
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(a), scale),
+                        _mm512_loadu_ps(q.b.as_ptr().add(n0)),
+                    );
+                    let live = (q.out - n0).min(NB);
+                    let mask: __mmask16 = ((1u32 << live) - 1) as u16;
+                    _mm512_mask_storeu_ps(y.as_mut_ptr().add(r * q.out + n0), mask, v);
+                }
+            }
         }
+        R
     }
 }
 
@@ -244,15 +425,63 @@ mod tests {
     #[test]
     fn portable_loop_equals_the_kernel() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-        for &(m, k, out) in &[(1, 64, 4), (5, 100, 7), (7, 577, 33), (13, 64, 48)] {
+        // K not a multiple of 64 (nor of 16 or 4), rows not a multiple of the tiles, 1 row, 65 rows, outputs
+        // leaving a partial block and a partial panel.
+        for &(m, k, out) in &[
+            (1, 64, 4),
+            (5, 100, 7),
+            (7, 577, 33),
+            (13, 64, 48),
+            (1, 1536, 576),
+            (2, 83, 80),
+            (3, 385, 97),
+            (65, 577, 100),
+            (65, 64, 1),
+            (16, 384, 1536),
+            (11, 3, 130),
+        ] {
             let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
-            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
-            let mut q = QDense::new(&w, &vec![0.0; out], out, k);
+            let b: Vec<f32> = (0..out).map(|_| rng.gen_range(-0.1..0.1)).collect();
+            let mut x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            // An all-zero row (scale 1) and exact halves (rounding ties) are quantised alike too.
+            x[..k].iter_mut().for_each(|v| *v = 0.0);
+            if m > 1 {
+                x[k] = 127.0;
+                x[k + 1] = 0.5;
+                if k > 2 {
+                    x[k + 2] = -1.5;
+                }
+            }
+            let mut q = QDense::new(&w, &b, out, k);
             let fast = q.forward(&x, m);
             q.vnni = false;
             let portable = q.forward(&x, m);
             assert_eq!(fast, portable, "m {m} k {k} out {out}");
         }
+    }
+
+    /// With a helper thread lent, layers split their rows over two threads: the same bits as one thread.
+    #[test]
+    fn two_threads_give_the_same_bits_as_one() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let pool = std::sync::Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap(),
+        );
+        for &(m, k, out) in &[(7, 64, 16), (8, 100, 33), (16, 384, 1536), (65, 577, 100)] {
+            let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let q = QDense::new(&w, &vec![0.1; out], out, k);
+            let one = q.forward(&x, m);
+            let lent = with_helper(&pool, || q.forward(&x, m));
+            assert_eq!(one, lent, "m {m} k {k} out {out}");
+        }
+        assert!(
+            HELPER.with(|h| h.borrow().is_none()),
+            "the helper is returned"
+        );
     }
 
     #[test]
@@ -321,39 +550,6 @@ mod tests {
                 let exact: f32 = (0..k).map(|i| x[r * k + i] * w[n * k + i]).sum::<f32>() + 0.5;
                 assert_eq!(y[r * out + n], exact);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod probe {
-    use super::*;
-
-    #[test]
-    #[ignore = "timing probe: cargo test --workspace --lib int8 -- --ignored --nocapture"]
-    fn probe_int8_gmacs() {
-        if !available() {
-            return;
-        }
-        for &(m, k, out) in &[
-            (150usize, 576usize, 1536usize),
-            (150, 576, 49152),
-            (150, 1536, 576),
-        ] {
-            let w = vec![0.01f32; out * k];
-            let x = vec![0.5f32; m * k];
-            let q = QDense::new(&w, &vec![0.0; out], out, k);
-            q.forward(&x, m);
-            let t = std::time::Instant::now();
-            for _ in 0..5 {
-                q.forward(&x, m);
-            }
-            let s = t.elapsed().as_secs_f64() / 5.0;
-            println!(
-                "m {m} k {k} out {out}: {:.2} ms, {:.1} GMAC/s",
-                s * 1e3,
-                (m * k * out) as f64 / s / 1e9
-            );
         }
     }
 }

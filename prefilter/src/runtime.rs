@@ -189,8 +189,12 @@ impl PrefilterHandle {
             n => n,
         };
         let classifier = Arc::new(classifier);
+        let lend = Lend {
+            busy: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            helper: helper_pool(cfg)?,
+        };
         for i in 0..workers {
-            let (classifier, rx) = (classifier.clone(), rx.clone());
+            let (classifier, rx, lend) = (classifier.clone(), rx.clone(), lend.clone());
             // Each worker runs inside its own one-thread rayon pool, so candle's matmuls stay on this thread
             // instead of contending for the global pool with the other workers.
             let pool = rayon::ThreadPoolBuilder::new()
@@ -202,7 +206,7 @@ impl PrefilterHandle {
                 })?;
             std::thread::Builder::new()
                 .name(format!("tiergate-prefilter-{i}-owner"))
-                .spawn(move || pool.install(|| run(&classifier, rx, limits, top_k)))
+                .spawn(move || pool.install(|| run(&classifier, rx, limits, top_k, &lend)))
                 .map_err(|e| {
                     PrefilterError::Unsupported(format!("cannot start the prefilter thread: {e}"))
                 })?;
@@ -283,7 +287,52 @@ impl PrefilterHandle {
     }
 }
 
-fn run(classifier: &Classifier, rx: flume::Receiver<Job>, limits: BatchLimits, top_k: usize) {
+/// The helper thread a forward may borrow while the other workers are idle (`prefilter.lend_idle_core`, on a
+/// machine with more than one core).
+fn helper_pool(cfg: &PrefilterConfig) -> Result<Option<Arc<rayon::ThreadPool>>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !cfg.lend_idle_core || cores < 2 {
+        return Ok(None);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .thread_name(|_| "tiergate-prefilter-helper".into())
+        .build()
+        .map_err(|e| {
+            PrefilterError::Unsupported(format!("cannot start the prefilter helper: {e}"))
+        })?;
+    Ok(Some(Arc::new(pool)))
+}
+
+/// What the workers share to decide whether a forward may borrow the helper thread.
+#[derive(Clone)]
+struct Lend {
+    /// Workers running a forward now.
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+    helper: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Lend {
+    /// Runs `f` (one forward), with the helper lent when no other worker is busy and nothing waits.
+    fn run<T>(&self, waiting: bool, f: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::Ordering;
+        let others = self.busy.fetch_add(1, Ordering::AcqRel);
+        let out = match &self.helper {
+            Some(h) if others == 0 && !waiting => crate::int8::with_helper(h, f),
+            _ => f(),
+        };
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+        out
+    }
+}
+
+fn run(
+    classifier: &Classifier,
+    rx: flume::Receiver<Job>,
+    limits: BatchLimits,
+    top_k: usize,
+    lend: &Lend,
+) {
     let mut state = BatchState::new(limits);
     loop {
         if state.is_empty() {
@@ -314,7 +363,9 @@ fn run(classifier: &Classifier, rx: flume::Receiver<Job>, limits: BatchLimits, t
         }
         let started = Instant::now();
         let inputs: Vec<&Tokens> = batch.iter().map(|j| &j.tokens).collect();
-        let result = classifier.probabilities_and_embeddings(&inputs);
+        let result = lend.run(!rx.is_empty(), || {
+            classifier.probabilities_and_embeddings(&inputs)
+        });
         let infer = started.elapsed();
         let n = batch.len();
         match result {
