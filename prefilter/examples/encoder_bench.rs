@@ -56,7 +56,8 @@ fn batch16(enc: &Encoder, texts: &[Tokens], threads: usize) -> anyhow::Result<f6
             })
             .collect();
         for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("a bench thread panicked"))??;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a bench thread panicked"))??;
         }
         Ok(())
     })?;

@@ -338,7 +338,7 @@ impl Llama {
         {
             candle_core::bail!("position beyond {}", self.cfg.max_positions)
         }
-        let mask = block_mask(segments, past_len, &self.device)?;
+        let views = segment_views(segments, past_len, &self.device)?;
         let pos = Tensor::new(positions.as_slice(), &self.device)?;
         let cos = self.cos.index_select(&pos, 0)?.contiguous()?;
         let sin = self.sin.index_select(&pos, 0)?.contiguous()?;
@@ -348,7 +348,7 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.eps as f32)?;
             let layer_past = past.and_then(|p| p.layers.get(i));
-            let (attn, k, v) = self.attention(layer, &h, layer_past, &mask, &cos, &sin)?;
+            let (attn, k, v) = self.attention(layer, &h, layer_past, &views, &cos, &sin)?;
             kv.push((k, v));
             x = (x + attn)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.eps as f32)?;
@@ -387,7 +387,7 @@ impl Llama {
         layer: &Layer,
         x: &Tensor,
         past: Option<&(Tensor, Tensor)>,
-        mask: &Tensor,
+        views: &[SegmentView],
         cos: &Tensor,
         sin: &Tensor,
     ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
@@ -423,13 +423,40 @@ impl Llama {
         let rep = h / kvh;
         let k_all = candle_transformers::utils::repeat_kv(k_all, rep)?;
         let v_all = candle_transformers::utils::repeat_kv(v_all, rep)?.contiguous()?;
-        let att = (q.matmul(&k_all.t()?)? / (d as f64).sqrt())?;
-        let att = att.broadcast_add(mask)?;
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
-        let y = att
-            .matmul(&v_all)?
-            .transpose(1, 2)?
-            .reshape((1, n, h * d))?;
+        // Each segment against the columns it sees only: the multiple-choice orders and the channel copies see
+        // a shared prefix and themselves, so a dense n × n product would be mostly masked out.
+        let mut ys = Vec::with_capacity(views.len());
+        for view in views {
+            let gather = |t: &Tensor| -> candle_core::Result<Tensor> {
+                match view.cols.as_slice() {
+                    [c] if c.start == 0 && c.end == t.dim(2)? => Ok(t.clone()),
+                    [c] => t.narrow(2, c.start, c.len())?.contiguous(),
+                    cols => {
+                        let parts = cols
+                            .iter()
+                            .map(|c| t.narrow(2, c.start, c.len()))
+                            .collect::<candle_core::Result<Vec<_>>>()?;
+                        Tensor::cat(&parts, 2)
+                    }
+                }
+            };
+            let (ks, vs) = (gather(&k_all)?, gather(&v_all)?);
+            let qs = if view.rows.len() == n {
+                q.clone()
+            } else {
+                q.narrow(2, view.rows.start, view.rows.len())?
+                    .contiguous()?
+            };
+            let att = (qs.matmul(&ks.t()?)? / (d as f64).sqrt())?;
+            let att = att.broadcast_add(&view.mask)?;
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            ys.push(att.matmul(&vs)?);
+        }
+        let y = match ys.len() {
+            1 => ys.remove(0),
+            _ => Tensor::cat(&ys, 2)?,
+        };
+        let y = y.transpose(1, 2)?.reshape((1, n, h * d))?;
         Ok((layer.wo.forward(&y)?, k, v))
     }
 }
@@ -482,6 +509,61 @@ fn rope_tables(
         .reshape((max_positions, 1))?;
     let freqs = t.matmul(&inv.reshape((1, head_dim / 2))?)?;
     Ok((freqs.cos()?, freqs.sin()?))
+}
+
+/// One segment's attention: its rows among the new tokens, the key columns it sees (in the columns of
+/// past ++ new: its past range, the segments it sees, then itself, adjacent ranges merged), and the additive
+/// mask over those columns (its own part causal).
+struct SegmentView {
+    rows: Range<usize>,
+    cols: Vec<Range<usize>>,
+    mask: Tensor,
+}
+
+/// The segments' views for one forward (the same for every layer); the rules of [`block_mask`].
+fn segment_views(
+    segments: &[Segment],
+    past_len: usize,
+    device: &Device,
+) -> candle_core::Result<Vec<SegmentView>> {
+    let mut offsets = Vec::with_capacity(segments.len());
+    let mut at = 0;
+    for s in segments {
+        offsets.push(at);
+        at += s.tokens.len();
+    }
+    let mut views = Vec::with_capacity(segments.len());
+    for (si, s) in segments.iter().enumerate() {
+        if s.sees_past.end > past_len || s.sees_segments.iter().any(|&t| t >= si) {
+            candle_core::bail!("segment {si} sees beyond its past or a later segment")
+        }
+        let own = past_len + offsets[si]..past_len + offsets[si] + s.tokens.len();
+        let mut cols: Vec<Range<usize>> = Vec::new();
+        let seen =
+            std::iter::once(s.sees_past.clone())
+                .chain(s.sees_segments.iter().map(|&t| {
+                    past_len + offsets[t]..past_len + offsets[t] + segments[t].tokens.len()
+                }))
+                .chain(std::iter::once(own));
+        for r in seen.filter(|r| !r.is_empty()) {
+            match cols.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => cols.push(r),
+            }
+        }
+        let width: usize = cols.iter().map(|c| c.len()).sum();
+        let (n_s, before) = (s.tokens.len(), width - s.tokens.len());
+        let mut m = vec![0f32; n_s * width];
+        for i in 0..n_s {
+            m[i * width + before + i + 1..(i + 1) * width].fill(f32::NEG_INFINITY);
+        }
+        views.push(SegmentView {
+            rows: offsets[si]..offsets[si] + n_s,
+            cols,
+            mask: Tensor::from_vec(m, (n_s, width), device)?,
+        });
+    }
+    Ok(views)
 }
 
 /// The additive mask `[n_new, past_len + n_new]`: 0 where a token may look, −∞ elsewhere. A token sees its
@@ -561,5 +643,54 @@ mod tests {
             sees_segments: vec![],
         }];
         assert!(block_mask(&bad, 3, &Device::Cpu).is_err());
+        assert!(segment_views(&bad, 3, &Device::Cpu).is_err());
+    }
+
+    /// Each segment's view (its columns and mask) opens exactly the columns of the dense block mask's rows.
+    #[test]
+    fn segment_views_open_what_the_dense_mask_opens() {
+        let segs = vec![
+            Segment {
+                tokens: vec![1, 2, 3],
+                start_pos: 0,
+                sees_past: 0..0,
+                sees_segments: vec![],
+            },
+            Segment {
+                tokens: vec![4, 5],
+                start_pos: 3,
+                sees_past: 1..4,
+                sees_segments: vec![0],
+            },
+            Segment {
+                tokens: vec![6],
+                start_pos: 3,
+                sees_past: 0..2,
+                sees_segments: vec![0, 1],
+            },
+        ];
+        for past in [4usize, 6] {
+            let dense = block_mask(&segs, past, &Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            let views = segment_views(&segs, past, &Device::Cpu).unwrap();
+            for v in &views {
+                let m = v.mask.to_vec2::<f32>().unwrap();
+                let cols: Vec<usize> = v.cols.iter().flat_map(|c| c.clone()).collect();
+                for (i, r) in v.rows.clone().enumerate() {
+                    let open: Vec<usize> = (0..dense[r].len())
+                        .filter(|&c| dense[r][c] == 0.0)
+                        .collect();
+                    let ours: Vec<usize> = cols
+                        .iter()
+                        .zip(&m[i])
+                        .filter(|(_, x)| **x == 0.0)
+                        .map(|(c, _)| *c)
+                        .collect();
+                    assert_eq!(ours, open, "past {past} row {r}");
+                }
+            }
+        }
     }
 }
