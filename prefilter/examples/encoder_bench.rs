@@ -17,22 +17,26 @@ fn one_thread() -> anyhow::Result<rayon::ThreadPool> {
 }
 
 /// p50 and p95 of one-at-a-time forwards over `texts` (at least 300 calls), in ms.
-fn batch1(enc: &Encoder, texts: &[Tokens], lend: Option<&Arc<rayon::ThreadPool>>) -> (f64, f64) {
+fn batch1(
+    enc: &Encoder,
+    texts: &[Tokens],
+    lend: Option<&Arc<rayon::ThreadPool>>,
+) -> anyhow::Result<(f64, f64)> {
     let calls = texts.len().max(300);
     let mut ms: Vec<f64> = (0..calls)
-        .map(|i| {
+        .map(|i| -> anyhow::Result<f64> {
             let t = Instant::now();
             let run = || enc.embed(&[&texts[i % texts.len()]]).map(|e| e.pooled);
             let out = match lend {
                 Some(h) => tiergate_prefilter::int8::with_helper(h, run),
                 None => run(),
             };
-            std::hint::black_box(out.expect("forward"));
-            t.elapsed().as_secs_f64() * 1e3
+            std::hint::black_box(out?);
+            Ok(t.elapsed().as_secs_f64() * 1e3)
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     ms.sort_by(f64::total_cmp);
-    (ms[ms.len() / 2], ms[ms.len() * 95 / 100])
+    Ok((ms[ms.len() / 2], ms[ms.len() * 95 / 100]))
 }
 
 /// Sequences per second, `threads` threads each running batches of 16 over its share of `texts`.
@@ -86,10 +90,10 @@ fn main() -> anyhow::Result<()> {
     let helper = Arc::new(one_thread()?);
     let pool = one_thread()?;
     let ((p50, p95), (lp50, lp95), one) = pool.install(|| -> anyhow::Result<_> {
-        batch1(&enc, &texts, None);
+        batch1(&enc, &texts, None)?;
         Ok((
-            batch1(&enc, &texts, None),
-            batch1(&enc, &texts, Some(&helper)),
+            batch1(&enc, &texts, None)?,
+            batch1(&enc, &texts, Some(&helper))?,
             batch16(&enc, &texts, 1)?,
         ))
     })?;
