@@ -60,7 +60,8 @@ async fn request(stream: &mut TcpStream, text: &str, buf: &mut Vec<u8>) -> anyho
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let n: usize = std::env::args().nth(1).map_or(Ok(600), |s| s.parse())?;
-    let mut cfg = tiergate_config::load(None, Vec::new(), &[])?;
+    // `TIERGATE__…` variables apply (e.g. TIERGATE__PREFILTER__LEND_IDLE_CORE=false).
+    let mut cfg = tiergate_config::load(None, std::env::vars(), &[])?;
     cfg.reranker.workers = 0;
     cfg.routing.mode = tiergate_config::RoutingMode::Static;
     cfg.routing.theta_base = 1.0;
