@@ -105,6 +105,35 @@ pub struct Scorer {
     template: ChatTemplate,
     cache: Mutex<Cache>,
     forward: Mutex<()>,
+    /// Choice jobs waiting for a forward (see [`Scorer::letters_batched`]).
+    pending: Mutex<Vec<ChoiceJob>>,
+    /// Choice forwards run, and the jobs they answered.
+    batching: [std::sync::atomic::AtomicU64; 2],
+}
+
+/// A choice job's prompts and letters, and where its answer goes.
+struct ChoiceJob {
+    prompts: Vec<Vec<u32>>,
+    letters: Vec<Vec<u32>>,
+    reply: std::sync::mpsc::Sender<Result<Vec<Vec<f32>>, String>>,
+}
+
+/// Most prompt tokens one batched choice forward takes (the first job always goes, whatever its size).
+const MAX_BATCH_TOKENS: usize = 4096;
+
+/// The waiting jobs, oldest first, up to [`MAX_BATCH_TOKENS`] prompt tokens.
+fn take_batch(pending: &mut Vec<ChoiceJob>) -> Vec<ChoiceJob> {
+    let mut tokens = 0;
+    let n = pending
+        .iter()
+        .take_while(|j| {
+            tokens += j.prompts.iter().map(Vec::len).sum::<usize>();
+            tokens <= MAX_BATCH_TOKENS
+        })
+        .count()
+        .max(1)
+        .min(pending.len());
+    pending.drain(..n).collect()
 }
 
 impl Scorer {
@@ -135,7 +164,18 @@ impl Scorer {
                 clock: 0,
             }),
             forward: Mutex::new(()),
+            pending: Mutex::new(Vec::new()),
+            batching: Default::default(),
         }
+    }
+
+    /// Choice forwards run so far and the jobs they answered (more jobs than forwards: jobs were batched).
+    pub fn choice_batching(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.batching[0].load(Relaxed),
+            self.batching[1].load(Relaxed),
+        )
     }
 
     /// The formulation a job with these templates gets.
@@ -162,13 +202,66 @@ impl Scorer {
         p: &PromptConfig,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
-        let _one = self.forward.lock().map_err(failed)?;
         let f = self.formulation(p);
         match f.method {
-            ScoringMethod::Channel => self.channel(tok, text, candidates, p, cancelled),
-            ScoringMethod::Likelihood => self.likelihood(tok, text, candidates, p, cancelled),
+            ScoringMethod::Channel => {
+                let _one = self.forward.lock().map_err(failed)?;
+                self.channel(tok, text, candidates, p, cancelled)
+            }
+            ScoringMethod::Likelihood => {
+                let _one = self.forward.lock().map_err(failed)?;
+                self.likelihood(tok, text, candidates, p, cancelled)
+            }
+            // Choice takes the forward lock in `letters_batched`, with the other jobs waiting for it.
             ScoringMethod::Choice | ScoringMethod::Auto => {
                 self.choice(tok, text, candidates, p, f, cancelled)
+            }
+        }
+    }
+
+    /// Choice jobs that arrive while a forward runs wait for the lock; the thread that takes it next runs
+    /// every waiting job (up to [`MAX_BATCH_TOKENS`]) in one forward and hands each its letters' log
+    /// probabilities. Returns this job's.
+    fn letters_batched(
+        &self,
+        prompts: Vec<Vec<u32>>,
+        letters: Vec<Vec<u32>>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        self.pending.lock().map_err(failed)?.push(ChoiceJob {
+            prompts,
+            letters,
+            reply,
+        });
+        loop {
+            let _one = self.forward.lock().map_err(failed)?;
+            // A forward that held the lock before this one may have run this job: its answer is here then.
+            if let Ok(r) = answer.try_recv() {
+                return r.map_err(EngineError::Failed);
+            }
+            let batch = take_batch(&mut *self.pending.lock().map_err(failed)?);
+            if batch.is_empty() {
+                // Forwards answer their jobs before they release the lock: an unanswered job is still waiting.
+                return Err(EngineError::Failed("a choice job was lost".into()));
+            }
+            let jobs: Vec<(&[Vec<u32>], &[Vec<u32>])> = batch
+                .iter()
+                .map(|j| (j.prompts.as_slice(), j.letters.as_slice()))
+                .collect();
+            tracing::debug!(jobs = jobs.len(), "choice forward");
+            self.batching[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.batching[1].fetch_add(jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            match letter_logprobs_many(&self.model, &jobs) {
+                Ok(all) => {
+                    for (j, r) in batch.iter().zip(all) {
+                        let _ = j.reply.send(Ok(r));
+                    }
+                }
+                Err(e) => {
+                    for j in &batch {
+                        let _ = j.reply.send(Err(e.to_string()));
+                    }
+                }
             }
         }
     }
@@ -196,10 +289,11 @@ impl Scorer {
                 encode_whole(tok, &self.template.single_turn(&q), MAX_CHOICE_TOKENS)
             })
             .collect::<Result<_, _>>()?;
-        let letter_lp = letter_logprobs(&self.model, &prompts, &letters).map_err(failed)?;
+        let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() as u32;
+        let letter_lp = self.letters_batched(prompts, letters)?;
         Ok(Scored {
             scores: prompt::average_over_orders(&orders, &letter_lp, &prior, k),
-            prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() as u32,
+            prompt_tokens,
         })
     }
 
@@ -232,7 +326,7 @@ impl Scorer {
         let order: Vec<usize> = (0..k).collect();
         let q = prompt::choice_question(&p.content_free, &blank, &order, p, 0);
         let ids = encode_whole(tok, &self.template.single_turn(&q), MAX_CHOICE_TOKENS)?;
-        let lp = letter_logprobs(&self.model, &[ids], letters).map_err(failed)?;
+        let lp = self.letters_batched(vec![ids], letters.to_vec())?;
         let v = lp.into_iter().next().unwrap_or_else(|| vec![0.0; k]);
         let mut cache = self.cache.lock().map_err(failed)?;
         if cache.letter_priors.len() > MAX_PRIORS {
@@ -579,53 +673,83 @@ pub fn letter_logprobs(
     prompts: &[Vec<u32>],
     letters: &[Vec<u32>],
 ) -> candle_core::Result<Vec<Vec<f32>>> {
-    let Some(first) = prompts.first() else {
-        return Ok(Vec::new());
-    };
-    let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
-    // Every remainder keeps at least one token: its last hidden state is the one read.
-    let common = (0..shortest.saturating_sub(1))
-        .take_while(|&i| prompts.iter().all(|p| p[i] == first[i]))
-        .count();
-    let mut segments = Vec::with_capacity(prompts.len() + 1);
-    if common > 0 {
-        segments.push(Segment {
-            tokens: first[..common].to_vec(),
-            start_pos: 0,
-            sees_past: 0..0,
-            sees_segments: vec![],
+    Ok(letter_logprobs_many(model, &[(prompts, letters)])?
+        .pop()
+        .unwrap_or_default())
+}
+
+/// [`letter_logprobs`] for several jobs (their prompts and letters) in one forward: each job's common prefix
+/// once, its remainders seeing only it; nothing of one job sees another.
+pub fn letter_logprobs_many(
+    model: &Llama,
+    jobs: &[(&[Vec<u32>], &[Vec<u32>])],
+) -> candle_core::Result<Vec<Vec<Vec<f32>>>> {
+    let mut segments = Vec::new();
+    let mut last_rows = Vec::new();
+    let mut at = 0;
+    for (prompts, _) in jobs {
+        let Some(first) = prompts.first() else {
+            continue;
+        };
+        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        // Every remainder keeps at least one token: its last hidden state is the one read.
+        let common = (0..shortest.saturating_sub(1))
+            .take_while(|&i| prompts.iter().all(|p| p[i] == first[i]))
+            .count();
+        let shared = (common > 0).then(|| {
+            segments.push(Segment {
+                tokens: first[..common].to_vec(),
+                start_pos: 0,
+                sees_past: 0..0,
+                sees_segments: vec![],
+            });
+            at += common;
+            segments.len() - 1
         });
+        for p in prompts.iter() {
+            segments.push(Segment {
+                tokens: p[common..].to_vec(),
+                start_pos: common,
+                sees_past: 0..0,
+                sees_segments: shared.into_iter().collect(),
+            });
+            at += p.len() - common;
+            last_rows.push((at - 1) as u32);
+        }
     }
-    let mut last_rows = Vec::with_capacity(prompts.len());
-    let mut at = common;
-    for p in prompts {
-        segments.push(Segment {
-            tokens: p[common..].to_vec(),
-            start_pos: common,
-            sees_past: 0..0,
-            sees_segments: if common > 0 { vec![0] } else { vec![] },
-        });
-        at += p.len() - common;
-        last_rows.push((at - 1) as u32);
+    if segments.is_empty() {
+        return Ok(jobs.iter().map(|_| Vec::new()).collect());
     }
     let (hidden, _) = model.forward(&segments, None)?;
     let rows = hidden.index_select(&Tensor::new(last_rows.as_slice(), &Device::Cpu)?, 0)?;
-    let ids: Vec<u32> = letters.iter().flatten().copied().collect();
-    let logits = model.token_logits(&rows, &ids)?.to_vec2::<f32>()?;
-    Ok(logits
+    // The letters' token forms of every job, each once.
+    let mut ids: Vec<u32> = jobs
         .iter()
-        .map(|row| {
-            let mut at = 0;
-            let per_letter: Vec<f32> = letters
+        .flat_map(|(_, l)| l.iter().flatten().copied())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let logits = model.token_logits(&rows, &ids)?.to_vec2::<f32>()?;
+    let col = |t: u32| ids.binary_search(&t).unwrap_or(0);
+    let mut rows = logits.iter();
+    Ok(jobs
+        .iter()
+        .map(|(prompts, letters)| {
+            prompts
                 .iter()
-                .map(|forms| {
-                    let v = log_sum_exp(&row[at..at + forms.len()]);
-                    at += forms.len();
-                    v
+                .filter_map(|_| rows.next())
+                .map(|row| {
+                    let per_letter: Vec<f32> = letters
+                        .iter()
+                        .map(|forms| {
+                            let v: Vec<f32> = forms.iter().map(|&t| row[col(t)]).collect();
+                            log_sum_exp(&v)
+                        })
+                        .collect();
+                    let norm = log_sum_exp(&per_letter);
+                    per_letter.iter().map(|v| v - norm).collect()
                 })
-                .collect();
-            let norm = log_sum_exp(&per_letter);
-            per_letter.iter().map(|v| v - norm).collect()
+                .collect()
         })
         .collect())
 }

@@ -291,3 +291,84 @@ fn probe_choice_prompt() {
         );
     }
 }
+
+/// Choice jobs that queue while a forward runs go through one forward together, and get the scores they get
+/// one at a time (the batched forward sees nothing of one job from another).
+#[test]
+fn queued_choice_jobs_share_a_forward_and_keep_their_scores() {
+    use std::sync::{Arc, Barrier};
+    use tiergate_reranker::engine::Engine;
+    let Some(model) = qwen() else { return };
+    let engine = Arc::new(
+        tiergate_reranker::llm::MistralEngine::load(&tiergate_reranker::llm::LlmOptions {
+            model,
+            isq: None,
+            max_seqs: 1,
+            scoring_weights: WeightFormat::Int8,
+            prefix_cache_bytes: 1 << 20,
+            profile: String::new(),
+        })
+        .unwrap(),
+    );
+    let p = tiergate_config::PromptConfig::default();
+    let jobs: Vec<(&str, Vec<Candidate>)> = vec![
+        (
+            "Someone stole my card",
+            vec![
+                cand("lost card"),
+                cand("exchange rate"),
+                cand("open account"),
+            ],
+        ),
+        (
+            "What is the euro to dollar rate today?",
+            vec![cand("exchange rate"), cand("lost card")],
+        ),
+        (
+            "I want to talk to a person",
+            vec![
+                cand("open account"),
+                cand("speak to a human"),
+                cand("lost card"),
+                cand("exchange rate"),
+            ],
+        ),
+        (
+            "How do I open a new account?",
+            vec![cand("speak to a human"), cand("open account")],
+        ),
+    ];
+    let alone: Vec<Vec<f32>> = jobs
+        .iter()
+        .map(|(t, c)| engine.score(t, c, &p, &|| false).unwrap().scores)
+        .collect();
+    let (f0, j0) = engine.choice_batching();
+    assert_eq!(
+        (f0, j0),
+        (4, 4),
+        "one forward per job when they come one at a time"
+    );
+    let gate = Arc::new(Barrier::new(jobs.len()));
+    let together: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|(t, c)| {
+                let (engine, gate, p) = (engine.clone(), gate.clone(), &p);
+                s.spawn(move || {
+                    gate.wait();
+                    engine.score(t, c, p, &|| false).unwrap().scores
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (f1, j1) = engine.choice_batching();
+    assert_eq!(j1 - j0, 4);
+    assert!(f1 - f0 < 4, "{} forwards for 4 queued jobs", f1 - f0);
+    for (a, b) in alone.iter().zip(&together) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-4, "{a:?} vs {b:?}");
+        }
+    }
+}
