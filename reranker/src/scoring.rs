@@ -244,7 +244,7 @@ impl Scorer {
                 // Forwards answer their jobs before they release the lock: an unanswered job is still waiting.
                 return Err(EngineError::Failed("a choice job was lost".into()));
             }
-            let jobs: Vec<(&[Vec<u32>], &[Vec<u32>])> = batch
+            let jobs: Vec<LetterJob> = batch
                 .iter()
                 .map(|j| (j.prompts.as_slice(), j.letters.as_slice()))
                 .collect();
@@ -678,11 +678,14 @@ pub fn letter_logprobs(
         .unwrap_or_default())
 }
 
+/// One job of [`letter_logprobs_many`]: its prompts (token ids) and its letters' token forms.
+pub type LetterJob<'a> = (&'a [Vec<u32>], &'a [Vec<u32>]);
+
 /// [`letter_logprobs`] for several jobs (their prompts and letters) in one forward: each job's common prefix
 /// once, its remainders seeing only it; nothing of one job sees another.
 pub fn letter_logprobs_many(
     model: &Llama,
-    jobs: &[(&[Vec<u32>], &[Vec<u32>])],
+    jobs: &[LetterJob],
 ) -> candle_core::Result<Vec<Vec<Vec<f32>>>> {
     let mut segments = Vec::new();
     let mut last_rows = Vec::new();
