@@ -32,9 +32,10 @@ pub struct PrefilterConfig {
     /// 0 picks the number of CPU cores. Whole batches in parallel use the cores better than splitting each
     /// matmul across them.
     pub workers: usize,
-    /// A forward that starts while no other batch runs or waits splits its int8 layers' rows over a helper
-    /// thread (both cores on one request when the machine is otherwise idle: batch-1 latency); `false` keeps
-    /// every forward on its worker's one thread.
+    /// A forward that starts while no other batch runs or waits lends a helper thread to its int8 layers
+    /// (each layer splits its rows or outputs while no other forward has started): both cores on one request
+    /// when the machine is otherwise idle. Off by default: it cuts the raw batch-1 forward from 1.69 to
+    /// 1.42 ms here but gained nothing through HTTP with the clients on the same 2 cores (docs/forward.md).
     pub lend_idle_core: bool,
     /// Arithmetic of the encoder's dense layers at inference: `auto` (int8 where the CPU has AVX-512 VNNI and
     /// the encoder is BERT-family, else f32), `f32`, or `int8` (an error where it cannot run).
@@ -80,7 +81,7 @@ impl Default for PrefilterConfig {
             queue_capacity: 1_024,
             top_k: 5,
             workers: 0,
-            lend_idle_core: true,
+            lend_idle_core: false,
             precision: Precision::Auto,
         }
     }

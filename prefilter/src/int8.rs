@@ -8,34 +8,75 @@
 //! stored straight into the output — no `i32` buffer. A CPU without VNNI runs portable loops that compute
 //! the same bits.
 
+use std::ops::Range;
+
 /// Output channels per packed block (one zmm of i32 accumulators).
 const NB: usize = 16;
 /// Blocks per panel: a tile reads one panel's weights as one contiguous stream.
 const PANEL: usize = 4;
 /// Rows per full tile: 6 rows × 4 blocks = 24 accumulators, 4 weight registers, 1–2 broadcasts (32 zmm).
 const ROWS: usize = 6;
-/// With a helper thread lent ([`with_helper`]), a layer of at least this many rows splits them in two.
-const SPLIT_ROWS: usize = 8;
+/// With a helper thread lent ([`with_helper`]), a layer of at least this many rows splits them in two …
+const SPLIT_ROWS: usize = 4 * ROWS;
+/// … and a smaller one of at least this many multiply-adds splits its outputs (panels) in two.
+const SPLIT_MACS: usize = 1 << 21;
 
-thread_local! {
-    /// The pool whose thread this thread's layers may borrow (see [`with_helper`]).
-    static HELPER: std::cell::RefCell<Option<std::sync::Arc<rayon::ThreadPool>>> =
-        const { std::cell::RefCell::new(None) };
+/// A helper thread lent to this thread's int8 layers, while `busy` (the workers running a forward, this one
+/// included) stays at one.
+#[derive(Clone)]
+struct Lent {
+    pool: std::sync::Arc<rayon::ThreadPool>,
+    busy: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
-/// Runs `f` with `helper`'s thread lent to the int8 layers this thread runs meanwhile: a layer with
-/// [`SPLIT_ROWS`] rows or more computes half of them there (both cores on one forward when the other core
-/// would be idle). Rows are independent, so the result is the same bits as on one thread.
-pub fn with_helper<T>(helper: &std::sync::Arc<rayon::ThreadPool>, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<std::sync::Arc<rayon::ThreadPool>>);
+thread_local! {
+    /// The helper this thread's layers may borrow (see [`with_helper`]).
+    static HELPER: std::cell::RefCell<Option<Lent>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with `helper`'s thread lent to the int8 layers this thread runs meanwhile (both cores on one
+/// forward when the other core would be idle): a layer with many rows computes half of them there, a smaller
+/// one half of its outputs. Each layer checks `busy` first — the number of forwards running, this one
+/// included — and keeps to its own thread once another has started. Rows and outputs are independent, so the
+/// result is the same bits as on one thread.
+pub fn with_helper<T>(
+    helper: &std::sync::Arc<rayon::ThreadPool>,
+    busy: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore(Option<Lent>);
     impl Drop for Restore {
         fn drop(&mut self) {
             HELPER.with(|h| *h.borrow_mut() = self.0.take());
         }
     }
-    let _restore = Restore(HELPER.with(|h| h.borrow_mut().replace(helper.clone())));
+    let lent = Lent {
+        pool: helper.clone(),
+        busy,
+    };
+    let _restore = Restore(HELPER.with(|h| h.borrow_mut().replace(lent)));
     f()
 }
+
+/// The helper pool, when one is lent and no other forward runs.
+fn lent_now() -> Option<std::sync::Arc<rayon::ThreadPool>> {
+    HELPER.with(|h| {
+        let h = h.borrow();
+        let l = h.as_ref()?;
+        let alone = l
+            .busy
+            .as_ref()
+            .is_none_or(|b| b.load(std::sync::atomic::Ordering::Acquire) <= 1);
+        alone.then(|| l.pool.clone())
+    })
+}
+
+/// The output pointer two threads write disjoint columns through.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: the two halves of a split layer write disjoint outputs (see `QDense::forward`).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
 
 /// A dense layer `y = x·Wᵀ + b` with i8 weights.
 pub struct QDense {
@@ -145,9 +186,9 @@ impl QDense {
             x.len()
         );
         let mut y = vec![0f32; m * self.out];
-        let helper = HELPER.with(|h| h.borrow().clone());
-        match helper {
-            Some(pool) if m >= SPLIT_ROWS => {
+        let blocks = self.out.div_ceil(NB);
+        match lent_now() {
+            Some(pool) if m >= SPLIT_ROWS || (!self.vnni && m >= 2) => {
                 let half = m / 2;
                 let (xa, xb) = x[..m * k].split_at(half * k);
                 let (ya, yb) = y.split_at_mut(half * self.out);
@@ -155,6 +196,25 @@ impl QDense {
                     s.spawn(|_| self.forward_into(xb, m - half, yb));
                     self.forward_into(xa, half, ya);
                 });
+            }
+            #[cfg(target_arch = "x86_64")]
+            Some(pool) if self.vnni && m * k * self.out >= SPLIT_MACS && blocks > PANEL => {
+                // Few rows: both threads take every row, each half of the panels (disjoint output columns).
+                let mid = blocks.div_ceil(PANEL) / 2 * PANEL;
+                // SAFETY: `vnni` is `available()`; `x` holds `m · k` values; `y` holds `m · out`, of which
+                // each call writes only the columns of its blocks (`mid` is a panel boundary).
+                unsafe {
+                    let (xq, sx) = quantize_avx512(x, m, k, self.k4);
+                    let out = Out(y.as_mut_ptr());
+                    let (xq, sx) = (&xq, &sx);
+                    pool.in_place_scope(|s| {
+                        s.spawn(move |_| {
+                            let out = out;
+                            gemm_avx512(self, xq, sx, out.0, m, mid..blocks)
+                        });
+                        gemm_avx512(self, xq, sx, out.0, m, 0..mid);
+                    });
+                }
             }
             _ => self.forward_into(x, m, &mut y),
         }
@@ -173,7 +233,7 @@ impl QDense {
             // by `forward`), `y` `m · out`, and the kernels allocate the rest with the sizes they index.
             unsafe {
                 let (xq, sx) = quantize_avx512(x, m, k, self.k4);
-                gemm_avx512(self, &xq, &sx, y, m);
+                gemm_avx512(self, &xq, &sx, y.as_mut_ptr(), m, 0..self.out.div_ceil(NB));
             }
             return;
         }
@@ -276,13 +336,24 @@ unsafe fn quantize_avx512(x: &[f32], m: usize, k: usize, k4: usize) -> (Vec<u8>,
     (xq, sx)
 }
 
-/// `y = dequant(xq · wᵀ)` over the packed weights: panels of 4 blocks outside, tiles of 6 rows inside (the
-/// panel's weights stay in cache while the rows stream by); remainders take smaller tiles.
+/// `y = dequant(xq · wᵀ)` for the output blocks in `blocks` (whole panels), into `y` (`[m, out]`, only those
+/// blocks' columns written): panels of 4 blocks outside, tiles of 6 rows inside (the panel's weights stay in
+/// cache while the rows stream by); remainders take smaller tiles.
+///
+/// # Safety
+/// The CPU has the target features; `xq` is `[m, k4]`, `sx` `[m]`, `y` points at `m · out` writable floats
+/// that nothing else reads or writes in these columns meanwhile; `blocks.start` is a panel boundary.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn gemm_avx512(q: &QDense, xq: &[u8], sx: &[f32], y: &mut [f32], m: usize) {
-    let blocks = q.out.div_ceil(NB);
-    let mut nb = 0;
+unsafe fn gemm_avx512(
+    q: &QDense,
+    xq: &[u8],
+    sx: &[f32],
+    y: *mut f32,
+    m: usize,
+    blocks: Range<usize>,
+) {
+    let (mut nb, blocks) = (blocks.start, blocks.end);
     while nb < blocks {
         let j = (blocks - nb).min(PANEL);
         let mut r = 0;
@@ -340,7 +411,7 @@ impl Tile<'_> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     #[allow(clippy::needless_range_loop)] // index loops read as the register tile they are
-    unsafe fn run<const R: usize, const J: usize, const U: usize>(&self, y: &mut [f32]) -> usize {
+    unsafe fn run<const R: usize, const J: usize, const U: usize>(&self, y: *mut f32) -> usize {
         use std::arch::x86_64::*;
         let q = self.q;
         let (k4, groups) = (q.k4, q.k4 / 4);
@@ -407,7 +478,7 @@ impl Tile<'_> {
                     );
                     let live = (q.out - n0).min(NB);
                     let mask: __mmask16 = ((1u32 << live) - 1) as u16;
-                    _mm512_mask_storeu_ps(y.as_mut_ptr().add(r * q.out + n0), mask, v);
+                    _mm512_mask_storeu_ps(y.add(r * q.out + n0), mask, v);
                 }
             }
         }
@@ -470,12 +541,22 @@ mod tests {
                 .build()
                 .unwrap(),
         );
-        for &(m, k, out) in &[(7, 64, 16), (8, 100, 33), (16, 384, 1536), (65, 577, 100)] {
+        // Rows split (24 rows and more), outputs split (fewer rows, 2M multiply-adds and more, more than
+        // one panel), and layers too small to split.
+        for &(m, k, out) in &[
+            (7, 64, 16),
+            (8, 100, 33),
+            (1, 1536, 2048),
+            (3, 577, 1300),
+            (16, 384, 1536),
+            (24, 384, 1152),
+            (65, 577, 100),
+        ] {
             let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let q = QDense::new(&w, &vec![0.1; out], out, k);
             let one = q.forward(&x, m);
-            let lent = with_helper(&pool, || q.forward(&x, m));
+            let lent = with_helper(&pool, None, || q.forward(&x, m));
             assert_eq!(one, lent, "m {m} k {k} out {out}");
         }
         assert!(

@@ -318,7 +318,9 @@ impl Lend {
         use std::sync::atomic::Ordering;
         let others = self.busy.fetch_add(1, Ordering::AcqRel);
         let out = match &self.helper {
-            Some(h) if others == 0 && !waiting => crate::int8::with_helper(h, f),
+            Some(h) if others == 0 && !waiting => {
+                crate::int8::with_helper(h, Some(self.busy.clone()), f)
+            }
             _ => f(),
         };
         self.busy.fetch_sub(1, Ordering::AcqRel);
