@@ -173,7 +173,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (q.name.as_str(), q.method),
-            ("qwen2.5", ScoringMethod::Choice)
+            ("qwen2.5", ScoringMethod::Channel)
         );
         let s = profile_for("models/x/SmolLM2-135M-Instruct.Q4_1.gguf", "").unwrap();
         assert_eq!(s.method, ScoringMethod::Channel);

@@ -1,7 +1,8 @@
 //! The Qwen2.5-Coder-0.5B judge (fetched by `scripts/fetch-models.sh --judge qwen2.5-0.5b`, which
 //! `scripts/test.sh` runs): our scoring forward on the `qwen2` architecture matches candle-transformers'
-//! `quantized_qwen2` on the real file, and through a real worker process the `choice` formulation (picked by
-//! the model's profile under `method = "auto"`) answers easy cases right; generation streams.
+//! `quantized_qwen2` on the real file, and through a real worker process the `channel` formulation (picked by
+//! the model's profile under `method = "auto"`) and `choice` answer easy cases right; generation streams;
+//! queued choice jobs share a forward.
 //!
 //! Without the file these tests say so and pass: the judge is an optional download for a user.
 //!
@@ -157,13 +158,22 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
             2,
         ),
     ];
-    for (text, labels, want) in cases {
+    // method = auto (the qwen2.5 profile's channel) and choice.
+    let choice = tiergate_config::PromptConfig {
+        method: tiergate_config::ScoringMethod::Choice,
+        ..Default::default()
+    };
+    for ((text, labels, want), prompt) in cases
+        .iter()
+        .flat_map(|c| [(c, Default::default()), (c, choice.clone())])
+    {
+        let (text, want) = (*text, *want);
         let job = Job::Rerank {
             text: text.into(),
             candidates: labels.iter().map(|l| cand(l)).collect(),
             llm_weight: 1.0,
             llm_temperature: 1.0,
-            prompt: Default::default(), // method = auto: the qwen2.5 profile's choice
+            prompt,
         };
         let t = Instant::now();
         let Reply::Rerank(r) = client
@@ -176,7 +186,7 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
         };
         let best = tiergate_queue::fusion::argmax(&r.llm);
         eprintln!(
-            "choice {text:?}: {:?} in {:?} ({} prompt tokens)",
+            "{text:?}: {:?} in {:?} ({} prompt tokens)",
             r.llm,
             t.elapsed(),
             r.prompt_tokens
@@ -310,7 +320,10 @@ fn queued_choice_jobs_share_a_forward_and_keep_their_scores() {
         })
         .unwrap(),
     );
-    let p = tiergate_config::PromptConfig::default();
+    let p = tiergate_config::PromptConfig {
+        method: tiergate_config::ScoringMethod::Choice,
+        ..Default::default()
+    };
     let jobs: Vec<(&str, Vec<Candidate>)> = vec![
         (
             "Someone stole my card",
