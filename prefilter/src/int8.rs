@@ -491,6 +491,11 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// `n` values drawn uniformly from `lo..hi`.
+    fn uniform(rng: &mut rand::rngs::StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+    }
+
     /// The VNNI kernel and the portable loop compute the same integers (the portable path is what a CPU
     /// without AVX-512 runs, so `forward` is sound everywhere).
     #[test]
@@ -511,9 +516,9 @@ mod tests {
             (16, 384, 1536),
             (11, 3, 130),
         ] {
-            let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
-            let b: Vec<f32> = (0..out).map(|_| rng.gen_range(-0.1..0.1)).collect();
-            let mut x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let w = uniform(&mut rng, out * k, -0.2, 0.2);
+            let b = uniform(&mut rng, out, -0.1, 0.1);
+            let mut x = uniform(&mut rng, m * k, -2.0, 2.0);
             // An all-zero row (scale 1) and exact halves (rounding ties) are quantised alike too.
             x[..k].iter_mut().for_each(|v| *v = 0.0);
             if m > 1 {
@@ -531,7 +536,7 @@ mod tests {
         }
     }
 
-    /// With a helper thread lent, layers split their rows over two threads: the same bits as one thread.
+    /// With a helper thread lent, layers split their rows or outputs over two threads: the same bits as one.
     #[test]
     fn two_threads_give_the_same_bits_as_one() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
@@ -552,8 +557,8 @@ mod tests {
             (24, 384, 1152),
             (65, 577, 100),
         ] {
-            let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
-            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let w = uniform(&mut rng, out * k, -0.2, 0.2);
+            let x = uniform(&mut rng, m * k, -2.0, 2.0);
             let q = QDense::new(&w, &vec![0.1; out], out, k);
             let one = q.forward(&x, m);
             let lent = with_helper(&pool, None, || q.forward(&x, m));
@@ -584,9 +589,9 @@ mod tests {
             (7, 577, 33),
             (13, 576, 1536),
         ] {
-            let w: Vec<f32> = (0..out * k).map(|_| rng.gen_range(-0.2..0.2)).collect();
-            let b: Vec<f32> = (0..out).map(|_| rng.gen_range(-0.1..0.1)).collect();
-            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let w = uniform(&mut rng, out * k, -0.2, 0.2);
+            let b = uniform(&mut rng, out, -0.1, 0.1);
+            let x = uniform(&mut rng, m * k, -2.0, 2.0);
             let q = QDense::new(&w, &b, out, k);
             let y = q.forward(&x, m);
             let mut worst = 0f32;

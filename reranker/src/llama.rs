@@ -129,38 +129,37 @@ impl Linear {
             Self::Candle(q) => q.forward(x),
             Self::F32T(wt) => x.reshape((m, k))?.matmul(wt)?.reshape(shaped(wt.dim(1)?)),
             Self::Int8(q) => {
-                let y = int8_parallel(q, &x.flatten_all()?.to_vec1::<f32>()?, m, k);
+                let xv = x.flatten_all()?.to_vec1::<f32>()?;
+                let y = match int8_helper() {
+                    Some(h) => tiergate_prefilter::int8::with_helper(h, None, || q.forward(&xv, m)),
+                    None => q.forward(&xv, m),
+                };
                 Tensor::from_vec(y, shaped(q.out_features()), &Device::Cpu)
             }
         }
     }
 }
 
-/// The int8 kernel is single-threaded: split the rows over two threads when there are enough of them.
-fn int8_parallel(q: &QDense, x: &[f32], m: usize, k: usize) -> Vec<f32> {
-    if m < 8 {
-        return q.forward(x, m);
-    }
-    let half = m / 2 / 4 * 4;
-    let (a, b) = x.split_at(half * k);
-    let (ya, yb) = std::thread::scope(|s| {
-        let t = s.spawn(|| q.forward(b, m - half));
-        let ya = q.forward(a, half);
-        (ya, t.join())
-    });
-    match yb {
-        Ok(mut yb) => {
-            let mut y = ya;
-            y.append(&mut yb);
-            y
-        }
-        // The kernel does not panic; if the thread could not run, do the rows here.
-        Err(_) => {
-            let mut y = ya;
-            y.extend(q.forward(b, m - half));
-            y
-        }
-    }
+/// The thread the int8 layers borrow (`tiergate_prefilter::int8::with_helper`: rows, or outputs when there are
+/// few rows, split over two threads); none on a one-core machine. One forward runs at a time (the scorer's lock).
+fn int8_helper() -> Option<&'static std::sync::Arc<rayon::ThreadPool>> {
+    static HELPER: std::sync::OnceLock<Option<std::sync::Arc<rayon::ThreadPool>>> =
+        std::sync::OnceLock::new();
+    HELPER
+        .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores > 1)
+                .then(|| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(1)
+                        .thread_name(|_| "tiergate-int8-helper".into())
+                        .build()
+                        .ok()
+                })
+                .flatten()
+                .map(std::sync::Arc::new)
+        })
+        .as_ref()
 }
 
 struct Layer {
@@ -566,9 +565,11 @@ fn segment_views(
     Ok(views)
 }
 
-/// The additive mask `[n_new, past_len + n_new]`: 0 where a token may look, −∞ elsewhere. A token sees its
+/// The additive mask `[n_new, past_len + n_new]`: 0 where a token may look, −∞ elsewhere — the dense form of
+/// [`segment_views`], kept as the reference its test checks against. A token sees its
 /// segment's past range, the segments it names in full, and its own segment up to itself.
-pub fn block_mask(
+#[cfg(test)]
+fn block_mask(
     segments: &[Segment],
     past_len: usize,
     device: &Device,
