@@ -4,7 +4,9 @@
 //! lengths spends most of its matmul FLOPs on padding. Here the token-wise layers (embeddings, Q/K/V, output
 //! projections, feed-forward: >90% of the FLOPs) run on all real tokens concatenated as one `[tokens, hidden]`
 //! matrix; only attention is scattered to a padded `[batch, heads, longest, head_dim]` layout with a mask.
-//! Q, K and V are fused into one matmul. Weight names follow Hugging Face (`vb.pp(...)` mirrors them), so any
+//! Q, K and V are fused into one matmul. With int8 dense layers ([`PackedBert::to_int8`]) the whole forward
+//! leaves candle for plain slices ([`crate::bert_int8`]: attention on the packed rows, no padding at all).
+//! Weight names follow Hugging Face (`vb.pp(...)` mirrors them), so any
 //! `BertModel` checkpoint loads; numeric parity with candle-transformers is tested.
 
 use candle_core::{Device, Module, Tensor, D};
@@ -29,6 +31,8 @@ pub struct Packed {
     pub mask: Tensor,
     /// `[batch, tokens]`: row i holds 1/len_i over sequence i's tokens, so `mean = weights · states`.
     pub mean_weights: Tensor,
+    /// The same tokens on the host, for the int8 forward.
+    pub tokens: Vec<crate::bert_int8::TokenRef>,
     /// Sequence lengths.
     pub lens: Vec<usize>,
     /// The longest sequence.
@@ -51,6 +55,7 @@ impl Packed {
         // forward); exp(−∞) is an early exact 0. Every query row sees its own token, so no row is all −∞.
         let mut mask = vec![f32::NEG_INFINITY; b * longest];
         let mut mean_weights = vec![0f32; b * total];
+        let mut tokens = Vec::with_capacity(total);
         for (row, (sid, stype)) in seqs.iter().enumerate() {
             for (pos, (&id, &ty)) in sid.iter().zip(stype.iter()).enumerate() {
                 let packed = ids.len();
@@ -62,6 +67,11 @@ impl Packed {
                 scatter.push(slot as u32);
                 mask[slot] = 0.0;
                 mean_weights[row * total + packed] = 1.0 / sid.len() as f32;
+                tokens.push(crate::bert_int8::TokenRef {
+                    id: id as usize,
+                    type_id: ty as usize,
+                    position: pos,
+                });
             }
         }
         Ok(Self {
@@ -72,6 +82,7 @@ impl Packed {
             scatter: Tensor::from_vec(scatter, total, device)?,
             mask: Tensor::from_vec(mask, (b, 1, 1, longest), device)?,
             mean_weights: Tensor::from_vec(mean_weights, (b, total), device)?,
+            tokens,
             lens,
             longest,
         })
@@ -87,8 +98,6 @@ enum Dense {
     /// whole weight on every call with a scalar strided copy, which at a few dozen rows cost more than the
     /// multiply itself (perf: 56% of batch-1 time).
     Frozen { wt: Tensor, b: Tensor },
-    /// Inference with i8 weights on AVX-512 VNNI.
-    Int8(crate::int8::QDense),
     /// Training: the variables themselves (several are concatenated along the output on each call, so the
     /// optimiser's in-place updates are seen).
     Live(Vec<Linear>),
@@ -115,11 +124,6 @@ impl Dense {
                 wt.t()?.matmul(&x.t()?)?.t()?.broadcast_add(b)?
             }
             Dense::Frozen { wt, b } => x.matmul(wt)?.broadcast_add(b)?,
-            Dense::Int8(q) => {
-                let m = x.dim(0)?;
-                let xv = x.flatten_all()?.to_vec1::<f32>()?;
-                Tensor::from_vec(q.forward(&xv, m), (m, q.out_features()), x.device())?
-            }
             Dense::Live(parts) if parts.len() == 1 => parts[0].forward(x)?,
             Dense::Live(parts) => {
                 let (w, b) = cat_parts(parts)?;
@@ -130,18 +134,16 @@ impl Dense {
 }
 
 impl Dense {
-    /// The int8 form of a frozen layer (a live or already-int8 one is returned as is).
-    fn into_int8(self) -> Result<Self> {
-        match self {
-            Dense::Frozen { wt, b } => {
-                let w = wt.t()?.contiguous()?;
-                let (out, k) = w.dims2()?;
-                let wv = w.flatten_all()?.to_vec1::<f32>()?;
-                let bv = b.to_vec1::<f32>()?;
-                Ok(Dense::Int8(crate::int8::QDense::new(&wv, &bv, out, k)))
-            }
-            other => Ok(other),
-        }
+    /// The int8 form of a frozen layer (`None` for a live one).
+    fn to_int8(&self) -> Result<Option<crate::int8::QDense>> {
+        let Dense::Frozen { wt, b } = self else {
+            return Ok(None);
+        };
+        let w = wt.t()?.contiguous()?;
+        let (out, k) = w.dims2()?;
+        let wv = w.flatten_all()?.to_vec1::<f32>()?;
+        let bv = b.to_vec1::<f32>()?;
+        Ok(Some(crate::int8::QDense::new(&wv, &bv, out, k)))
     }
 }
 
@@ -169,15 +171,25 @@ struct Layer {
 
 /// A BERT encoder that runs packed batches.
 pub struct PackedBert {
+    body: Body,
+    heads: usize,
+    head_dim: usize,
+    act: HiddenAct,
+    trainable: bool,
+}
+
+/// The weights, as candle tensors (f32, training or inference) or for the int8 forward.
+enum Body {
+    Candle(CandleBody),
+    Int8(crate::bert_int8::Int8Bert),
+}
+
+struct CandleBody {
     word: Embedding,
     position: Embedding,
     token_type: Embedding,
     emb_norm: LayerNorm,
     layers: Vec<Layer>,
-    heads: usize,
-    head_dim: usize,
-    act: HiddenAct,
-    trainable: bool,
 }
 
 fn norm(size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
@@ -225,11 +237,13 @@ impl PackedBert {
             });
         }
         Ok(Self {
-            word: embedding(cfg.vocab_size, h, e.pp("word_embeddings"))?,
-            position: embedding(cfg.max_position_embeddings, h, e.pp("position_embeddings"))?,
-            token_type: embedding(cfg.type_vocab_size, h, e.pp("token_type_embeddings"))?,
-            emb_norm: norm(h, cfg.layer_norm_eps, e.pp("LayerNorm"))?,
-            layers,
+            body: Body::Candle(CandleBody {
+                word: embedding(cfg.vocab_size, h, e.pp("word_embeddings"))?,
+                position: embedding(cfg.max_position_embeddings, h, e.pp("position_embeddings"))?,
+                token_type: embedding(cfg.type_vocab_size, h, e.pp("token_type_embeddings"))?,
+                emb_norm: norm(h, cfg.layer_norm_eps, e.pp("LayerNorm"))?,
+                layers,
+            }),
             heads: cfg.num_attention_heads,
             head_dim: h / cfg.num_attention_heads,
             act: cfg.hidden_act,
@@ -237,18 +251,53 @@ impl PackedBert {
         })
     }
 
-    /// Switches every dense layer to int8 (AVX-512 VNNI; the caller checks [`crate::int8::available`]).
-    /// Inference only: a trainable model keeps f32.
+    /// Switches to the int8 forward ([`crate::bert_int8`]; AVX-512 VNNI, the caller checks
+    /// [`crate::int8::available`]). Inference only: a trainable model keeps f32.
     pub fn to_int8(&mut self) -> Result<()> {
+        let Body::Candle(c) = &self.body else {
+            return Ok(());
+        };
         if self.trainable {
             return Ok(());
         }
-        for l in &mut self.layers {
-            for d in [&mut l.qkv, &mut l.attn_out, &mut l.up, &mut l.down] {
-                let f = std::mem::replace(d, Dense::Live(Vec::new()));
-                *d = f.into_int8()?;
-            }
-        }
+        let int8 =
+            crate::bert_int8::Int8Bert {
+                word: flat(c.word.embeddings())?,
+                position: flat(c.position.embeddings())?,
+                token_type: flat(c.token_type.embeddings())?,
+                emb_norm: host_norm(&c.emb_norm)?,
+                layers: c
+                    .layers
+                    .iter()
+                    .map(|l| {
+                        let q = |d: &Dense| -> Result<crate::int8::QDense> {
+                            d.to_int8()?.ok_or_else(|| {
+                                candle_core::Error::Msg("int8: a live layer".into()).into()
+                            })
+                        };
+                        Ok(crate::bert_int8::Layer {
+                            qkv: q(&l.qkv)?,
+                            attn_out: q(&l.attn_out)?,
+                            attn_norm: host_norm(&l.attn_norm)?,
+                            up: q(&l.up)?,
+                            down: q(&l.down)?,
+                            out_norm: host_norm(&l.out_norm)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                heads: self.heads,
+                head_dim: self.head_dim,
+                gelu: match self.act {
+                    HiddenAct::Gelu => true,
+                    HiddenAct::Relu => false,
+                    HiddenAct::GeluApproximate => return Err(candle_core::Error::Msg(
+                        "int8 forward: tanh-approximate GELU is not implemented; use precision f32"
+                            .into(),
+                    )
+                    .into()),
+                },
+            };
+        self.body = Body::Int8(int8);
         Ok(())
     }
 
@@ -268,10 +317,22 @@ impl PackedBert {
 
     /// Token states of the packed batch: `[tokens, hidden]`, rows in packing order.
     pub fn forward(&self, p: &Packed) -> Result<Tensor> {
-        let x = (self.word.forward(&p.ids)? + self.position.forward(&p.positions)?)?;
-        let x = (x + self.token_type.forward(&p.type_ids)?)?;
-        let mut x = self.layer_norm(&self.emb_norm, &x)?;
-        for layer in &self.layers {
+        let c = match &self.body {
+            Body::Candle(c) => c,
+            Body::Int8(m) => {
+                let states = m.forward(&p.tokens, &p.lens)?;
+                let n = p.tokens.len();
+                return Ok(Tensor::from_vec(
+                    states,
+                    (n, self.heads * self.head_dim),
+                    p.ids.device(),
+                )?);
+            }
+        };
+        let x = (c.word.forward(&p.ids)? + c.position.forward(&p.positions)?)?;
+        let x = (x + c.token_type.forward(&p.type_ids)?)?;
+        let mut x = self.layer_norm(&c.emb_norm, &x)?;
+        for layer in &c.layers {
             let attn = self.attention(layer, &x, p)?;
             let x1 = self.layer_norm(&layer.attn_norm, &(layer.attn_out.forward(&attn)? + &x)?)?;
             let up = layer.up.forward(&x1)?;
@@ -331,6 +392,24 @@ impl PackedBert {
         }
         .reshape((n, hidden))?)
     }
+}
+
+/// A tensor's values, flattened (host copy).
+fn flat(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+fn host_norm(ln: &LayerNorm) -> Result<crate::bert_int8::Norm> {
+    let w = flat(ln.weight())?;
+    let b = match ln.bias() {
+        Some(b) => flat(b)?,
+        None => vec![0.0; w.len()],
+    };
+    Ok(crate::bert_int8::Norm {
+        w,
+        b,
+        eps: ln.eps() as f32,
+    })
 }
 
 /// Masked mean of packed token states per sequence: `[batch, hidden]` (one matmul).

@@ -6,6 +6,7 @@
 //! Must not depend on axum or mistralrs: the server and the worker build on top of it, not the other way round.
 
 pub mod bert;
+pub mod bert_int8;
 pub mod calibrate;
 pub mod classifier;
 pub mod data;
