@@ -67,9 +67,10 @@ fn isq_type(s: &str) -> Result<IsqType, EngineError> {
 }
 
 impl MistralEngine {
-    /// The scorer's choice batching so far: (forwards, jobs); (0, 0) without a scoring model.
-    pub fn choice_batching(&self) -> (u64, u64) {
-        self.scorer.as_ref().map_or((0, 0), Scorer::choice_batching)
+    /// The scorer's batching (choice and channel jobs) so far: (forwards, jobs); (0, 0) without a scoring
+    /// model.
+    pub fn batching(&self) -> (u64, u64) {
+        self.scorer.as_ref().map_or((0, 0), Scorer::batching)
     }
 
     /// Loads the model (CPU unless built with the `cuda` feature).

@@ -105,35 +105,71 @@ pub struct Scorer {
     template: ChatTemplate,
     cache: Mutex<Cache>,
     forward: Mutex<()>,
-    /// Choice jobs waiting for a forward (see [`Scorer::letters_batched`]).
-    pending: Mutex<Vec<ChoiceJob>>,
-    /// Choice forwards run, and the jobs they answered.
+    /// Choice and channel jobs waiting for a forward (see [`Scorer::batched`]).
+    pending: Mutex<Vec<Pending>>,
+    /// Batched forwards run, and the jobs they answered.
     batching: [std::sync::atomic::AtomicU64; 2],
 }
 
-/// A choice job's prompts and letters, and where its answer goes.
-struct ChoiceJob {
-    prompts: Vec<Vec<u32>>,
-    letters: Vec<Vec<u32>>,
+/// What a batched job computes.
+enum Work {
+    /// Choice: each prompt's letter log-probabilities (one row per prompt).
+    Choice {
+        prompts: Vec<Vec<u32>>,
+        letters: Vec<Vec<u32>>,
+    },
+    /// Channel: the query's mean log-probability after each cached prefix (one row, one score per prefix).
+    Channel {
+        prefixes: Vec<Arc<Prefix>>,
+        query: Vec<u32>,
+    },
+}
+
+impl Work {
+    /// Tokens it adds to a forward.
+    fn tokens(&self) -> usize {
+        match self {
+            Work::Choice { prompts, .. } => prompts.iter().map(Vec::len).sum(),
+            Work::Channel { prefixes, query } => prefixes.len() * query.len(),
+        }
+    }
+
+    fn same_kind(&self, other: &Work) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+/// A job waiting for a forward, and where its answer goes.
+struct Pending {
+    work: Work,
     reply: std::sync::mpsc::Sender<Result<Vec<Vec<f32>>, String>>,
 }
 
-/// Most prompt tokens one batched choice forward takes (the first job always goes, whatever its size).
+/// Most tokens one batched forward takes (the first job always goes, whatever its size).
 const MAX_BATCH_TOKENS: usize = 4096;
 
-/// The waiting jobs, oldest first, up to [`MAX_BATCH_TOKENS`] prompt tokens.
-fn take_batch(pending: &mut Vec<ChoiceJob>) -> Vec<ChoiceJob> {
+/// The oldest waiting job and the later ones of its kind, up to [`MAX_BATCH_TOKENS`] tokens, in order; the
+/// rest keep waiting.
+fn take_batch(pending: &mut Vec<Pending>) -> Vec<Pending> {
+    let mut taken: Vec<Pending> = Vec::new();
+    let mut kept = Vec::new();
     let mut tokens = 0;
-    let n = pending
-        .iter()
-        .take_while(|j| {
-            tokens += j.prompts.iter().map(Vec::len).sum::<usize>();
-            tokens <= MAX_BATCH_TOKENS
-        })
-        .count()
-        .max(1)
-        .min(pending.len());
-    pending.drain(..n).collect()
+    for j in pending.drain(..) {
+        let fits = match taken.first() {
+            None => true,
+            Some(first) => {
+                j.work.same_kind(&first.work) && tokens + j.work.tokens() <= MAX_BATCH_TOKENS
+            }
+        };
+        if fits {
+            tokens += j.work.tokens();
+            taken.push(j);
+        } else {
+            kept.push(j);
+        }
+    }
+    *pending = kept;
+    taken
 }
 
 impl Scorer {
@@ -169,8 +205,9 @@ impl Scorer {
         }
     }
 
-    /// Choice forwards run so far and the jobs they answered (more jobs than forwards: jobs were batched).
-    pub fn choice_batching(&self) -> (u64, u64) {
+    /// Batched (choice and channel) forwards run so far and the jobs they answered (more jobs than forwards:
+    /// jobs were batched).
+    pub fn batching(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (
             self.batching[0].load(Relaxed),
@@ -204,35 +241,27 @@ impl Scorer {
     ) -> Result<Scored, EngineError> {
         let f = self.formulation(p);
         match f.method {
-            ScoringMethod::Channel => {
-                let _one = self.forward.lock().map_err(failed)?;
-                self.channel(tok, text, candidates, p, cancelled)
-            }
+            // Channel and choice take the forward lock in `batched`, with the other jobs waiting for it.
+            ScoringMethod::Channel => self.channel(tok, text, candidates, p, cancelled),
             ScoringMethod::Likelihood => {
                 let _one = self.forward.lock().map_err(failed)?;
                 self.likelihood(tok, text, candidates, p, cancelled)
             }
-            // Choice takes the forward lock in `letters_batched`, with the other jobs waiting for it.
             ScoringMethod::Choice | ScoringMethod::Auto => {
                 self.choice(tok, text, candidates, p, f, cancelled)
             }
         }
     }
 
-    /// Choice jobs that arrive while a forward runs wait for the lock; the thread that takes it next runs
-    /// every waiting job (up to [`MAX_BATCH_TOKENS`]) in one forward and hands each its letters' log
-    /// probabilities. Returns this job's.
-    fn letters_batched(
-        &self,
-        prompts: Vec<Vec<u32>>,
-        letters: Vec<Vec<u32>>,
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// Jobs that arrive while a forward runs wait for the lock; the thread that takes it next runs every
+    /// waiting job of the oldest one's kind (up to [`MAX_BATCH_TOKENS`]) in one forward and hands each its
+    /// rows. Returns this job's.
+    fn batched(&self, work: Work) -> Result<Vec<Vec<f32>>, EngineError> {
         let (reply, answer) = std::sync::mpsc::channel();
-        self.pending.lock().map_err(failed)?.push(ChoiceJob {
-            prompts,
-            letters,
-            reply,
-        });
+        self.pending
+            .lock()
+            .map_err(failed)?
+            .push(Pending { work, reply });
         loop {
             let _one = self.forward.lock().map_err(failed)?;
             // A forward that held the lock before this one may have run this job: its answer is here then.
@@ -242,16 +271,12 @@ impl Scorer {
             let batch = take_batch(&mut *self.pending.lock().map_err(failed)?);
             if batch.is_empty() {
                 // Forwards answer their jobs before they release the lock: an unanswered job is still waiting.
-                return Err(EngineError::Failed("a choice job was lost".into()));
+                return Err(EngineError::Failed("a scoring job was lost".into()));
             }
-            let jobs: Vec<LetterJob> = batch
-                .iter()
-                .map(|j| (j.prompts.as_slice(), j.letters.as_slice()))
-                .collect();
-            tracing::debug!(jobs = jobs.len(), "choice forward");
+            tracing::debug!(jobs = batch.len(), "batched scoring forward");
             self.batching[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.batching[1].fetch_add(jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            match letter_logprobs_many(&self.model, &jobs) {
+            self.batching[1].fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            match self.run_batch(&batch) {
                 Ok(all) => {
                     for (j, r) in batch.iter().zip(all) {
                         let _ = j.reply.send(Ok(r));
@@ -263,6 +288,41 @@ impl Scorer {
                     }
                 }
             }
+        }
+    }
+
+    /// One forward for jobs of one kind (see [`take_batch`]).
+    fn run_batch(&self, batch: &[Pending]) -> candle_core::Result<Vec<Vec<Vec<f32>>>> {
+        match batch.first().map(|j| &j.work) {
+            Some(Work::Choice { .. }) => {
+                let jobs: Vec<LetterJob> = batch
+                    .iter()
+                    .filter_map(|j| match &j.work {
+                        Work::Choice { prompts, letters } => {
+                            Some((prompts.as_slice(), letters.as_slice()))
+                        }
+                        Work::Channel { .. } => None,
+                    })
+                    .collect();
+                letter_logprobs_many(&self.model, &jobs)
+            }
+            Some(Work::Channel { .. }) => {
+                let jobs: Vec<(&[Arc<Prefix>], &[u32])> = batch
+                    .iter()
+                    .filter_map(|j| match &j.work {
+                        Work::Channel { prefixes, query } => {
+                            Some((prefixes.as_slice(), query.as_slice()))
+                        }
+                        Work::Choice { .. } => None,
+                    })
+                    .collect();
+                Ok(self
+                    .score_after_many(&jobs)?
+                    .into_iter()
+                    .map(|scores| vec![scores])
+                    .collect())
+            }
+            None => Ok(Vec::new()),
         }
     }
 
@@ -290,7 +350,7 @@ impl Scorer {
             })
             .collect::<Result<_, _>>()?;
         let prompt_tokens = prompts.iter().map(Vec::len).sum::<usize>() as u32;
-        let letter_lp = self.letters_batched(prompts, letters)?;
+        let letter_lp = self.batched(Work::Choice { prompts, letters })?;
         Ok(Scored {
             scores: prompt::average_over_orders(&orders, &letter_lp, &prior, k),
             prompt_tokens,
@@ -326,7 +386,10 @@ impl Scorer {
         let order: Vec<usize> = (0..k).collect();
         let q = prompt::choice_question(&p.content_free, &blank, &order, p, 0);
         let ids = encode_whole(tok, &self.template.single_turn(&q), MAX_CHOICE_TOKENS)?;
-        let lp = self.letters_batched(vec![ids], letters.to_vec())?;
+        let lp = self.batched(Work::Choice {
+            prompts: vec![ids],
+            letters: letters.to_vec(),
+        })?;
         let v = lp.into_iter().next().unwrap_or_else(|| vec![0.0; k]);
         let mut cache = self.cache.lock().map_err(failed)?;
         if cache.letter_priors.len() > MAX_PRIORS {
@@ -362,15 +425,18 @@ impl Scorer {
         if cancelled() {
             return Err(EngineError::Cancelled);
         }
-        let scores = self
-            .score_after(&prefixes, &query)
-            .map_err(failed)?
-            .into_iter()
-            .zip(&prefixes)
-            .map(|(s, pre)| s - pre.prior)
-            .collect();
         let prompt_tokens =
             query.len() * candidates.len() + prefixes.iter().map(|x| x.kv.len).sum::<usize>();
+        let priors: Vec<f32> = prefixes.iter().map(|x| x.prior).collect();
+        let after = self
+            .batched(Work::Channel { prefixes, query })?
+            .pop()
+            .unwrap_or_default();
+        let scores = after
+            .into_iter()
+            .zip(priors)
+            .map(|(s, prior)| s - prior)
+            .collect();
         Ok(Scored {
             scores,
             prompt_tokens: prompt_tokens as u32,
@@ -399,7 +465,10 @@ impl Scorer {
                 .iter()
                 .map(|&i| encode_bounded(tok, &keys[i], MAX_PREFIX_TOKENS))
                 .collect::<Result<_, _>>()?;
-            let built = self.prefill(&texts, cf).map_err(failed)?;
+            let built = {
+                let _one = self.forward.lock().map_err(failed)?;
+                self.prefill(&texts, cf).map_err(failed)?
+            };
             let mut cache = self.cache.lock().map_err(failed)?;
             for (&i, pre) in unique.iter().zip(built) {
                 cache.put(keys[i].clone(), pre);
@@ -466,40 +535,68 @@ impl Scorer {
         Ok(out)
     }
 
-    /// Mean log-probability of `query` after each prefix, all in one forward.
-    fn score_after(
+    /// For each job, the mean log-probability of its query after each of its prefixes, all in one forward:
+    /// every distinct prefix's keys and values once in the past (jobs of one route share their labels'),
+    /// each copy of a query attending to its own prefix only.
+    fn score_after_many(
         &self,
-        prefixes: &[Arc<Prefix>],
-        query: &[u32],
-    ) -> candle_core::Result<Vec<f32>> {
-        let caches: Vec<&KvCache> = prefixes.iter().map(|p| &p.kv).collect();
-        let past = KvCache::concat(&caches)?;
-        let mut segments = Vec::with_capacity(prefixes.len());
-        let mut col = 0;
-        for p in prefixes {
-            segments.push(Segment {
-                tokens: query.to_vec(),
-                start_pos: p.kv.len,
-                sees_past: col..col + p.kv.len,
-                sees_segments: vec![],
-            });
-            col += p.kv.len;
-        }
-        let (hidden, _) = self.model.forward(&segments, Some(&past))?;
-        let n = query.len();
-        let mut rows = Vec::with_capacity(prefixes.len() * n);
-        for (i, p) in prefixes.iter().enumerate() {
-            rows.push(p.last.unsqueeze(0)?);
-            if n > 1 {
-                rows.push(hidden.narrow(0, i * n, n - 1)?);
+        jobs: &[(&[Arc<Prefix>], &[u32])],
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
+        let mut distinct: Vec<(&Arc<Prefix>, usize)> = Vec::new();
+        let mut cols = 0;
+        let mut segments = Vec::new();
+        for (prefixes, query) in jobs {
+            for p in prefixes.iter() {
+                let col = match distinct.iter().find(|(d, _)| Arc::ptr_eq(d, p)) {
+                    Some(&(_, col)) => col,
+                    None => {
+                        distinct.push((p, cols));
+                        cols += p.kv.len;
+                        cols - p.kv.len
+                    }
+                };
+                segments.push(Segment {
+                    tokens: query.to_vec(),
+                    start_pos: p.kv.len,
+                    sees_past: col..col + p.kv.len,
+                    sees_segments: vec![],
+                });
             }
         }
-        let rows = Tensor::cat(&rows, 0)?;
-        let targets: Vec<u32> = (0..prefixes.len()).flat_map(|_| query.to_vec()).collect();
-        let lp = token_logprobs(&self.model, &rows, &targets)?;
-        Ok(lp
-            .chunks(n)
-            .map(|c| c.iter().sum::<f32>() / n as f32)
+        if segments.is_empty() {
+            return Ok(jobs.iter().map(|_| Vec::new()).collect());
+        }
+        let caches: Vec<&KvCache> = distinct.iter().map(|(p, _)| &p.kv).collect();
+        let past = KvCache::concat(&caches)?;
+        let (hidden, _) = self.model.forward(&segments, Some(&past))?;
+        let mut rows = Vec::with_capacity(segments.len() * 2);
+        let mut targets = Vec::new();
+        let mut at = 0;
+        for (prefixes, query) in jobs {
+            let n = query.len();
+            for p in prefixes.iter() {
+                rows.push(p.last.unsqueeze(0)?);
+                if n > 1 {
+                    rows.push(hidden.narrow(0, at, n - 1)?);
+                }
+                targets.extend_from_slice(query);
+                at += n;
+            }
+        }
+        let lp = token_logprobs(&self.model, &Tensor::cat(&rows, 0)?, &targets)?;
+        let mut lp = lp.as_slice();
+        Ok(jobs
+            .iter()
+            .map(|(prefixes, query)| {
+                prefixes
+                    .iter()
+                    .map(|_| {
+                        let (mine, rest) = lp.split_at(query.len());
+                        lp = rest;
+                        mine.iter().sum::<f32>() / query.len().max(1) as f32
+                    })
+                    .collect()
+            })
             .collect())
     }
 

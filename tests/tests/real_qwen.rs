@@ -306,6 +306,17 @@ fn probe_choice_prompt() {
 /// one at a time (the batched forward sees nothing of one job from another).
 #[test]
 fn queued_choice_jobs_share_a_forward_and_keep_their_scores() {
+    queued_jobs_share_a_forward(tiergate_config::ScoringMethod::Choice);
+}
+
+/// The same for channel jobs: their queries go through one forward, the labels' cached prefixes once in
+/// its past.
+#[test]
+fn queued_channel_jobs_share_a_forward_and_keep_their_scores() {
+    queued_jobs_share_a_forward(tiergate_config::ScoringMethod::Channel);
+}
+
+fn queued_jobs_share_a_forward(method: tiergate_config::ScoringMethod) {
     use std::sync::{Arc, Barrier};
     use tiergate_reranker::engine::Engine;
     let Some(model) = qwen() else { return };
@@ -321,7 +332,7 @@ fn queued_choice_jobs_share_a_forward_and_keep_their_scores() {
         .unwrap(),
     );
     let p = tiergate_config::PromptConfig {
-        method: tiergate_config::ScoringMethod::Choice,
+        method,
         ..Default::default()
     };
     let jobs: Vec<(&str, Vec<Candidate>)> = vec![
@@ -355,7 +366,7 @@ fn queued_choice_jobs_share_a_forward_and_keep_their_scores() {
         .iter()
         .map(|(t, c)| engine.score(t, c, &p, &|| false).unwrap().scores)
         .collect();
-    let (f0, j0) = engine.choice_batching();
+    let (f0, j0) = engine.batching();
     assert_eq!(
         (f0, j0),
         (4, 4),
@@ -375,13 +386,13 @@ fn queued_choice_jobs_share_a_forward_and_keep_their_scores() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let (f1, j1) = engine.choice_batching();
+    let (f1, j1) = engine.batching();
     assert_eq!(j1 - j0, 4);
     assert!(f1 - f0 < 4, "{} forwards for 4 queued jobs", f1 - f0);
     for (a, b) in alone.iter().zip(&together) {
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-4, "{a:?} vs {b:?}");
+            assert!((x - y).abs() < 1e-4, "{method:?}: {a:?} vs {b:?}");
         }
     }
 }
