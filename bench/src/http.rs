@@ -12,6 +12,10 @@ use serde_json::{json, Value};
 
 use crate::stats::intern;
 
+/// The error kind of a stream that ended without its final event (`[DONE]`), whether the connection closed
+/// or broke off.
+pub const STREAM_TRUNCATED: &str = "stream_truncated";
+
 /// Most bytes read from one response.
 const MAX_BODY: usize = 16 << 20;
 
@@ -20,8 +24,9 @@ const MAX_BODY: usize = 16 << 20;
 pub struct ChatResult {
     /// HTTP status; 0 when no response arrived.
     pub status: u16,
-    /// Error type: the OpenAI `error.type`, or `http_<status>`, `connection_error`, `transport_error`,
-    /// `bad_response`, `timeout`, `client_backlog`.
+    /// Error type: the OpenAI `error.type`, or `http_<status>`, `connection_error`, `transport_error` (no
+    /// response), `stream_truncated` (a stream that ended without its final event), `bad_response`,
+    /// `timeout`, `client_backlog`.
     pub error: Option<&'static str>,
     pub tier: Option<&'static str>,
     pub degraded: Option<&'static str>,
@@ -249,7 +254,10 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
     let mut usage: Option<u32> = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            out.error = Some("transport_error");
+            // The response started and its body broke off (llama.cpp's server does this to a stream when a
+            // newer request interrupts it, `interrupt_requests`): a stream that ended without its final
+            // event, not a failure to reach the server.
+            out.error = Some(STREAM_TRUNCATED);
             return;
         };
         let Some(d) = frame.data_ref() else { continue };
@@ -295,7 +303,7 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
     }
     out.tokens_out = usage.unwrap_or(chunks);
     if !done && out.error.is_none() {
-        out.error = Some("stream_truncated");
+        out.error = Some(STREAM_TRUNCATED);
     }
 }
 

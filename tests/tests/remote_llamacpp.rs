@@ -292,3 +292,53 @@ fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
         Ok(Reply::Rerank(_))
     ));
 }
+
+/// "Which latency tier is my API in?" against an endpoint tiergate did not write: `tiergate-bench` streams
+/// from llama.cpp's server at 2 requests/s. That server aborts a stream in progress when a newer request
+/// arrives (`interrupt_requests`, on by default), so some streams end without their final event: the bench
+/// reports those as `stream_truncated`, never as a transport error, and gives the served requests a band.
+#[test]
+fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
+    let port = free_port();
+    let _up = Upstream::start(port);
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let model = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+    let out = Command::new(binary("tiergate-bench"))
+        .args(["--url", &format!("http://127.0.0.1:{port}")])
+        .args(["--route", model, "--rate", "2", "--requests", "10"])
+        .args(["--stream", "--max-tokens", "48"])
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let run = &v["runs"][0];
+    assert_eq!(run["requests"], 10, "{run}");
+    let channel = |name: &str| {
+        run["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["channel"] == name)
+            .unwrap()
+            .clone()
+    };
+    let errors = channel("errors");
+    for (kind, n) in errors["errors"].as_object().unwrap() {
+        assert_eq!(kind, "stream_truncated", "{n} × {kind}: {errors}");
+    }
+    let served = channel("served");
+    assert!(served["count"].as_u64().unwrap() >= 1, "{served}");
+    assert!(
+        served["band"].as_str().unwrap().starts_with("Tier-"),
+        "{served}"
+    );
+    assert!(served["ttft"]["p50_ms"].as_f64().unwrap() > 0.0, "{served}");
+    assert!(served["tokens_out"].as_u64().unwrap() > 0, "{served}");
+}
