@@ -130,39 +130,7 @@ impl Fusion {
     }
 }
 
-/// The LLM side.
-pub struct Llm {
-    /// Submits jobs.
-    pub client: Client,
-    /// Runs the workers (dropped after the client at shutdown).
-    pub supervisor: Supervisor,
-    /// The shared-memory segment's name.
-    pub segment: String,
-    /// Smoothed service time of one rerank, nanoseconds (0 until the first one): predicts whether a new
-    /// escalation can finish before its deadline.
-    pub rerank_ewma_ns: std::sync::atomic::AtomicU64,
-}
-
-impl Llm {
-    /// Records a rerank's service time.
-    pub fn record_rerank(&self, d: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let x = d.as_nanos() as u64;
-        let old = self.rerank_ewma_ns.load(Relaxed);
-        let new = if old == 0 { x } else { (old * 7 + x * 3) / 10 };
-        self.rerank_ewma_ns.store(new, Relaxed);
-    }
-
-    /// True when a new rerank queued behind the ones in flight would likely miss `deadline` (reranks are
-    /// scored one at a time per worker).
-    pub fn rerank_out_of_reach(&self, deadline: Duration, workers: usize) -> bool {
-        let ewma = self
-            .rerank_ewma_ns
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let ahead = self.client.in_flight() as u64 + 1;
-        ewma > 0 && ahead * ewma / workers.max(1) as u64 > deadline.as_nanos() as u64
-    }
-}
+pub use crate::llm::Llm;
 
 /// Everything a handler needs.
 pub struct AppState {

@@ -11,6 +11,7 @@ pub mod error;
 pub mod experiments;
 pub mod extract;
 pub mod fleet;
+pub mod llm;
 pub mod metrics;
 pub mod openai;
 pub mod policy;

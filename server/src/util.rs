@@ -88,3 +88,10 @@ pub async fn sample_utilization(state: Weak<AppState>) {
         }
     }
 }
+
+/// Seconds since the Unix epoch (0 on a clock before it).
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

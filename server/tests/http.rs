@@ -155,6 +155,65 @@ async fn classify_answer_and_headers() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["classify", "answer", "generate"]);
+    // `created` is a Unix time (the server's start), as OpenAI's models list has it.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for m in v["data"].as_array().unwrap() {
+        let created = m["created"].as_u64().unwrap();
+        assert!(
+            created + 600 > now && created <= now,
+            "created {created}, now {now}"
+        );
+    }
+}
+
+/// `generate` is held to the LLM in-flight limit like the escalations: with one slot taken by a slow
+/// generation, a second one is refused (503, OpenAI shape) instead of queueing past the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_honours_the_in_flight_limit() {
+    let r = rig(1, |c| {
+        c.reranker.max_in_flight = 1;
+        c.reranker.extra_args = vec!["--stub-delay-ms".into(), "300".into()];
+    });
+    let app = r.app.clone();
+    let slow = tokio::spawn(async move {
+        call(
+            &app,
+            post("/v1/chat/completions", chat("generate", "one two three")),
+        )
+        .await
+    });
+    let t = Instant::now();
+    while r.state.llm.as_ref().unwrap().client.in_flight() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the first generation never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (s, _, b) = call(
+        &r.app,
+        post("/v1/chat/completions", chat("generate", "four five")),
+    )
+    .await;
+    let e = assert_openai_error(s, &b, 503);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("retry later"),
+        "{e}"
+    );
+    let (s, _, b) = slow.await.unwrap();
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let (s, _, b) = call(
+        &r.app,
+        post("/v1/chat/completions", chat("generate", "six")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

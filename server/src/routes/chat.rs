@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
@@ -16,6 +16,7 @@ use tiergate_queue::{Event, Job, Message, QueueError, Reply, Sampling};
 use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use crate::llm::Refused;
 use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::{validate, ValidChat};
@@ -109,9 +110,7 @@ pub async fn chat(
 }
 
 fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::util::unix_now_s()
 }
 
 fn completion_id() -> String {
@@ -423,10 +422,6 @@ async fn generate(
     v: ValidChat,
     started: Instant,
 ) -> Result<(Response, &'static str), ApiError> {
-    let llm = state
-        .llm
-        .as_ref()
-        .ok_or_else(|| ApiError::Unavailable("this server runs no LLM workers".into()))?;
     let messages = v
         .messages
         .iter()
@@ -439,17 +434,20 @@ async fn generate(
         messages,
         sampling: sampling(&v),
     };
-    let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-    let _turn = crate::batch::llm_turn(state, v.batch.as_ref()).await;
-    let handle = llm
-        .client
-        .submit_traced(&job, crate::trace::job_parent().as_ref(), deadline)
-        .map_err(queue_error_to_api)?;
+    let submitted = match crate::llm::submit(state, &job, v.batch.as_ref()).await {
+        Ok(s) => s,
+        Err(Refused::NoLlm) => {
+            return Err(ApiError::Unavailable(
+                "this server runs no LLM workers".into(),
+            ))
+        }
+        Err(Refused::Queue(e)) => return Err(queue_error_to_api(e)),
+    };
     let meta = Meta {
         tier: "llm",
         ..Meta::default()
     };
-    let resp = stream_or_collect(state, &v, handle, meta, 0, started).await?;
+    let resp = stream_or_collect(state, &v, submitted.handle, meta, 0, started).await?;
     Ok((resp, "llm"))
 }
 

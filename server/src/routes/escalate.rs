@@ -3,7 +3,7 @@
 //! late.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -14,6 +14,7 @@ use tiergate_queue::{Candidate, Job, Message, QueueError, Reply};
 use super::chat::{degrade, sampling, stream_or_collect, Meta};
 use crate::app::{AppState, Route};
 use crate::error::ApiError;
+use crate::llm::Refused;
 use crate::metrics as m;
 use crate::validate::ValidChat;
 
@@ -65,12 +66,15 @@ pub(super) fn decide(
     })
 }
 
-/// Why an escalation cannot be queued now (no LLM, or it is already behind), if so.
-fn llm_unavailable(state: &AppState) -> Option<QueueError> {
-    let llm = state.llm.as_ref()?;
-    (llm.client.in_flight() >= state.config.reranker.in_flight_limit()).then(|| QueueError::Full {
-        slots: llm.client.in_flight(),
-    })
+/// Degrades on a refused submission (`meta` says why); `Err` when the route rejects instead.
+fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError> {
+    match r {
+        Refused::NoLlm => {
+            meta.degraded = Some("no_llm");
+            Ok(())
+        }
+        Refused::Queue(e) => degrade(state, meta, &e),
+    }
 }
 
 /// An answer route's escalation: the LLM writes the reply, grounded in the candidates' approved replies.
@@ -84,16 +88,6 @@ pub(super) async fn escalate_answer(
     started: Instant,
 ) -> Result<Option<Response>, ApiError> {
     if v.kind != RouteKind::Answer {
-        return Ok(None);
-    }
-    let Some(llm) = &state.llm else {
-        meta.degraded = Some("no_llm");
-        return Ok(None);
-    };
-    // A batch line waits here for the interactive channel to leave the LLM idle.
-    let _turn = crate::batch::llm_turn(state, v.batch.as_ref()).await;
-    if let Some(e) = llm_unavailable(state) {
-        degrade(state, meta, &e)?;
         return Ok(None);
     }
     let Some(prefilter) = route.prefilter.as_ref() else {
@@ -126,18 +120,23 @@ pub(super) async fn escalate_answer(
         messages,
         sampling: sampling(v),
     };
-    let deadline = Duration::from_millis(state.config.reranker.generate_deadline_ms);
-    let parent = crate::trace::job_parent();
-    match llm.client.submit_traced(&job, parent.as_ref(), deadline) {
-        Ok(handle) => {
+    match crate::llm::submit(state, &job, v.batch.as_ref()).await {
+        Ok(submitted) => {
             meta.tier = "llm";
             let prompt_tokens = d.pred.tokens as u32;
-            let resp =
-                stream_or_collect(state, v, handle, meta.clone(), prompt_tokens, started).await?;
+            let resp = stream_or_collect(
+                state,
+                v,
+                submitted.handle,
+                meta.clone(),
+                prompt_tokens,
+                started,
+            )
+            .await?;
             Ok(Some(resp))
         }
-        Err(e) => {
-            degrade(state, meta, &e)?;
+        Err(r) => {
+            refused(state, meta, r)?;
             Ok(None)
         }
     }
@@ -152,20 +151,6 @@ pub(super) async fn escalate_rerank(
     d: &Decided,
     meta: &mut Meta,
 ) -> Result<Option<Vec<(usize, f32)>>, ApiError> {
-    let Some(llm) = &state.llm else {
-        meta.degraded = Some("no_llm");
-        return Ok(None);
-    };
-    let deadline = Duration::from_millis(state.config.reranker.rerank_deadline_ms);
-    let _turn = crate::batch::llm_turn(state, v.batch.as_ref()).await;
-    let busy = llm_unavailable(state).or_else(|| {
-        llm.rerank_out_of_reach(deadline, state.config.reranker.workers)
-            .then_some(QueueError::DeadlineExceeded)
-    });
-    if let Some(e) = busy {
-        degrade(state, meta, &e)?;
-        return Ok(None);
-    }
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
@@ -191,18 +176,22 @@ pub(super) async fn escalate_rerank(
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
-    let ahead = llm.client.in_flight() as u32 + 1;
-    let parent = crate::trace::job_parent();
-    let outcome = match llm.client.submit_traced(&job, parent.as_ref(), deadline) {
-        Ok(h) => h.reply().await,
-        Err(e) => Err(e),
+    let submitted = match crate::llm::submit(state, &job, v.batch.as_ref()).await {
+        Ok(s) => s,
+        Err(r) => {
+            refused(state, meta, r)?;
+            return Ok(None);
+        }
     };
-    match outcome {
+    let ahead = submitted.ahead;
+    match submitted.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.fused.len() == d.top.len() => {
             meta.tier = "llm";
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
             // Service time ≈ latency shared by the jobs that were queued with this one.
-            llm.record_rerank(t.elapsed() / ahead);
+            if let Some(llm) = &state.llm {
+                llm.record_rerank(t.elapsed() / ahead);
+            }
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
             let mut fused: Vec<(usize, f32)> = d
                 .top

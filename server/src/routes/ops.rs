@@ -14,7 +14,8 @@ use crate::metrics as m;
 
 /// `GET /v1/models`: the routes.
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    let created = state.started.elapsed().as_secs();
+    // When the routes were loaded (the server's start), as Unix seconds.
+    let created = crate::util::unix_now_s().saturating_sub(state.started.elapsed().as_secs());
     let data: Vec<_> = state
         .route_order
         .iter()
