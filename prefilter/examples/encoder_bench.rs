@@ -28,7 +28,7 @@ fn batch1(
             let t = Instant::now();
             let run = || enc.embed(&[&texts[i % texts.len()]]).map(|e| e.pooled);
             let out = match lend {
-                Some(h) => tiergate_prefilter::int8::with_helper(h, None, run),
+                Some(h) => tiergate_kernels::int8::with_helper(h, None, run),
                 None => run(),
             };
             std::hint::black_box(out?);

@@ -135,7 +135,7 @@ impl Dense {
 
 impl Dense {
     /// The int8 form of a frozen layer (`None` for a live one).
-    fn to_int8(&self) -> Result<Option<crate::int8::QDense>> {
+    fn to_int8(&self) -> Result<Option<tiergate_kernels::int8::QDense>> {
         let Dense::Frozen { wt, b } = self else {
             return Ok(None);
         };
@@ -143,7 +143,7 @@ impl Dense {
         let (out, k) = w.dims2()?;
         let wv = w.flatten_all()?.to_vec1::<f32>()?;
         let bv = b.to_vec1::<f32>()?;
-        Ok(Some(crate::int8::QDense::new(&wv, &bv, out, k)))
+        Ok(Some(tiergate_kernels::int8::QDense::new(&wv, &bv, out, k)))
     }
 }
 
@@ -252,7 +252,7 @@ impl PackedBert {
     }
 
     /// Switches to the int8 forward ([`crate::bert_int8`]; AVX-512 VNNI, the caller checks
-    /// [`crate::int8::available`]). Inference only: a trainable model keeps f32.
+    /// [`tiergate_kernels::int8::available`]). Inference only: a trainable model keeps f32.
     pub fn to_int8(&mut self) -> Result<()> {
         let Body::Candle(c) = &self.body else {
             return Ok(());
@@ -270,7 +270,7 @@ impl PackedBert {
                     .layers
                     .iter()
                     .map(|l| {
-                        let q = |d: &Dense| -> Result<crate::int8::QDense> {
+                        let q = |d: &Dense| -> Result<tiergate_kernels::int8::QDense> {
                             d.to_int8()?.ok_or_else(|| {
                                 candle_core::Error::Msg("int8: a live layer".into()).into()
                             })
@@ -337,7 +337,7 @@ impl PackedBert {
             let x1 = self.layer_norm(&layer.attn_norm, &(layer.attn_out.forward(&attn)? + &x)?)?;
             let up = layer.up.forward(&x1)?;
             let up = match self.act {
-                HiddenAct::Gelu if !self.trainable => crate::fastops::gelu_erf(&up)?,
+                HiddenAct::Gelu if !self.trainable => tiergate_kernels::fastops::gelu_erf(&up)?,
                 HiddenAct::Gelu => up.gelu_erf()?,
                 HiddenAct::GeluApproximate => up.gelu()?,
                 HiddenAct::Relu => up.relu()?,

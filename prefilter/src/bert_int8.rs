@@ -8,7 +8,7 @@
 //! the residual add is fused into layer norm, GELU runs in place. All passes are plain loops the compiler
 //! vectorises; the exponential is a polynomial, not a libm call.
 
-use crate::int8::QDense;
+use tiergate_kernels::int8::QDense;
 
 /// Layer norm's parameters (`y = (x − mean) / √(var + eps) · w + b`, per row).
 pub(crate) struct Norm {
@@ -131,7 +131,8 @@ impl Int8Bert {
         l.attn_norm.apply(&mut x1, Some(x));
         let mut up = l.up.forward(&x1, n);
         if self.gelu {
-            up.iter_mut().for_each(|v| *v = crate::fastops::gelu(*v));
+            up.iter_mut()
+                .for_each(|v| *v = tiergate_kernels::fastops::gelu(*v));
         } else {
             up.iter_mut().for_each(|v| *v = v.max(0.0));
         }

@@ -186,7 +186,7 @@ impl Encoder {
     /// on a CPU with AVX-512 VNNI, else f32; `Int8` fails where it cannot run. Switching back to f32 after
     /// int8 needs a reload.
     pub fn set_precision(&mut self, p: Precision) -> Result<Precision> {
-        let can = crate::int8::available();
+        let can = tiergate_kernels::int8::available();
         let used = match (p, &mut self.backbone) {
             (Precision::F32, _) => self.precision,
             (Precision::Auto | Precision::Int8, Backbone::Bert(m)) if can => {

@@ -319,7 +319,7 @@ impl Lend {
         let others = self.busy.fetch_add(1, Ordering::AcqRel);
         let out = match &self.helper {
             Some(h) if others == 0 && !waiting => {
-                crate::int8::with_helper(h, Some(self.busy.clone()), f)
+                tiergate_kernels::int8::with_helper(h, Some(self.busy.clone()), f)
             }
             _ => f(),
         };

@@ -2,8 +2,8 @@
 //! generation and tokenisation) and a deterministic stub engine; one-pass candidate scoring on a llama
 //! forward of our own (`llama`, `scoring`) with prompts rendered from the route's templates (`prompt`); and
 //! the job loop that serves the shared-memory queue. Must not depend on axum; the server talks to this
-//! process only through the queue. It uses `tiergate-prefilter` for one thing only: the int8 VNNI kernel
-//! (`int8::QDense`), shared with Tier-0's encoder.
+//! process only through the queue. The int8 VNNI kernel (`tiergate_kernels::int8::QDense`) is shared with
+//! Tier-0's encoder through the kernels crate; the worker does not depend on Tier-0 (`tests/tests/layout.rs`).
 
 pub mod engine;
 pub mod llama;

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor, D};
-use tiergate_prefilter::int8::QDense;
+use tiergate_kernels::int8::QDense;
 
 /// The architectures this forward runs (`general.architecture` in the GGUF file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ impl Linear {
     fn load(q: QTensor, format: WeightFormat) -> candle_core::Result<Self> {
         Ok(match format {
             WeightFormat::Quantized => Self::Candle(QMatMul::from_qtensor(q)?),
-            WeightFormat::Int8 if tiergate_prefilter::int8::available() => {
+            WeightFormat::Int8 if tiergate_kernels::int8::available() => {
                 let w = q.dequantize(&Device::Cpu)?;
                 let (out, k) = w.dims2()?;
                 let wv = w.flatten_all()?.to_vec1::<f32>()?;
@@ -131,7 +131,7 @@ impl Linear {
             Self::Int8(q) => {
                 let xv = x.flatten_all()?.to_vec1::<f32>()?;
                 let y = match int8_helper() {
-                    Some(h) => tiergate_prefilter::int8::with_helper(h, None, || q.forward(&xv, m)),
+                    Some(h) => tiergate_kernels::int8::with_helper(h, None, || q.forward(&xv, m)),
                     None => q.forward(&xv, m),
                 };
                 Tensor::from_vec(y, shaped(q.out_features()), &Device::Cpu)
@@ -140,7 +140,7 @@ impl Linear {
     }
 }
 
-/// The thread the int8 layers borrow (`tiergate_prefilter::int8::with_helper`: rows, or outputs when there are
+/// The thread the int8 layers borrow (`tiergate_kernels::int8::with_helper`: rows, or outputs when there are
 /// few rows, split over two threads); none on a one-core machine. One forward runs at a time (the scorer's lock).
 fn int8_helper() -> Option<&'static std::sync::Arc<rayon::ThreadPool>> {
     static HELPER: std::sync::OnceLock<Option<std::sync::Arc<rayon::ThreadPool>>> =

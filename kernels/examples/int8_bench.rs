@@ -1,11 +1,11 @@
 //! The int8 dense layer's speed on the shapes the two tiers run, one thread: `cargo run -p
-//! tiergate-prefilter --example int8_bench [iterations]`. Prints ms per call and GMAC/s (multiply-adds per
+//! tiergate-kernels --example int8_bench [iterations]`. Prints ms per call and GMAC/s (multiply-adds per
 //! second, quantising the activations and writing f32 included) per shape, and the fraction of the peak
 //! given as `PEAK_GMACS` (default 198: one 64-MAC `vpdpbusd` zmm per cycle at 3.1 GHz, this machine's Zen 4).
 
 use std::time::Instant;
 
-use tiergate_prefilter::int8::{available, QDense};
+use tiergate_kernels::int8::{available, QDense};
 
 /// (what, rows, in, out)
 const SHAPES: &[(&str, usize, usize, usize)] = &[

@@ -1,0 +1,108 @@
+//! The crates' dependencies run one way (`cargo metadata` of the workspace): the rules the layout promises,
+//! checked on the resolved graph (normal dependencies, transitively), so a new `use` across a line fails here
+//! and not in review.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+
+use tiergate_tests::root;
+
+/// Package name → the names of its normal (non-dev, non-build) dependencies.
+fn graph() -> HashMap<String, Vec<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // This machine's platform only: the other platforms' dependencies need not be downloaded.
+    let rustc = Command::new("rustc").arg("-vV").output().unwrap();
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .unwrap();
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: HashMap<&str, &str> = v["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    let mut g: HashMap<String, Vec<String>> = HashMap::new();
+    for node in v["resolve"]["nodes"].as_array().unwrap() {
+        let from = names[node["id"].as_str().unwrap()].to_string();
+        let deps = g.entry(from).or_default();
+        for d in node["deps"].as_array().unwrap() {
+            let normal = d["dep_kinds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k["kind"].is_null());
+            if normal {
+                deps.push(names[d["pkg"].as_str().unwrap()].to_string());
+            }
+        }
+    }
+    g
+}
+
+/// Every package `from` reaches through normal dependencies.
+fn reaches(g: &HashMap<String, Vec<String>>, from: &str) -> HashSet<String> {
+    let mut seen = HashSet::new();
+    let mut todo = vec![from.to_string()];
+    while let Some(p) = todo.pop() {
+        for d in g.get(&p).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn dependencies_run_one_way() {
+    let g = graph();
+    let server = reaches(&g, "tiergate-server");
+    assert!(
+        !server.contains("mistralrs"),
+        "the server compiles mistralrs: the LLM runs in the worker process"
+    );
+    assert!(!server.contains("tiergate-reranker"));
+    let worker = reaches(&g, "tiergate-reranker");
+    for banned in ["tiergate-prefilter", "tiergate-server"] {
+        assert!(
+            !worker.contains(banned),
+            "the worker depends on {banned}: it needs the kernels, not Tier-0"
+        );
+    }
+    assert!(
+        !g["tiergate-reranker"].iter().any(|d| d == "csv"),
+        "the worker depends on csv directly"
+    );
+    let kernels = reaches(&g, "tiergate-kernels");
+    assert!(
+        !kernels.iter().any(|d| d.starts_with("tiergate-")),
+        "the kernels depend on {kernels:?}"
+    );
+    for lower in [
+        "tiergate-config",
+        "tiergate-queue",
+        "tiergate-telemetry",
+        "tiergate-prefilter",
+    ] {
+        let r = reaches(&g, lower);
+        assert!(
+            !r.contains("tiergate-server") && !r.contains("tiergate-reranker"),
+            "{lower} depends on a binary crate"
+        );
+    }
+}
