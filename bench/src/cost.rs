@@ -20,7 +20,10 @@ use crate::report::RunReport;
 
 /// The channels a price file can place.
 const CHANNELS: &[&str] = &["tier0", "escalated", "degraded"];
-const BANDS: &[&str] = &["Tier-0", "Tier-1", "Tier-2", "Tier-3", "Tier-4"];
+/// The band names, fastest first.
+fn bands() -> impl Iterator<Item = &'static str> {
+    tiergate_core::bands::BANDS.iter().map(|(name, _, _)| *name)
+}
 
 /// A price file.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -110,11 +113,11 @@ impl CostFile {
             return Err("latency_penalty must be ≥ 0".into());
         }
         for (c, b) in &f.bands {
-            if !CHANNELS.contains(&c.as_str()) || !BANDS.contains(&b.as_str()) {
+            if !CHANNELS.contains(&c.as_str()) || !bands().any(|n| n == b) {
                 return Err(format!(
                     "bands: `{c} = {b}`: a channel ({}) and a band ({})",
                     CHANNELS.join(", "),
-                    BANDS.join(", ")
+                    bands().collect::<Vec<_>>().join(", ")
                 ));
             }
         }
@@ -212,8 +215,7 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
                 .map(|l| l.p95_ms);
             let out_of_band = p95.is_some_and(|p| {
                 let want = f.band_of(c);
-                BANDS.iter().position(|b| *b == crate::stats::band(p))
-                    > BANDS.iter().position(|b| *b == want)
+                bands().position(|b| b == crate::stats::band(p)) > bands().position(|b| b == want)
                     || crate::stats::band(p) == "none"
             });
             let factor = if out_of_band {

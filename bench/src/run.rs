@@ -263,9 +263,8 @@ fn progress_line(
 ) {
     let mut lat: Vec<u64> = recent.iter().map(|o| o.latency_us).collect();
     lat.sort_unstable();
-    let p99 = lat
-        .get(((lat.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
-        .map_or("-".to_string(), |v| format!("{:.1}", *v as f64 / 1e3));
+    let p99 = tiergate_core::stats::quantile_sorted(&lat, 0.99)
+        .map_or("-".to_string(), |v| format!("{:.1}", v as f64 / 1e3));
     let errs = recent.iter().filter(|o| o.error.is_some()).count();
     let served = recent.len() - errs;
     let esc = recent

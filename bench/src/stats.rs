@@ -115,17 +115,7 @@ impl Channel {
     }
 }
 
-/// The latency band (DESIGN.md) of a P95.
-pub fn band(p95_ms: f64) -> &'static str {
-    match p95_ms {
-        x if x <= 80.0 => "Tier-0",
-        x if x <= 300.0 => "Tier-1",
-        x if x <= 1200.0 => "Tier-2",
-        x if x <= 4500.0 => "Tier-3",
-        x if x <= 12000.0 => "Tier-4",
-        _ => "none",
-    }
-}
+pub use tiergate_core::bands::band;
 
 /// Percentiles of a set of microsecond values, in milliseconds.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -296,9 +286,7 @@ pub fn series(outcomes: &[Outcome]) -> Vec<Second> {
                     continue;
                 }
                 v.sort_unstable();
-                let q = |x: f64| {
-                    v[((v.len() as f64 * x).ceil() as usize).clamp(1, v.len()) - 1] as f64 / 1e3
-                };
+                let q = |x: f64| v[tiergate_core::stats::rank_index(v.len(), x)] as f64 / 1e3;
                 s.count.insert(ch.name(), v.len() as u64);
                 s.p50_ms.insert(ch.name(), q(0.5));
                 s.p99_ms.insert(ch.name(), q(0.99));

@@ -1,14 +1,7 @@
 //! Calibration: temperature scaling fitted by minimising the negative log-likelihood on held-out logits, and
 //! the expected calibration error (ECE) that says whether "confidence 0.9" means right nine times in ten.
 
-/// Softmax of `logits / temperature`.
-pub fn softmax(logits: &[f32], temperature: f64) -> Vec<f32> {
-    let t = temperature as f32;
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|&z| ((z - max) / t).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.into_iter().map(|e| e / sum).collect()
-}
+pub use tiergate_core::stats::{argmax, softmax};
 
 /// Mean negative log-likelihood of the true labels under `softmax(logits / temperature)`.
 pub fn nll(logits: &[Vec<f32>], labels: &[usize], temperature: f64) -> f64 {
@@ -75,20 +68,6 @@ pub fn ece(probs: &[Vec<f32>], labels: &[usize], bins: usize) -> f64 {
         .filter(|&b| count[b] > 0)
         .map(|b| (conf_sum[b] - correct[b]).abs() / n)
         .sum()
-}
-
-/// Index and value of the largest entry (0, -inf for an empty row).
-pub fn argmax(p: &[f32]) -> (usize, f32) {
-    p.iter()
-        .copied()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
-            if v > best.1 {
-                (i, v)
-            } else {
-                best
-            }
-        })
 }
 
 #[cfg(test)]

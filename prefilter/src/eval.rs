@@ -204,8 +204,7 @@ pub fn percentile_ms(samples: &mut [Duration], q: f64) -> f64 {
         return 0.0;
     }
     samples.sort();
-    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
-    samples[rank - 1].as_secs_f64() * 1e3
+    samples[tiergate_core::stats::rank_index(samples.len(), q)].as_secs_f64() * 1e3
 }
 
 #[cfg(test)]

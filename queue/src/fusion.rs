@@ -47,13 +47,7 @@ pub fn llm_probs(scores: &[f32], temperature: f32) -> Vec<f32> {
 
 /// Index of the largest value (the first on ties); 0 for an empty slice.
 pub fn argmax(p: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, v) in p.iter().enumerate() {
-        if *v > p[best] {
-            best = i;
-        }
-    }
-    best
+    tiergate_core::stats::argmax(p).0
 }
 
 /// Clean and normalise to sum 1 (uniform when nothing is left).

@@ -131,7 +131,10 @@ pub async fn data(
         "degraded_share_recent": degraded,
         "queue_depth": state.llm.as_ref().map_or(0, |l| l.client.in_flight()),
         "p95_ms": {"tier0": p95("tier0"), "escalated": p95("escalated"), "degraded": p95("degraded")},
-        "bands_ms": {"tier0": 80, "tier1": 300, "tier2": 1200, "tier3": 4500, "tier4": 12000},
+        "bands_ms": tiergate_core::bands::BANDS
+            .iter()
+            .map(|(_, key, max)| (key.to_string(), json!(max)))
+            .collect::<serde_json::Map<_, _>>(),
         "ambiguity_histogram": bins,
         "decisions": recent.iter().rev().take(50).collect::<Vec<_>>(),
         "token_required": state.config.server.admin_token.is_some(),

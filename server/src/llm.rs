@@ -28,10 +28,10 @@ impl Llm {
     /// Records a rerank's service time.
     pub fn record_rerank(&self, d: Duration) {
         use std::sync::atomic::Ordering::Relaxed;
-        let x = d.as_nanos() as u64;
         let old = self.rerank_ewma_ns.load(Relaxed);
-        let new = if old == 0 { x } else { (old * 7 + x * 3) / 10 };
-        self.rerank_ewma_ns.store(new, Relaxed);
+        let new =
+            tiergate_core::stats::ewma((old > 0).then_some(old as f64), d.as_nanos() as f64, 0.3);
+        self.rerank_ewma_ns.store(new.max(1.0) as u64, Relaxed);
     }
 
     /// True when a new rerank queued behind the ones in flight would likely miss `deadline` (reranks are

@@ -68,15 +68,7 @@ fn prune<T>(q: &mut VecDeque<(Instant, T)>, now: Instant) {
     }
 }
 
-/// The `q` quantile of `values` (nearest rank), or None when empty.
-pub fn quantile(mut values: Vec<f64>, q: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let rank = ((q.clamp(0.0, 1.0) * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    let (_, v, _) = values.select_nth_unstable_by(rank - 1, f64::total_cmp);
-    Some(*v)
-}
+pub use tiergate_core::stats::quantile;
 
 impl Policy {
     /// A policy at version 1.

@@ -80,7 +80,7 @@ pub async fn sample_utilization(state: Weak<AppState>) {
             smooth = if source == "manual" {
                 u
             } else {
-                ALPHA * u + (1.0 - ALPHA) * smooth
+                tiergate_core::stats::ewma(Some(smooth), u, ALPHA)
             };
             state.policy.set_utilization(smooth, source);
         } else {
