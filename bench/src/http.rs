@@ -167,8 +167,8 @@ impl HttpClient {
         let mut out = ChatResult {
             status,
             error: None,
-            tier: header("x-tiergate-tier"),
-            degraded: header("x-tiergate-degraded"),
+            tier: header(tiergate_core::outcome::header::TIER),
+            degraded: header(tiergate_core::outcome::header::DEGRADED),
             first_token: None,
             content: String::new(),
             tokens_out: 0,

@@ -2,4 +2,5 @@
 //! latency bands (`bands`). No dependencies: everything else may build on it.
 
 pub mod bands;
+pub mod outcome;
 pub mod stats;

@@ -58,7 +58,7 @@ pub fn authorize_admin(
 /// in [0, 1]. `Ok(None)`: no override asked. An override asked for but not permitted is refused (403), never
 /// silently ignored, so a client does not mistake the server's θ for its own.
 pub fn threshold_override(state: &AppState, headers: &HeaderMap) -> Result<Option<f64>, ApiError> {
-    let Some(raw) = headers.get("x-tiergate-threshold") else {
+    let Some(raw) = headers.get(tiergate_core::outcome::header::THRESHOLD) else {
         return Ok(None);
     };
     let allowed = state.policy.current().cfg.allow_header_override;
@@ -78,12 +78,14 @@ pub fn threshold_override(state: &AppState, headers: &HeaderMap) -> Result<Optio
     }
     let s = raw
         .to_str()
-        .map_err(|_| ApiError::invalid("x-tiergate-threshold", "not valid text"))?
+        .map_err(|_| {
+            ApiError::invalid(tiergate_core::outcome::header::THRESHOLD, "not valid text")
+        })?
         .trim();
     match s.parse::<f64>() {
         Ok(t) if (0.0..=1.0).contains(&t) => Ok(Some(t)),
         _ => Err(ApiError::invalid(
-            "x-tiergate-threshold",
+            tiergate_core::outcome::header::THRESHOLD,
             format!("`{s}` is not a number in [0, 1]"),
         )),
     }

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::outcome::Outcome;
 use crate::routes::admin::Peer;
 
 /// The page.
@@ -20,10 +21,6 @@ const PAGE: &str = include_str!("console.html");
 const KEEP: usize = 200;
 /// Histogram bins over ambiguity [0, 1].
 const BINS: usize = 40;
-
-/// The label a classified answer carried (a response extension, read when the decision is recorded).
-#[derive(Clone)]
-pub struct Label(pub String);
 
 /// One answered request, as the console lists it.
 #[derive(Debug, Clone, Serialize)]
@@ -46,29 +43,17 @@ pub struct Decision {
     at: Option<Instant>,
 }
 
-/// Records an answered request (from its response's headers and label).
-pub fn record(
-    state: &AppState,
-    route: &str,
-    channel: &'static str,
-    resp: &Response,
-    took: Duration,
-) {
-    let header = |k: &str| {
-        resp.headers()
-            .get(k)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<f64>().ok())
-    };
+/// Records an answered request's outcome.
+pub fn record(state: &AppState, route: &str, outcome: &Outcome, took: Duration) {
     let d = Decision {
         t_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
         route: route.to_string(),
-        a: header("x-tiergate-confidence").map(|c| 1.0 - c),
-        theta: header("x-tiergate-threshold"),
-        channel,
-        label: resp.extensions().get::<Label>().map(|l| l.0.clone()),
+        a: outcome.confidence.map(|c| 1.0 - f64::from(c)),
+        theta: outcome.threshold,
+        channel: outcome.channel.as_str(),
+        label: outcome.label.clone(),
         latency_ms: took.as_secs_f64() * 1e3,
         at: Some(Instant::now()),
     };

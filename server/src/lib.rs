@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod llm;
 pub mod metrics;
 pub mod openai;
+pub mod outcome;
 pub mod policy;
 pub mod preflight;
 pub mod record;

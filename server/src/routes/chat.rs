@@ -19,7 +19,9 @@ use crate::extract::ApiJson;
 use crate::llm::Refused;
 use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
+use crate::outcome::{Channel, Outcome, Tier};
 use crate::validate::{validate, ValidChat};
+use tiergate_core::outcome::header;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
@@ -28,7 +30,7 @@ use super::escalate::{decide, escalate_answer, escalate_rerank};
 /// What the response headers report.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Meta {
-    pub(super) tier: &'static str,
+    pub(super) tier: Tier,
     pub(super) confidence: Option<f32>,
     pub(super) threshold: Option<f64>,
     /// θ came from the request (admin override): kept out of the policy's statistics.
@@ -44,6 +46,17 @@ pub(super) struct Meta {
 }
 
 impl Meta {
+    /// The request's outcome as the response says it; `label` for a label answer.
+    fn outcome(&self, label: Option<String>) -> Outcome {
+        Outcome {
+            tier: self.tier,
+            channel: Channel::of(self.tier, self.degraded.is_some()),
+            confidence: self.confidence,
+            threshold: self.threshold,
+            label,
+        }
+    }
+
     /// Time spent in models (Tier-0's forward, the LLM's rerank or collected generation), as known when the
     /// headers are written: everything else is the serving overhead.
     fn model_ms(&self) -> f64 {
@@ -81,19 +94,13 @@ pub async fn chat(
         }
     };
     let mut resp = match result {
-        Ok((resp, tier)) => {
+        Ok((resp, outcome)) => {
             // The bench's channels: Tier-0 answers, escalations the LLM answered, escalations degraded to Tier-0.
-            let channel = if resp.headers().contains_key("x-tiergate-degraded") {
-                "degraded"
-            } else if tier == "llm" {
-                "escalated"
-            } else {
-                "tier0"
-            };
+            let (tier, channel) = (outcome.tier.as_str(), outcome.channel.as_str());
             metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok").increment(1);
             metrics::histogram!(m::REQUEST_SECONDS, "route" => route.clone(), "tier" => tier, "channel" => channel)
                 .record(started.elapsed().as_secs_f64());
-            crate::console::record(&state, &route, channel, &resp, started.elapsed());
+            crate::console::record(&state, &route, &outcome, started.elapsed());
             resp
         }
         Err(e) => {
@@ -130,19 +137,19 @@ fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
             h.insert(k, v);
         }
     };
-    put("x-tiergate-tier", meta.tier.to_string());
+    put(header::TIER, meta.tier.as_str().to_string());
     if let Some(c) = meta.confidence {
-        put("x-tiergate-confidence", format!("{c:.4}"));
+        put(header::CONFIDENCE, format!("{c:.4}"));
     }
     if let Some(t) = meta.threshold {
-        put("x-tiergate-threshold", format!("{t:.4}"));
+        put(header::THRESHOLD, format!("{t:.4}"));
     }
     put(
         "x-tiergate-policy-version",
         state.policy.current().version.to_string(),
     );
     if let Some(d) = meta.degraded {
-        put("x-tiergate-degraded", d.to_string());
+        put(header::DEGRADED, d.to_string());
     }
     put(
         "server-timing",
@@ -181,7 +188,7 @@ async fn classified(
     v: ValidChat,
     headers: &HeaderMap,
     started: Instant,
-) -> Result<(Response, &'static str), ApiError> {
+) -> Result<(Response, Outcome), ApiError> {
     let route = state
         .routes
         .get(&v.route)
@@ -199,7 +206,7 @@ async fn classified(
     metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
     metrics::histogram!(m::PREFILTER_QUEUE_SECONDS).record(pred.timings.queue.as_secs_f64());
     let mut meta = Meta {
-        tier: "tier0",
+        tier: Tier::Tier0,
         confidence: Some(pred.confidence),
         prefilter_ms: started.elapsed().as_secs_f64() * 1e3,
         infer_ms: pred.timings.infer.as_secs_f64() * 1e3,
@@ -214,7 +221,7 @@ async fn classified(
             .instrument(span.clone())
             .await?;
         if let Some(resp) = answered {
-            return Ok((resp, "llm"));
+            return Ok((resp, meta.outcome(None)));
         }
         let reranked = escalate_rerank(state, route, &v, &d, &mut meta)
             .instrument(span)
@@ -240,7 +247,7 @@ fn respond_label(
     pred: &Prediction,
     final_probs: Vec<(usize, f32)>,
     mut meta: Meta,
-) -> Result<(Response, &'static str), ApiError> {
+) -> Result<(Response, Outcome), ApiError> {
     let prefilter = route
         .prefilter
         .as_ref()
@@ -250,7 +257,7 @@ fn respond_label(
         .first()
         .copied()
         .unwrap_or((pred.label, pred.confidence));
-    if meta.tier == "llm" {
+    if meta.tier == Tier::Llm {
         meta.confidence = Some(best_p);
     }
     let label = labels[best].clone();
@@ -258,7 +265,7 @@ fn respond_label(
         json!({
             "label": label,
             "confidence": best_p,
-            "tier": meta.tier,
+            "tier": meta.tier.as_str(),
             "candidates": final_probs.iter().map(|(i, p)| json!({"label": labels[*i], "p": p})).collect::<Vec<_>>(),
         })
         .to_string()
@@ -275,8 +282,8 @@ fn respond_label(
     let logprobs = v
         .logprobs
         .then(|| label_logprobs(pred, labels, &label, best_p, &final_probs, v.top_logprobs));
-    let tier = meta.tier;
-    let mut resp = respond_text(
+    let outcome = meta.outcome(Some(label));
+    let resp = respond_text(
         state,
         v,
         content,
@@ -284,8 +291,7 @@ fn respond_label(
         Usage::new(pred.tokens as u32, 1),
         meta,
     );
-    resp.extensions_mut().insert(crate::console::Label(label));
-    Ok((resp, tier))
+    Ok((resp, outcome))
 }
 
 pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Result<(), ApiError> {
@@ -293,7 +299,7 @@ pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Resu
     if state.config.server.on_escalation_failure == FailureMode::Reject {
         return Err(queue_error_to_api(e.clone()));
     }
-    meta.tier = "tier0";
+    meta.tier = Tier::Tier0;
     meta.degraded = Some(queue_error_reason(e));
     crate::trace::degraded(queue_error_reason(e));
     Ok(())
@@ -421,7 +427,7 @@ async fn generate(
     state: &Arc<AppState>,
     v: ValidChat,
     started: Instant,
-) -> Result<(Response, &'static str), ApiError> {
+) -> Result<(Response, Outcome), ApiError> {
     let messages = v
         .messages
         .iter()
@@ -444,11 +450,12 @@ async fn generate(
         Err(Refused::Queue(e)) => return Err(queue_error_to_api(e)),
     };
     let meta = Meta {
-        tier: "llm",
+        tier: Tier::Llm,
         ..Meta::default()
     };
+    let outcome = meta.outcome(None);
     let resp = stream_or_collect(state, &v, submitted.handle, meta, 0, started).await?;
-    Ok((resp, "llm"))
+    Ok((resp, outcome))
 }
 
 /// An LLM generation: streamed as SSE, or collected into one JSON response.

@@ -16,6 +16,7 @@ use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::llm::Refused;
 use crate::metrics as m;
+use crate::outcome::Tier;
 use crate::validate::ValidChat;
 
 /// Tier-0's view of one request and the decision taken on it.
@@ -122,7 +123,7 @@ pub(super) async fn escalate_answer(
     };
     match crate::llm::submit(state, &job, v.batch.as_ref()).await {
         Ok(submitted) => {
-            meta.tier = "llm";
+            meta.tier = Tier::Llm;
             let prompt_tokens = d.pred.tokens as u32;
             let resp = stream_or_collect(
                 state,
@@ -186,7 +187,7 @@ pub(super) async fn escalate_rerank(
     let ahead = submitted.ahead;
     match submitted.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.fused.len() == d.top.len() => {
-            meta.tier = "llm";
+            meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
             // Service time ≈ latency shared by the jobs that were queued with this one.
             if let Some(llm) = &state.llm {

@@ -1,0 +1,79 @@
+//! What became of a chat request, as values: which tier answered and which channel the request is counted
+//! in (metrics, the console, the bench), and the response headers that carry them to clients.
+
+/// The tier whose answer the client got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tier {
+    /// Tier-0 (the encoder), also when an escalation degraded to it.
+    #[default]
+    Tier0,
+    /// The LLM tier.
+    Llm,
+}
+
+impl Tier {
+    /// The `x-tiergate-tier` value and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Tier0 => "tier0",
+            Tier::Llm => "llm",
+        }
+    }
+}
+
+/// The channel an answered request is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Tier-0 answered and no escalation was tried.
+    Tier0,
+    /// The LLM answered.
+    Escalated,
+    /// An escalation was tried and Tier-0 answered instead.
+    Degraded,
+}
+
+impl Channel {
+    /// The channel of an answer by `tier`, `degraded` when an escalation fell back.
+    pub fn of(tier: Tier, degraded: bool) -> Self {
+        match (degraded, tier) {
+            (true, _) => Channel::Degraded,
+            (false, Tier::Llm) => Channel::Escalated,
+            (false, Tier::Tier0) => Channel::Tier0,
+        }
+    }
+
+    /// The metric label (`channel="…"`), the console's and the bench's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Tier0 => "tier0",
+            Channel::Escalated => "escalated",
+            Channel::Degraded => "degraded",
+        }
+    }
+}
+
+/// Response headers that say what became of a request.
+pub mod header {
+    /// `tier0` or `llm`.
+    pub const TIER: &str = "x-tiergate-tier";
+    /// Why an escalation fell back to Tier-0 (absent when none did).
+    pub const DEGRADED: &str = "x-tiergate-degraded";
+    /// The answer's confidence.
+    pub const CONFIDENCE: &str = "x-tiergate-confidence";
+    /// The θ the request was decided with.
+    pub const THRESHOLD: &str = "x-tiergate-threshold";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_from_tier_and_fallback() {
+        assert_eq!(Channel::of(Tier::Tier0, false), Channel::Tier0);
+        assert_eq!(Channel::of(Tier::Llm, false), Channel::Escalated);
+        assert_eq!(Channel::of(Tier::Tier0, true), Channel::Degraded);
+        assert_eq!(Tier::default().as_str(), "tier0");
+        assert_eq!(Channel::Degraded.as_str(), "degraded");
+    }
+}

@@ -1,0 +1,19 @@
+//! What became of an answered chat request, as a value the handlers return beside the response: metrics,
+//! the console's decision table and the escalation records read it, never the response's headers.
+
+pub use tiergate_core::outcome::{Channel, Tier};
+
+/// An answered request's outcome.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The tier whose answer the client got.
+    pub tier: Tier,
+    /// The channel it is counted in.
+    pub channel: Channel,
+    /// The answer's confidence (classified routes).
+    pub confidence: Option<f32>,
+    /// The θ it was decided with (classified routes).
+    pub threshold: Option<f64>,
+    /// The label answered (classified routes, not an LLM-written answer).
+    pub label: Option<String>,
+}
