@@ -172,6 +172,20 @@ impl From<tiergate_prefilter::PrefilterError> for ApiError {
     }
 }
 
+impl From<tiergate_queue::QueueError> for ApiError {
+    /// A failed LLM job where no Tier-0 answer stands in (generation, or `on_escalation_failure = reject`).
+    fn from(e: tiergate_queue::QueueError) -> Self {
+        use tiergate_queue::QueueError as Q;
+        match e {
+            Q::Full { .. } => ApiError::Unavailable(format!("{e}: retry later")),
+            Q::WorkerDown(_) => ApiError::Unavailable(e.to_string()),
+            Q::DeadlineExceeded => ApiError::Timeout("the LLM did not answer in time".into()),
+            Q::Invalid(m) => ApiError::invalid("messages", m),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -173,16 +173,6 @@ fn queue_error_reason(e: &QueueError) -> &'static str {
     }
 }
 
-fn queue_error_to_api(e: QueueError) -> ApiError {
-    match e {
-        QueueError::Full { .. } => ApiError::Unavailable(format!("{e}: retry later")),
-        QueueError::WorkerDown(_) => ApiError::Unavailable(e.to_string()),
-        QueueError::DeadlineExceeded => ApiError::Timeout("the LLM did not answer in time".into()),
-        QueueError::Invalid(m) => ApiError::invalid("messages", m),
-        other => ApiError::Internal(other.to_string()),
-    }
-}
-
 async fn classified(
     state: &Arc<AppState>,
     v: ValidChat,
@@ -297,7 +287,7 @@ fn respond_label(
 pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Result<(), ApiError> {
     tracing::warn!(error = %e, "escalation failed: answering with Tier-0");
     if state.config.server.on_escalation_failure == FailureMode::Reject {
-        return Err(queue_error_to_api(e.clone()));
+        return Err(ApiError::from(e.clone()));
     }
     meta.tier = Tier::Tier0;
     meta.degraded = Some(queue_error_reason(e));
@@ -447,7 +437,7 @@ async fn generate(
                 "this server runs no LLM workers".into(),
             ))
         }
-        Err(Refused::Queue(e)) => return Err(queue_error_to_api(e)),
+        Err(Refused::Queue(e)) => return Err(ApiError::from(e)),
     };
     let meta = Meta {
         tier: Tier::Llm,
@@ -479,7 +469,7 @@ pub(super) async fn stream_or_collect(
     meta.queue_ms = t.elapsed().as_secs_f64() * 1e3;
     metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(t.elapsed().as_secs_f64());
     if let Event::Error(e) = first {
-        return Err(queue_error_to_api(e));
+        return Err(ApiError::from(e));
     }
     if matches!(first, Event::Chunk(_)) {
         metrics::histogram!(m::TTFT_SECONDS).record(started.elapsed().as_secs_f64());
@@ -492,7 +482,7 @@ pub(super) async fn stream_or_collect(
                 Event::Chunk(c) => text.push_str(&c),
                 Event::Reply(Reply::Generated(u)) => break u,
                 Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
-                Event::Error(e) => return Err(queue_error_to_api(e)),
+                Event::Error(e) => return Err(ApiError::from(e)),
             }
             ev = handle
                 .events
@@ -570,7 +560,7 @@ pub(super) async fn stream_or_collect(
                     }
                     Event::Reply(_) | Event::Error(_) => {
                         let err = match ev {
-                            Event::Error(e) => queue_error_to_api(e),
+                            Event::Error(e) => ApiError::from(e),
                             _ => ApiError::Internal("unexpected reply kind".into()),
                         };
                         let _ = tx
