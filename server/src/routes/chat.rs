@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{json, Value};
 use tiergate_config::{FailureMode, RouteKind};
 use tiergate_prefilter::Prediction;
 use tiergate_queue::{Event, Job, Message, QueueError, Reply, Sampling};
@@ -457,15 +457,9 @@ pub(super) async fn stream_or_collect(
     extra_prompt_tokens: u32,
     started: Instant,
 ) -> Result<Response, ApiError> {
-    let id = completion_id();
-    let created = now_s();
     // Wait for the first event before answering, so errors before any token still get a proper status.
     let t = Instant::now();
-    let first = handle
-        .events
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
+    let first = next_event(&handle).await?;
     meta.queue_ms = t.elapsed().as_secs_f64() * 1e3;
     metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(t.elapsed().as_secs_f64());
     if let Event::Error(e) = first {
@@ -474,87 +468,112 @@ pub(super) async fn stream_or_collect(
     if matches!(first, Event::Chunk(_)) {
         metrics::histogram!(m::TTFT_SECONDS).record(started.elapsed().as_secs_f64());
     }
-    if !v.stream {
-        let mut text = String::new();
-        let mut ev = first;
-        let usage = loop {
-            match ev {
-                Event::Chunk(c) => text.push_str(&c),
-                Event::Reply(Reply::Generated(u)) => break u,
-                Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
-                Event::Error(e) => return Err(ApiError::from(e)),
-            }
-            ev = handle
-                .events
-                .recv_async()
-                .await
-                .map_err(|_| ApiError::Internal("escalation channel closed".into()))?;
-        };
-        let finish = if usage.finish_reason == "length" {
-            "length"
-        } else {
-            "stop"
-        };
+    let out = Generation {
+        id: completion_id(),
+        created: now_s(),
+        route: v.route.clone(),
+        extra_prompt_tokens,
+    };
+    let mut resp = if v.stream {
+        stream(out, handle, first, v.include_usage)
+    } else {
+        let resp = collect(out, &handle, first).await?;
         meta.generation_ms = t.elapsed().as_secs_f64() * 1e3;
-        let mut resp = axum::Json(json!({
-            "id": id, "object": "chat.completion", "created": created, "model": v.route,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
-                         "finish_reason": finish}],
-            "usage": Usage::new(usage.prompt_tokens + extra_prompt_tokens, usage.completion_tokens),
-        }))
-        .into_response();
-        apply_headers(&mut resp, state, &meta);
-        return Ok(resp);
+        resp
+    };
+    apply_headers(&mut resp, state, &meta);
+    Ok(resp)
+}
+
+/// What every chunk or body of one generation repeats.
+struct Generation {
+    id: String,
+    created: u64,
+    route: String,
+    /// Prompt tokens the worker did not see (Tier-0's, for an escalated answer).
+    extra_prompt_tokens: u32,
+}
+
+impl Generation {
+    fn usage(&self, u: &tiergate_queue::Usage) -> Usage {
+        Usage::new(
+            u.prompt_tokens + self.extra_prompt_tokens,
+            u.completion_tokens,
+        )
     }
+}
+
+fn finish_reason(u: &tiergate_queue::Usage) -> &'static str {
+    if u.finish_reason == "length" {
+        "length"
+    } else {
+        "stop"
+    }
+}
+
+async fn next_event(handle: &tiergate_queue::JobHandle) -> Result<Event, ApiError> {
+    handle
+        .events
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::Internal("escalation channel closed".into()))
+}
+
+/// The whole generation as one `chat.completion`.
+async fn collect(
+    g: Generation,
+    handle: &tiergate_queue::JobHandle,
+    first: Event,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut ev = first;
+    let usage = loop {
+        match ev {
+            Event::Chunk(c) => text.push_str(&c),
+            Event::Reply(Reply::Generated(u)) => break u,
+            Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
+            Event::Error(e) => return Err(ApiError::from(e)),
+        }
+        ev = next_event(handle).await?;
+    };
+    Ok(axum::Json(json!({
+        "id": g.id, "object": "chat.completion", "created": g.created, "model": g.route,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
+                     "finish_reason": finish_reason(&usage)}],
+        "usage": g.usage(&usage),
+    }))
+    .into_response())
+}
+
+/// The generation as server-sent events, fed by a task that ends (cancelling the job) when the client goes.
+fn stream(
+    g: Generation,
+    handle: tiergate_queue::JobHandle,
+    first: Event,
+    include_usage: bool,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
-    let route = v.route.clone();
-    let include_usage = v.include_usage;
     tokio::spawn(
         async move {
-            let mut ev = first;
+            let send = |delta: Value, finish: Option<&str>| {
+                chunk(&g.id, g.created, &g.route, delta, finish, None)
+            };
             let _ = tx
-                .send(chunk(
-                    &id,
-                    created,
-                    &route,
-                    json!({"role": "assistant", "content": ""}),
-                    None,
-                    None,
-                ))
+                .send(send(json!({"role": "assistant", "content": ""}), None))
                 .await;
+            let mut ev = first;
             loop {
                 match ev {
                     Event::Chunk(c) => {
-                        if tx
-                            .send(chunk(
-                                &id,
-                                created,
-                                &route,
-                                json!({"content": c}),
-                                None,
-                                None,
-                            ))
-                            .await
-                            .is_err()
-                        {
+                        if tx.send(send(json!({"content": c}), None)).await.is_err() {
                             return; // client gone: dropping the handle cancels the job
                         }
                     }
                     Event::Reply(Reply::Generated(u)) => {
-                        let finish = if u.finish_reason == "length" {
-                            "length"
-                        } else {
-                            "stop"
-                        };
-                        let _ = tx
-                            .send(chunk(&id, created, &route, json!({}), Some(finish), None))
-                            .await;
+                        let _ = tx.send(send(json!({}), Some(finish_reason(&u)))).await;
                         if include_usage {
-                            let usage = Usage::new(
-                                u.prompt_tokens + extra_prompt_tokens,
-                                u.completion_tokens,
-                            );
-                            let _ = tx.send(usage_chunk(&id, created, &route, &usage)).await;
+                            let usage = usage_chunk(&g.id, g.created, &g.route, &g.usage(&u));
+                            let _ = tx.send(usage).await;
                         }
                         break;
                     }
@@ -580,7 +599,5 @@ pub(super) async fn stream_or_collect(
     );
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let stream = futures_util::StreamExt::map(stream, Ok::<_, Infallible>);
-    let mut resp = Sse::new(stream).into_response();
-    apply_headers(&mut resp, state, &meta);
-    Ok(resp)
+    Sse::new(stream).into_response()
 }
