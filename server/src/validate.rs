@@ -4,7 +4,7 @@
 use tiergate_config::RouteKind;
 
 use crate::error::ApiError;
-use crate::openai::{ChatRequest, Content, Stop};
+use crate::openai::{ChatRequest, Content, Stop, WireMessage};
 
 /// Most characters of conversation text accepted.
 pub const MAX_TEXT_CHARS: usize = 32_768;
@@ -79,15 +79,59 @@ pub fn validate(
             ));
         }
     }
-    if req.messages.is_empty() {
+    let (messages, text) = valid_messages(req.messages)?;
+    let s = valid_sampling(
+        req.max_completion_tokens,
+        req.max_tokens,
+        req.temperature,
+        req.top_p,
+        req.stop,
+        req.seed,
+    )?;
+    let (logprobs, top_logprobs, json_object) = valid_outputs(
+        kind,
+        req.logprobs,
+        req.top_logprobs,
+        req.response_format.as_ref().map(|f| f.kind.as_str()),
+    )?;
+    let user = req.user.map(|u| u.chars().take(256).collect::<String>());
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    Ok(ValidChat {
+        route: req.model,
+        kind,
+        messages,
+        text,
+        stream,
+        include_usage,
+        max_tokens: s.max_tokens,
+        temperature: s.temperature,
+        top_p: s.top_p,
+        stop: s.stop,
+        seed: s.seed,
+        logprobs,
+        top_logprobs,
+        json_object,
+        user,
+        batch: None,
+    })
+}
+
+/// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last
+/// non-empty user message).
+fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String), ApiError> {
+    if wire.is_empty() {
         return Err(ApiError::invalid(
             "messages",
             "must contain at least one message",
         ));
     }
-    let mut messages = Vec::with_capacity(req.messages.len());
+    let mut messages = Vec::with_capacity(wire.len());
     let mut total = 0usize;
-    for (i, m) in req.messages.into_iter().enumerate() {
+    for (i, m) in wire.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
             "user" | "tool" => "user",
@@ -134,11 +178,31 @@ pub fn validate(
         .find(|m| m.role == "user" && !m.content.trim().is_empty())
         .map(|m| m.content.clone())
         .ok_or_else(|| ApiError::invalid("messages", "needs a non-empty user message"))?;
-    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
+    Ok((messages, text))
+}
+
+/// The sampling fields, checked.
+struct Sampling {
+    max_tokens: u32,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    stop: Vec<String>,
+    seed: Option<u64>,
+}
+
+fn valid_sampling(
+    max_completion_tokens: Option<i64>,
+    max_tokens: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stop: Option<Stop>,
+    seed: Option<i64>,
+) -> Result<Sampling, ApiError> {
+    let max_tokens = match max_completion_tokens.or(max_tokens) {
         None => DEFAULT_MAX_TOKENS,
         Some(v) if v >= 1 && v <= i64::from(MAX_TOKENS_LIMIT) => v as u32,
         Some(v) => {
-            let field = if req.max_completion_tokens.is_some() {
+            let field = if max_completion_tokens.is_some() {
                 "max_completion_tokens"
             } else {
                 "max_tokens"
@@ -149,7 +213,7 @@ pub fn validate(
             ));
         }
     };
-    let temperature = match req.temperature {
+    let temperature = match temperature {
         None => None,
         Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => Some(t as f32),
         Some(t) => {
@@ -159,12 +223,12 @@ pub fn validate(
             ))
         }
     };
-    let top_p = match req.top_p {
+    let top_p = match top_p {
         None => None,
         Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => Some(p as f32),
         Some(p) => return Err(ApiError::invalid("top_p", format!("{p} is outside (0, 1]"))),
     };
-    let stop = match req.stop {
+    let stop = match stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) if v.len() <= 4 => v,
@@ -178,7 +242,7 @@ pub fn validate(
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
-    let seed = match req.seed {
+    let seed = match seed {
         None => None,
         Some(s) if s >= 0 => Some(s as u64),
         Some(s) => {
@@ -188,7 +252,23 @@ pub fn validate(
             ))
         }
     };
-    let top_logprobs = match req.top_logprobs {
+    Ok(Sampling {
+        max_tokens,
+        temperature,
+        top_p,
+        stop,
+        seed,
+    })
+}
+
+/// `logprobs`, `top_logprobs` and `response_format`, checked against the route's kind.
+fn valid_outputs(
+    kind: RouteKind,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    format: Option<&str>,
+) -> Result<(bool, usize, bool), ApiError> {
+    let top_logprobs = match top_logprobs {
         None => 0,
         Some(k) if (0..=20).contains(&k) => k as usize,
         Some(k) => {
@@ -198,7 +278,7 @@ pub fn validate(
             ))
         }
     };
-    let logprobs = req.logprobs.unwrap_or(false);
+    let logprobs = logprobs.unwrap_or(false);
     if top_logprobs > 0 && !logprobs {
         return Err(ApiError::invalid("top_logprobs", "requires logprobs: true"));
     }
@@ -208,7 +288,7 @@ pub fn validate(
             "log-probabilities are available on classify routes only",
         ));
     }
-    let json_object = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
+    let json_object = match format {
         None | Some("text") => false,
         Some("json_object") if kind == RouteKind::Classify => true,
         Some("json_object") => {
@@ -224,30 +304,7 @@ pub fn validate(
             ))
         }
     };
-    let user = req.user.map(|u| u.chars().take(256).collect::<String>());
-    let stream = req.stream.unwrap_or(false);
-    let include_usage = req
-        .stream_options
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-    Ok(ValidChat {
-        route: req.model,
-        kind,
-        messages,
-        text,
-        stream,
-        include_usage,
-        max_tokens,
-        temperature,
-        top_p,
-        stop,
-        seed,
-        logprobs,
-        top_logprobs,
-        json_object,
-        user,
-        batch: None,
-    })
+    Ok((logprobs, top_logprobs, json_object))
 }
 
 #[cfg(test)]
