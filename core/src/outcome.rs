@@ -52,6 +52,34 @@ impl Channel {
     }
 }
 
+/// Why an escalation fell back to Tier-0's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DegradeReason {
+    /// The server runs no LLM workers.
+    NoLlm,
+    /// The LLM's in-flight limit (or its queue) is full.
+    QueueFull,
+    /// No live worker could take the job, or its worker died.
+    WorkerDown,
+    /// It would not, or did not, finish before its deadline.
+    Deadline,
+    /// The LLM answered with an error or an unexpected reply.
+    LlmError,
+}
+
+impl DegradeReason {
+    /// The `x-tiergate-degraded` value and trace attribute.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DegradeReason::NoLlm => "no_llm",
+            DegradeReason::QueueFull => "queue_full",
+            DegradeReason::WorkerDown => "worker_down",
+            DegradeReason::Deadline => "deadline",
+            DegradeReason::LlmError => "llm_error",
+        }
+    }
+}
+
 /// Response headers that say what became of a request.
 pub mod header {
     /// `tier0` or `llm`.
@@ -75,5 +103,6 @@ mod tests {
         assert_eq!(Channel::of(Tier::Tier0, true), Channel::Degraded);
         assert_eq!(Tier::default().as_str(), "tier0");
         assert_eq!(Channel::Degraded.as_str(), "degraded");
+        assert_eq!(DegradeReason::QueueFull.as_str(), "queue_full");
     }
 }

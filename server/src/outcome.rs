@@ -1,7 +1,7 @@
 //! What became of an answered chat request, as a value the handlers return beside the response: metrics,
 //! the console's decision table and the escalation records read it, never the response's headers.
 
-pub use tiergate_core::outcome::{Channel, Tier};
+pub use tiergate_core::outcome::{Channel, DegradeReason, Tier};
 
 /// An answered request's outcome.
 #[derive(Debug, Clone)]
@@ -10,6 +10,8 @@ pub struct Outcome {
     pub tier: Tier,
     /// The channel it is counted in.
     pub channel: Channel,
+    /// Why an escalation fell back to Tier-0, when one did.
+    pub degraded: Option<DegradeReason>,
     /// The answer's confidence (classified routes).
     pub confidence: Option<f32>,
     /// The θ it was decided with (classified routes).

@@ -19,7 +19,7 @@ use crate::extract::ApiJson;
 use crate::llm::Refused;
 use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
-use crate::outcome::{Channel, Outcome, Tier};
+use crate::outcome::{Channel, DegradeReason, Outcome, Tier};
 use crate::validate::{validate, ValidChat};
 use tiergate_core::outcome::header;
 use tiergate_telemetry::TARGET;
@@ -35,7 +35,7 @@ pub(super) struct Meta {
     pub(super) threshold: Option<f64>,
     /// θ came from the request (admin override): kept out of the policy's statistics.
     pub(super) forced: bool,
-    pub(super) degraded: Option<&'static str>,
+    pub(super) degraded: Option<DegradeReason>,
     pub(super) prefilter_ms: f64,
     /// The encoder's forward pass (Tier-0's model time).
     pub(super) infer_ms: f64,
@@ -51,6 +51,7 @@ impl Meta {
         Outcome {
             tier: self.tier,
             channel: Channel::of(self.tier, self.degraded.is_some()),
+            degraded: self.degraded,
             confidence: self.confidence,
             threshold: self.threshold,
             label,
@@ -149,7 +150,7 @@ fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
         state.policy.current().version.to_string(),
     );
     if let Some(d) = meta.degraded {
-        put(header::DEGRADED, d.to_string());
+        put(header::DEGRADED, d.as_str().to_string());
     }
     put(
         "server-timing",
@@ -164,12 +165,12 @@ fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
     );
 }
 
-fn queue_error_reason(e: &QueueError) -> &'static str {
+fn queue_error_reason(e: &QueueError) -> DegradeReason {
     match e {
-        QueueError::Full { .. } => "queue_full",
-        QueueError::WorkerDown(_) => "worker_down",
-        QueueError::DeadlineExceeded => "deadline",
-        _ => "llm_error",
+        QueueError::Full { .. } => DegradeReason::QueueFull,
+        QueueError::WorkerDown(_) => DegradeReason::WorkerDown,
+        QueueError::DeadlineExceeded => DegradeReason::Deadline,
+        _ => DegradeReason::LlmError,
     }
 }
 
@@ -291,7 +292,7 @@ pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Resu
     }
     meta.tier = Tier::Tier0;
     meta.degraded = Some(queue_error_reason(e));
-    crate::trace::degraded(queue_error_reason(e));
+    crate::trace::degraded(queue_error_reason(e).as_str());
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::llm::Refused;
 use crate::metrics as m;
-use crate::outcome::Tier;
+use crate::outcome::{DegradeReason, Tier};
 use crate::validate::ValidChat;
 
 /// Tier-0's view of one request and the decision taken on it.
@@ -71,7 +71,7 @@ pub(super) fn decide(
 fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError> {
     match r {
         Refused::NoLlm => {
-            meta.degraded = Some("no_llm");
+            meta.degraded = Some(DegradeReason::NoLlm);
             Ok(())
         }
         Refused::Queue(e) => degrade(state, meta, &e),
