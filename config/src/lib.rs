@@ -11,6 +11,7 @@ mod load;
 mod models;
 mod prefilter;
 mod prompts;
+pub mod redact;
 mod serving;
 
 pub use batch::BatchConfig;

@@ -651,7 +651,11 @@ async fn concurrent_patches_without_if_match_lose_no_update() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_ready_info_redact_the_token() {
-    let r = rig(1, |_| {});
+    // A Redis URL with a password (the policy store is not used with this rig's memory kind, so nothing
+    // connects): /info must not show it either.
+    let r = rig(1, |c| {
+        c.policy_store.url = "redis://:hunter2@127.0.0.1:6379/0".into()
+    });
     let (s, _, _) = call(&r.app, Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK);
     let (s, _, b) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
@@ -667,6 +671,10 @@ async fn health_ready_info_redact_the_token() {
     let text = String::from_utf8_lossy(&b);
     assert!(
         !text.contains(TOKEN) && text.contains("<redacted>"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hunter2") && text.contains("redis://:<redacted>@127.0.0.1:6379/0"),
         "{text}"
     );
     // Admin and the config are not served on the public router at all.

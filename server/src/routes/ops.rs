@@ -106,12 +106,7 @@ pub async fn info(
     if let Err(e) = crate::auth::authorize_admin(&state, &headers, peer) {
         return e.into_response();
     }
-    let mut cfg = serde_json::to_value(&state.config).unwrap_or_default();
-    if let Some(t) = cfg.pointer_mut("/server/admin_token") {
-        if !t.is_null() {
-            *t = json!("<redacted>");
-        }
-    }
+    let cfg = tiergate_config::redact::redacted(&state.config);
     let fusion: serde_json::Map<String, serde_json::Value> = state
         .route_order
         .iter()
