@@ -13,6 +13,7 @@ mod prefilter;
 mod prompts;
 pub mod redact;
 mod serving;
+mod worker;
 
 pub use batch::BatchConfig;
 pub use error::ConfigError;
@@ -27,6 +28,7 @@ pub use serving::{
     FailureMode, PolicyStoreConfig, RerankerConfig, RouteConfig, RouteKind, RoutingConfig,
     RoutingMode, ServerConfig, UtilizationConfig, UtilizationSource,
 };
+pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 
 use serde::{Deserialize, Serialize};
 

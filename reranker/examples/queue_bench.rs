@@ -98,12 +98,8 @@ fn supervisor(seg: &Arc<Segment>, name: &str, delay_ms: u64) -> anyhow::Result<S
         SupervisorConfig {
             workers: 1,
             program,
-            args: vec![
-                "--engine".into(),
-                "stub".into(),
-                "--stub-delay-ms".into(),
-                delay_ms.to_string(),
-            ],
+            // No `--spec`: the stub.
+            args: vec!["--stub-delay-ms".into(), delay_ms.to_string()],
             segment: name.into(),
             heartbeat_timeout: Duration::from_secs(2),
             load_timeout: Duration::from_secs(60),

@@ -1,5 +1,5 @@
 //! The escalation's cost on this machine: reranks of `bench/rerank_cases.json` (5 candidates with 4 examples
-//! each, 8 queries) through the real shared-memory queue and a real `tiergate-reranker --engine mistralrs`
+//! each, 8 queries) through the real shared-memory queue and a real `tiergate-reranker` (mistralrs engine)
 //! worker process, for each scoring method of the default config's templates (choice with its default
 //! `choice_orders`, label names only):
 //! - cold: the first rerank (channel: the 5 label prefixes are prefilled then);
@@ -188,18 +188,24 @@ fn start_worker(
         SupervisorConfig {
             workers: 1,
             program,
-            args: match upstream {
-                Some(url) => ["--engine", "openai", "--url", url, "--model", "bench"]
-                    .map(String::from)
-                    .to_vec(),
-                None => vec![
-                    "--engine".into(),
-                    "mistralrs".into(),
-                    "--model".into(),
-                    model.into(),
-                    "--scoring-weights".into(),
-                    weights.into(),
-                ],
+            args: {
+                let mut r = Config::default().reranker;
+                match upstream {
+                    Some(url) => {
+                        r.engine = "openai".into();
+                        r.url = url.into();
+                        r.model = "bench".into();
+                    }
+                    None => {
+                        r.engine = "mistralrs".into();
+                        r.model = model.into();
+                        r.scoring_weights = weights.into();
+                    }
+                }
+                vec![
+                    "--spec".into(),
+                    tiergate_config::WorkerSpec::of(&r).to_arg(),
+                ]
             },
             segment: name,
             heartbeat_timeout: Duration::from_secs(10),

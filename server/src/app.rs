@@ -341,57 +341,14 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
     } else {
         r.program.clone()
     };
-    let mut args = vec![
-        "--engine".to_string(),
-        r.engine.clone(),
-        "--max-concurrent".into(),
-        r.max_concurrent.to_string(),
-    ];
-    if r.engine == "mistralrs" {
-        args.extend([
-            "--model".to_string(),
-            r.model.to_string_lossy().into_owned(),
-        ]);
-        if r.f32_weights {
-            args.push("--f32-weights".into());
-        }
-        args.extend([
-            "--scoring-weights".to_string(),
-            r.scoring_weights.clone(),
-            "--prefix-cache-mib".into(),
-            r.prefix_cache_mib.to_string(),
-        ]);
-    }
-    if !r.profile.is_empty() && r.engine != "stub" {
-        args.extend(["--profile".to_string(), r.profile.clone()]);
-    }
-    if r.engine == "openai" {
-        args.extend([
-            "--url".to_string(),
-            r.url.clone(),
-            "--model".into(),
-            r.model.to_string_lossy().into_owned(),
-            "--api-key-env".into(),
-            r.api_key_env.clone(),
-            "--connect-timeout-ms".into(),
-            r.connect_timeout_ms.to_string(),
-            "--request-timeout-ms".into(),
-            r.request_timeout_ms.to_string(),
-            "--max-in-flight".into(),
-            r.remote_max_in_flight.to_string(),
-        ]);
-    }
+    let mut spec = tiergate_config::WorkerSpec::of(r);
     // The worker exports its job spans where this server exports its own.
-    if let Some(e) = tiergate_telemetry::export() {
-        args.extend([
-            "--otlp-endpoint".to_string(),
-            e.url.clone(),
-            "--otlp-protocol".into(),
-            e.protocol.as_str().into(),
-            "--service-name".into(),
-            format!("{}-worker", e.service_name),
-        ]);
-    }
+    spec.telemetry = tiergate_telemetry::export().map(|e| tiergate_config::WorkerTelemetry {
+        endpoint: e.url.clone(),
+        protocol: e.protocol.as_str().into(),
+        service_name: format!("{}-worker", e.service_name),
+    });
+    let mut args = vec!["--spec".to_string(), spec.to_arg()];
     args.extend(r.extra_args.iter().cloned());
     let heartbeat = Duration::from_millis(r.heartbeat_timeout_ms);
     let name_for_info = name.clone();

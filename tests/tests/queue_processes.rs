@@ -60,13 +60,21 @@ fn rig_with(
 ) -> Rig {
     let n = name();
     let seg = Arc::new(Segment::create(&n, geo(slots)).unwrap());
-    let mut args = vec![
-        "--engine".to_string(),
-        "stub".to_string(),
-        "--heartbeat-ms".into(),
-        "20".into(),
-    ];
-    args.extend(stub_args.iter().map(|s| s.to_string()));
+    // `--max-concurrent N` among the stub's flags sets the spec's field (the worker takes it there).
+    let mut spec = tiergate_config::WorkerSpec {
+        heartbeat_ms: 20,
+        ..tiergate_config::WorkerSpec::stub()
+    };
+    let mut flags = Vec::new();
+    let mut it = stub_args.iter();
+    while let Some(a) = it.next() {
+        match *a {
+            "--max-concurrent" => spec.max_concurrent = it.next().unwrap().parse().unwrap(),
+            other => flags.push(other.to_string()),
+        }
+    }
+    let mut args = vec!["--spec".to_string(), spec.to_arg()];
+    args.extend(flags);
     let mut cfg = SupervisorConfig {
         workers,
         program: binary("tiergate-reranker"),

@@ -103,20 +103,18 @@ fn rig(port: u16) -> Rig {
         SupervisorConfig {
             workers: 1,
             program: binary("tiergate-reranker"),
-            args: [
-                "--engine",
-                "openai",
-                "--url",
-                &format!("http://127.0.0.1:{port}/v1"),
-                "--model",
-                "smollm2",
-                "--max-in-flight",
-                "8",
-                "--request-timeout-ms",
-                "60000",
-            ]
-            .map(String::from)
-            .to_vec(),
+            args: {
+                let mut r = tiergate_config::Config::default().reranker;
+                r.engine = "openai".into();
+                r.url = format!("http://127.0.0.1:{port}/v1");
+                r.model = "smollm2".into();
+                r.remote_max_in_flight = 8;
+                r.request_timeout_ms = 60_000;
+                vec![
+                    "--spec".into(),
+                    tiergate_config::WorkerSpec::of(&r).to_arg(),
+                ]
+            },
             segment: name,
             heartbeat_timeout: Duration::from_secs(5),
             load_timeout: Duration::from_secs(30),

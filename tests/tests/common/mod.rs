@@ -131,7 +131,7 @@ pub fn prometheus(dir: &std::path::Path, config: &str) -> (Killed, String) {
     (Killed(child), format!("http://127.0.0.1:{port}"))
 }
 
-/// A `tiergate-reranker --engine mistralrs` worker on `model` behind a fresh shared-memory queue, ready
+/// A `tiergate-reranker` worker (mistralrs engine) on `model` behind a fresh shared-memory queue, ready
 /// (waits up to `ready_within` for the model to load). Drop the supervisor to stop it.
 pub fn llm_worker(
     model: &std::path::Path,
@@ -156,12 +156,15 @@ pub fn llm_worker(
         SupervisorConfig {
             workers: 1,
             program: binary("tiergate-reranker"),
-            args: vec![
-                "--engine".into(),
-                "mistralrs".into(),
-                "--model".into(),
-                model.to_string_lossy().into(),
-            ],
+            args: {
+                let mut r = tiergate_config::Config::default().reranker;
+                r.engine = "mistralrs".into();
+                r.model = model.to_path_buf();
+                vec![
+                    "--spec".into(),
+                    tiergate_config::WorkerSpec::of(&r).to_arg(),
+                ]
+            },
             segment: name,
             heartbeat_timeout: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),

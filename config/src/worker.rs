@@ -1,0 +1,181 @@
+//! What one LLM worker process runs, as one typed value: the server builds it from `[reranker]`
+//! ([`WorkerSpec::of`]) and hands it to each worker as a single serialised argument (`--spec JSON`), so the
+//! worker's engine options have one schema — this one — and their defaults live in `[reranker]`'s.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::RerankerConfig;
+
+/// One worker's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    pub engine: EngineSpec,
+    /// Jobs run at once.
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent: usize,
+    /// Heartbeat period, milliseconds.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Where the worker exports its job spans (the server's own OTLP endpoint); `None`: not exported.
+    #[serde(default)]
+    pub telemetry: Option<WorkerTelemetry>,
+}
+
+fn default_max_concurrent() -> usize {
+    4
+}
+
+fn default_heartbeat_ms() -> u64 {
+    100
+}
+
+/// The engine a worker runs, with its options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum EngineSpec {
+    /// The deterministic stub (no model; its fault knobs are the worker's `--stub-*` flags).
+    Stub,
+    /// mistralrs (generation) and the scoring forward on a local model.
+    Mistralrs {
+        /// A .gguf file or a Hugging Face folder.
+        model: PathBuf,
+        /// In-situ quantisation for a Hugging Face folder (q4_0, q4_1, q5_0, q5_1, q8_0).
+        #[serde(default)]
+        isq: Option<String>,
+        /// Dequantise GGUF weights to f32 for generation.
+        #[serde(default)]
+        f32_weights: bool,
+        /// The scoring forward's arithmetic: int8, f32 or quantized.
+        scoring_weights: String,
+        /// The scoring profile (empty: by the model's file name).
+        #[serde(default)]
+        profile: String,
+        /// Memory for cached label prefixes, MiB.
+        prefix_cache_mib: usize,
+    },
+    /// A remote OpenAI-compatible server.
+    Openai {
+        /// The base URL, up to and including `/v1`.
+        url: String,
+        /// The upstream's model name.
+        model: String,
+        /// The environment variable holding the API key (empty: none).
+        #[serde(default)]
+        api_key_env: String,
+        connect_timeout_ms: u64,
+        request_timeout_ms: u64,
+        /// Upstream requests in flight at most.
+        max_in_flight: usize,
+        /// `top_logprobs` asked for when scoring (TGI: 5; OpenAI, vLLM: up to 20).
+        #[serde(default = "default_top_logprobs")]
+        top_logprobs: usize,
+        /// The scoring profile (empty: by the model name).
+        #[serde(default)]
+        profile: String,
+    },
+}
+
+fn default_top_logprobs() -> usize {
+    20
+}
+
+/// Where a worker exports its spans.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerTelemetry {
+    pub endpoint: String,
+    /// `http/protobuf` or `grpc`.
+    pub protocol: String,
+    pub service_name: String,
+}
+
+impl WorkerSpec {
+    /// The spec `[reranker]` describes (without telemetry, which the server adds when it exports).
+    pub fn of(r: &RerankerConfig) -> Self {
+        let engine = match r.engine.as_str() {
+            "mistralrs" => EngineSpec::Mistralrs {
+                model: r.model.clone(),
+                isq: None,
+                f32_weights: r.f32_weights,
+                scoring_weights: r.scoring_weights.clone(),
+                profile: r.profile.clone(),
+                prefix_cache_mib: r.prefix_cache_mib,
+            },
+            "openai" => EngineSpec::Openai {
+                url: r.url.clone(),
+                model: r.model.to_string_lossy().into_owned(),
+                api_key_env: r.api_key_env.clone(),
+                connect_timeout_ms: r.connect_timeout_ms,
+                request_timeout_ms: r.request_timeout_ms,
+                max_in_flight: r.remote_max_in_flight,
+                top_logprobs: default_top_logprobs(),
+                profile: r.profile.clone(),
+            },
+            // `validate` admits stub, mistralrs and openai only.
+            _ => EngineSpec::Stub,
+        };
+        Self {
+            engine,
+            max_concurrent: r.max_concurrent,
+            heartbeat_ms: default_heartbeat_ms(),
+            telemetry: None,
+        }
+    }
+
+    /// The spec as the one command-line argument that carries it.
+    pub fn to_arg(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads [`Self::to_arg`]'s form back.
+    pub fn parse(arg: &str) -> Result<Self, String> {
+        serde_json::from_str(arg).map_err(|e| format!("--spec: {e}"))
+    }
+
+    /// The stub with defaults (a worker started without `--spec`).
+    pub fn stub() -> Self {
+        Self {
+            engine: EngineSpec::Stub,
+            max_concurrent: default_max_concurrent(),
+            heartbeat_ms: default_heartbeat_ms(),
+            telemetry: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reranker_section_round_trips_through_one_argument() {
+        for engine in ["stub", "mistralrs", "openai"] {
+            let mut r = crate::Config::default().reranker;
+            r.engine = engine.into();
+            r.url = "http://127.0.0.1:9/v1".into();
+            let spec = WorkerSpec::of(&r);
+            assert_eq!(WorkerSpec::parse(&spec.to_arg()).unwrap(), spec, "{engine}");
+            assert_eq!(spec.max_concurrent, r.max_concurrent);
+        }
+        let mut r = crate::Config::default().reranker;
+        r.engine = "mistralrs".into();
+        r.scoring_weights = "f32".into();
+        assert!(matches!(
+            WorkerSpec::of(&r).engine,
+            EngineSpec::Mistralrs { ref scoring_weights, .. } if scoring_weights == "f32"
+        ));
+    }
+
+    #[test]
+    fn a_bad_spec_is_a_clear_error() {
+        let e = WorkerSpec::parse(r#"{"engine":{"kind":"tpu"}}"#).unwrap_err();
+        assert!(e.contains("--spec") && e.contains("tpu"), "{e}");
+        let e = WorkerSpec::parse(r#"{"engine":{"kind":"stub"},"workerz":1}"#).unwrap_err();
+        assert!(e.contains("workerz"), "{e}");
+        let s = WorkerSpec::parse(r#"{"engine":{"kind":"stub"}}"#).unwrap();
+        assert_eq!(s, WorkerSpec::stub());
+    }
+}
