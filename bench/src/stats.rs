@@ -342,17 +342,6 @@ mod tests {
     }
 
     #[test]
-    fn bands_follow_the_design_table() {
-        assert_eq!(band(12.0), "Tier-0");
-        assert_eq!(band(80.0), "Tier-0");
-        assert_eq!(band(80.1), "Tier-1");
-        assert_eq!(band(2140.0), "Tier-3");
-        assert_eq!(band(1200.0), "Tier-2");
-        assert_eq!(band(12000.0), "Tier-4");
-        assert_eq!(band(12001.0), "none");
-    }
-
-    #[test]
     fn channels_from_headers() {
         assert_eq!(
             Channel::of(&o(0.0, 1, Some("tier0"), false, false)),
