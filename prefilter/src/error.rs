@@ -42,13 +42,13 @@ pub enum PrefilterError {
 }
 
 impl PrefilterError {
-    pub(crate) fn file(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+    pub fn file(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
         PrefilterError::File {
             path: path.into(),
             message: err.to_string(),
         }
     }
-    pub(crate) fn corrupt(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+    pub fn corrupt(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
         PrefilterError::Corrupt {
             path: path.into(),
             message: err.to_string(),

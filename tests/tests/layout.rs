@@ -78,7 +78,7 @@ fn dependencies_run_one_way() {
     );
     assert!(!server.contains("tiergate-reranker"));
     let worker = reaches(&g, "tiergate-reranker");
-    for banned in ["tiergate-prefilter", "tiergate-server"] {
+    for banned in ["tiergate-prefilter", "tiergate-train", "tiergate-server"] {
         assert!(
             !worker.contains(banned),
             "the worker depends on {banned}: it needs the kernels, not Tier-0"
@@ -87,6 +87,13 @@ fn dependencies_run_one_way() {
     assert!(
         !g["tiergate-reranker"].iter().any(|d| d == "csv"),
         "the worker depends on csv directly"
+    );
+    // Serving is apart from training: Tier-0 reads no CSV and reaches no training code.
+    let prefilter = reaches(&g, "tiergate-prefilter");
+    assert!(!prefilter.contains("tiergate-train"));
+    assert!(
+        !g["tiergate-prefilter"].iter().any(|d| d == "csv"),
+        "the prefilter depends on csv: data files belong to tiergate-train"
     );
     for leaf in ["tiergate-kernels", "tiergate-core"] {
         let r = reaches(&g, leaf);

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use tiergate_prefilter::distill::{distill, DistillOptions};
+use tiergate_train::distill::{distill, DistillOptions};
 
 use super::DataArgs;
 

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use tiergate_prefilter::eval::{evaluate, EvalOptions, EvalReport};
 use tiergate_prefilter::Classifier;
+use tiergate_train::eval::{evaluate, EvalOptions, EvalReport};
 
 use super::{hybrid, ConfigArgs, DataArgs};
 
@@ -61,7 +61,7 @@ pub enum Split {
 
 pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<()> {
     let cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
-    let data = tiergate_prefilter::data::read(&args.data.spec())?;
+    let data = tiergate_train::data::read(&args.data.spec())?;
     let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let opts = EvalOptions {
         prefilter: cfg.prefilter.clone(),
@@ -82,15 +82,15 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
 
 /// The rows of `split` (the same stratified split `tiergate train` makes).
 pub fn select_rows(
-    examples: Vec<tiergate_prefilter::data::Example>,
+    examples: Vec<tiergate_train::data::Example>,
     split: Split,
     dev_fraction: f64,
     seed: u64,
-) -> Vec<tiergate_prefilter::data::Example> {
+) -> Vec<tiergate_train::data::Example> {
     match split {
         Split::All => examples,
         Split::Dev | Split::Train => {
-            let (train, dev) = tiergate_prefilter::data::split(&examples, dev_fraction, seed);
+            let (train, dev) = tiergate_train::data::split(&examples, dev_fraction, seed);
             if split == Split::Dev {
                 dev
             } else {
@@ -127,7 +127,7 @@ fn run_hybrid(
     args: &EvalArgs,
     cfg: &tiergate_config::Config,
     classifier: &Classifier,
-    rows: &[tiergate_prefilter::data::Example],
+    rows: &[tiergate_train::data::Example],
 ) -> anyhow::Result<()> {
     let quiet = args.json;
     let (scored, llm) = match &args.from_rows {
@@ -210,7 +210,7 @@ fn run_hybrid(
 struct RowsFile<'a> {
     out: std::fs::File,
     labels: &'a [String],
-    examples: &'a [tiergate_prefilter::data::Example],
+    examples: &'a [tiergate_train::data::Example],
     llm: String,
     written: Vec<bool>,
 }
@@ -219,7 +219,7 @@ impl<'a> RowsFile<'a> {
     fn create(
         path: &std::path::Path,
         classifier: &'a Classifier,
-        examples: &'a [tiergate_prefilter::data::Example],
+        examples: &'a [tiergate_train::data::Example],
         llm: &str,
     ) -> anyhow::Result<Self> {
         let out =

@@ -42,7 +42,7 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
         args.classifier.display()
     );
     let cfg = tiergate_config::load(args.config.config.as_deref(), env, &args.config.overrides)?;
-    let data = tiergate_prefilter::data::read(&args.data.spec())?;
+    let data = tiergate_train::data::read(&args.data.spec())?;
     let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
     let (scored, llm) = match &args.from_rows {

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use tiergate_config::{Config, RouteKind};
-use tiergate_prefilter::data::Example;
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
 use tiergate_queue::fusion::{argmax, fuse, llm_probs};
 use tiergate_queue::{Candidate, Job, Reply};
+use tiergate_train::data::Example;
 
 /// One evaluated row.
 #[derive(Debug, Clone)]

@@ -54,8 +54,8 @@ pub struct DataArgs {
 }
 
 impl DataArgs {
-    fn spec(&self) -> tiergate_prefilter::data::DataSpec {
-        tiergate_prefilter::data::DataSpec {
+    fn spec(&self) -> tiergate_train::data::DataSpec {
+        tiergate_train::data::DataSpec {
             path: self.data.clone(),
             text_column: self.text_column.clone(),
             label_column: self.label_column.clone(),

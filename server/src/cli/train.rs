@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use tiergate_prefilter::train::{train, TrainOptions};
+use tiergate_train::train::{train, TrainOptions};
 
 use super::DataArgs;
 

@@ -19,11 +19,11 @@ use rand::SeedableRng;
 use serde::Serialize;
 use tiergate_config::{PoolingConfig, Precision};
 
-use crate::calibrate::{argmax, ece, fit_temperature, softmax};
-use crate::classifier::{embed_texts, load_encoder};
 use crate::data::{self, DataSpec};
-use crate::error::{PrefilterError, Result};
-use crate::heads::{load_trained, save_trained};
+use tiergate_prefilter::calibrate::{argmax, ece, fit_temperature, softmax};
+use tiergate_prefilter::classifier::{embed_texts, load_encoder};
+use tiergate_prefilter::error::{PrefilterError, Result};
+use tiergate_prefilter::heads::{load_trained, save_trained};
 
 /// What `tiergate distill` needs.
 #[derive(Debug, Clone)]

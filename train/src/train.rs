@@ -10,13 +10,13 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use tiergate_config::{PoolingConfig, Precision};
 
-use crate::calibrate::{argmax, ece, fit_temperature, softmax};
-use crate::classifier::{embed_texts, load_encoder};
 use crate::data::{self, DataSpec, Example};
-use crate::encoder::Encoder;
-use crate::error::{PrefilterError, Result};
-use crate::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
-use crate::tokenize::{TextTokenizer, Tokens};
+use tiergate_prefilter::calibrate::{argmax, ece, fit_temperature, softmax};
+use tiergate_prefilter::classifier::{embed_texts, load_encoder};
+use tiergate_prefilter::encoder::Encoder;
+use tiergate_prefilter::error::{PrefilterError, Result};
+use tiergate_prefilter::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
+use tiergate_prefilter::tokenize::{TextTokenizer, Tokens};
 
 /// Everything `tiergate train` needs.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{PrefilterError, Result};
+use tiergate_prefilter::error::{PrefilterError, Result};
 
 /// One labelled example.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tiergate_config::PrefilterConfig;
 
-use crate::calibrate::{argmax, ece};
-use crate::classifier::Classifier;
 use crate::data::Example;
-use crate::error::{PrefilterError, Result};
-use crate::runtime::{Prediction, PrefilterHandle};
+use tiergate_prefilter::calibrate::{argmax, ece};
+use tiergate_prefilter::classifier::Classifier;
+use tiergate_prefilter::error::{PrefilterError, Result};
+use tiergate_prefilter::runtime::{Prediction, PrefilterHandle};
 
 /// One row of the selective-prediction table.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -210,7 +210,7 @@ pub fn percentile_ms(samples: &mut [Duration], q: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::Timings;
+    use tiergate_prefilter::runtime::Timings;
 
     fn pred(probs: Vec<f32>) -> Prediction {
         let (label, confidence) = argmax(&probs);

@@ -1,0 +1,146 @@
+//! Training on a tiny random BERT written to a temp folder (no download): a trained head round-trips through
+//! disk and classifies its training texts; fine-tuning writes an encoder that loads.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::path::Path;
+
+use candle_core::Device;
+use tiergate_config::{HeadConfig, Precision, PrefilterConfig, TrainedHeadConfig};
+use tiergate_prefilter::testing::TinyModel;
+use tiergate_prefilter::{Classifier, PrefilterHandle};
+use tiergate_train::data::DataSpec;
+use tiergate_train::train::{train, TrainOptions};
+
+fn cfg_for(dir: &Path, head: HeadConfig) -> PrefilterConfig {
+    PrefilterConfig {
+        encoder: dir.to_path_buf(),
+        head,
+        max_tokens: 16,
+        ..PrefilterConfig::default()
+    }
+}
+
+#[test]
+fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("d.csv");
+    let mut csv = String::from("text,category\n");
+    let groups = [
+        ("card lost", "lost"),
+        ("pay bill", "pay"),
+        ("hello hi", "greet"),
+        ("account balance", "balance"),
+    ];
+    for (i, (text, label)) in groups.iter().cycle().take(80).enumerate() {
+        // Vary each row a little with a filler word so rows are not identical.
+        let filler = ["the", "a", "please", "my", "i"][i % 5];
+        csv.push_str(&format!("{filler} {text},{label}\n"));
+    }
+    std::fs::write(&data, csv).unwrap();
+    let out = work.path().join("head");
+    let report = train(
+        &TrainOptions {
+            encoder: tiny.dir.path().to_path_buf(),
+            data: DataSpec::new(&data),
+            dev_fraction: 0.25,
+            seed: 1,
+            fine_tune: false,
+            fine_tune_epochs: 1,
+            max_tokens: 16,
+            out: out.clone(),
+            precision: Precision::Auto,
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(report.labels, 4);
+    assert_eq!(report.dev.n, 20);
+    assert!(
+        report.dev.accuracy >= 0.9,
+        "dev accuracy {}",
+        report.dev.accuracy
+    );
+    assert!(report.temperature > 0.0);
+    let cfg = cfg_for(
+        tiny.dir.path(),
+        HeadConfig::Trained(TrainedHeadConfig { dir: out.clone() }),
+    );
+    let c = Classifier::from_config(&cfg).unwrap();
+    assert_eq!(c.labels(), ["balance", "greet", "lost", "pay"]);
+    let handle = PrefilterHandle::start(c, &cfg).unwrap();
+    assert_eq!(
+        handle.classify_blocking("please card lost").unwrap().label,
+        2
+    );
+    assert_eq!(handle.classify_blocking("my pay bill").unwrap().label, 3);
+}
+
+#[test]
+fn fine_tuning_writes_a_loadable_encoder() {
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("d.jsonl");
+    let rows: String = (0..40)
+        .map(|i| {
+            let (t, l) = if i % 2 == 0 {
+                ("card lost", "a")
+            } else {
+                ("send money", "b")
+            };
+            format!(
+                "{{\"text\":\"{t} {}\",\"label\":\"{l}\"}}\n",
+                ["the", "my", "a", "i"][i % 4]
+            )
+        })
+        .collect();
+    std::fs::write(&data, rows).unwrap();
+    let out = work.path().join("ft");
+    let report = train(
+        &TrainOptions {
+            encoder: tiny.dir.path().to_path_buf(),
+            data: DataSpec::new(&data),
+            dev_fraction: 0.2,
+            seed: 3,
+            fine_tune: true,
+            fine_tune_epochs: 1,
+            max_tokens: 16,
+            out: out.clone(),
+            precision: Precision::Auto,
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(report.dev.accuracy >= 0.9, "{}", report.dev.accuracy);
+    assert!(out.join("encoder/model.safetensors").is_file());
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("head.json")).unwrap()).unwrap();
+    assert_eq!(
+        meta["examples"].as_array().map(Vec::len),
+        Some(2),
+        "representatives per label"
+    );
+    let c = Classifier::from_dir(&out, 16, Precision::Auto).unwrap();
+    let t = c.tokenizer.encode("card lost the").unwrap();
+    let p = c.probabilities(&[&t]).unwrap();
+    assert_eq!(tiergate_prefilter::calibrate::argmax(&p[0]).0, 0);
+    // The tuned encoder differs from the original: fine-tuning really changed weights.
+    let a = candle_core::safetensors::load(tiny.dir.path().join("model.safetensors"), &Device::Cpu)
+        .unwrap();
+    let b = candle_core::safetensors::load(out.join("encoder/model.safetensors"), &Device::Cpu)
+        .unwrap();
+    let name = "bert.encoder.layer.0.attention.self.query.weight";
+    let key = if b.contains_key(name) {
+        name
+    } else {
+        "encoder.layer.0.attention.self.query.weight"
+    };
+    let diff = (a[name].clone() - b[key].clone())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap();
+    assert!(diff.to_scalar::<f32>().unwrap() > 0.0);
+}
