@@ -26,7 +26,7 @@ pub use prefilter::{
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
     FailureMode, PolicyStoreConfig, RerankerConfig, RouteConfig, RouteKind, RoutingConfig,
-    RoutingMode, ServerConfig, UtilizationConfig, UtilizationSource,
+    RoutingMode, ServerConfig, StoreKind, UtilizationConfig, UtilizationSource,
 };
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 

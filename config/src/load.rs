@@ -263,4 +263,25 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
         assert_eq!(cfg.prefilter.encoder, Path::new("/tmp/enc"));
         assert!(matches!(cfg.prefilter.head, HeadConfig::Trained(_)));
     }
+
+    #[test]
+    fn the_policy_store_kind_is_one_of_two() {
+        let cfg = load(
+            None,
+            Vec::new(),
+            &[
+                "policy_store.kind=redis".into(),
+                "policy_store.url=redis://127.0.0.1:6379/0".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.policy_store.kind, crate::StoreKind::Redis);
+        let e = load(None, Vec::new(), &["policy_store.kind=etcd".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("etcd") && e.contains("memory") && e.contains("redis"),
+            "{e}"
+        );
+    }
 }

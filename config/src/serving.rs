@@ -193,7 +193,7 @@ pub enum UtilizationSource {
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyStoreConfig {
     /// `memory` or `redis`.
-    pub kind: String,
+    pub kind: StoreKind,
     /// `redis`: e.g. `redis://127.0.0.1:6379/0`.
     pub url: String,
     /// `redis`: the key prefix (`{key}` holds the policy and its version, `{key}:audit` the audit log,
@@ -203,10 +203,18 @@ pub struct PolicyStoreConfig {
     pub sync_ms: u64,
 }
 
+/// The policy store's kind (`policy_store.kind`; any other value is refused when the config is read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
 impl Default for PolicyStoreConfig {
     fn default() -> Self {
         Self {
-            kind: "memory".into(),
+            kind: StoreKind::Memory,
             url: String::new(),
             key: "tiergate:policy".into(),
             sync_ms: 500,
@@ -217,9 +225,11 @@ impl Default for PolicyStoreConfig {
 impl PolicyStoreConfig {
     /// Checks the section.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        match self.kind.as_str() {
-            "memory" => Ok(()),
-            "redis" if self.url.starts_with("redis://") || self.url.starts_with("rediss://") => {
+        match self.kind {
+            StoreKind::Memory => Ok(()),
+            StoreKind::Redis
+                if self.url.starts_with("redis://") || self.url.starts_with("rediss://") =>
+            {
                 if self.key.trim().is_empty() || !(50..=2_000).contains(&self.sync_ms) {
                     return Err(ConfigError::invalid(
                         format!("{at}.key"),
@@ -228,13 +238,9 @@ impl PolicyStoreConfig {
                 }
                 Ok(())
             }
-            "redis" => Err(ConfigError::invalid(
+            StoreKind::Redis => Err(ConfigError::invalid(
                 format!("{at}.url"),
                 "must be a redis:// URL",
-            )),
-            other => Err(ConfigError::invalid(
-                format!("{at}.kind"),
-                format!("`{other}`: use memory or redis"),
             )),
         }
     }

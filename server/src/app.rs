@@ -270,9 +270,11 @@ impl AppState {
             },
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: std::sync::Mutex::new(std::collections::VecDeque::new()),
-            store: match config.policy_store.kind.as_str() {
-                "redis" => Some(crate::store::RedisStore::new(&config.policy_store)?),
-                _ => None,
+            store: match config.policy_store.kind {
+                tiergate_config::StoreKind::Redis => {
+                    Some(crate::store::RedisStore::new(&config.policy_store)?)
+                }
+                tiergate_config::StoreKind::Memory => None,
             },
             config,
             routes,
