@@ -134,16 +134,16 @@ impl Dense {
 }
 
 impl Dense {
-    /// The int8 form of a frozen layer (`None` for a live one).
-    fn to_int8(&self) -> Result<Option<tiergate_kernels::int8::QDense>> {
+    /// The int8 form of a frozen layer (a live, trainable one has none).
+    fn to_int8(&self) -> Result<tiergate_kernels::int8::QDense> {
         let Dense::Frozen { wt, b } = self else {
-            return Ok(None);
+            return Err(candle_core::Error::Msg("int8: a trainable layer".into()).into());
         };
         let w = wt.t()?.contiguous()?;
         let (out, k) = w.dims2()?;
         let wv = w.flatten_all()?.to_vec1::<f32>()?;
         let bv = b.to_vec1::<f32>()?;
-        Ok(Some(tiergate_kernels::int8::QDense::new(&wv, &bv, out, k)))
+        Ok(tiergate_kernels::int8::QDense::new(&wv, &bv, out, k))
     }
 }
 
@@ -270,17 +270,12 @@ impl PackedBert {
                     .layers
                     .iter()
                     .map(|l| {
-                        let q = |d: &Dense| -> Result<tiergate_kernels::int8::QDense> {
-                            d.to_int8()?.ok_or_else(|| {
-                                candle_core::Error::Msg("int8: a live layer".into()).into()
-                            })
-                        };
                         Ok(crate::bert_int8::Layer {
-                            qkv: q(&l.qkv)?,
-                            attn_out: q(&l.attn_out)?,
+                            qkv: l.qkv.to_int8()?,
+                            attn_out: l.attn_out.to_int8()?,
                             attn_norm: host_norm(&l.attn_norm)?,
-                            up: q(&l.up)?,
-                            down: q(&l.down)?,
+                            up: l.up.to_int8()?,
+                            down: l.down.to_int8()?,
                             out_norm: host_norm(&l.out_norm)?,
                         })
                     })

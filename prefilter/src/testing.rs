@@ -17,6 +17,19 @@ pub const TINY_WORDS: &[&str] = &[
 
 const SEED: u64 = 0x7469_6572;
 
+/// A prefilter config for a tiny encoder in `dir` with `head` (16-token inputs, the rest default).
+pub fn tiny_config(
+    dir: &std::path::Path,
+    head: tiergate_config::HeadConfig,
+) -> tiergate_config::PrefilterConfig {
+    tiergate_config::PrefilterConfig {
+        encoder: dir.to_path_buf(),
+        head,
+        max_tokens: 16,
+        ..tiergate_config::PrefilterConfig::default()
+    }
+}
+
 /// A tiny BERT sequence-classification checkpoint in a temporary folder.
 pub struct TinyModel {
     /// The folder (deleted on drop).

@@ -8,21 +8,12 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert;
-use tiergate_config::{
-    FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
-};
+use tiergate_config::{FewShotLabel, HeadConfig, PoolingConfig, Precision, TrainedHeadConfig};
 use tiergate_prefilter::bert::{Packed, PackedBert};
 use tiergate_prefilter::testing::TinyModel;
 use tiergate_prefilter::{Classifier, PrefilterError, PrefilterHandle};
 
-fn cfg_for(dir: &Path, head: HeadConfig) -> PrefilterConfig {
-    PrefilterConfig {
-        encoder: dir.to_path_buf(),
-        head,
-        max_tokens: 16,
-        ..PrefilterConfig::default()
-    }
-}
+use tiergate_prefilter::testing::tiny_config as cfg_for;
 
 #[test]
 fn packed_forward_matches_candle_transformers_bert() {

@@ -52,7 +52,7 @@ pub fn record(state: &AppState, route: &str, outcome: &Outcome, took: Duration) 
         route: route.to_string(),
         a: outcome.confidence.map(|c| 1.0 - f64::from(c)),
         theta: outcome.threshold,
-        channel: outcome.channel.as_str(),
+        channel: outcome.channel().as_str(),
         label: outcome.label.clone(),
         latency_ms: took.as_secs_f64() * 1e3,
         at: Some(Instant::now()),

@@ -59,6 +59,8 @@ pub enum Refused {
 pub struct Submitted<'a> {
     pub handle: JobHandle,
     pub ahead: u32,
+    /// The LLM side it went to.
+    pub llm: &'a Llm,
     _turn: Option<Turn<'a>>,
 }
 
@@ -91,6 +93,7 @@ pub async fn submit<'a>(
     Ok(Submitted {
         handle,
         ahead: in_flight as u32 + 1,
+        llm,
         _turn: turn,
     })
 }

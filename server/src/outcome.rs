@@ -8,8 +8,6 @@ pub use tiergate_core::outcome::{Channel, DegradeReason, Tier};
 pub struct Outcome {
     /// The tier whose answer the client got.
     pub tier: Tier,
-    /// The channel it is counted in.
-    pub channel: Channel,
     /// Why an escalation fell back to Tier-0, when one did.
     pub degraded: Option<DegradeReason>,
     /// The answer's confidence (classified routes).
@@ -18,4 +16,11 @@ pub struct Outcome {
     pub threshold: Option<f64>,
     /// The label answered (classified routes, not an LLM-written answer).
     pub label: Option<String>,
+}
+
+impl Outcome {
+    /// The channel it is counted in.
+    pub fn channel(&self) -> Channel {
+        Channel::of(self.tier, self.degraded.is_some())
+    }
 }

@@ -3,23 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::path::Path;
-
 use candle_core::Device;
-use tiergate_config::{HeadConfig, Precision, PrefilterConfig, TrainedHeadConfig};
+use tiergate_config::{HeadConfig, Precision, TrainedHeadConfig};
 use tiergate_prefilter::testing::TinyModel;
 use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_train::data::DataSpec;
 use tiergate_train::train::{train, TrainOptions};
 
-fn cfg_for(dir: &Path, head: HeadConfig) -> PrefilterConfig {
-    PrefilterConfig {
-        encoder: dir.to_path_buf(),
-        head,
-        max_tokens: 16,
-        ..PrefilterConfig::default()
-    }
-}
+use tiergate_prefilter::testing::tiny_config as cfg_for;
 
 #[test]
 fn trained_head_round_trips_through_disk_and_classifies_training_texts() {

@@ -19,7 +19,7 @@ use crate::extract::ApiJson;
 use crate::llm::Refused;
 use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
-use crate::outcome::{Channel, DegradeReason, Outcome, Tier};
+use crate::outcome::{DegradeReason, Outcome, Tier};
 use crate::validate::{validate, ValidChat};
 use tiergate_core::outcome::header;
 use tiergate_telemetry::TARGET;
@@ -50,7 +50,6 @@ impl Meta {
     fn outcome(&self, label: Option<String>) -> Outcome {
         Outcome {
             tier: self.tier,
-            channel: Channel::of(self.tier, self.degraded.is_some()),
             degraded: self.degraded,
             confidence: self.confidence,
             threshold: self.threshold,
@@ -97,7 +96,7 @@ pub async fn chat(
     let mut resp = match result {
         Ok((resp, outcome)) => {
             // The bench's channels: Tier-0 answers, escalations the LLM answered, escalations degraded to Tier-0.
-            let (tier, channel) = (outcome.tier.as_str(), outcome.channel.as_str());
+            let (tier, channel) = (outcome.tier.as_str(), outcome.channel().as_str());
             metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok").increment(1);
             metrics::histogram!(m::REQUEST_SECONDS, "route" => route.clone(), "tier" => tier, "channel" => channel)
                 .record(started.elapsed().as_secs_f64());
@@ -117,16 +116,12 @@ pub async fn chat(
     resp
 }
 
-fn now_s() -> u64 {
-    crate::util::unix_now_s()
-}
-
 fn completion_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
         "chatcmpl-{:x}{:06x}",
-        now_s(),
+        crate::util::unix_now_s(),
         N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
     )
 }
@@ -348,7 +343,7 @@ fn respond_text(
     meta: Meta,
 ) -> Response {
     let id = completion_id();
-    let created = now_s();
+    let created = crate::util::unix_now_s();
     let mut resp = if v.stream {
         let mut events = vec![
             chunk(
@@ -471,7 +466,7 @@ pub(super) async fn stream_or_collect(
     }
     let out = Generation {
         id: completion_id(),
-        created: now_s(),
+        created: crate::util::unix_now_s(),
         route: v.route.clone(),
         extra_prompt_tokens,
     };

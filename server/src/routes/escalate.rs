@@ -184,15 +184,13 @@ pub(super) async fn escalate_rerank(
             return Ok(None);
         }
     };
-    let ahead = submitted.ahead;
+    let (llm, ahead) = (submitted.llm, submitted.ahead);
     match submitted.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.fused.len() == d.top.len() => {
             meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
             // Service time ≈ latency shared by the jobs that were queued with this one.
-            if let Some(llm) = &state.llm {
-                llm.record_rerank(t.elapsed() / ahead);
-            }
+            llm.record_rerank(t.elapsed() / ahead);
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
             let mut fused: Vec<(usize, f32)> = d
                 .top
