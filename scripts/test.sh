@@ -43,4 +43,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $sudo_cmd apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
     || { echo "test: cannot install ${missing[*]} with apt-get" >&2; exit 1; }
 fi
-cargo test --workspace --all-targets "$@"
+cargo test --workspace --all-targets --features tiergate-tests/real "$@"

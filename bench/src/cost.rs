@@ -18,8 +18,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::report::RunReport;
 
-/// The channels a price file can place.
-const CHANNELS: &[&str] = &["tier0", "escalated", "degraded"];
+/// The channels a price file can place: the server's.
+fn channels() -> impl Iterator<Item = &'static str> {
+    tiergate_core::outcome::Channel::ALL
+        .iter()
+        .map(|c| c.as_str())
+}
 /// The band names, fastest first.
 fn bands() -> impl Iterator<Item = &'static str> {
     tiergate_core::bands::BANDS.iter().map(|(name, _, _)| *name)
@@ -101,11 +105,15 @@ impl CostFile {
             if i.channels.is_empty() {
                 return Err(format!("instance `{}`: name the channels it runs", i.name));
             }
-            if let Some(c) = i.channels.iter().find(|c| !CHANNELS.contains(&c.as_str())) {
+            if let Some(c) = i
+                .channels
+                .iter()
+                .find(|c| !channels().any(|k| k == c.as_str()))
+            {
                 return Err(format!(
                     "instance `{}`: unknown channel `{c}` ({})",
                     i.name,
-                    CHANNELS.join(", ")
+                    channels().collect::<Vec<_>>().join(", ")
                 ));
             }
         }
@@ -113,10 +121,10 @@ impl CostFile {
             return Err("latency_penalty must be ≥ 0".into());
         }
         for (c, b) in &f.bands {
-            if !CHANNELS.contains(&c.as_str()) || !bands().any(|n| n == b) {
+            if !channels().any(|k| k == c.as_str()) || !bands().any(|n| n == b) {
                 return Err(format!(
                     "bands: `{c} = {b}`: a channel ({}) and a band ({})",
-                    CHANNELS.join(", "),
+                    channels().collect::<Vec<_>>().join(", "),
                     bands().collect::<Vec<_>>().join(", ")
                 ));
             }
@@ -131,14 +139,13 @@ impl CostFile {
     }
 
     fn band_of(&self, channel: &str) -> &str {
-        self.bands
-            .get(channel)
-            .map(String::as_str)
-            .unwrap_or(if channel == "tier0" {
+        self.bands.get(channel).map(String::as_str).unwrap_or(
+            if channel == tiergate_core::outcome::Channel::Tier0.as_str() {
                 "Tier-0"
             } else {
                 "Tier-4"
-            })
+            },
+        )
     }
 }
 
@@ -184,7 +191,7 @@ pub struct RunCost {
 /// The cost of `run` on the fleet of `f`.
 pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
     let rate = |c: &str| run.channel(c).map_or(0.0, |s| s.requests_per_s);
-    let mut hourly: BTreeMap<&str, f64> = CHANNELS.iter().map(|c| (*c, 0.0)).collect();
+    let mut hourly: BTreeMap<&str, f64> = channels().map(|c| (c, 0.0)).collect();
     let mut idle = 0.0;
     let mut instances = Vec::new();
     for i in &f.instance {
@@ -206,9 +213,8 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
     }
     let per_1k = |cost_h: f64, rps: f64| (rps > 0.0).then(|| cost_h / (rps * 3600.0) * 1000.0);
     let mut penalised_total = idle;
-    let channels: Vec<ChannelCost> = CHANNELS
-        .iter()
-        .map(|&c| {
+    let channels: Vec<ChannelCost> = channels()
+        .map(|c| {
             let p95 = run
                 .channel(c)
                 .and_then(|s| s.latency.as_ref())

@@ -239,13 +239,11 @@ pub fn chart(title: &str, xlabel: &str, ylabel: &str, lines: &[Line], scale: Sca
     svg
 }
 
-const CHANNELS: [&str; 5] = ["tier0", "escalated", "degraded", "untiered", "errors"];
-
 /// The charts of one run.
 pub fn run_charts(r: &RunReport) -> Vec<String> {
-    let present: Vec<&str> = CHANNELS
+    let present: Vec<&str> = crate::stats::Channel::ALL
         .iter()
-        .copied()
+        .map(|c| c.name())
         .filter(|c| r.channel(c).is_some_and(|s| s.count > 0))
         .collect();
     let mut lat = Vec::new();

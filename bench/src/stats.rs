@@ -38,15 +38,12 @@ const INTERN_MAX: usize = 1024;
 pub fn intern(s: &str) -> &'static str {
     use std::collections::HashSet;
     // tiergate's own values skip the shared table (this runs once or twice per response).
-    const KNOWN: &[&str] = &[
-        "tier0",
-        "llm",
-        "queue_full",
-        "worker_down",
-        "deadline",
-        "no_llm",
-    ];
-    if let Some(k) = KNOWN.iter().find(|k| **k == s) {
+    use tiergate_core::outcome::{DegradeReason, Tier};
+    let known = Tier::ALL
+        .iter()
+        .map(|t| t.as_str())
+        .chain(DegradeReason::ALL.iter().map(|r| r.as_str()));
+    if let Some(k) = known.into_iter().find(|k| *k == s) {
         return k;
     }
     use std::sync::{Mutex, OnceLock};
@@ -90,24 +87,28 @@ impl Channel {
         Channel::Errors,
     ];
 
+    /// The server's channels (tiergate's names), then the client's own two.
     pub fn name(self) -> &'static str {
+        use tiergate_core::outcome::Channel as Served;
         match self {
-            Channel::Tier0 => "tier0",
-            Channel::Escalated => "escalated",
-            Channel::Degraded => "degraded",
+            Channel::Tier0 => Served::Tier0.as_str(),
+            Channel::Escalated => Served::Escalated.as_str(),
+            Channel::Degraded => Served::Degraded.as_str(),
             Channel::Untiered => "untiered",
             Channel::Errors => "errors",
         }
     }
 
+    /// The channel of a response, from tiergate's headers (any tier but Tier-0 counts as escalated).
     pub fn of(o: &Outcome) -> Channel {
+        use tiergate_core::outcome::Tier;
         if o.error.is_some() {
             Channel::Errors
         } else if o.degraded.is_some() {
             Channel::Degraded
         } else {
-            match o.tier {
-                Some("tier0") => Channel::Tier0,
+            match o.tier.map(Tier::parse) {
+                Some(Some(Tier::Tier0)) => Channel::Tier0,
                 Some(_) => Channel::Escalated,
                 None => Channel::Untiered,
             }

@@ -25,8 +25,9 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
-    FailureMode, PolicyStoreConfig, RerankerConfig, RouteConfig, RouteKind, RoutingConfig,
-    RoutingMode, ServerConfig, StoreKind, UtilizationConfig, UtilizationSource,
+    EngineKind, FailureMode, OtlpProtocol, PolicyStoreConfig, RerankerConfig, RouteConfig,
+    RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind, UtilizationConfig,
+    UtilizationSource,
 };
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 

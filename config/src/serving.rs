@@ -45,12 +45,13 @@ pub struct ServerConfig {
     /// `http://127.0.0.1:4317` (gRPC). Empty: the standard `OTEL_EXPORTER_OTLP_ENDPOINT` when set, else off.
     pub otlp_endpoint: String,
     /// `http/protobuf` or `grpc`. Empty: `OTEL_EXPORTER_OTLP_PROTOCOL` when set, else `http/protobuf`.
-    pub otlp_protocol: String,
+    pub otlp_protocol: OtlpProtocol,
     /// Share of new traces recorded, in [0, 1] (a request's own `traceparent` decides for its trace).
     pub trace_sample_ratio: f64,
     /// A JSON-lines file that receives every rerank the LLM answered (query text, Tier-0's and the fused
     /// distribution) for `tiergate distill`. Empty: off (users' text is written nowhere).
-    pub record_escalations: String,
+    #[serde(with = "empty_is_none")]
+    pub record_escalations: Option<std::path::PathBuf>,
     /// Size of the record file before it rotates to `FILE.1`, bytes.
     pub record_max_bytes: u64,
 }
@@ -72,9 +73,9 @@ impl Default for ServerConfig {
             on_escalation_failure: FailureMode::Degrade,
             drain_ms: 10_000,
             otlp_endpoint: String::new(),
-            otlp_protocol: String::new(),
+            otlp_protocol: OtlpProtocol::Unset,
             trace_sample_ratio: 1.0,
-            record_escalations: String::new(),
+            record_escalations: None,
             record_max_bytes: 64 << 20,
         }
     }
@@ -128,12 +129,6 @@ impl ServerConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.trace_sample_ratio"),
                 "must be in [0, 1]",
-            ));
-        }
-        if !["", "http/protobuf", "grpc"].contains(&self.otlp_protocol.as_str()) {
-            return Err(ConfigError::invalid(
-                format!("{at}.otlp_protocol"),
-                "must be `http/protobuf` or `grpc`",
             ));
         }
         if self.admin_listen == self.listen && self.listen.port() != 0 {
@@ -201,6 +196,73 @@ pub struct PolicyStoreConfig {
     pub key: String,
     /// `redis`: how often a replica reads the shared policy, milliseconds.
     pub sync_ms: u64,
+}
+
+/// The LLM engine the workers run (`reranker.engine`; any other value is refused when the config is read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// A deterministic word-overlap scorer and echo generator (tests, load tests of the plumbing).
+    Stub,
+    /// A local GGUF model in the worker process.
+    Mistralrs,
+    /// A remote OpenAI-compatible server.
+    Openai,
+}
+
+impl EngineKind {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Stub => "stub",
+            EngineKind::Mistralrs => "mistralrs",
+            EngineKind::Openai => "openai",
+        }
+    }
+}
+
+/// The OTLP export protocol (`server.otlp_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum OtlpProtocol {
+    /// Not set: `OTEL_EXPORTER_OTLP_PROTOCOL` when set, else `http/protobuf`.
+    #[default]
+    #[serde(rename = "")]
+    Unset,
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// The config value (empty when unset).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OtlpProtocol::Unset => "",
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
+            OtlpProtocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// `""` in the TOML for "none": an optional path that reads and writes as a plain string.
+mod empty_is_none {
+    use std::path::PathBuf;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(
+            &p.as_deref()
+                .map(|p| p.to_string_lossy())
+                .unwrap_or_default(),
+        )
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok((!s.is_empty()).then(|| PathBuf::from(s)))
+    }
 }
 
 /// The policy store's kind (`policy_store.kind`; any other value is refused when the config is read).
@@ -413,7 +475,7 @@ pub struct RerankerConfig {
     /// The worker program; empty: `tiergate-reranker` next to the `tiergate` binary.
     pub program: PathBuf,
     /// `stub`, `mistralrs`, or `openai` (a remote OpenAI-compatible server: vLLM, TGI, llama.cpp, …).
-    pub engine: String,
+    pub engine: EngineKind,
     /// The model: for `mistralrs` a .gguf file or a Hugging Face folder; for `openai` the upstream's model name.
     pub model: PathBuf,
     /// `openai`: the base URL, up to and including `/v1`.
@@ -474,7 +536,7 @@ impl Default for RerankerConfig {
         Self {
             workers: 1,
             program: PathBuf::new(),
-            engine: "mistralrs".into(),
+            engine: EngineKind::Mistralrs,
             model: PathBuf::from("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
             url: String::new(),
             api_key_env: String::new(),
@@ -542,13 +604,7 @@ impl RerankerConfig {
 
     /// Checks the section.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        if !["stub", "mistralrs", "openai"].contains(&self.engine.as_str()) {
-            return Err(ConfigError::invalid(
-                format!("{at}.engine"),
-                format!("`{}`: use stub, mistralrs or openai", self.engine),
-            ));
-        }
-        if self.engine == "openai" {
+        if self.engine == EngineKind::Openai {
             if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
                 return Err(ConfigError::invalid(
                     format!("{at}.url"),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::RerankerConfig;
+use crate::{EngineKind, RerankerConfig};
 
 /// One worker's configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,8 +95,8 @@ pub struct WorkerTelemetry {
 impl WorkerSpec {
     /// The spec `[reranker]` describes (without telemetry, which the server adds when it exports).
     pub fn of(r: &RerankerConfig) -> Self {
-        let engine = match r.engine.as_str() {
-            "mistralrs" => EngineSpec::Mistralrs {
+        let engine = match r.engine {
+            EngineKind::Mistralrs => EngineSpec::Mistralrs {
                 model: r.model.clone(),
                 isq: None,
                 f32_weights: r.f32_weights,
@@ -104,7 +104,7 @@ impl WorkerSpec {
                 profile: r.profile.clone(),
                 prefix_cache_mib: r.prefix_cache_mib,
             },
-            "openai" => EngineSpec::Openai {
+            EngineKind::Openai => EngineSpec::Openai {
                 url: r.url.clone(),
                 model: r.model.to_string_lossy().into_owned(),
                 api_key_env: r.api_key_env.clone(),
@@ -114,8 +114,7 @@ impl WorkerSpec {
                 top_logprobs: default_top_logprobs(),
                 profile: r.profile.clone(),
             },
-            // `validate` admits stub, mistralrs and openai only.
-            _ => EngineSpec::Stub,
+            EngineKind::Stub => EngineSpec::Stub,
         };
         Self {
             engine,
@@ -152,16 +151,20 @@ mod tests {
 
     #[test]
     fn the_reranker_section_round_trips_through_one_argument() {
-        for engine in ["stub", "mistralrs", "openai"] {
+        for engine in [EngineKind::Stub, EngineKind::Mistralrs, EngineKind::Openai] {
             let mut r = crate::Config::default().reranker;
-            r.engine = engine.into();
+            r.engine = engine;
             r.url = "http://127.0.0.1:9/v1".into();
             let spec = WorkerSpec::of(&r);
-            assert_eq!(WorkerSpec::parse(&spec.to_arg()).unwrap(), spec, "{engine}");
+            assert_eq!(
+                WorkerSpec::parse(&spec.to_arg()).unwrap(),
+                spec,
+                "{engine:?}"
+            );
             assert_eq!(spec.max_concurrent, r.max_concurrent);
         }
         let mut r = crate::Config::default().reranker;
-        r.engine = "mistralrs".into();
+        r.engine = EngineKind::Mistralrs;
         r.scoring_weights = "f32".into();
         assert!(matches!(
             WorkerSpec::of(&r).engine,

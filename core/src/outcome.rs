@@ -12,6 +12,14 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// Every tier.
+    pub const ALL: [Tier; 2] = [Tier::Tier0, Tier::Llm];
+
+    /// The tier named by an `x-tiergate-tier` value.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
     /// The `x-tiergate-tier` value and metric label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -33,6 +41,9 @@ pub enum Channel {
 }
 
 impl Channel {
+    /// Every channel.
+    pub const ALL: [Channel; 3] = [Channel::Tier0, Channel::Escalated, Channel::Degraded];
+
     /// The channel of an answer by `tier`, `degraded` when an escalation fell back.
     pub fn of(tier: Tier, degraded: bool) -> Self {
         match (degraded, tier) {
@@ -68,6 +79,15 @@ pub enum DegradeReason {
 }
 
 impl DegradeReason {
+    /// Every reason.
+    pub const ALL: [DegradeReason; 5] = [
+        DegradeReason::NoLlm,
+        DegradeReason::QueueFull,
+        DegradeReason::WorkerDown,
+        DegradeReason::Deadline,
+        DegradeReason::LlmError,
+    ];
+
     /// The `x-tiergate-degraded` value and trace attribute.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -104,5 +124,9 @@ mod tests {
         assert_eq!(Tier::default().as_str(), "tier0");
         assert_eq!(Channel::Degraded.as_str(), "degraded");
         assert_eq!(DegradeReason::QueueFull.as_str(), "queue_full");
+        for t in Tier::ALL {
+            assert_eq!(Tier::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(Tier::parse("tier9"), None);
     }
 }

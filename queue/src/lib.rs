@@ -7,7 +7,6 @@
 
 pub mod client;
 pub mod error;
-pub mod fusion;
 pub mod futex;
 pub mod layout;
 pub mod protocol;

@@ -62,17 +62,12 @@ pub struct Sampling {
 // bulk, so boxing them would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 pub enum Job {
-    /// Score Tier-0's candidates for `text` with the LLM and fuse with Tier-0.
+    /// Score Tier-0's candidates for `text` with the LLM (the server fuses the scores with Tier-0's).
     Rerank {
         /// The user text.
         text: String,
         /// Candidates, most likely first.
         candidates: Vec<Candidate>,
-        /// Weight of the LLM's distribution in the fusion (0: Tier-0 only, 1: LLM only).
-        llm_weight: f32,
-        /// Temperature of the LLM's scores before fusion.
-        #[serde(default = "one")]
-        llm_temperature: f32,
         /// The route's prompt templates.
         #[serde(default)]
         prompt: PromptConfig,
@@ -86,20 +81,11 @@ pub enum Job {
     },
 }
 
-fn one() -> f32 {
-    1.0
-}
-
-/// A rerank answer.
+/// A rerank answer: the LLM's scores, which the server turns into a distribution and fuses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RerankReply {
-    /// The LLM's probability per candidate (input order).
-    pub llm: Vec<f32>,
-    /// The LLM's raw score per candidate (mean log-probability, prior subtracted), for fitting the fusion.
-    #[serde(default)]
+    /// The LLM's raw score per candidate, input order (log-domain: higher is likelier).
     pub scores: Vec<f32>,
-    /// The fused probability per candidate (input order).
-    pub fused: Vec<f32>,
     /// Prompt tokens the LLM read.
     pub prompt_tokens: u32,
 }
@@ -270,8 +256,6 @@ mod tests {
                 examples: vec!["where is my card".into()],
                 p: 0.7,
             }],
-            llm_weight: 0.5,
-            llm_temperature: 2.0,
             prompt: PromptConfig::default(),
         };
         let bytes = encode_job(&job).unwrap();
@@ -294,9 +278,7 @@ mod tests {
         // A length prefix claiming far more than the input fails instead of allocating it.
         assert!(decode_job(&[0, 0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
         let reply = Reply::Rerank(RerankReply {
-            llm: vec![0.25, 0.75],
             scores: vec![-1.0, -0.5],
-            fused: vec![0.3, 0.7],
             prompt_tokens: 40,
         });
         assert_eq!(decode_reply(&encode_reply(&reply).unwrap()).unwrap(), reply);

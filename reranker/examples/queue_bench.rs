@@ -47,8 +47,6 @@ fn job_with_text(text: String) -> Job {
                 p: 0.2,
             })
             .collect(),
-        llm_weight: 0.5,
-        llm_temperature: 1.0,
         prompt: Default::default(),
     }
 }
@@ -149,9 +147,7 @@ fn cpu_per_job(job: &Job) -> anyhow::Result<[f64; 4]> {
         t[2].push(s.elapsed().as_secs_f64() * 1e6);
         let s = Instant::now();
         let reply = tiergate_queue::Reply::Rerank(tiergate_queue::RerankReply {
-            llm: scored.scores.clone(),
             scores: scored.scores,
-            fused: vec![0.2; 5],
             prompt_tokens: scored.prompt_tokens,
         });
         let r = tiergate_queue::encode_reply(&reply)?;

@@ -89,8 +89,6 @@ fn main() -> anyhow::Result<()> {
         let job = |q: &str| Job::Rerank {
             text: q.into(),
             candidates: candidates.clone(),
-            llm_weight: 1.0,
-            llm_temperature: 1.0,
             prompt: prompts(&config, method),
         };
         let once = |q: &str| -> anyhow::Result<(f64, usize, u32)> {
@@ -98,7 +96,7 @@ fn main() -> anyhow::Result<()> {
             let Reply::Rerank(r) = client.call(&job(q), Duration::from_secs(120))? else {
                 anyhow::bail!("unexpected reply")
             };
-            let best = tiergate_queue::fusion::argmax(&r.llm);
+            let best = tiergate_core::stats::argmax(&r.scores).0;
             Ok((t.elapsed().as_secs_f64(), best, r.prompt_tokens))
         };
         let (cold, _, _) = once(&cases.queries[0])?;
@@ -192,12 +190,12 @@ fn start_worker(
                 let mut r = Config::default().reranker;
                 match upstream {
                     Some(url) => {
-                        r.engine = "openai".into();
+                        r.engine = tiergate_config::EngineKind::Openai;
                         r.url = url.into();
                         r.model = "bench".into();
                     }
                     None => {
-                        r.engine = "mistralrs".into();
+                        r.engine = tiergate_config::EngineKind::Mistralrs;
                         r.model = model.into();
                         r.scoring_weights = weights.into();
                     }

@@ -302,8 +302,6 @@ pub async fn run_remote_job(engine: &RemoteEngine, job: TakenJob) {
         Job::Rerank {
             text,
             candidates,
-            llm_weight,
-            llm_temperature,
             prompt,
         } => {
             let scored = tokio::time::timeout(left, engine.score(&text, &candidates, &prompt))
@@ -314,7 +312,7 @@ pub async fn run_remote_job(engine: &RemoteEngine, job: TakenJob) {
                     ))
                 });
             spans.scored(candidates.len(), &scored);
-            answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
+            answer_rerank(taken, &candidates, scored);
         }
         Job::Generate { messages, sampling } => {
             let result = tokio::time::timeout(

@@ -7,7 +7,6 @@ use tiergate_queue::{Job, QueueWorker, Reply, RerankReply, Taken, TakenJob};
 
 use crate::engine::Engine;
 use crate::trace::JobTrace;
-use tiergate_queue::fusion::{fuse, llm_probs};
 
 /// Loop settings.
 #[derive(Debug, Clone, Copy)]
@@ -127,23 +126,16 @@ impl GenerationSlots {
     }
 }
 
-/// Answers a rerank job from the engine's scores: the LLM's distribution, fused with Tier-0's.
+/// Answers a rerank job with the engine's scores (the server fuses them with Tier-0's distribution).
 pub fn answer_rerank(
     mut taken: Taken,
     candidates: &[tiergate_queue::Candidate],
-    llm_weight: f32,
-    llm_temperature: f32,
     scored: Result<crate::engine::Scored, crate::engine::EngineError>,
 ) {
     match scored {
         Ok(scored) if scored.scores.len() == candidates.len() => {
-            let tier0: Vec<f32> = candidates.iter().map(|c| c.p).collect();
-            let llm = llm_probs(&scored.scores, llm_temperature);
-            let fused = fuse(&tier0, &llm, llm_weight);
             taken.reply(&Reply::Rerank(RerankReply {
-                llm,
                 scores: scored.scores,
-                fused,
                 prompt_tokens: scored.prompt_tokens,
             }));
         }
@@ -181,13 +173,11 @@ pub fn run_job(engine: &dyn Engine, job: TakenJob) {
         Job::Rerank {
             text,
             candidates,
-            llm_weight,
-            llm_temperature,
             prompt,
         } => {
             let scored = engine.score(&text, &candidates, &prompt, &|| taken.cancelled());
             spans.scored(candidates.len(), &scored);
-            answer_rerank(taken, &candidates, llm_weight, llm_temperature, scored);
+            answer_rerank(taken, &candidates, scored);
         }
         Job::Generate { messages, sampling } => {
             let result = engine.generate(&messages, &sampling, &mut |t| {

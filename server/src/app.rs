@@ -25,24 +25,10 @@ pub struct Route {
     /// Its prompt templates (its own, else `[reranker.prompts]`).
     pub prompts: PromptConfig,
     /// How its escalations are fused.
-    pub fusion: Fusion,
+    pub fusion: crate::fusion::Fusion,
     /// The judge is shown examples per candidate in a formulation where they may differ per query
     /// (`choice`): each candidate's examples go nearest the query first.
     pub grounded: bool,
-}
-
-/// The fusion in force for a route, and where it comes from.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Fusion {
-    /// Weight of the LLM's distribution.
-    pub llm_weight: f32,
-    /// Temperature of the LLM's scores.
-    pub llm_temperature: f32,
-    /// `fitted` (the head's `fusion.json`) or `config` (`reranker.llm_weight` / `llm_temperature`).
-    pub source: &'static str,
-    /// The fit, when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fit: Option<tiergate_prefilter::heads::FittedFusion>,
 }
 
 /// The formulation the worker will use for these templates and the examples per candidate it shows
@@ -53,7 +39,7 @@ pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, u
         return (prompts.method, prompts.choice_examples);
     };
     let f = profile.resolve(prompts);
-    if r.engine == "openai" && prompts.method == ScoringMethod::Auto {
+    if r.engine == tiergate_config::EngineKind::Openai && prompts.method == ScoringMethod::Auto {
         (ScoringMethod::Choice, f.examples)
     } else {
         (f.method, f.examples)
@@ -70,7 +56,7 @@ pub fn grounded(config: &Config, prompts: &PromptConfig) -> bool {
 /// `method = "auto"`, the one its profile picks), e.g. `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (choice)`.
 pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
     let r = &config.reranker;
-    let model = if r.engine == "stub" {
+    let model = if r.engine == tiergate_config::EngineKind::Stub {
         "stub".to_string()
     } else {
         r.model
@@ -84,50 +70,6 @@ pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
         String::new()
     };
     format!("{model} ({}{grounding})", method.name()).to_lowercase()
-}
-
-/// A head's fit, if it was made with the LLM named `running`; a fit made with another LLM is refused, and
-/// the refusal logged.
-pub fn fit_for<'a>(
-    fit: Option<&'a tiergate_prefilter::heads::FittedFusion>,
-    running: &str,
-) -> Option<&'a tiergate_prefilter::heads::FittedFusion> {
-    let f = fit?;
-    if f.llm == running {
-        return Some(f);
-    }
-    tracing::warn!(
-        fitted_with = %f.llm,
-        running = %running,
-        "the head's fusion.json was fitted with another LLM: not used (run tiergate fit-fusion with this one)"
-    );
-    None
-}
-
-impl Fusion {
-    /// The head's fitted fusion when it was fitted with the LLM this server runs, else the config's values
-    /// (a fit made with another judge says nothing about this one).
-    pub fn resolve(
-        config: &Config,
-        prompts: &PromptConfig,
-        prefilter: Option<&PrefilterHandle>,
-    ) -> Self {
-        let running = llm_name(config, prompts);
-        match fit_for(prefilter.and_then(|p| p.fitted_fusion()), &running) {
-            Some(f) => Self {
-                llm_weight: f.llm_weight,
-                llm_temperature: f.llm_temperature,
-                source: "fitted",
-                fit: Some(f.clone()),
-            },
-            None => Self {
-                llm_weight: config.reranker.llm_weight,
-                llm_temperature: config.reranker.llm_temperature,
-                source: "config",
-                fit: None,
-            },
-        }
-    }
 }
 
 pub use crate::llm::Llm;
@@ -156,10 +98,8 @@ pub struct AppState {
     pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
     pub draining: std::sync::atomic::AtomicBool,
-    /// The Batch API (`None`: off, or its store could not be opened: `batch_unavailable` says why).
-    pub batches: Option<Arc<crate::batch::Batches>>,
-    /// Why the Batch API is unavailable although enabled.
-    pub batch_unavailable: Option<String>,
+    /// Interactive work before batch work at the LLM.
+    pub priority: Arc<crate::priority::Gate>,
     /// Where escalations are recorded for distillation (`server.record_escalations`).
     pub recorder: Option<crate::record::Recorder>,
     /// Latency-injection experiments in force.
@@ -176,79 +116,7 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
         worker_program: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
-        let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
-        let mut routes = HashMap::new();
-        let mut order = Vec::new();
-        let route_cfgs = if config.routes.is_empty() {
-            vec![tiergate_config::RouteConfig {
-                prompts: None,
-                name: "classify".into(),
-                kind: RouteKind::Classify,
-                head: None,
-            }]
-        } else {
-            config.routes.clone()
-        };
-        for r in &route_cfgs {
-            let prompts = r
-                .prompts
-                .clone()
-                .unwrap_or_else(|| config.reranker.prompts.clone());
-            let grounded = grounded(&config, &prompts);
-            let prefilter = if r.kind == RouteKind::Generate {
-                None
-            } else {
-                let head = r
-                    .head
-                    .clone()
-                    .unwrap_or_else(|| config.prefilter.head.clone());
-                match handles.iter().find(|(h, _)| *h == head) {
-                    Some((_, h)) => Some(h.clone()),
-                    None => {
-                        let mut pcfg = config.prefilter.clone();
-                        pcfg.head = head.clone();
-                        let mut classifier = Classifier::from_config(&pcfg)?;
-                        if grounded {
-                            classifier.ground()?;
-                        }
-                        tracing::info!(
-                            route = %r.name,
-                            precision = ?classifier.encoder.precision(),
-                            labels = classifier.labels().len(),
-                            "prefilter loaded"
-                        );
-                        let handle = PrefilterHandle::start(classifier, &pcfg)?;
-                        handles.push((head, handle.clone()));
-                        Some(handle)
-                    }
-                }
-            };
-            order.push(r.name.clone());
-            let fusion = Fusion::resolve(&config, &prompts, prefilter.as_ref());
-            warn_if_llm_adds_nothing(&r.name, &fusion);
-            routes.insert(
-                r.name.clone(),
-                Route {
-                    name: r.name.clone(),
-                    kind: r.kind,
-                    prefilter,
-                    prompts,
-                    fusion,
-                    grounded,
-                },
-            );
-        }
-        let (batches, batch_unavailable) = if config.batch.enabled {
-            match crate::batch::Batches::open(&config.batch) {
-                Ok(b) => (Some(Arc::new(b)), None),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the Batch API is unavailable");
-                    (None, Some(e.to_string()))
-                }
-            }
-        } else {
-            (None, None)
-        };
+        let (routes, order) = build_routes(&config)?;
         let llm = if config.reranker.workers > 0 {
             Some(start_llm(&config, worker_program)?)
         } else {
@@ -259,12 +127,13 @@ impl AppState {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
             experiments: crate::experiments::Experiments::new(config.experiments.clone()),
-            batches,
-            batch_unavailable,
-            recorder: match config.server.record_escalations.as_str() {
-                "" => None,
-                p => Some(crate::record::Recorder::open(
-                    std::path::Path::new(p),
+            priority: Arc::new(crate::priority::Gate::new(Duration::from_millis(
+                config.batch.max_llm_wait_ms,
+            ))),
+            recorder: match &config.server.record_escalations {
+                None => None,
+                Some(p) => Some(crate::record::Recorder::open(
+                    p,
                     config.server.record_max_bytes,
                 )?),
             },
@@ -291,33 +160,86 @@ impl AppState {
     }
 }
 
-/// Says so at start when the head's fit found that the LLM adds no accuracy.
-fn warn_if_llm_adds_nothing(route: &str, fusion: &Fusion) {
-    let Some(fit) = &fusion.fit else { return };
-    if fit.llm_weight == 0.0 || fit.fused_accuracy <= fit.tier0_accuracy {
-        tracing::warn!(
-            route,
-            llm = %fit.llm,
-            rows = fit.rows,
-            tier0_accuracy = fit.tier0_accuracy,
-            "escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended"
-        );
+/// The routes the config names (one `classify` route when it names none), in config order; routes with the
+/// same head share one prefilter.
+fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<String>)> {
+    let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
+    let mut routes = HashMap::new();
+    let mut order = Vec::new();
+    let route_cfgs = if config.routes.is_empty() {
+        vec![tiergate_config::RouteConfig {
+            prompts: None,
+            name: "classify".into(),
+            kind: RouteKind::Classify,
+            head: None,
+        }]
     } else {
-        tracing::info!(
-            route,
-            llm_weight = fit.llm_weight,
-            llm_temperature = fit.llm_temperature,
-            tier0_accuracy = fit.tier0_accuracy,
-            fused_accuracy = fit.fused_accuracy,
-            "fitted fusion in force"
+        config.routes.clone()
+    };
+    for r in &route_cfgs {
+        let prompts = r
+            .prompts
+            .clone()
+            .unwrap_or_else(|| config.reranker.prompts.clone());
+        let grounded = grounded(config, &prompts);
+        let prefilter = if r.kind == RouteKind::Generate {
+            None
+        } else {
+            Some(prefilter_for(config, r, grounded, &mut handles)?)
+        };
+        order.push(r.name.clone());
+        let fusion = crate::fusion::Fusion::resolve(config, &prompts, prefilter.as_ref());
+        fusion.log_for(&r.name);
+        routes.insert(
+            r.name.clone(),
+            Route {
+                name: r.name.clone(),
+                kind: r.kind,
+                prefilter,
+                prompts,
+                fusion,
+                grounded,
+            },
         );
     }
+    Ok((routes, order))
+}
+
+/// The prefilter of route `r`'s head: one already started for the same head, else a new one.
+fn prefilter_for(
+    config: &Config,
+    r: &tiergate_config::RouteConfig,
+    grounded: bool,
+    handles: &mut Vec<(HeadConfig, PrefilterHandle)>,
+) -> anyhow::Result<PrefilterHandle> {
+    let head = r
+        .head
+        .clone()
+        .unwrap_or_else(|| config.prefilter.head.clone());
+    if let Some((_, h)) = handles.iter().find(|(h, _)| *h == head) {
+        return Ok(h.clone());
+    }
+    let mut pcfg = config.prefilter.clone();
+    pcfg.head = head.clone();
+    let mut classifier = Classifier::from_config(&pcfg)?;
+    if grounded {
+        classifier.ground()?;
+    }
+    tracing::info!(
+        route = %r.name,
+        precision = ?classifier.encoder.precision(),
+        labels = classifier.labels().len(),
+        "prefilter loaded"
+    );
+    let handle = PrefilterHandle::start(classifier, &pcfg)?;
+    handles.push((head, handle.clone()));
+    Ok(handle)
 }
 
 /// Creates the segment and starts the workers the config asks for (also used by `eval --hybrid`).
 pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
     let r = &config.reranker;
-    if r.engine == "mistralrs" && r.workers > 0 {
+    if r.engine == tiergate_config::EngineKind::Mistralrs && r.workers > 0 {
         crate::preflight::check_local_model(&r.model)?;
     }
     // Unique per server instance in this process (tests run several).

@@ -5,18 +5,20 @@
 
 pub mod app;
 pub mod auth;
-pub mod batch;
 pub mod console;
 pub mod error;
 pub mod experiments;
 pub mod extract;
 pub mod fleet;
+pub mod fusion;
 pub mod llm;
 pub mod metrics;
 pub mod openai;
 pub mod outcome;
 pub mod policy;
 pub mod preflight;
+pub mod priority;
+pub mod product;
 pub mod record;
 pub mod routes;
 pub mod serve;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tiergate_queue::{Client, Job, JobHandle, QueueError, Supervisor};
 
 use crate::app::AppState;
-use crate::batch::{BatchLine, Turn};
+use crate::priority::{BatchLine, Turn};
 
 /// The LLM side.
 pub struct Llm {
@@ -71,7 +71,7 @@ pub async fn submit<'a>(
     batch: Option<&BatchLine>,
 ) -> Result<Submitted<'a>, Refused> {
     let llm = state.llm.as_ref().ok_or(Refused::NoLlm)?;
-    let turn = crate::batch::llm_turn(state, batch).await;
+    let turn = state.priority.turn(llm, batch).await;
     let cfg = &state.config.reranker;
     let rerank = matches!(job, Job::Rerank { .. });
     let deadline = Duration::from_millis(if rerank {

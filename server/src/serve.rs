@@ -17,7 +17,8 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use crate::app::AppState;
-use crate::routes::{admin_router, router};
+use crate::product::Product;
+use crate::routes::{admin_router, router_with};
 use crate::util::sample_utilization;
 
 /// Headers the HTTP layer parses at most (the router refuses more than [`crate::routes::MAX_HEADERS`]).
@@ -56,6 +57,18 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> anyhow::Result<()> {
+    run_with(config, worker_program, Vec::new(), shutdown, ready).await
+}
+
+/// [`run`] with `products` served beside the OpenAI API (their routes on the public listener, their
+/// background tasks stopped after the drain).
+pub async fn run_with(
+    config: Config,
+    worker_program: Option<PathBuf>,
+    products: Vec<Arc<dyn Product>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ready: Option<tokio::sync::oneshot::Sender<Bound>>,
+) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().ok();
     let listener = TcpListener::bind(config.server.listen).await?;
     let admin_listener = TcpListener::bind(config.server.admin_listen).await?;
@@ -66,23 +79,8 @@ pub async fn run(
         tokio::task::spawn_blocking(move || AppState::build(cfg, metrics, worker_program))
             .await??,
     );
-    tokio::spawn(sample_utilization(Arc::downgrade(&state)));
-    let (stop_batches, batches_stopped) = tokio::sync::watch::channel(false);
-    let batch_runner = state.batches.is_some().then(|| {
-        tokio::spawn(crate::batch::runner::run(
-            Arc::downgrade(&state),
-            batches_stopped,
-        ))
-    });
-    if state.store.is_some() {
-        tokio::spawn(crate::store::sync_policy(Arc::downgrade(&state)));
-    }
-    if !config.utilization.prometheus_url.is_empty() {
-        tokio::spawn(crate::fleet::poll_prometheus(
-            Arc::downgrade(&state),
-            config.utilization.clone(),
-        ));
-    }
+    let (stop_products, products_stopped) = tokio::sync::watch::channel(false);
+    let tasks = start_background(&state, &products, products_stopped);
     if config.server.admin_token.is_none() {
         tracing::warn!(
             %admin_addr,
@@ -106,7 +104,7 @@ pub async fn run(
     ));
     let public = tokio::spawn(accept_loop(
         listener,
-        router(state.clone()),
+        router_with(state.clone(), &products),
         Some(limits),
         header_timeout,
         graceful.clone(),
@@ -139,20 +137,48 @@ pub async fn run(
     {
         tracing::warn!("drain deadline passed; closing remaining connections");
     }
-    // The batch runner stops between lines (a line cut short has no result and runs again at the next start).
-    let _ = stop_batches.send(true);
-    if let Some(r) = batch_runner {
-        if tokio::time::timeout(Duration::from_secs(5), r)
-            .await
-            .is_err()
-        {
-            tracing::warn!("the batch runner did not stop within 5 s");
-        }
-    }
+    // The products' tasks stop (the batch runner between lines: a line cut short runs again at the next start).
+    let _ = stop_products.send(true);
+    stop_tasks(tasks).await;
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");
     // Dropping the last state reference stops the supervisor (workers exit) and unlinks the segment.
     tokio::task::spawn_blocking(move || drop(state)).await?;
     Ok(())
+}
+
+/// Starts the state's background tasks (utilisation sampling, the shared policy's sync, the fleet's
+/// Prometheus poll) and the products' tasks, which are returned to be awaited at shutdown.
+fn start_background(
+    state: &Arc<AppState>,
+    products: &[Arc<dyn Product>],
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    tokio::spawn(sample_utilization(Arc::downgrade(state)));
+    if state.store.is_some() {
+        tokio::spawn(crate::store::sync_policy(Arc::downgrade(state)));
+    }
+    if !state.config.utilization.prometheus_url.is_empty() {
+        tokio::spawn(crate::fleet::poll_prometheus(
+            Arc::downgrade(state),
+            state.config.utilization.clone(),
+        ));
+    }
+    products
+        .iter()
+        .filter_map(|p| p.start(Arc::downgrade(state), stop.clone()))
+        .collect()
+}
+
+/// Waits up to 5 s for each stopped task.
+async fn stop_tasks(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        if tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("a background task did not stop within 5 s");
+        }
+    }
 }
 
 /// Accepts connections until `stop` is notified, each served by `app` under the connection limits. At `stop`

@@ -57,7 +57,7 @@ pub struct ValidChat {
     pub user: Option<String>,
     /// A line of a batch (set by the handler, not by the client): its LLM work waits for the interactive
     /// channel.
-    pub batch: Option<crate::batch::BatchLine>,
+    pub batch: Option<crate::priority::BatchLine>,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).

@@ -30,7 +30,7 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     let tiny = TinyModel::create(2).unwrap();
     let mut cfg = common::config(&tiny);
     cfg.reranker.workers = workers;
-    cfg.reranker.engine = "stub".into();
+    cfg.reranker.engine = tiergate_config::EngineKind::Stub;
     cfg.reranker.heartbeat_timeout_ms = 1000;
     cfg.server.admin_token = Some(TOKEN.into());
     cfg.routing.allow_header_override = true;

@@ -282,7 +282,7 @@ fn a_finished_batch_is_posted_to_the_webhook_signed() {
     );
     let want = format!(
         "sha256={}",
-        tiergate_server::batch::sign(b"s3cret-for-the-test", &body)
+        tiergate_batch::sign(b"s3cret-for-the-test", &body)
     );
     assert_eq!(headers["x-tiergate-signature"], want);
 }

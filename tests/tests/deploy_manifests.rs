@@ -57,7 +57,7 @@ fn manifests_render_validate_and_configure_tiergate() {
     assert!(env.len() >= 5, "{env:?}");
     let cfg = tiergate_config::load(None, env, &[])
         .expect("the manifest's environment is a valid config");
-    assert_eq!(cfg.reranker.engine, "openai");
+    assert_eq!(cfg.reranker.engine, tiergate_config::EngineKind::Openai);
     assert_eq!(cfg.policy_store.kind, tiergate_config::StoreKind::Redis);
     assert_eq!(
         cfg.routing.utilization_source,

@@ -77,6 +77,24 @@ fn dependencies_run_one_way() {
         "the server compiles mistralrs: the LLM runs in the worker process"
     );
     assert!(!server.contains("tiergate-reranker"));
+    // The HTTP server is one product: the Batch API (SQLite) and the offline CLI (training) live apart.
+    for banned in [
+        "rusqlite",
+        "tiergate-batch",
+        "tiergate-train",
+        "tiergate-cli",
+    ] {
+        assert!(
+            !server.contains(banned),
+            "the server depends on {banned}: it belongs to another product"
+        );
+    }
+    let batch = reaches(&g, "tiergate-batch");
+    assert!(batch.contains("tiergate-server") && !batch.contains("tiergate-train"));
+    let cli = &g["tiergate-cli"];
+    for part in ["tiergate-server", "tiergate-batch", "tiergate-train"] {
+        assert!(cli.iter().any(|d| d == part), "the cli composes {part}");
+    }
     let worker = reaches(&g, "tiergate-reranker");
     for banned in ["tiergate-prefilter", "tiergate-train", "tiergate-server"] {
         assert!(
@@ -103,6 +121,7 @@ fn dependencies_run_one_way() {
         );
     }
     for lower in [
+        "tiergate-train",
         "tiergate-config",
         "tiergate-queue",
         "tiergate-telemetry",
@@ -110,8 +129,66 @@ fn dependencies_run_one_way() {
     ] {
         let r = reaches(&g, lower);
         assert!(
-            !r.contains("tiergate-server") && !r.contains("tiergate-reranker"),
-            "{lower} depends on a binary crate"
+            !r.contains("tiergate-server")
+                && !r.contains("tiergate-reranker")
+                && !r.contains("tiergate-cli"),
+            "{lower} depends on a product crate"
         );
     }
+}
+
+/// Package → its enabled features, from `cargo tree` over the workspace with the given edge kinds.
+fn features(edges: &str) -> HashMap<String, HashSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "--offline", "--workspace", "--prefix", "none"])
+        .args(["-e", edges, "-f", "{p}|{f}"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut m: HashMap<String, HashSet<String>> = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.replace(" (*)", "");
+        let Some((pkg, f)) = line.split_once('|') else {
+            continue;
+        };
+        m.entry(pkg.trim().to_string()).or_default().extend(
+            f.split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(String::from),
+        );
+    }
+    m
+}
+
+/// The binaries' build (`scripts/tiergate`: `cargo build --bins`) and the test build (`scripts/test.sh`) turn
+/// on the same features in every shared dependency, so the second reuses everything the first compiled (a
+/// difference in one low crate recompiles everything above it, mistralrs included). A new difference goes into
+/// `hack/Cargo.toml`.
+#[test]
+fn the_binaries_and_the_tests_build_shared_dependencies_alike() {
+    let bins = features("normal,build");
+    let all = features("normal,build,dev");
+    assert!(
+        bins.len() > 100,
+        "cargo tree listed {} packages",
+        bins.len()
+    );
+    let differ: Vec<String> = bins
+        .iter()
+        .filter_map(|(p, f)| {
+            let extra: Vec<&String> = all.get(p)?.difference(f).collect();
+            (!extra.is_empty()).then(|| format!("{p}: the tests add {extra:?}"))
+        })
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "pin these in hack/Cargo.toml: {differ:#?}"
+    );
 }

@@ -105,7 +105,7 @@ fn rig(port: u16) -> Rig {
             program: binary("tiergate-reranker"),
             args: {
                 let mut r = tiergate_config::Config::default().reranker;
-                r.engine = "openai".into();
+                r.engine = tiergate_config::EngineKind::Openai;
                 r.url = format!("http://127.0.0.1:{port}/v1");
                 r.model = "smollm2".into();
                 r.remote_max_in_flight = 8;
@@ -147,8 +147,6 @@ fn rerank(text: &str) -> Job {
             cand("exchange_rate", 0.35),
             cand("top_up_failed", 0.25),
         ],
-        llm_weight: 0.5,
-        llm_temperature: 1.0,
         prompt: tiergate_config::load(None, Vec::new(), &[])
             .unwrap()
             .reranker
@@ -175,7 +173,8 @@ fn reranks_and_streams_through_a_real_llama_cpp_server() {
     let port = free_port();
     let _up = Upstream::start(port);
     let r = rig(port);
-    // Rerank: a distribution over the candidates, deterministic at temperature 0, fused with Tier-0.
+    // Rerank: a score per candidate (the server makes them a distribution and fuses), deterministic at
+    // temperature 0.
     let Reply::Rerank(a) = r
         .client
         .call(
@@ -186,9 +185,13 @@ fn reranks_and_streams_through_a_real_llama_cpp_server() {
     else {
         panic!("not a rerank reply")
     };
-    assert_eq!(a.llm.len(), 3);
-    assert!((a.llm.iter().sum::<f32>() - 1.0).abs() < 1e-4, "{a:?}");
-    assert!((a.fused.iter().sum::<f32>() - 1.0).abs() < 1e-4, "{a:?}");
+    assert_eq!(a.scores.len(), 3);
+    assert!(a.scores.iter().all(|s| s.is_finite()), "{a:?}");
+    let llm = tiergate_server::fusion::llm_probs(&a.scores, 1.0);
+    assert!(
+        llm.iter().any(|&p| p > 1.0 / 3.0),
+        "all candidates equal: {a:?}"
+    );
     assert!(a.prompt_tokens > 20, "{a:?}");
     let Reply::Rerank(b) = r
         .client

@@ -67,7 +67,7 @@ impl Meta {
 /// The handler.
 pub async fn chat(
     State(state): State<Arc<AppState>>,
-    batch_line: Option<axum::Extension<crate::batch::BatchLine>>,
+    batch_line: Option<axum::Extension<crate::priority::BatchLine>>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {

@@ -172,8 +172,6 @@ pub(super) async fn escalate_rerank(
     let job = Job::Rerank {
         text: v.text.clone(),
         candidates,
-        llm_weight: route.fusion.llm_weight,
-        llm_temperature: route.fusion.llm_temperature,
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
@@ -186,19 +184,21 @@ pub(super) async fn escalate_rerank(
     };
     let (llm, ahead) = (submitted.llm, submitted.ahead);
     match submitted.handle.reply().await {
-        Ok(Reply::Rerank(r)) if r.fused.len() == d.top.len() => {
+        Ok(Reply::Rerank(r)) if r.scores.len() == d.top.len() => {
             meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
             // Service time ≈ latency shared by the jobs that were queued with this one.
             llm.record_rerank(t.elapsed() / ahead);
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
+            let tier0: Vec<f32> = d.top.iter().map(|(_, p)| *p).collect();
+            let (llm_p, fused_p) = route.fusion.apply(&tier0, &r.scores);
+            record(state, route, v, d, &llm_p, &fused_p);
             let mut fused: Vec<(usize, f32)> = d
                 .top
                 .iter()
-                .zip(&r.fused)
-                .map(|((i, _), p)| (*i, *p))
+                .zip(fused_p)
+                .map(|((i, _), p)| (*i, p))
                 .collect();
-            record(state, route, v, d, &r);
             fused.sort_by(|a, b| b.1.total_cmp(&a.1));
             Ok(Some(fused))
         }
@@ -218,13 +218,7 @@ pub(super) async fn escalate_rerank(
 }
 
 /// Records an answered rerank for `tiergate distill` (when `server.record_escalations` is set).
-fn record(
-    state: &AppState,
-    route: &Route,
-    v: &ValidChat,
-    d: &Decided,
-    r: &tiergate_queue::RerankReply,
-) {
+fn record(state: &AppState, route: &Route, v: &ValidChat, d: &Decided, llm: &[f32], fused: &[f32]) {
     let (Some(rec), Some(prefilter)) = (&state.recorder, &route.prefilter) else {
         return;
     };
@@ -236,7 +230,7 @@ fn record(
         "ambiguity": 1.0 - f64::from(d.pred.confidence),
         "candidates": d.top.iter().map(|(i, _)| labels[*i].as_str()).collect::<Vec<_>>(),
         "tier0": d.top.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
-        "llm": r.llm,
-        "fused": r.fused,
+        "llm": llm,
+        "fused": fused,
     }));
 }

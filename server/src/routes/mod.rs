@@ -20,6 +20,11 @@ use crate::error::ApiError;
 /// The public router: the OpenAI API behind the admission limit (bodies read in full, within a total deadline,
 /// before a permit is taken), and the probes and metrics outside it (a liveness probe never gets 429).
 pub fn router(state: Arc<AppState>) -> Router {
+    router_with(state, &[])
+}
+
+/// The public router with the routes of `products` beside the OpenAI API.
+pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Product>]) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/models", get(ops::models))
@@ -32,26 +37,15 @@ pub fn router(state: Arc<AppState>) -> Router {
             read_body,
         ))
         .layer(axum::middleware::from_fn(crate::trace::request));
-    let files_limit = usize::try_from(state.config.batch.max_file_bytes).unwrap_or(usize::MAX);
-    let batch = Router::new()
-        .route(
-            "/v1/files",
-            post(crate::batch::upload).layer(axum::extract::DefaultBodyLimit::max(
-                files_limit.saturating_add(64 << 10),
-            )),
+    let products = products.iter().fold(Router::new(), |r, p| {
+        r.merge(
+            p.routes()
+                .layer(axum::middleware::from_fn(crate::trace::request)),
         )
-        .route("/v1/files/{id}", get(crate::batch::file))
-        .route("/v1/files/{id}/content", get(crate::batch::content))
-        .route(
-            "/v1/batches",
-            post(crate::batch::create).get(crate::batch::list),
-        )
-        .route("/v1/batches/{id}", get(crate::batch::get))
-        .route("/v1/batches/{id}/cancel", post(crate::batch::cancel))
-        .layer(axum::middleware::from_fn(crate::trace::request));
+    });
     let public = Router::new()
         .merge(api)
-        .merge(batch)
+        .merge(products)
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))

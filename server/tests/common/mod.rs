@@ -1,5 +1,5 @@
 //! What the server's integration tests share: a tiny few-shot classifier config (no download) and the stub
-//! worker program built next to `tiergate`.
+//! worker program of this workspace.
 
 #![allow(dead_code)] // each test file uses its own part
 
@@ -8,9 +8,13 @@ use std::path::PathBuf;
 use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind};
 use tiergate_prefilter::testing::TinyModel;
 
-/// The stub worker binary built next to `tiergate`.
+/// The stub worker binary (`cargo test --workspace` builds it: target/<profile>/, above this test's deps/).
 pub fn worker_program() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_BIN_EXE_tiergate")).with_file_name("tiergate-reranker");
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().and_then(std::path::Path::parent);
+    let p = dir
+        .unwrap_or(std::path::Path::new("."))
+        .join("tiergate-reranker");
     assert!(
         p.is_file(),
         "{} not built: run `cargo test --workspace`",

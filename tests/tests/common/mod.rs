@@ -158,7 +158,7 @@ pub fn llm_worker(
             program: binary("tiergate-reranker"),
             args: {
                 let mut r = tiergate_config::Config::default().reranker;
-                r.engine = "mistralrs".into();
+                r.engine = tiergate_config::EngineKind::Mistralrs;
                 r.model = model.to_path_buf();
                 vec![
                     "--spec".into(),

@@ -14,9 +14,13 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tower::ServiceExt;
 
+use std::sync::Arc;
+
+use tiergate_server::app::AppState;
+use tiergate_server::priority::{BatchLine, Gate};
+
 use super::store::{new_id, Store};
-use super::{BatchLine, Batches};
-use crate::app::AppState;
+use super::Batches;
 
 /// One validated input line.
 #[derive(Debug)]
@@ -26,31 +30,27 @@ struct Line {
     body: Value,
 }
 
-/// Runs batches until `stop` turns true.
-pub async fn run(state: Weak<AppState>, mut stop: watch::Receiver<bool>) {
+/// Runs batches until `stop` turns true or the server is gone.
+pub async fn run(state: Weak<AppState>, b: Arc<Batches>, mut stop: watch::Receiver<bool>) {
     loop {
-        let next = {
-            let Some(s) = state.upgrade() else { return };
-            let Some(b) = s.batches.as_ref() else { return };
-            b.store
-                .open_batches()
-                .ok()
-                .and_then(|v| v.into_iter().next())
-        };
+        if state.strong_count() == 0 {
+            return;
+        }
+        let next = b
+            .store
+            .open_batches()
+            .ok()
+            .and_then(|v| v.into_iter().next());
         match next {
             Some(id) => {
-                if let Err(e) = run_batch(&state, &id, &mut stop).await {
+                if let Err(e) = run_batch(&state, &b, &id, &mut stop).await {
                     tracing::error!(batch = %id, error = %e, "batch runner error; retrying in 1 s");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
             None => {
-                let wake = match state.upgrade().and_then(|s| s.batches.clone()) {
-                    Some(b) => b,
-                    None => return,
-                };
                 tokio::select! {
-                    _ = wake.wake.notified() => {}
+                    _ = b.wake.notified() => {}
                     _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                     _ = stop.changed() => {}
                 }
@@ -65,16 +65,13 @@ pub async fn run(state: Weak<AppState>, mut stop: watch::Receiver<bool>) {
 /// Takes one batch as far as it goes (to its end, or until `stop`).
 async fn run_batch(
     weak: &Weak<AppState>,
+    b: &Arc<Batches>,
     id: &str,
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let state = weak
         .upgrade()
         .ok_or_else(|| anyhow::anyhow!("server gone"))?;
-    let b = state
-        .batches
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("no batch store"))?;
     let store = &b.store;
     let row = store
         .batch(id)?
@@ -84,7 +81,7 @@ async fn run_batch(
         Err(errors) => {
             tracing::warn!(batch = %id, "batch input refused");
             store.fail(id, &errors)?;
-            super::notify_webhook(&b, store.batch(id)?);
+            super::notify_webhook(b, store.batch(id)?);
             return Ok(());
         }
     };
@@ -93,17 +90,18 @@ async fn run_batch(
         store.set_status(id, "in_progress")?;
     }
     let done = store.done_lines(id)?;
-    let router = crate::routes::router(state.clone());
+    let router = tiergate_server::routes::router(state.clone());
+    let gate = state.priority.clone();
     drop(state);
     let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
         .map(|l| {
             let router = router.clone();
             let mut stop = stop.clone();
-            let b = b.clone();
+            let gate = gate.clone();
             async move {
                 tokio::select! {
-                    r = run_line(router, &b, id, &l) => Some((l.no, r)),
+                    r = run_line(router, &gate, id, &l) => Some((l.no, r)),
                     _ = stop.wait_for(|s| *s) => None,
                 }
             }
@@ -120,11 +118,11 @@ async fn run_batch(
     if *stop.borrow() {
         return Ok(()); // resumed at the next start
     }
-    finish(&b, id)
+    finish(b, id)
 }
 
 /// Writes the files and closes the batch (`completed`, or `cancelled` when it was asked to stop).
-fn finish(b: &super::Batches, id: &str) -> anyhow::Result<()> {
+fn finish(b: &Batches, id: &str) -> anyhow::Result<()> {
     let store = &b.store;
     let cancelling = store.batch(id)?.is_some_and(|r| r.status == "cancelling");
     if !cancelling {
@@ -227,7 +225,7 @@ const MAX_PREEMPTIONS: u32 = 3;
 /// Runs one line through the router; runs it again when the server sheds load (429) or when an interactive
 /// escalation preempted its LLM job (at most [`MAX_PREEMPTIONS`] times). Returns whether it succeeded and
 /// its output line.
-async fn run_line(router: axum::Router, b: &Batches, batch: &str, l: &Line) -> (bool, Value) {
+async fn run_line(router: axum::Router, gate: &Gate, batch: &str, l: &Line) -> (bool, Value) {
     let mut body = l.body.clone();
     if let Some(o) = body.as_object_mut() {
         o.insert("stream".into(), json!(false));
@@ -252,7 +250,7 @@ async fn run_line(router: axum::Router, b: &Batches, batch: &str, l: &Line) -> (
         let answer = router.clone().oneshot(req);
         tokio::pin!(answer);
         let resp = loop {
-            let yield_now = b.preempt.notified();
+            let yield_now = gate.preempted();
             tokio::select! {
                 r = &mut answer => break r.ok(),
                 _ = yield_now => if line.preemptible_now() { break None },
@@ -261,7 +259,7 @@ async fn run_line(router: axum::Router, b: &Batches, batch: &str, l: &Line) -> (
         // Preempted: dropping the request cancels its LLM job; the line runs again at its next turn.
         let Some(resp) = resp else {
             preempted += 1;
-            metrics::counter!(crate::metrics::BATCH_PREEMPTIONS_TOTAL).increment(1);
+            metrics::counter!(tiergate_server::metrics::BATCH_PREEMPTIONS_TOTAL).increment(1);
             continue;
         };
         let status = resp.status();

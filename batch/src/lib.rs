@@ -1,125 +1,116 @@
-//! Tier-4 as asynchronous batch jobs: the OpenAI Batch API (`/v1/files`, `/v1/batches`) over a persistent
-//! store ([`store`]) and a background runner ([`runner`]). Batch lines go through the same routing as any
-//! request; their LLM work is taken one job at a time and only while no interactive escalation is in flight.
+//! The Batch API (Tier-4 as asynchronous jobs): OpenAI's `/v1/files` and `/v1/batches` over a persistent store
+//! ([`store`], SQLite) and a background runner ([`runner`]), mounted on the tiergate server as a
+//! [`Product`]. Batch lines go through the server's public router like any request, marked as batch work
+//! ([`tiergate_server::priority::BatchLine`]): their LLM jobs take one turn at a time, only while no interactive escalation is in flight.
 
 pub mod runner;
 pub mod store;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use axum::extract::{Multipart, Path, Query, State};
+use axum::extract::{Multipart, Path, Query};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Extension;
 use serde_json::{json, Value};
 use tiergate_config::BatchConfig;
+use tiergate_server::app::AppState;
+use tiergate_server::error::ApiError;
+use tiergate_server::extract::ApiJson;
+use tiergate_server::product::Product;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::app::AppState;
-use crate::error::ApiError;
-use crate::extract::ApiJson;
 use store::Store;
-
-/// Marks a request as a batch line (set by the runner as a request extension; a client cannot set it).
-#[derive(Debug, Clone, Default)]
-pub struct BatchLine {
-    /// Set while the line holds the batch's LLM turn.
-    holds_llm: Arc<std::sync::atomic::AtomicBool>,
-    /// An interactive escalation may cancel this line's LLM job (it is run again later); false after a few
-    /// preemptions, so a batch always progresses.
-    preemptible: bool,
-}
-
-impl PartialEq for BatchLine {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.holds_llm, &other.holds_llm)
-    }
-}
-
-impl BatchLine {
-    /// A line; `preemptible`: its LLM job yields to interactive escalations.
-    pub fn new(preemptible: bool) -> Self {
-        Self {
-            holds_llm: Arc::default(),
-            preemptible,
-        }
-    }
-
-    /// Its LLM job is running and may be cancelled for an interactive one.
-    pub fn preemptible_now(&self) -> bool {
-        self.preemptible && self.holds_llm.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-/// A batch line's turn at the LLM (released on drop).
-pub struct Turn<'a> {
-    _permit: tokio::sync::SemaphorePermit<'a>,
-    line: BatchLine,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.line
-            .holds_llm
-            .store(false, std::sync::atomic::Ordering::Release);
-    }
-}
 
 /// The Batch API's state.
 pub struct Batches {
     pub store: Store,
     pub cfg: BatchConfig,
+    /// The webhook's HMAC key (read by the caller from `batch.webhook_secret_env`).
+    webhook_secret: String,
     /// Wakes the runner when a batch is created or cancelled.
     pub wake: tokio::sync::Notify,
-    /// One batch LLM job at a time.
-    llm_gate: tokio::sync::Semaphore,
-    /// Notified when an interactive escalation wants the LLM.
-    pub preempt: tokio::sync::Notify,
 }
 
 impl Batches {
-    /// Opens the store under `cfg.data_dir`.
-    pub fn open(cfg: &BatchConfig) -> anyhow::Result<Self> {
+    /// Opens the store under `cfg.data_dir`; `webhook_secret` signs the webhook's body.
+    pub fn open(cfg: &BatchConfig, webhook_secret: String) -> anyhow::Result<Self> {
         Ok(Self {
             store: Store::open(&cfg.data_dir)?,
             cfg: cfg.clone(),
+            webhook_secret,
             wake: tokio::sync::Notify::new(),
-            llm_gate: tokio::sync::Semaphore::new(1),
-            preempt: tokio::sync::Notify::new(),
         })
     }
 }
 
-/// Before an LLM job. An interactive request passes at once (`None`) and asks a running batch job to yield.
-/// A batch line waits until a worker is live and the LLM is free of interactive work (at most
-/// `batch.max_llm_wait_ms`); the returned turn is held until the LLM answered.
-pub async fn llm_turn<'a>(state: &'a AppState, line: Option<&BatchLine>) -> Option<Turn<'a>> {
-    let b = state.batches.as_ref()?;
-    let Some(line) = line else {
-        b.preempt.notify_waiters();
-        return None;
-    };
-    let permit = b.llm_gate.acquire().await.ok()?;
-    let waited = std::time::Instant::now();
-    let max = Duration::from_millis(b.cfg.max_llm_wait_ms);
-    let busy = |l: &crate::app::Llm| l.client.in_flight() > 0 || l.client.live_workers() == 0;
-    while state.llm.as_ref().is_some_and(busy) && waited.elapsed() < max {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    line.holds_llm
-        .store(true, std::sync::atomic::Ordering::Release);
-    Some(Turn {
-        _permit: permit,
-        line: line.clone(),
-    })
+/// The Batch API as the server mounts it: its routes answer with an error while it is off or its store
+/// could not be opened.
+#[derive(Clone)]
+pub struct BatchApi {
+    batches: Option<Arc<Batches>>,
+    /// Why it is unavailable although enabled.
+    unavailable: Option<String>,
+    /// `batch.max_file_bytes`, the upload's body limit.
+    max_file_bytes: u64,
 }
 
-fn batches(state: &AppState) -> Result<&Arc<Batches>, ApiError> {
-    state
-        .batches
-        .as_ref()
-        .ok_or_else(|| match &state.batch_unavailable {
-            Some(why) => ApiError::Unavailable(format!("the Batch API is unavailable: {why}")),
-            None => ApiError::NotFound("the Batch API is off (batch.enabled = false)".into()),
-        })
+impl BatchApi {
+    /// Opens the store when `batch.enabled` (a store that cannot be opened leaves the API unavailable, with the
+    /// reason, and the server up).
+    pub fn new(cfg: &BatchConfig, webhook_secret: String) -> Self {
+        let (batches, unavailable) = if !cfg.enabled {
+            (None, None)
+        } else {
+            match Batches::open(cfg, webhook_secret) {
+                Ok(b) => (Some(Arc::new(b)), None),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Batch API is unavailable");
+                    (None, Some(e.to_string()))
+                }
+            }
+        };
+        Self {
+            batches,
+            unavailable,
+            max_file_bytes: cfg.max_file_bytes,
+        }
+    }
+
+    fn batches(&self) -> Result<&Arc<Batches>, ApiError> {
+        self.batches
+            .as_ref()
+            .ok_or_else(|| match &self.unavailable {
+                Some(why) => ApiError::Unavailable(format!("the Batch API is unavailable: {why}")),
+                None => ApiError::NotFound("the Batch API is off (batch.enabled = false)".into()),
+            })
+    }
+}
+
+impl Product for BatchApi {
+    fn routes(&self) -> axum::Router<Arc<AppState>> {
+        let files_limit = usize::try_from(self.max_file_bytes).unwrap_or(usize::MAX);
+        axum::Router::new()
+            .route(
+                "/v1/files",
+                post(upload).layer(axum::extract::DefaultBodyLimit::max(
+                    files_limit.saturating_add(64 << 10),
+                )),
+            )
+            .route("/v1/files/{id}", get(file))
+            .route("/v1/files/{id}/content", get(content))
+            .route("/v1/batches", post(create).get(list))
+            .route("/v1/batches/{id}", get(batch))
+            .route("/v1/batches/{id}/cancel", post(cancel))
+            .layer(Extension(self.clone()))
+    }
+
+    fn start(&self, state: Weak<AppState>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+        let b = self.batches.clone()?;
+        Some(tokio::spawn(runner::run(state, b, stop)))
+    }
 }
 
 fn internal(e: anyhow::Error) -> ApiError {
@@ -127,9 +118,9 @@ fn internal(e: anyhow::Error) -> ApiError {
 }
 
 /// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`).
-pub async fn upload(State(state): State<Arc<AppState>>, mut form: Multipart) -> Response {
+pub async fn upload(Extension(api): Extension<BatchApi>, mut form: Multipart) -> Response {
     let run = async {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         let (mut purpose, mut file) = (None, None);
         while let Some(field) = form
             .next_field()
@@ -183,9 +174,9 @@ pub async fn upload(State(state): State<Arc<AppState>>, mut form: Multipart) -> 
 }
 
 /// `GET /v1/files/{id}`.
-pub async fn file(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn file(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
     let run = || {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         let f = b.store.file(&id).map_err(internal)?;
         let f = f.ok_or_else(|| ApiError::NotFound(format!("no file `{id}`")))?;
         Ok::<_, ApiError>(axum::Json(f.to_json()).into_response())
@@ -194,9 +185,9 @@ pub async fn file(State(state): State<Arc<AppState>>, Path(id): Path<String>) ->
 }
 
 /// `GET /v1/files/{id}/content`.
-pub async fn content(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn content(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
     let run = async {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         b.store
             .file(&id)
             .map_err(internal)?
@@ -210,9 +201,12 @@ pub async fn content(State(state): State<Arc<AppState>>, Path(id): Path<String>)
 }
 
 /// `POST /v1/batches`.
-pub async fn create(State(state): State<Arc<AppState>>, ApiJson(body): ApiJson<Value>) -> Response {
+pub async fn create(
+    Extension(api): Extension<BatchApi>,
+    ApiJson(body): ApiJson<Value>,
+) -> Response {
     let run = || {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         let input = body["input_file_id"]
             .as_str()
             .ok_or_else(|| ApiError::invalid("input_file_id", "missing `input_file_id`"))?;
@@ -251,9 +245,9 @@ pub async fn create(State(state): State<Arc<AppState>>, ApiJson(body): ApiJson<V
 }
 
 /// `GET /v1/batches/{id}`.
-pub async fn get(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn batch(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
     let run = || {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         let row = b.store.batch(&id).map_err(internal)?;
         let row = row.ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))?;
         Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
@@ -263,9 +257,9 @@ pub async fn get(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
 
 /// `POST /v1/batches/{id}/cancel`: an open batch moves to `cancelling`, then `cancelled` once the lines in
 /// flight end (their results, and those before, are in its files).
-pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn cancel(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
     let run = || {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         let row = b.store.batch(&id).map_err(internal)?;
         let row = row.ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))?;
         if !b.store.cancel(&id).map_err(internal)? && row.status != "cancelling" {
@@ -283,11 +277,11 @@ pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) 
 
 /// `GET /v1/batches?after=&limit=` (newest first).
 pub async fn list(
-    State(state): State<Arc<AppState>>,
+    Extension(api): Extension<BatchApi>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
     let run = || {
-        let b = batches(&state)?;
+        let b = api.batches()?;
         let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
             None => 20,
             Some(Ok(n)) if (1..=100).contains(&n) => n,
@@ -336,7 +330,7 @@ pub fn notify_webhook(b: &Batches, row: Option<store::BatchRow>) {
         return;
     };
     let url = b.cfg.webhook_url.clone();
-    let secret = std::env::var(&b.cfg.webhook_secret_env).unwrap_or_default();
+    let secret = b.webhook_secret.clone();
     let body = row.to_json().to_string();
     tokio::spawn(async move {
         let client = reqwest::Client::new();

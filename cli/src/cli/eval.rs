@@ -170,7 +170,7 @@ fn run_hybrid(
             (scored, llm)
         }
     };
-    let (w, t, source) = match tiergate_server::app::fit_for(classifier.fusion.as_ref(), &llm) {
+    let (w, t, source) = match tiergate_server::fusion::fit_for(classifier.fusion.as_ref(), &llm) {
         Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
         None => (
             cfg.reranker.llm_weight,
@@ -193,8 +193,8 @@ fn run_hybrid(
         llm_temperature: t,
         fusion_source: source,
         llm_rows: seconds.len(),
-        llm_seconds_p50: tiergate_server::policy::quantile(seconds.clone(), 0.5),
-        llm_seconds_p95: tiergate_server::policy::quantile(seconds, 0.95),
+        llm_seconds_p50: tiergate_core::stats::quantile(seconds.clone(), 0.5),
+        llm_seconds_p95: tiergate_core::stats::quantile(seconds, 0.95),
         grid: hybrid::grid(&scored, &thetas, w, t),
     };
     if args.json {

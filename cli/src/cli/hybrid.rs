@@ -9,47 +9,10 @@ use serde::Serialize;
 use tiergate_config::{Config, RouteKind};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
-use tiergate_queue::fusion::{argmax, fuse, llm_probs};
 use tiergate_queue::{Candidate, Job, Reply};
+use tiergate_server::fusion::fit::fit;
+pub use tiergate_server::fusion::fit::Row;
 use tiergate_train::data::Example;
-
-/// One evaluated row.
-#[derive(Debug, Clone)]
-pub struct Row {
-    /// Gold label index (None: a label the head does not know).
-    pub gold: Option<usize>,
-    /// Tier-0's top candidates (label index, probability).
-    pub top: Vec<(usize, f32)>,
-    /// 1 − max p.
-    pub ambiguity: f64,
-    /// The LLM's scores over `top` (rows the LLM ran on).
-    pub llm: Option<Vec<f32>>,
-    /// LLM seconds for this row.
-    pub llm_s: f64,
-    /// The query's embedding when the classifier is grounded (else empty).
-    pub embedding: Vec<f32>,
-}
-
-impl Row {
-    fn pick(&self, i: usize) -> bool {
-        self.gold.is_some() && self.top.get(i).map(|t| t.0) == self.gold
-    }
-    fn tier0_right(&self) -> bool {
-        self.pick(0)
-    }
-    fn llm_right(&self) -> bool {
-        self.llm.as_ref().is_some_and(|s| self.pick(argmax(s)))
-    }
-    fn fused_right(&self, w: f32, t: f32) -> bool {
-        match &self.llm {
-            Some(s) => {
-                let p0: Vec<f32> = self.top.iter().map(|x| x.1).collect();
-                self.pick(argmax(&fuse(&p0, &llm_probs(s, t), w)))
-            }
-            None => self.tier0_right(),
-        }
-    }
-}
 
 /// One θ of the grid (`--json`: `grid[]`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -124,92 +87,6 @@ pub fn theta_for_share(rows: &[Row], share: f64) -> f64 {
     match k {
         0 => 1.0,
         k => a.get(k).copied().unwrap_or(-1.0),
-    }
-}
-
-/// Weights and temperatures tried by the fit (weight 0 first: it wins every tie).
-pub const FIT_WEIGHTS: [f32; 21] = [
-    0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
-    0.85, 0.9, 0.95, 1.0,
-];
-/// Temperatures tried by the fit.
-pub const FIT_TEMPERATURES: [f32; 8] = [0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 4.0];
-
-/// Evidence the fit needs before the LLM gets any weight: a one-sided sign test on the rows the fusion fixes
-/// against the rows it breaks (relative to Tier-0) must reach this level.
-pub const FIT_ALPHA: f64 = 0.05;
-
-/// The outcome of [`fit`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fit {
-    /// The weight in force (0 unless the gain is significant).
-    pub w: f32,
-    /// The temperature in force.
-    pub t: f32,
-    /// Correct fused answers with (w, t) on the rows the LLM saw.
-    pub correct: usize,
-    /// Correct Tier-0 answers on them.
-    pub tier0: usize,
-    /// The most accurate (weight, temperature) on the grid, before the significance check.
-    pub best: (f32, f32),
-    /// Rows it fixes and breaks relative to Tier-0.
-    pub fixed: usize,
-    /// Rows it breaks.
-    pub broken: usize,
-    /// One-sided sign-test p-value of fixed vs broken.
-    pub p_value: f64,
-}
-
-/// P(X ≥ fixed) for X ~ Binomial(fixed + broken, 1/2): how likely the fusion's net gain is luck.
-pub fn sign_test_p(fixed: usize, broken: usize) -> f64 {
-    let n = fixed + broken;
-    if n == 0 {
-        return 1.0;
-    }
-    let ln_fact = |k: usize| (1..=k).map(|i| (i as f64).ln()).sum::<f64>();
-    let ln_n = ln_fact(n);
-    let ln_half = (0.5f64).ln() * n as f64;
-    (fixed..=n)
-        .map(|k| (ln_n - ln_fact(k) - ln_fact(n - k) + ln_half).exp())
-        .sum::<f64>()
-        .min(1.0)
-}
-
-/// The (weight, temperature) with the most correct fused answers on the rows the LLM saw (ties to the smaller
-/// weight, then to temperature 1), kept only when its gain over Tier-0 passes the sign test at [`FIT_ALPHA`];
-/// otherwise weight 0: an LLM is trusted only where the dev split shows it helps beyond chance.
-pub fn fit(rows: &[Row]) -> Fit {
-    let seen: Vec<&Row> = rows.iter().filter(|r| r.llm.is_some()).collect();
-    let tier0 = seen.iter().filter(|r| r.tier0_right()).count();
-    let mut best = (0.0, 1.0, tier0);
-    for &w in &FIT_WEIGHTS[1..] {
-        for &t in &FIT_TEMPERATURES {
-            let c = seen.iter().filter(|r| r.fused_right(w, t)).count();
-            if c > best.2 {
-                best = (w, t, c);
-            }
-        }
-    }
-    let (w, t, correct) = best;
-    let fixed = seen
-        .iter()
-        .filter(|r| r.fused_right(w, t) && !r.tier0_right())
-        .count();
-    let broken = seen
-        .iter()
-        .filter(|r| !r.fused_right(w, t) && r.tier0_right())
-        .count();
-    let p_value = sign_test_p(fixed, broken);
-    let keep = w > 0.0 && p_value <= FIT_ALPHA;
-    Fit {
-        w: if keep { w } else { 0.0 },
-        t: if keep { t } else { 1.0 },
-        correct: if keep { correct } else { tier0 },
-        tier0,
-        best: (w, t),
-        fixed,
-        broken,
-        p_value,
     }
 }
 
@@ -315,8 +192,6 @@ fn run_llm(
         let job = Job::Rerank {
             text: texts[i].to_string(),
             candidates,
-            llm_weight: 0.0,
-            llm_temperature: 1.0,
             prompt: prompt.clone(),
         };
         let t = Instant::now();
@@ -479,46 +354,6 @@ mod tests {
             llm_s: 0.5,
             embedding: Vec::new(),
         }
-    }
-
-    /// Synthetic rows where the LLM is right whenever Tier-0's runner-up is gold: the fit recovers a weight
-    /// that flips exactly those, and picks 0 for a scorer that knows nothing.
-    #[test]
-    fn fit_finds_a_helpful_weight_and_zero_for_a_useless_scorer() {
-        let mut rows = Vec::new();
-        for i in 0..40 {
-            // Tier-0 0.55/0.45; gold is the runner-up on a quarter of the rows; the LLM is sure of the gold.
-            let gold = if i % 4 == 0 { 1 } else { 0 };
-            let llm: Vec<f32> = if gold == 1 {
-                vec![0.0, 3.0]
-            } else {
-                vec![3.0, 0.0]
-            };
-            rows.push(row(gold, &[(0, 0.55), (1, 0.45)], Some(&llm)));
-        }
-        let f = fit(&rows);
-        assert_eq!((f.correct, f.tier0, f.fixed, f.broken), (40, 30, 10, 0));
-        assert!(f.w > 0.0 && f.p_value < 0.001, "{f:?}");
-        // A gain too small to tell from luck (2 rows fixed, 1 broken): weight 0.
-        let mut few = rows[..8].to_vec();
-        few[1].llm = Some(vec![0.0, 3.0]);
-        let f = fit(&few);
-        assert_eq!((f.fixed, f.broken), (2, 1), "{f:?}");
-        assert_eq!((f.w, f.t, f.correct), (0.0, 1.0, f.tier0));
-        // A useless scorer: the same scores whatever the row.
-        for r in &mut rows {
-            r.llm = Some(vec![0.0, 1.0]);
-        }
-        let f = fit(&rows);
-        assert_eq!((f.w, f.t, f.correct, f.tier0), (0.0, 1.0, 30, 30));
-    }
-
-    #[test]
-    fn sign_test_matches_hand_computed_tails() {
-        assert!((sign_test_p(3, 1) - 5.0 / 16.0).abs() < 1e-12);
-        assert!((sign_test_p(10, 0) - 1.0 / 1024.0).abs() < 1e-12);
-        assert_eq!(sign_test_p(0, 0), 1.0);
-        assert!((sign_test_p(0, 5) - 1.0).abs() < 1e-12);
     }
 
     #[test]

@@ -42,12 +42,15 @@ pub fn run(
     // Logs and traces: the config's OTLP settings, else the standard OTEL_* variables.
     let export = tiergate_telemetry::Export::resolve(
         &cfg.server.otlp_endpoint,
-        &cfg.server.otlp_protocol,
+        cfg.server.otlp_protocol.as_str(),
         cfg.server.trace_sample_ratio,
         "tiergate",
         |k| std::env::var(k).ok(),
     )?;
     let telemetry = tiergate_telemetry::init(export)?;
+    // The Batch API beside the OpenAI API; its webhook key comes from the variable the config names.
+    let secret = std::env::var(&cfg.batch.webhook_secret_env).unwrap_or_default();
+    let batch = tiergate_batch::BatchApi::new(&cfg.batch, secret);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -60,9 +63,10 @@ pub fn run(
                 println!("tiergate admin listening on http://{}", b.admin);
             }
         });
-        let result = tiergate_server::serve::run(
+        let result = tiergate_server::serve::run_with(
             cfg,
             worker_program(),
+            vec![std::sync::Arc::new(batch)],
             tiergate_server::serve::shutdown_signal(),
             Some(tx),
         )

@@ -1,0 +1,188 @@
+//! Fusing the LLM's scores with Tier-0's distribution: part of the decision, so the server does it (the worker
+//! returns raw scores). One implementation for serving, `tiergate eval --hybrid` and `fit-fusion` (which fit
+//! the weight and temperature); the [`Fusion`] in force for a route, and where its values come from.
+
+pub mod fit;
+
+use tiergate_config::{Config, PromptConfig};
+use tiergate_prefilter::heads::FittedFusion;
+use tiergate_prefilter::PrefilterHandle;
+
+/// The fusion in force for a route, and where it comes from.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Fusion {
+    /// Weight of the LLM's distribution.
+    pub llm_weight: f32,
+    /// Temperature of the LLM's scores.
+    pub llm_temperature: f32,
+    /// `fitted` (the head's `fusion.json`) or `config` (`reranker.llm_weight` / `llm_temperature`).
+    pub source: &'static str,
+    /// The fit, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<FittedFusion>,
+}
+
+/// A head's fit, if it was made with the LLM named `running`; a fit made with another LLM is refused, and
+/// the refusal logged.
+pub fn fit_for<'a>(fit: Option<&'a FittedFusion>, running: &str) -> Option<&'a FittedFusion> {
+    let f = fit?;
+    if f.llm == running {
+        return Some(f);
+    }
+    tracing::warn!(
+        fitted_with = %f.llm,
+        running = %running,
+        "the head's fusion.json was fitted with another LLM: not used (run tiergate fit-fusion with this one)"
+    );
+    None
+}
+
+impl Fusion {
+    /// The LLM's distribution over the candidates from its raw `scores`, and the fused one with `tier0`
+    /// (both in candidate order).
+    pub fn apply(&self, tier0: &[f32], scores: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let llm = llm_probs(scores, self.llm_temperature);
+        let fused = fuse(tier0, &llm, self.llm_weight);
+        (llm, fused)
+    }
+
+    /// The head's fitted fusion when it was fitted with the LLM this server runs, else the config's values
+    /// (a fit made with another judge says nothing about this one).
+    pub fn resolve(
+        config: &Config,
+        prompts: &PromptConfig,
+        prefilter: Option<&PrefilterHandle>,
+    ) -> Self {
+        let running = crate::app::llm_name(config, prompts);
+        match fit_for(prefilter.and_then(|p| p.fitted_fusion()), &running) {
+            Some(f) => Self {
+                llm_weight: f.llm_weight,
+                llm_temperature: f.llm_temperature,
+                source: "fitted",
+                fit: Some(f.clone()),
+            },
+            None => Self {
+                llm_weight: config.reranker.llm_weight,
+                llm_temperature: config.reranker.llm_temperature,
+                source: "config",
+                fit: None,
+            },
+        }
+    }
+
+    /// Says at start which fit is in force for `route`, and when the fit found that the LLM adds no accuracy.
+    pub fn log_for(&self, route: &str) {
+        let Some(fit) = &self.fit else { return };
+        if fit.llm_weight == 0.0 || fit.fused_accuracy <= fit.tier0_accuracy {
+            tracing::warn!(
+                route,
+                llm = %fit.llm,
+                rows = fit.rows,
+                tier0_accuracy = fit.tier0_accuracy,
+                "escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended"
+            );
+        } else {
+            tracing::info!(
+                route,
+                llm_weight = fit.llm_weight,
+                llm_temperature = fit.llm_temperature,
+                tier0_accuracy = fit.tier0_accuracy,
+                fused_accuracy = fit.fused_accuracy,
+                "fitted fusion in force"
+            );
+        }
+    }
+}
+
+/// `(1 - w) · tier0' + w · llm`, where `tier0'` is Tier-0's probabilities renormalised over the candidates.
+/// Non-finite or negative inputs count as 0; an all-zero side falls back to uniform.
+pub fn fuse(tier0: &[f32], llm: &[f32], llm_weight: f32) -> Vec<f32> {
+    let w = if llm_weight.is_finite() {
+        llm_weight.clamp(0.0, 1.0)
+    } else {
+        0.5
+    };
+    let a = normalise(tier0);
+    let b = normalise(llm);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (1.0 - w) * x + w * y)
+        .collect()
+}
+
+/// The LLM's distribution over candidates: softmax of its scores (log-domain) at `temperature`.
+pub fn llm_probs(scores: &[f32], temperature: f32) -> Vec<f32> {
+    let t = if temperature.is_finite() && temperature > 0.0 {
+        temperature
+    } else {
+        1.0
+    };
+    let max = scores
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return normalise(&vec![0.0; scores.len()]);
+    }
+    let exps: Vec<f32> = scores
+        .iter()
+        .map(|s| {
+            if s.is_finite() {
+                ((s - max) / t).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    normalise(&exps)
+}
+
+/// Index of the largest value (the first on ties); 0 for an empty slice.
+pub fn argmax(p: &[f32]) -> usize {
+    tiergate_core::stats::argmax(p).0
+}
+
+/// Clean and normalise to sum 1 (uniform when nothing is left).
+pub fn normalise(p: &[f32]) -> Vec<f32> {
+    let clean: Vec<f32> = p
+        .iter()
+        .map(|&x| if x.is_finite() && x > 0.0 { x } else { 0.0 })
+        .collect();
+    let sum: f32 = clean.iter().sum();
+    if sum <= 0.0 {
+        return vec![1.0 / p.len().max(1) as f32; p.len()];
+    }
+    clean.iter().map(|x| x / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fusion_weights_and_normalises() {
+        let f = fuse(&[0.6, 0.2], &[0.0, 1.0], 0.5);
+        assert!(
+            (f[0] - 0.375).abs() < 1e-6 && (f[1] - 0.625).abs() < 1e-6,
+            "{f:?}"
+        );
+        assert_eq!(fuse(&[0.6, 0.2], &[0.1, 0.9], 0.0), normalise(&[0.6, 0.2]));
+        assert_eq!(fuse(&[0.6, 0.2], &[0.1, 0.9], 1.0), vec![0.1, 0.9]);
+        let g = fuse(&[f32::NAN, -1.0], &[0.0, 0.0], 0.5);
+        assert!((g[0] - 0.5).abs() < 1e-6 && (g[1] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn llm_probs_is_a_tempered_softmax() {
+        let p = llm_probs(&[0.0, 2f32.ln()], 1.0);
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6 && (p[1] - 2.0 / 3.0).abs() < 1e-6);
+        let q = llm_probs(&[0.0, 2f32.ln()], 0.5);
+        assert!((q[1] - 0.8).abs() < 1e-6, "{q:?}");
+        assert_eq!(
+            llm_probs(&[f32::NAN, f32::NEG_INFINITY], 1.0),
+            vec![0.5, 0.5]
+        );
+        assert_eq!(argmax(&[0.1, 0.5, 0.5]), 1);
+    }
+}

@@ -1,0 +1,20 @@
+//! A product served beside the OpenAI API by the same server (the Batch API is one, in its own crate): its
+//! routes on the public listener, under the same outer layers (head limits, request ids, lame duck), and a
+//! background task that runs while the server does.
+
+use std::sync::{Arc, Weak};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::app::AppState;
+
+/// What the server mounts and runs for a product.
+pub trait Product: Send + Sync {
+    /// Its routes, merged into the public router.
+    fn routes(&self) -> axum::Router<Arc<AppState>>;
+
+    /// Starts its background task once the state is built; `stop` turns true after the drain (in-flight
+    /// requests have finished), and the server waits a few seconds for the task to end.
+    fn start(&self, state: Weak<AppState>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>>;
+}
