@@ -10,8 +10,9 @@ use serde_json::{json, Map, Value};
 use tiergate_config::RoutingConfig;
 
 use crate::http::HttpClient;
-use crate::report::{ms, RunReport};
+use crate::report::RunReport;
 use crate::scrape::routing;
+use crate::stats::ms;
 
 /// The policy fields /admin/routing accepts (what we save and restore).
 pub const POLICY_FIELDS: &[&str] = RoutingConfig::FIELDS;

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::RunReport;
+use crate::stats::ChannelStats;
 
 /// The channels a price file can place: the server's.
 fn channels() -> impl Iterator<Item = &'static str> {
@@ -188,9 +188,10 @@ pub struct RunCost {
     pub idle_hourly: f64,
 }
 
-/// The cost of `run` on the fleet of `f`.
-pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
-    let rate = |c: &str| run.channel(c).map_or(0.0, |s| s.requests_per_s);
+/// The cost of a run, given its per-channel statistics, on the fleet of `f`.
+pub fn of(f: &CostFile, stats: &[ChannelStats]) -> RunCost {
+    let channel = |name: &str| stats.iter().find(|c| c.channel == name);
+    let rate = |c: &str| channel(c).map_or(0.0, |s| s.requests_per_s);
     let mut hourly: BTreeMap<&str, f64> = channels().map(|c| (c, 0.0)).collect();
     let mut idle = 0.0;
     let mut instances = Vec::new();
@@ -215,8 +216,7 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
     let mut penalised_total = idle;
     let channels: Vec<ChannelCost> = channels()
         .map(|c| {
-            let p95 = run
-                .channel(c)
+            let p95 = channel(c)
                 .and_then(|s| s.latency.as_ref())
                 .map(|l| l.p95_ms);
             let out_of_band = p95.is_some_and(|p| {
@@ -240,7 +240,7 @@ pub fn of(f: &CostFile, run: &RunReport) -> RunCost {
             }
         })
         .collect();
-    let served = run.channel("served").map_or(0.0, |s| s.requests_per_s);
+    let served = channel("served").map_or(0.0, |s| s.requests_per_s);
     let esc = channels.iter().find(|c| c.channel == "escalated");
     RunCost {
         currency: f.currency.clone(),
@@ -307,6 +307,7 @@ pub fn render(c: &RunCost) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::RunReport;
     use crate::run::RunData;
     use crate::stats::Outcome;
 
@@ -349,7 +350,7 @@ mod tests {
     fn costs_per_channel_and_blended() {
         let f = CostFile::parse(FILE).unwrap();
         // 9 req/s Tier-0, 1 req/s escalated (100 s run): 32,400 and 3,600 requests an hour.
-        let c = of(&f, &run(900, 100, 2000));
+        let c = of(&f, &run(900, 100, 2000).channels);
         assert_eq!(c.fleet_hourly, 1.4);
         let ch = |n: &str| c.channels.iter().find(|x| x.channel == n).unwrap().clone();
         assert!(
@@ -363,7 +364,7 @@ mod tests {
         assert!((c.escalated_per_1k_served.unwrap() - 1.0 / 36.0).abs() < 1e-9);
         assert!(!ch("escalated").out_of_band);
         // The escalated channel past Tier-4 (13 s): its cost × 1.5.
-        let slow = of(&f, &run(900, 100, 13_000));
+        let slow = of(&f, &run(900, 100, 13_000).channels);
         let e = slow
             .channels
             .iter()
@@ -374,7 +375,7 @@ mod tests {
         assert!((slow.blended_per_1k.unwrap() - 1.9 / 36.0).abs() < 1e-9);
         assert!(render(&slow).contains("out of band"));
         // No escalations at all: the GPU is idle cost, still paid for in the blend.
-        let idle = of(&f, &run(1000, 0, 0));
+        let idle = of(&f, &run(1000, 0, 0).channels);
         assert_eq!(idle.idle_hourly, 1.0);
         assert!((idle.blended_per_1k.unwrap() - 1.4 / 36.0).abs() < 1e-9);
     }
@@ -387,11 +388,11 @@ mod tests {
         );
         let f = CostFile::parse(&sized).unwrap();
         // 1 escalation/s at 0.3 per replica: 4 GPUs.
-        let c = of(&f, &run(900, 100, 2000));
+        let c = of(&f, &run(900, 100, 2000).channels);
         assert_eq!(c.instances[1].replicas, 4);
         assert!((c.fleet_hourly - 4.4).abs() < 1e-9);
         // No escalations: no GPU at all.
-        let c = of(&f, &run(1000, 0, 0));
+        let c = of(&f, &run(1000, 0, 0).channels);
         assert_eq!(c.instances[1].replicas, 0);
         assert!((c.fleet_hourly - 0.4).abs() < 1e-9);
         assert_eq!(c.idle_hourly, 0.0);

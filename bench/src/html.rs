@@ -4,7 +4,8 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{Report, RunReport};
+use crate::output::Report;
+use crate::report::RunReport;
 
 const W: f64 = 760.0;
 const H: f64 = 300.0;
@@ -455,9 +456,9 @@ fn tables(r: &crate::report::RunReport) -> String {
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&v.variant),
                 v.stats.count,
-                crate::report::ms(l.p50_ms),
-                crate::report::ms(l.p95_ms),
-                crate::report::ms(l.p99_ms),
+                crate::stats::ms(l.p50_ms),
+                crate::stats::ms(l.p95_ms),
+                crate::stats::ms(l.p99_ms),
                 v.stats.band.unwrap_or("-"),
                 v.abandoned.map_or("-".into(), |a| format!("{:.1}%", a * 100.0))
             );
@@ -501,7 +502,7 @@ pub fn page(report: &Report, text: &str) -> String {
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&r.variant),
                 r.cost_per_1k.map_or("-".into(), |c| format!("{c:.4}")),
-                r.p99_served_ms.map_or("-".into(), crate::report::ms),
+                r.p99_served_ms.map_or("-".into(), crate::stats::ms),
                 r.accuracy.map_or("-".into(), |a| format!("{a:.3}")),
                 r.escalation_share
                     .map_or("-".into(), |a| format!("{:.1}%", a * 100.0)),

@@ -12,6 +12,7 @@ pub mod cost;
 pub mod derive;
 pub mod html;
 pub mod http;
+pub mod output;
 pub mod patience;
 pub mod report;
 pub mod run;

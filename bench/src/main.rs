@@ -7,7 +7,8 @@ use clap::Parser;
 use serde_json::json;
 use tiergate_bench::args::{Args, Command, SloCommand};
 use tiergate_bench::http::HttpClient;
-use tiergate_bench::report::{Report, RunReport};
+use tiergate_bench::output::Report;
+use tiergate_bench::report::RunReport;
 use tiergate_bench::run::{execute, Load, Plan};
 use tiergate_bench::schedule::Schedule;
 use tiergate_bench::{compare, html, scrape, slo, workload};
@@ -195,7 +196,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
     };
     if let Some(f) = &prices {
         for r in &mut runs {
-            r.cost = Some(tiergate_bench::cost::of(f, r));
+            r.cost = Some(tiergate_bench::cost::of(f, &r.channels));
         }
     }
     // The comparison reads the runs' costs: made once they are in.

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::run::RunData;
 use crate::scrape::Scrape;
 use crate::slo::{check, SloLine, SloResult};
-use crate::stats::{histogram, series, Channel, ChannelStats, Outcome, Percentiles, Second};
+use crate::stats::{histogram, ms, series, Channel, ChannelStats, Outcome, Percentiles, Second};
 
 /// What the client itself cost.
 #[derive(Debug, Clone, Serialize)]
@@ -266,27 +266,4 @@ impl RunReport {
         }
         s
     }
-}
-
-/// Milliseconds with sensible precision.
-pub fn ms(x: f64) -> String {
-    if x < 10.0 {
-        format!("{x:.2}")
-    } else if x < 100.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x:.0}")
-    }
-}
-
-/// The whole output of one invocation.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub tool: &'static str,
-    pub version: &'static str,
-    pub url: String,
-    pub route: String,
-    pub runs: Vec<RunReport>,
-    pub comparison: Option<Vec<crate::compare::Row>>,
-    pub notes: Vec<String>,
 }

@@ -118,6 +118,17 @@ impl Channel {
 
 pub use tiergate_core::bands::band;
 
+/// Milliseconds with sensible precision.
+pub fn ms(x: f64) -> String {
+    if x < 10.0 {
+        format!("{x:.2}")
+    } else if x < 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.0}")
+    }
+}
+
 /// Percentiles of a set of microsecond values, in milliseconds.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Percentiles {

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use candle_core::Tensor;
 use tiergate_config::{HeadConfig, PoolingConfig, Precision, PrefilterConfig};
 
+pub use crate::encoder::embed_texts;
 use crate::encoder::{mmap_weights, Encoder};
 use crate::error::{PrefilterError, Result};
 use crate::heads::{self, Head};
@@ -201,32 +201,4 @@ pub fn load_encoder(
     let vb = mmap_weights(dir, &candle_core::Device::Cpu)?;
     let encoder = Encoder::load(dir, pooling, vb, tokenizer.pad_id(), false)?;
     Ok((tokenizer, encoder))
-}
-
-/// Pooled embeddings `[n, hidden]` of `texts`, computed in length-sorted batches (less padding).
-pub fn embed_texts(
-    tokenizer: &TextTokenizer,
-    encoder: &Encoder,
-    texts: &[&str],
-    batch: usize,
-) -> Result<Tensor> {
-    if texts.is_empty() {
-        return Err(PrefilterError::InvalidInput("no texts to embed".into()));
-    }
-    let tokens = texts
-        .iter()
-        .map(|t| tokenizer.encode(t))
-        .collect::<Result<Vec<_>>>()?;
-    let mut order: Vec<usize> = (0..tokens.len()).collect();
-    order.sort_by_key(|&i| tokens[i].ids.len());
-    let mut rows: Vec<Option<Tensor>> = vec![None; tokens.len()];
-    for chunk in order.chunks(batch.max(1)) {
-        let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
-        let pooled = encoder.embed(&refs)?.pooled;
-        for (j, &i) in chunk.iter().enumerate() {
-            rows[i] = Some(pooled.get(j)?);
-        }
-    }
-    let rows: Vec<Tensor> = rows.into_iter().flatten().collect();
-    Ok(Tensor::stack(&rows, 0)?)
 }

@@ -12,7 +12,7 @@ use tiergate_config::{PoolingConfig, Precision};
 
 use crate::bert::{first_token, mean_pool, Packed, PackedBert};
 use crate::error::{PrefilterError, Result};
-use crate::tokenize::Tokens;
+use crate::tokenize::{TextTokenizer, Tokens};
 
 /// Model families this encoder loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,4 +343,32 @@ fn resolve_pooling(dir: &Path, cfg: PoolingConfig) -> Result<Pooling> {
             pooling
         }
     })
+}
+
+/// Pooled embeddings `[n, hidden]` of `texts`, computed in length-sorted batches (less padding).
+pub fn embed_texts(
+    tokenizer: &TextTokenizer,
+    encoder: &Encoder,
+    texts: &[&str],
+    batch: usize,
+) -> Result<Tensor> {
+    if texts.is_empty() {
+        return Err(PrefilterError::InvalidInput("no texts to embed".into()));
+    }
+    let tokens = texts
+        .iter()
+        .map(|t| tokenizer.encode(t))
+        .collect::<Result<Vec<_>>>()?;
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    order.sort_by_key(|&i| tokens[i].ids.len());
+    let mut rows: Vec<Option<Tensor>> = vec![None; tokens.len()];
+    for chunk in order.chunks(batch.max(1)) {
+        let refs: Vec<&Tokens> = chunk.iter().map(|&i| &tokens[i]).collect();
+        let pooled = encoder.embed(&refs)?.pooled;
+        for (j, &i) in chunk.iter().enumerate() {
+            rows[i] = Some(pooled.get(j)?);
+        }
+    }
+    let rows: Vec<Tensor> = rows.into_iter().flatten().collect();
+    Ok(Tensor::stack(&rows, 0)?)
 }

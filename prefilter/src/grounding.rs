@@ -5,7 +5,7 @@
 //! The embeddings are computed when a route asks for grounding (`Classifier::ground`), with the encoder and
 //! precision that serve, so query and examples go through the same arithmetic.
 
-use crate::classifier::embed_texts;
+use crate::encoder::embed_texts;
 use crate::encoder::Encoder;
 use crate::error::Result;
 use crate::tokenize::TextTokenizer;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tiergate_config::{Config, HeadConfig, PromptConfig, RouteKind, ScoringMethod};
+use tiergate_config::{Config, HeadConfig, PromptConfig, RouteKind};
 use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
 use tokio::sync::Semaphore;
@@ -31,47 +31,6 @@ pub struct Route {
     pub grounded: bool,
 }
 
-/// The formulation the worker will use for these templates and the examples per candidate it shows
-/// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
-pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, usize) {
-    let r = &config.reranker;
-    let Ok(profile) = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile) else {
-        return (prompts.method, prompts.choice_examples);
-    };
-    let f = profile.resolve(prompts);
-    if r.engine == tiergate_config::EngineKind::Openai && prompts.method == ScoringMethod::Auto {
-        (ScoringMethod::Choice, f.examples)
-    } else {
-        (f.method, f.examples)
-    }
-}
-
-/// Whether candidates' examples should be ranked by nearness to the query: the choice formulation shows
-/// a few per candidate, and they may differ per query (the channel form's fixed examples are its cache key).
-pub fn grounded(config: &Config, prompts: &PromptConfig) -> bool {
-    matches!(formulation(config, prompts), (ScoringMethod::Choice, k) if k > 0)
-}
-
-/// The LLM's name for reports and `fusion.json`: the model file and the formulation it scores with (under
-/// `method = "auto"`, the one its profile picks), e.g. `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (choice)`.
-pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
-    let r = &config.reranker;
-    let model = if r.engine == tiergate_config::EngineKind::Stub {
-        "stub".to_string()
-    } else {
-        r.model
-            .file_name()
-            .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
-    };
-    let (method, examples) = formulation(config, prompts);
-    let grounding = if method == ScoringMethod::Choice && examples > 0 {
-        format!(", {examples} nearest examples")
-    } else {
-        String::new()
-    };
-    format!("{model} ({}{grounding})", method.name()).to_lowercase()
-}
-
 pub use crate::llm::Llm;
 
 /// Everything a handler needs.
@@ -91,9 +50,9 @@ pub struct AppState {
     /// The one admission limit for the whole server.
     pub admission: Arc<Semaphore>,
     /// The last decisions, for `/console`.
-    pub decisions: std::sync::Mutex<std::collections::VecDeque<crate::console::Decision>>,
+    pub decisions: crate::outcome::Decisions,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
-    pub store: Option<crate::store::RedisStore>,
+    pub store: Option<Arc<crate::store::RedisStore>>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
     pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
@@ -127,9 +86,10 @@ impl AppState {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
             experiments: crate::experiments::Experiments::new(config.experiments.clone()),
-            priority: Arc::new(crate::priority::Gate::new(Duration::from_millis(
-                config.batch.max_llm_wait_ms,
-            ))),
+            priority: llm.as_ref().map_or_else(
+                || Arc::new(crate::priority::Gate::new(Duration::ZERO)),
+                |l| l.gate.clone(),
+            ),
             recorder: match &config.server.record_escalations {
                 None => None,
                 Some(p) => Some(crate::record::Recorder::open(
@@ -138,11 +98,11 @@ impl AppState {
                 )?),
             },
             fleet_utilization: std::sync::Mutex::new(None),
-            decisions: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            decisions: crate::outcome::Decisions::default(),
             store: match config.policy_store.kind {
-                tiergate_config::StoreKind::Redis => {
-                    Some(crate::store::RedisStore::new(&config.policy_store)?)
-                }
+                tiergate_config::StoreKind::Redis => Some(Arc::new(crate::store::RedisStore::new(
+                    &config.policy_store,
+                )?)),
                 tiergate_config::StoreKind::Memory => None,
             },
             config,
@@ -152,6 +112,21 @@ impl AppState {
             metrics,
             started: Instant::now(),
         })
+    }
+
+    /// `server.admin_token`.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.config.server.admin_token.as_deref()
+    }
+
+    /// Submits `job` to the LLM ([`Llm::submit`]); `Refused::NoLlm` when this server runs none.
+    pub async fn submit(
+        &self,
+        job: &tiergate_queue::Job,
+        batch: Option<&crate::priority::BatchLine>,
+    ) -> Result<crate::llm::Submitted<'_>, crate::llm::Refused> {
+        let llm = self.llm.as_ref().ok_or(crate::llm::Refused::NoLlm)?;
+        llm.submit(job, batch).await
     }
 
     /// Live, ready workers (0 without an LLM side).
@@ -181,7 +156,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             .prompts
             .clone()
             .unwrap_or_else(|| config.reranker.prompts.clone());
-        let grounded = grounded(config, &prompts);
+        let grounded = crate::judge::grounded(config, &prompts);
         let prefilter = if r.kind == RouteKind::Generate {
             None
         } else {
@@ -296,5 +271,9 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
         supervisor,
         segment: name_for_info,
         rerank_ewma_ns: std::sync::atomic::AtomicU64::new(0),
+        gate: Arc::new(crate::priority::Gate::new(Duration::from_millis(
+            config.batch.max_llm_wait_ms,
+        ))),
+        limits: crate::llm::Limits::of(r),
     })
 }

@@ -4,9 +4,10 @@
 
 use std::net::SocketAddr;
 
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 
 /// The header that carries the admin token on chat requests that ask for a threshold override.
@@ -33,13 +34,30 @@ pub fn is_loopback(peer: SocketAddr) -> bool {
     peer.ip().to_canonical().is_loopback()
 }
 
-/// Admin access: the configured token as a bearer token, or, without one, a loopback peer.
+/// The client's address, when the connection recorded one (`ConnectInfo`).
+pub struct Peer(pub Option<SocketAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        ))
+    }
+}
+
+/// Admin access: the configured `token` (`server.admin_token`) as a bearer token, or, without one, a loopback
+/// peer.
 pub fn authorize_admin(
-    state: &AppState,
+    token: Option<&str>,
     headers: &HeaderMap,
     peer: Option<SocketAddr>,
 ) -> Result<(), ApiError> {
-    match &state.config.server.admin_token {
+    match token {
         Some(token) => match bearer(headers) {
             Some(given) if token_matches(given.as_bytes(), token.as_bytes()) => Ok(()),
             _ => Err(ApiError::Unauthorized(
@@ -57,15 +75,16 @@ pub fn authorize_admin(
 /// an admin token is configured and the request presents it in `x-tiergate-admin-token`. The value must lie
 /// in [0, 1]. `Ok(None)`: no override asked. An override asked for but not permitted is refused (403), never
 /// silently ignored, so a client does not mistake the server's θ for its own.
-pub fn threshold_override(state: &AppState, headers: &HeaderMap) -> Result<Option<f64>, ApiError> {
+/// `token`: `server.admin_token`; `allowed`: the policy's `allow_header_override`.
+pub fn threshold_override(
+    token: Option<&str>,
+    allowed: bool,
+    headers: &HeaderMap,
+) -> Result<Option<f64>, ApiError> {
     let Some(raw) = headers.get(tiergate_core::outcome::header::THRESHOLD) else {
         return Ok(None);
     };
-    let allowed = state.policy.current().cfg.allow_header_override;
-    let token_ok = match (
-        &state.config.server.admin_token,
-        headers.get(OVERRIDE_TOKEN_HEADER),
-    ) {
+    let token_ok = match (token, headers.get(OVERRIDE_TOKEN_HEADER)) {
         (Some(token), Some(given)) => token_matches(given.as_bytes(), token.as_bytes()),
         _ => false,
     };

@@ -11,6 +11,7 @@ pub mod experiments;
 pub mod extract;
 pub mod fleet;
 pub mod fusion;
+pub mod judge;
 pub mod llm;
 pub mod metrics;
 pub mod openai;

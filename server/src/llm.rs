@@ -1,4 +1,4 @@
-//! The LLM tier as the server sees it: the worker pool's client and supervisor, and [`submit`] — the one way
+//! The LLM tier as the server sees it: the worker pool's client and supervisor, and [`Llm::submit`] — the one way
 //! a request reaches the LLM. Classify (rerank), answer and generate requests, interactive or from a batch,
 //! all pass the same checks in the same order: a batch line's turn (it waits for the interactive channel),
 //! the in-flight limit, for reranks whether the job can still finish before its deadline, then the deadline
@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tiergate_queue::{Client, Job, JobHandle, QueueError, Supervisor};
 
-use crate::app::AppState;
-use crate::priority::{BatchLine, Turn};
+use tiergate_config::RerankerConfig;
+
+use crate::priority::{BatchLine, Gate, Turn};
 
 /// The LLM side.
 pub struct Llm {
@@ -22,6 +23,35 @@ pub struct Llm {
     /// Smoothed service time of one rerank, nanoseconds (0 until the first one): predicts whether a new
     /// escalation can finish before its deadline.
     pub rerank_ewma_ns: std::sync::atomic::AtomicU64,
+    /// Interactive work before batch work (shared with the Batch API's runner, which yields on it).
+    pub gate: std::sync::Arc<Gate>,
+    /// What a submission is checked against.
+    pub limits: Limits,
+}
+
+/// The `[reranker]` bounds a submission is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Jobs in flight at most (`reranker.max_in_flight`, or twice the worker slots).
+    pub in_flight: usize,
+    /// A rerank's deadline.
+    pub rerank_deadline: Duration,
+    /// A generation's deadline.
+    pub generate_deadline: Duration,
+    /// Worker processes (reranks are scored one at a time per worker).
+    pub workers: usize,
+}
+
+impl Limits {
+    /// The bounds `[reranker]` sets.
+    pub fn of(r: &RerankerConfig) -> Self {
+        Self {
+            in_flight: r.in_flight_limit(),
+            rerank_deadline: Duration::from_millis(r.rerank_deadline_ms),
+            generate_deadline: Duration::from_millis(r.generate_deadline_ms),
+            workers: r.workers,
+        }
+    }
 }
 
 impl Llm {
@@ -64,36 +94,36 @@ pub struct Submitted<'a> {
     _turn: Option<Turn<'a>>,
 }
 
-/// Submits `job` for an interactive request (`batch` is `None`) or a batch line.
-pub async fn submit<'a>(
-    state: &'a AppState,
-    job: &Job,
-    batch: Option<&BatchLine>,
-) -> Result<Submitted<'a>, Refused> {
-    let llm = state.llm.as_ref().ok_or(Refused::NoLlm)?;
-    let turn = state.priority.turn(llm, batch).await;
-    let cfg = &state.config.reranker;
-    let rerank = matches!(job, Job::Rerank { .. });
-    let deadline = Duration::from_millis(if rerank {
-        cfg.rerank_deadline_ms
-    } else {
-        cfg.generate_deadline_ms
-    });
-    let in_flight = llm.client.in_flight();
-    if in_flight >= cfg.in_flight_limit() {
-        return Err(Refused::Queue(QueueError::Full { slots: in_flight }));
+impl Llm {
+    /// Submits `job` for an interactive request (`batch` is `None`) or a batch line.
+    pub async fn submit<'a>(
+        &'a self,
+        job: &Job,
+        batch: Option<&BatchLine>,
+    ) -> Result<Submitted<'a>, Refused> {
+        let turn = self.gate.turn(&self.client, batch).await;
+        let rerank = matches!(job, Job::Rerank { .. });
+        let deadline = if rerank {
+            self.limits.rerank_deadline
+        } else {
+            self.limits.generate_deadline
+        };
+        let in_flight = self.client.in_flight();
+        if in_flight >= self.limits.in_flight {
+            return Err(Refused::Queue(QueueError::Full { slots: in_flight }));
+        }
+        if rerank && self.rerank_out_of_reach(deadline, self.limits.workers) {
+            return Err(Refused::Queue(QueueError::DeadlineExceeded));
+        }
+        let handle = self
+            .client
+            .submit_traced(job, crate::trace::job_parent().as_ref(), deadline)
+            .map_err(Refused::Queue)?;
+        Ok(Submitted {
+            handle,
+            ahead: in_flight as u32 + 1,
+            llm: self,
+            _turn: turn,
+        })
     }
-    if rerank && llm.rerank_out_of_reach(deadline, cfg.workers) {
-        return Err(Refused::Queue(QueueError::DeadlineExceeded));
-    }
-    let handle = llm
-        .client
-        .submit_traced(job, crate::trace::job_parent().as_ref(), deadline)
-        .map_err(Refused::Queue)?;
-    Ok(Submitted {
-        handle,
-        ahead: in_flight as u32 + 1,
-        llm,
-        _turn: turn,
-    })
 }

@@ -1,7 +1,16 @@
 //! What became of an answered chat request, as a value the handlers return beside the response: metrics,
-//! the console's decision table and the escalation records read it, never the response's headers.
+//! the console's decision table ([`Decisions`]) and the escalation records read it, never the response's headers.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
 
 pub use tiergate_core::outcome::{Channel, DegradeReason, Tier};
+
+/// Decisions kept for the console.
+const KEEP: usize = 200;
 
 /// An answered request's outcome.
 #[derive(Debug, Clone)]
@@ -22,5 +31,70 @@ impl Outcome {
     /// The channel it is counted in.
     pub fn channel(&self) -> Channel {
         Channel::of(self.tier, self.degraded.is_some())
+    }
+}
+
+/// One answered request, as the console lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// Unix time, milliseconds.
+    pub t_ms: u64,
+    /// The route (`model`).
+    pub route: String,
+    /// Ambiguity 1 − max p (classified routes).
+    pub a: Option<f64>,
+    /// θ the decision used.
+    pub theta: Option<f64>,
+    /// `tier0`, `escalated` or `degraded`.
+    pub channel: &'static str,
+    /// The label answered (classified routes).
+    pub label: Option<String>,
+    /// End-to-end latency, milliseconds.
+    pub latency_ms: f64,
+    #[serde(skip)]
+    at: Option<Instant>,
+}
+
+impl Decision {
+    /// How long ago it was recorded (never for a decision without a time).
+    pub fn age(&self, now: Instant) -> Duration {
+        self.at
+            .map_or(Duration::MAX, |t| now.saturating_duration_since(t))
+    }
+}
+
+/// The last answered requests (at most [`KEEP`]), for the console.
+#[derive(Debug, Default)]
+pub struct Decisions(Mutex<VecDeque<Decision>>);
+
+impl Decisions {
+    /// The kept decisions, oldest first.
+    pub fn recent(&self) -> Vec<Decision> {
+        self.0
+            .lock()
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Records an answered request's outcome.
+    pub fn record(&self, route: &str, outcome: &Outcome, took: Duration) {
+        let d = Decision {
+            t_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            route: route.to_string(),
+            a: outcome.confidence.map(|c| 1.0 - f64::from(c)),
+            theta: outcome.threshold,
+            channel: outcome.channel().as_str(),
+            label: outcome.label.clone(),
+            latency_ms: took.as_secs_f64() * 1e3,
+            at: Some(Instant::now()),
+        };
+        if let Ok(mut q) = self.0.lock() {
+            q.push_back(d);
+            while q.len() > KEEP {
+                q.pop_front();
+            }
+        }
     }
 }

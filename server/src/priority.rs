@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::llm::Llm;
+use tiergate_queue::Client;
 
 /// Marks a request as a batch line.
 #[derive(Debug, Clone, Default)]
@@ -74,14 +74,14 @@ impl Gate {
     /// Before an LLM job. An interactive job passes at once (`None`) and asks a running batch job to yield.
     /// A batch line waits until a worker is live and the LLM is free of interactive work (at most
     /// `max_wait`); the returned turn is held until the LLM answered.
-    pub async fn turn<'a>(&'a self, llm: &Llm, line: Option<&BatchLine>) -> Option<Turn<'a>> {
+    pub async fn turn<'a>(&'a self, client: &Client, line: Option<&BatchLine>) -> Option<Turn<'a>> {
         let Some(line) = line else {
             self.preempt.notify_waiters();
             return None;
         };
         let permit = self.batch_turn.acquire().await.ok()?;
         let waited = Instant::now();
-        while (llm.client.in_flight() > 0 || llm.client.live_workers() == 0)
+        while (client.in_flight() > 0 || client.live_workers() == 0)
             && waited.elapsed() < self.max_wait
         {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -154,8 +154,11 @@ fn start_background(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     tokio::spawn(sample_utilization(Arc::downgrade(state)));
-    if state.store.is_some() {
-        tokio::spawn(crate::store::sync_policy(Arc::downgrade(state)));
+    if let Some(store) = &state.store {
+        tokio::spawn(crate::store::sync_policy(
+            store.clone(),
+            Arc::downgrade(&state.policy),
+        ));
     }
     if !state.config.utilization.prometheus_url.is_empty() {
         tokio::spawn(crate::fleet::poll_prometheus(

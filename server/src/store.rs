@@ -6,13 +6,13 @@
 //! in `/ready` and in `tiergate_policy_store_up`, and refuses policy changes (503) until Redis is back.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::AsyncCommands;
 use tiergate_config::{PolicyStoreConfig, RoutingConfig};
 
-use crate::app::AppState;
+use crate::policy::Policy;
 
 const CAS: &str = r"
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -137,39 +137,36 @@ impl RedisStore {
     }
 }
 
-/// Keeps this replica's policy in step with the store until the state is dropped: at start the stored policy
-/// wins (or this replica's config is stored as the first version), then every `sync_ms` a newer stored
-/// version is installed.
-pub async fn sync_policy(state: Weak<AppState>) {
+/// Keeps this replica's `policy` in step with the store until the policy is dropped (with the server's
+/// state): at start the stored policy wins (or this replica's config is stored as the first version), then
+/// every `sync_ms` a newer stored version is installed.
+pub async fn sync_policy(store: Arc<RedisStore>, policy: Weak<Policy>) {
     let mut seeded = false;
     loop {
-        let Some(state) = state.upgrade() else {
-            return;
-        };
-        let Some(store) = state.store.as_ref() else {
+        let Some(policy) = policy.upgrade() else {
             return;
         };
         match store.fetch().await {
             Ok(Some((cfg, version))) => {
                 let adopt = !seeded;
                 seeded = true;
-                if state.policy.install(cfg, version, adopt) {
+                if policy.install(cfg, version, adopt) {
                     tracing::info!(version, "routing policy from the shared store installed");
                 }
             }
             Ok(None) if !seeded => {
                 // Nothing stored yet: this replica's policy becomes version 1 of the shared one.
-                let local = state.policy.current();
+                let local = policy.current();
                 let line = serde_json::json!({"event": "seeded", "version": 1}).to_string();
                 if let Ok(Cas::Stored(v)) = store.compare_and_set(0, &local.cfg, &line).await {
-                    state.policy.install(local.cfg.clone(), v, true);
+                    policy.install(local.cfg.clone(), v, true);
                     seeded = true;
                 }
             }
             _ => {}
         }
         let period = store.sync;
-        drop(state);
+        drop(policy);
         tokio::time::sleep(period).await;
     }
 }

@@ -192,3 +192,133 @@ fn the_binaries_and_the_tests_build_shared_dependencies_alike() {
         "pin these in hack/Cargo.toml: {differ:#?}"
     );
 }
+
+/// A crate's source files as modules (`routes::chat`), each with the modules of its own crate it names
+/// (`crate::…` and `super::…` paths outside comments and test modules).
+fn module_graph(src: &std::path::Path) -> HashMap<String, HashSet<String>> {
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    files(src, &mut paths);
+    let name = |p: &std::path::Path| {
+        let rel = p.strip_prefix(src).unwrap().with_extension("");
+        let m = rel.to_string_lossy().replace("/mod", "").replace('/', "::");
+        if m == "lib" || m == "main" {
+            "crate".to_string()
+        } else {
+            m
+        }
+    };
+    let mods: HashSet<String> = paths.iter().map(|p| name(p)).collect();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_' || *c == ':')
+            .collect::<String>()
+            .trim_end_matches(':')
+            .to_string()
+    };
+    let mut g = HashMap::new();
+    for p in &paths {
+        let m = name(p);
+        let text = std::fs::read_to_string(p).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let parent = m.rsplit_once("::").map_or("", |(a, _)| a).to_string();
+        let mut refs = HashSet::new();
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (prefix, base) in [("crate::", String::new()), ("super::", parent.clone())] {
+                for (i, _) in line.match_indices(prefix) {
+                    let path = ident(&line[i + prefix.len()..]);
+                    let full = if base.is_empty() {
+                        path
+                    } else {
+                        format!("{base}::{path}")
+                    };
+                    // The longest module the path names (`routes::chat::Meta` → `routes::chat`).
+                    let mut cand = full.as_str();
+                    loop {
+                        if mods.contains(cand) {
+                            refs.insert(cand.to_string());
+                            break;
+                        }
+                        match cand.rsplit_once("::") {
+                            Some((a, _)) => cand = a,
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+        refs.retain(|r| *r != m && !r.starts_with(&format!("{m}::")) && r != "crate");
+        g.insert(m, refs);
+    }
+    g
+}
+
+/// A cycle in `g`, if there is one.
+fn cycle(g: &HashMap<String, HashSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        v: &str,
+        g: &HashMap<String, HashSet<String>>,
+        done: &mut HashSet<String>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == v) {
+            return Some(path[i..].to_vec());
+        }
+        if !done.insert(v.to_string()) {
+            return None;
+        }
+        path.push(v.to_string());
+        let mut next: Vec<&String> = g.get(v).into_iter().flatten().collect();
+        next.sort();
+        for w in next {
+            if let Some(c) = visit(w, g, done, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = HashSet::new();
+    let mut keys: Vec<&String> = g.keys().collect();
+    keys.sort();
+    keys.into_iter()
+        .find_map(|k| visit(k, g, &mut done, &mut Vec::new()))
+}
+
+/// No two source files of a crate import each other, directly or around a circle: a reader can take the
+/// files in an order where each uses only those before it.
+#[test]
+fn no_import_circle_between_files() {
+    let mut checked = 0;
+    for krate in std::fs::read_dir(root()).unwrap().flatten() {
+        let src = krate.path().join("src");
+        if !krate.path().join("Cargo.toml").is_file() || !src.is_dir() {
+            continue;
+        }
+        let g = module_graph(&src);
+        checked += g.len();
+        if let Some(c) = cycle(&g) {
+            panic!(
+                "{}: {} import each other in a circle",
+                src.display(),
+                c.join(" → ")
+            );
+        }
+    }
+    assert!(checked > 80, "only {checked} files checked");
+    // The check itself finds a circle.
+    let g: HashMap<String, HashSet<String>> = [("a", "b"), ("b", "c"), ("c", "a")]
+        .into_iter()
+        .map(|(x, y)| (x.to_string(), HashSet::from([y.to_string()])))
+        .collect();
+    assert_eq!(cycle(&g).map(|c| c.len()), Some(3));
+}

@@ -123,7 +123,7 @@ pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow
 pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier> {
     let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
         .with_context(|| format!("loading classifier {}", dir.display()))?;
-    if tiergate_server::app::grounded(config, &route_prompts(config)) {
+    if tiergate_server::judge::grounded(config, &route_prompts(config)) {
         c.ground()?;
     }
     Ok(c)
@@ -228,9 +228,9 @@ fn route_prompts(config: &Config) -> tiergate_config::PromptConfig {
         .unwrap_or_else(|| config.reranker.prompts.clone())
 }
 
-/// The LLM's name for reports and `fusion.json` (see [`tiergate_server::app::llm_name`]).
+/// The LLM's name for reports and `fusion.json` (see [`tiergate_server::judge::llm_name`]).
 pub fn llm_name(config: &Config) -> String {
-    tiergate_server::app::llm_name(config, &route_prompts(config))
+    tiergate_server::judge::llm_name(config, &route_prompts(config))
 }
 
 /// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.

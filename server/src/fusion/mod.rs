@@ -53,7 +53,7 @@ impl Fusion {
         prompts: &PromptConfig,
         prefilter: Option<&PrefilterHandle>,
     ) -> Self {
-        let running = crate::app::llm_name(config, prompts);
+        let running = crate::judge::llm_name(config, prompts);
         match fit_for(prefilter.and_then(|p| p.fitted_fusion()), &running) {
             Some(f) => Self {
                 llm_weight: f.llm_weight,

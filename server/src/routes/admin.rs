@@ -4,35 +4,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{ConnectInfo, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tiergate_config::RoutingConfig;
 
 use crate::app::AppState;
-use crate::auth::authorize_admin;
+use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 
 const FIELDS: &[&str] = RoutingConfig::FIELDS;
-
-/// The client's address, when the connection recorded one (`ConnectInfo`).
-pub struct Peer(pub Option<SocketAddr>);
-
-impl<S: Send + Sync> FromRequestParts<S> for Peer {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Peer(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0),
-        ))
-    }
-}
 
 fn view(state: &AppState) -> Value {
     let p = state.policy.current();
@@ -131,7 +114,7 @@ pub async fn get_routing(
     Peer(peer): Peer,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(e) = authorize_admin(&state, &headers, peer) {
+    if let Err(e) = authorize_admin(state.admin_token(), &headers, peer) {
         return e.into_response();
     }
     with_etag(&state, view(&state))
@@ -168,7 +151,7 @@ async fn change(
     body: Value,
     full: bool,
 ) -> Result<Response, ApiError> {
-    authorize_admin(state, headers, peer)?;
+    authorize_admin(state.admin_token(), headers, peer)?;
     let obj = body.as_object().ok_or_else(|| ApiError::Invalid {
         message: "expected a JSON object".into(),
         param: None,
@@ -248,7 +231,7 @@ pub async fn get_experiments(
     Peer(peer): Peer,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(e) = authorize_admin(&state, &headers, peer) {
+    if let Err(e) = authorize_admin(state.admin_token(), &headers, peer) {
         return e.into_response();
     }
     axum::Json(json!({"experiments": *state.experiments.current()})).into_response()
@@ -263,7 +246,7 @@ pub async fn put_experiments(
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
     let run = || -> Result<Response, ApiError> {
-        authorize_admin(&state, &headers, peer)?;
+        authorize_admin(state.admin_token(), &headers, peer)?;
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Body {

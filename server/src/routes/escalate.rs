@@ -11,7 +11,7 @@ use tiergate_config::{display_label, render, RouteKind};
 use tiergate_prefilter::Prediction;
 use tiergate_queue::{Candidate, Job, Message, QueueError, Reply};
 
-use super::chat::{degrade, sampling, stream_or_collect, Meta};
+use super::respond::{degrade, sampling, stream_or_collect, Meta};
 use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::llm::Refused;
@@ -36,7 +36,8 @@ pub(super) fn decide(
 ) -> Result<Decided, ApiError> {
     let span = tracing::info_span!(target: tiergate_telemetry::TARGET, "decision");
     let ambiguity = 1.0 - f64::from(pred.confidence);
-    let override_theta = crate::auth::threshold_override(state, headers)?;
+    let allowed = state.policy.current().cfg.allow_header_override;
+    let override_theta = crate::auth::threshold_override(state.admin_token(), allowed, headers)?;
     let now = Instant::now();
     let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
     let escalate = ambiguity > theta;
@@ -121,7 +122,7 @@ pub(super) async fn escalate_answer(
         messages,
         sampling: sampling(v),
     };
-    match crate::llm::submit(state, &job, v.batch.as_ref()).await {
+    match state.submit(&job, v.batch.as_ref()).await {
         Ok(submitted) => {
             meta.tier = Tier::Llm;
             let prompt_tokens = d.pred.tokens as u32;
@@ -175,7 +176,7 @@ pub(super) async fn escalate_rerank(
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
-    let submitted = match crate::llm::submit(state, &job, v.batch.as_ref()).await {
+    let submitted = match state.submit(&job, v.batch.as_ref()).await {
         Ok(s) => s,
         Err(r) => {
             refused(state, meta, r)?;

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod chat;
 mod escalate;
 pub mod ops;
+mod respond;
 
 use std::sync::Arc;
 

@@ -99,11 +99,11 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 /// `GET /info`: the effective config, secrets redacted.
 pub async fn info(
     State(state): State<Arc<AppState>>,
-    crate::routes::admin::Peer(peer): crate::routes::admin::Peer,
+    crate::auth::Peer(peer): crate::auth::Peer,
     headers: axum::http::HeaderMap,
 ) -> Response {
     // The effective config names paths and worker arguments: admin credentials, as for /admin/routing.
-    if let Err(e) = crate::auth::authorize_admin(&state, &headers, peer) {
+    if let Err(e) = crate::auth::authorize_admin(state.admin_token(), &headers, peer) {
         return e.into_response();
     }
     let cfg = tiergate_config::redact::redacted(&state.config);

@@ -1,0 +1,45 @@
+//! The judge as the server describes it: the formulation the worker scores with for a route's templates, whether
+//! its candidates' examples are ranked per query, and its name in reports and `fusion.json`.
+
+use tiergate_config::{Config, EngineKind, PromptConfig, ScoringMethod};
+
+/// The formulation the worker will use for these templates and the examples per candidate it shows
+/// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
+pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, usize) {
+    let r = &config.reranker;
+    let Ok(profile) = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile) else {
+        return (prompts.method, prompts.choice_examples);
+    };
+    let f = profile.resolve(prompts);
+    if r.engine == EngineKind::Openai && prompts.method == ScoringMethod::Auto {
+        (ScoringMethod::Choice, f.examples)
+    } else {
+        (f.method, f.examples)
+    }
+}
+
+/// Whether candidates' examples should be ranked by nearness to the query: the choice formulation shows
+/// a few per candidate, and they may differ per query (the channel form's fixed examples are its cache key).
+pub fn grounded(config: &Config, prompts: &PromptConfig) -> bool {
+    matches!(formulation(config, prompts), (ScoringMethod::Choice, k) if k > 0)
+}
+
+/// The LLM's name for reports and `fusion.json`: the model file and the formulation it scores with (under
+/// `method = "auto"`, the one its profile picks), e.g. `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (choice)`.
+pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
+    let r = &config.reranker;
+    let model = if r.engine == EngineKind::Stub {
+        "stub".to_string()
+    } else {
+        r.model
+            .file_name()
+            .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
+    };
+    let (method, examples) = formulation(config, prompts);
+    let grounding = if method == ScoringMethod::Choice && examples > 0 {
+        format!(", {examples} nearest examples")
+    } else {
+        String::new()
+    };
+    format!("{model} ({}{grounding})", method.name()).to_lowercase()
+}
