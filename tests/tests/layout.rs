@@ -9,18 +9,11 @@ use std::process::Command;
 
 use tiergate_tests::root;
 
-/// Package name → the names of its normal (non-dev, non-build) dependencies.
-fn graph() -> HashMap<String, Vec<String>> {
+/// The standard output of `cargo ARGS` in the workspace root (the test fails with its standard error).
+fn cargo(args: &[&str]) -> Vec<u8> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    // This machine's platform only: the other platforms' dependencies need not be downloaded.
-    let rustc = Command::new("rustc").arg("-vV").output().unwrap();
-    let host = String::from_utf8_lossy(&rustc.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
-        .unwrap();
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
-        .args(["--filter-platform", &host])
+        .args(args)
         .current_dir(root())
         .output()
         .unwrap();
@@ -29,7 +22,26 @@ fn graph() -> HashMap<String, Vec<String>> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    out.stdout
+}
+
+/// Package name → the names of its normal (non-dev, non-build) dependencies.
+fn graph() -> HashMap<String, Vec<String>> {
+    // This machine's platform only: the other platforms' dependencies need not be downloaded.
+    let rustc = Command::new("rustc").arg("-vV").output().unwrap();
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .unwrap();
+    let out = cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--offline",
+        "--filter-platform",
+        &host,
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let names: HashMap<&str, &str> = v["packages"]
         .as_array()
         .unwrap()
@@ -139,20 +151,19 @@ fn dependencies_run_one_way() {
 
 /// Package → its enabled features, from `cargo tree` over the workspace with the given edge kinds.
 fn features(edges: &str) -> HashMap<String, HashSet<String>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["tree", "--offline", "--workspace", "--prefix", "none"])
-        .args(["-e", edges, "-f", "{p}|{f}"])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cargo(&[
+        "tree",
+        "--offline",
+        "--workspace",
+        "--prefix",
+        "none",
+        "-e",
+        edges,
+        "-f",
+        "{p}|{f}",
+    ]);
     let mut m: HashMap<String, HashSet<String>> = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in String::from_utf8_lossy(&out).lines() {
         let line = line.replace(" (*)", "");
         let Some((pkg, f)) = line.split_once('|') else {
             continue;

@@ -346,14 +346,7 @@ mod tests {
     use super::*;
 
     fn row(gold: usize, top: &[(usize, f32)], llm: Option<&[f32]>) -> Row {
-        Row {
-            gold: Some(gold),
-            top: top.to_vec(),
-            ambiguity: 1.0 - f64::from(top[0].1),
-            llm: llm.map(<[f32]>::to_vec),
-            llm_s: 0.5,
-            embedding: Vec::new(),
-        }
+        Row::scored(Some(gold), top.to_vec(), llm.map(<[f32]>::to_vec))
     }
 
     #[test]

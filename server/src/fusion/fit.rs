@@ -21,6 +21,20 @@ pub struct Row {
 }
 
 impl Row {
+    /// A row the LLM scored with `llm` (or did not, `None`) over Tier-0's candidates `top`, most likely first;
+    /// no timing, no embedding (synthetic rows, rows read back from a file).
+    pub fn scored(gold: Option<usize>, top: Vec<(usize, f32)>, llm: Option<Vec<f32>>) -> Self {
+        let ambiguity = 1.0 - top.first().map_or(0.0, |t| f64::from(t.1));
+        Self {
+            gold,
+            top,
+            ambiguity,
+            llm,
+            llm_s: 0.0,
+            embedding: Vec::new(),
+        }
+    }
+
     /// Whether candidate `i` is the gold label.
     pub fn pick(&self, i: usize) -> bool {
         self.gold.is_some() && self.top.get(i).map(|t| t.0) == self.gold
@@ -136,14 +150,7 @@ mod tests {
     use super::*;
 
     fn row(gold: usize, top: &[(usize, f32)], llm: Option<&[f32]>) -> Row {
-        Row {
-            gold: Some(gold),
-            top: top.to_vec(),
-            ambiguity: 1.0 - f64::from(top[0].1),
-            llm: llm.map(<[f32]>::to_vec),
-            llm_s: 0.5,
-            embedding: Vec::new(),
-        }
+        Row::scored(Some(gold), top.to_vec(), llm.map(<[f32]>::to_vec))
     }
 
     /// Synthetic rows where the LLM is right whenever Tier-0's runner-up is gold: the fit recovers a weight

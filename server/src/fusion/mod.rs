@@ -117,25 +117,15 @@ pub fn llm_probs(scores: &[f32], temperature: f32) -> Vec<f32> {
     } else {
         1.0
     };
-    let max = scores
-        .iter()
-        .copied()
-        .filter(|s| s.is_finite())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
+    if !scores.iter().any(|s| s.is_finite()) {
         return normalise(&vec![0.0; scores.len()]);
     }
-    let exps: Vec<f32> = scores
+    // A non-finite score counts as impossible.
+    let clean: Vec<f32> = scores
         .iter()
-        .map(|s| {
-            if s.is_finite() {
-                ((s - max) / t).exp()
-            } else {
-                0.0
-            }
-        })
+        .map(|&s| if s.is_finite() { s } else { f32::NEG_INFINITY })
         .collect();
-    normalise(&exps)
+    normalise(&tiergate_core::stats::softmax(&clean, f64::from(t)))
 }
 
 /// Index of the largest value (the first on ties); 0 for an empty slice.
