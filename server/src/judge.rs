@@ -1,7 +1,9 @@
 //! The judge as the server describes it: the formulation the worker scores with for a route's templates, whether
-//! its candidates' examples are ranked per query, and its name in reports and `fusion.json`.
+//! its candidates' examples are ranked per query, what it is shown of each candidate, and its name in reports
+//! and `fusion.json`.
 
 use tiergate_config::{Config, EngineKind, PromptConfig, ScoringMethod};
+use tiergate_queue::Candidate;
 
 /// The formulation the worker will use for these templates and the examples per candidate it shows
 /// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
@@ -42,4 +44,23 @@ pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
         String::new()
     };
     format!("{model} ({}{grounding})", method.name()).to_lowercase()
+}
+
+/// Tier-0's top candidates `(label index, p)` as the judge sees them: the label, its reply text as the
+/// description, and its examples (`examples(label)`: nearest the query first for a grounded route) — the one
+/// way serving and `tiergate eval --hybrid` / `fit-fusion` build them.
+pub fn candidates(
+    top: &[(usize, f32)],
+    labels: &[String],
+    replies: &[Option<String>],
+    examples: impl Fn(usize) -> Vec<String>,
+) -> Vec<Candidate> {
+    top.iter()
+        .map(|&(i, p)| Candidate {
+            label: labels[i].clone(),
+            description: replies.get(i).cloned().flatten(),
+            examples: examples(i),
+            p,
+        })
+        .collect()
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tiergate_config::{Config, RouteKind};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
-use tiergate_queue::{Candidate, Job, Reply};
+use tiergate_queue::{Job, Reply};
 use tiergate_server::fusion::fit::fit;
 pub use tiergate_server::fusion::fit::Row;
 use tiergate_train::data::Example;
@@ -179,16 +179,13 @@ fn run_llm(
     todo.sort_by(|&a, &b| rows[b].ambiguity.total_cmp(&rows[a].ambiguity));
     progress(&format!("LLM: {} rows to score", todo.len()));
     for (n, &i) in todo.iter().enumerate() {
-        let candidates = rows[i]
-            .top
-            .iter()
-            .map(|&(l, p)| Candidate {
-                label: classifier.labels()[l].clone(),
-                description: classifier.replies.get(l).cloned().flatten(),
-                examples: classifier.examples_for(l, &rows[i].embedding),
-                p,
-            })
-            .collect();
+        // Representatives exist only when the route is grounded (`ground` above), as in serving.
+        let candidates = tiergate_server::judge::candidates(
+            &rows[i].top,
+            classifier.labels(),
+            &classifier.replies,
+            |l| classifier.examples_for(l, &rows[i].embedding),
+        );
         let job = Job::Rerank {
             text: texts[i].to_string(),
             candidates,

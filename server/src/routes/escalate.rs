@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use tiergate_config::{display_label, render, RouteKind};
 use tiergate_prefilter::Prediction;
-use tiergate_queue::{Candidate, Job, Message, QueueError, Reply};
+use tiergate_queue::{Job, Message, QueueError, Reply};
 
 use super::respond::{degrade, sampling, stream_or_collect, Meta};
 use crate::app::{AppState, Route};
@@ -156,20 +156,14 @@ pub(super) async fn escalate_rerank(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
-    let candidates: Vec<Candidate> = d
-        .top
-        .iter()
-        .map(|(i, p)| Candidate {
-            label: prefilter.labels()[*i].clone(),
-            description: prefilter.replies().get(*i).cloned().flatten(),
-            examples: if route.grounded {
-                prefilter.examples_for(*i, &d.pred)
+    let candidates =
+        crate::judge::candidates(&d.top, prefilter.labels(), prefilter.replies(), |i| {
+            if route.grounded {
+                prefilter.examples_for(i, &d.pred)
             } else {
-                prefilter.examples().get(*i).cloned().unwrap_or_default()
-            },
-            p: *p,
-        })
-        .collect();
+                prefilter.examples().get(i).cloned().unwrap_or_default()
+            }
+        });
     let job = Job::Rerank {
         text: v.text.clone(),
         candidates,
