@@ -14,6 +14,7 @@ pub mod encoder;
 pub mod error;
 pub mod grounding;
 pub mod heads;
+pub mod oos;
 pub mod runtime;
 pub mod testing;
 pub mod tokenize;

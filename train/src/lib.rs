@@ -6,4 +6,5 @@
 pub mod data;
 pub mod distill;
 pub mod eval;
+pub mod open_intent;
 pub mod train;

@@ -261,6 +261,17 @@ fn embed_all(tokenizer: &TextTokenizer, encoder: &Encoder, rows: &[Example]) -> 
     embed_texts(tokenizer, encoder, &texts, 64)
 }
 
+/// Softmax regression on fixed features with AdamW and mini-batches (what `tiergate train` fits on a frozen
+/// encoder, with its epochs).
+pub fn fit_frozen_head(
+    x: &Tensor,
+    y: &[u32],
+    n_labels: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Linear> {
+    fit_linear_head(x, y, n_labels, HEAD_EPOCHS, rng, &Device::Cpu)
+}
+
 /// Softmax regression on fixed features with AdamW and mini-batches.
 fn fit_linear_head(
     x: &Tensor,

@@ -1,0 +1,130 @@
+//! Out-of-scope scores: how unlike every known label a query is, higher = more likely out of scope. Each is a
+//! known open-set method over what Tier-0 already computes — the calibrated distribution (maximum softmax
+//! probability) or the pooled, L2-normalised embedding (distance to the nearest label centroid, or to the k
+//! nearest training points). Which one serves is chosen by measurement (docs/tier0.md, "Out of scope").
+
+use crate::grounding::unit;
+
+/// The out-of-scope score methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OosMethod {
+    /// 1 − max p of the calibrated distribution (Hendrycks & Gimpel 2017).
+    Msp,
+    /// 1 − the cosine to the nearest label centroid (the mean of the label's training embeddings).
+    Centroid,
+    /// 1 − the mean cosine to the k nearest training embeddings (Sun et al. 2022), k = [`KNN_K`].
+    Knn,
+}
+
+impl OosMethod {
+    /// Every method, in report order.
+    pub const ALL: [OosMethod; 3] = [OosMethod::Msp, OosMethod::Centroid, OosMethod::Knn];
+
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            OosMethod::Msp => "msp",
+            OosMethod::Centroid => "centroid",
+            OosMethod::Knn => "knn",
+        }
+    }
+}
+
+/// Neighbours the k-NN score averages over.
+pub const KNN_K: usize = 5;
+
+/// 1 − max p (0 for an empty distribution).
+pub fn msp(probs: &[f32]) -> f32 {
+    1.0 - probs.iter().copied().fold(0.0, f32::max)
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Unit centroids of each label's embeddings (`rows[i]` belongs to `labels[i]`, `n` labels; a label without
+/// rows gets a zero centroid, which is never the nearest).
+pub fn centroids(rows: &[Vec<f32>], labels: &[usize], n: usize) -> Vec<Vec<f32>> {
+    let dim = rows.first().map_or(0, Vec::len);
+    let mut sum = vec![vec![0.0f32; dim]; n];
+    for (r, &l) in rows.iter().zip(labels) {
+        if let Some(s) = sum.get_mut(l) {
+            for (a, b) in s.iter_mut().zip(r) {
+                *a += b;
+            }
+        }
+    }
+    sum.iter().map(|s| unit(s)).collect()
+}
+
+/// 1 − the cosine of `query` to the nearest of `centroids` (unit vectors; 1 when there are none).
+pub fn centroid_distance(query: &[f32], centroids: &[Vec<f32>]) -> f32 {
+    if centroids.is_empty() {
+        return 1.0;
+    }
+    let q = unit(query);
+    1.0 - centroids
+        .iter()
+        .map(|c| dot(&q, c))
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// 1 − the mean cosine of `query` to its `k` nearest `points` (unit vectors; 1 when there are none).
+pub fn knn_distance(query: &[f32], points: &[Vec<f32>], k: usize) -> f32 {
+    let q = unit(query);
+    let mut sims: Vec<f32> = points.iter().map(|p| dot(&q, p)).collect();
+    if sims.is_empty() || k == 0 {
+        return 1.0;
+    }
+    let k = k.min(sims.len());
+    sims.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    1.0 - sims[..k].iter().sum::<f32>() / k as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two labels around the x and y axes of a 3-d space; an out-of-scope query along z.
+    fn space() -> (Vec<Vec<f32>>, Vec<usize>) {
+        let rows = vec![
+            unit(&[1.0, 0.1, 0.0]),
+            unit(&[1.0, -0.1, 0.0]),
+            unit(&[0.1, 1.0, 0.0]),
+            unit(&[-0.1, 1.0, 0.0]),
+        ];
+        (rows, vec![0, 0, 1, 1])
+    }
+
+    #[test]
+    fn distances_separate_a_query_off_every_label() {
+        let (rows, labels) = space();
+        let c = centroids(&rows, &labels, 2);
+        assert!(
+            (c[0][0] - 1.0).abs() < 1e-6 && c[0][1].abs() < 1e-6,
+            "{c:?}"
+        );
+        let inside = [2.0, 0.05, 0.0];
+        let outside = [0.0, 0.0, 1.0];
+        assert!(centroid_distance(&inside, &c) < 0.01);
+        assert!((centroid_distance(&outside, &c) - 1.0).abs() < 1e-6);
+        // The scale of the query does not matter (cosine).
+        assert!(
+            (centroid_distance(&[4.0, 0.1, 0.0], &c) - centroid_distance(&inside, &c)).abs() < 1e-6
+        );
+        assert!(knn_distance(&inside, &rows, 2) < 0.01);
+        assert!((knn_distance(&outside, &rows, 2) - 1.0).abs() < 1e-6);
+        // k nearest: the two x-axis rows, cos = 1/√1.01 each.
+        let d = knn_distance(&[1.0, 0.0, 0.0], &rows, 2);
+        assert!((d - (1.0 - 1.0 / 1.01f32.sqrt())).abs() < 1e-6, "{d}");
+        assert_eq!(knn_distance(&inside, &[], 3), 1.0);
+        assert_eq!(centroid_distance(&inside, &[]), 1.0);
+    }
+
+    #[test]
+    fn msp_is_one_minus_the_top_probability() {
+        assert!((msp(&[0.7, 0.2, 0.1]) - 0.3).abs() < 1e-6);
+        assert!((msp(&[0.34, 0.33, 0.33]) - 0.66).abs() < 1e-6);
+        assert_eq!(msp(&[]), 1.0);
+    }
+}
