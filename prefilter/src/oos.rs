@@ -14,11 +14,20 @@ pub enum OosMethod {
     Centroid,
     /// 1 − the mean cosine to the k nearest training embeddings (Sun et al. 2022), k = [`KNN_K`].
     Knn,
+    /// How far past its label's boundary a query lies: the distance to the predicted label's centroid minus
+    /// that label's radius (the 95th percentile of its training rows' distances) — a per-label spherical
+    /// boundary in the spirit of ADB (Zhang et al. 2021), set from the data instead of learned by a loss.
+    Boundary,
 }
 
 impl OosMethod {
     /// Every method, in report order.
-    pub const ALL: [OosMethod; 3] = [OosMethod::Msp, OosMethod::Centroid, OosMethod::Knn];
+    pub const ALL: [OosMethod; 4] = [
+        OosMethod::Msp,
+        OosMethod::Centroid,
+        OosMethod::Knn,
+        OosMethod::Boundary,
+    ];
 
     /// The name in reports.
     pub fn name(self) -> &'static str {
@@ -26,6 +35,7 @@ impl OosMethod {
             OosMethod::Msp => "msp",
             OosMethod::Centroid => "centroid",
             OosMethod::Knn => "knn",
+            OosMethod::Boundary => "boundary",
         }
     }
 }
@@ -67,6 +77,32 @@ pub fn centroid_distance(query: &[f32], centroids: &[Vec<f32>]) -> f32 {
         .iter()
         .map(|c| dot(&q, c))
         .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Each label's radius: the `q` quantile (nearest rank) of its rows' cosine distances to its centroid (unit
+/// `rows`, `labels[i]` of `rows[i]`; 0 for a label without rows).
+pub fn radii(rows: &[Vec<f32>], labels: &[usize], centroids: &[Vec<f32>], q: f64) -> Vec<f32> {
+    let mut d: Vec<Vec<f32>> = vec![Vec::new(); centroids.len()];
+    for (r, &l) in rows.iter().zip(labels) {
+        if let Some(c) = centroids.get(l) {
+            d[l].push(1.0 - dot(r, c));
+        }
+    }
+    d.into_iter()
+        .map(|mut v| {
+            v.sort_by(f32::total_cmp);
+            tiergate_core::stats::quantile_sorted(&v, q).unwrap_or(0.0)
+        })
+        .collect()
+}
+
+/// How far past label `label`'s boundary `query` lies: its cosine distance to the label's centroid minus the
+/// label's radius (negative inside).
+pub fn boundary_excess(query: &[f32], label: usize, centroids: &[Vec<f32>], radii: &[f32]) -> f32 {
+    let (Some(c), Some(r)) = (centroids.get(label), radii.get(label)) else {
+        return 1.0;
+    };
+    1.0 - dot(&unit(query), c) - r
 }
 
 /// 1 − the mean cosine of `query` to its `k` nearest `points` (unit vectors; 1 when there are none).
@@ -119,6 +155,19 @@ mod tests {
         assert!((d - (1.0 - 1.0 / 1.01f32.sqrt())).abs() < 1e-6, "{d}");
         assert_eq!(knn_distance(&inside, &[], 3), 1.0);
         assert_eq!(centroid_distance(&inside, &[]), 1.0);
+    }
+
+    #[test]
+    fn a_label_boundary_is_its_rows_spread() {
+        let (rows, labels) = space();
+        let c = centroids(&rows, &labels, 2);
+        let r = radii(&rows, &labels, &c, 1.0);
+        // Every row sits at the same angle from its centroid: cos = 1/√1.01.
+        let d = 1.0 - 1.0 / 1.01f32.sqrt();
+        assert!((r[0] - d).abs() < 1e-6 && (r[1] - d).abs() < 1e-6, "{r:?}");
+        assert!(boundary_excess(&[1.0, 0.0, 0.0], 0, &c, &r) < 0.0);
+        assert!(boundary_excess(&[0.0, 0.0, 1.0], 0, &c, &r) > 0.9);
+        assert_eq!(boundary_excess(&[1.0, 0.0, 0.0], 5, &c, &r), 1.0);
     }
 
     #[test]

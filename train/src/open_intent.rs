@@ -163,10 +163,15 @@ pub fn run(
     let t = fit_temperature(&dev_logits, &y(&dev));
     let train_x: Vec<Vec<f32>> = train.iter().map(|&i| oos_unit(&x[i])).collect();
     let centroids = oos::centroids(&train_x, &y(&train), n_known);
+    let radii = oos::radii(&train_x, &y(&train), &centroids, 0.95);
     let score = |method: OosMethod, row: usize, p: &[f32]| match method {
         OosMethod::Msp => oos::msp(p),
         OosMethod::Centroid => oos::centroid_distance(&x[row], &centroids),
         OosMethod::Knn => oos::knn_distance(&x[row], &train_x, oos::KNN_K),
+        OosMethod::Boundary => {
+            let label = tiergate_core::stats::argmax(p).0;
+            oos::boundary_excess(&x[row], label, &centroids, &radii)
+        }
     };
     let probs = |l: &[Vec<f32>]| -> Vec<Vec<f32>> { l.iter().map(|z| softmax(z, t)).collect() };
     let (dev_p, test_p) = (probs(&dev_logits), probs(&test_logits));
