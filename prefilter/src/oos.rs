@@ -14,6 +14,9 @@ pub enum OosMethod {
     Centroid,
     /// 1 − the mean cosine to the k nearest training embeddings (Sun et al. 2022), k = [`KNN_K`].
     Knn,
+    /// [`OosMethod::Knn`] over the head's stored representatives only (the 8 training rows per label nearest the
+    /// label's mean, which a trained head already keeps), instead of every training row.
+    KnnRepresentatives,
     /// How far past its label's boundary a query lies: the distance to the predicted label's centroid minus
     /// that label's radius (the 95th percentile of its training rows' distances) — a per-label spherical
     /// boundary in the spirit of ADB (Zhang et al. 2021), set from the data instead of learned by a loss.
@@ -22,10 +25,11 @@ pub enum OosMethod {
 
 impl OosMethod {
     /// Every method, in report order.
-    pub const ALL: [OosMethod; 4] = [
+    pub const ALL: [OosMethod; 5] = [
         OosMethod::Msp,
         OosMethod::Centroid,
         OosMethod::Knn,
+        OosMethod::KnnRepresentatives,
         OosMethod::Boundary,
     ];
 
@@ -35,6 +39,7 @@ impl OosMethod {
             OosMethod::Msp => "msp",
             OosMethod::Centroid => "centroid",
             OosMethod::Knn => "knn",
+            OosMethod::KnnRepresentatives => "knn_representatives",
             OosMethod::Boundary => "boundary",
         }
     }
@@ -105,6 +110,29 @@ pub fn boundary_excess(query: &[f32], label: usize, centroids: &[Vec<f32>], radi
     1.0 - dot(&unit(query), c) - r
 }
 
+/// Per label, its `per_label` rows nearest the label's centroid (unit `rows`, `labels[i]` of `rows[i]`), as
+/// a trained head keeps its representatives.
+pub fn representatives(
+    rows: &[Vec<f32>],
+    labels: &[usize],
+    centroids: &[Vec<f32>],
+    per_label: usize,
+) -> Vec<Vec<f32>> {
+    let mut by_label: Vec<Vec<(f32, usize)>> = vec![Vec::new(); centroids.len()];
+    for (i, (r, &l)) in rows.iter().zip(labels).enumerate() {
+        if let Some(c) = centroids.get(l) {
+            by_label[l].push((dot(r, c), i));
+        }
+    }
+    by_label
+        .into_iter()
+        .flat_map(|mut v| {
+            v.sort_by(|a, b| b.0.total_cmp(&a.0));
+            v.into_iter().take(per_label).map(|(_, i)| rows[i].clone())
+        })
+        .collect()
+}
+
 /// 1 − the mean cosine of `query` to its `k` nearest `points` (unit vectors; 1 when there are none).
 pub fn knn_distance(query: &[f32], points: &[Vec<f32>], k: usize) -> f32 {
     let q = unit(query);
@@ -168,6 +196,9 @@ mod tests {
         assert!(boundary_excess(&[1.0, 0.0, 0.0], 0, &c, &r) < 0.0);
         assert!(boundary_excess(&[0.0, 0.0, 1.0], 0, &c, &r) > 0.9);
         assert_eq!(boundary_excess(&[1.0, 0.0, 0.0], 5, &c, &r), 1.0);
+        // One representative per label: the row nearest its centroid (both tie here: the first is kept).
+        let reps = representatives(&rows, &labels, &c, 1);
+        assert_eq!(reps, vec![rows[0].clone(), rows[2].clone()]);
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub struct ProtocolRun {
     pub closed_accuracy: f64,
 }
 
+/// Representatives a trained head keeps per label (`tiergate train`).
+const REPRESENTATIVES: usize = 8;
+
 /// Test and dev shares of each label's rows in the protocol's split (the rest trains).
 const TEST_SHARE: f64 = 0.2;
 const DEV_SHARE: f64 = 0.1;
@@ -164,10 +167,12 @@ pub fn run(
     let train_x: Vec<Vec<f32>> = train.iter().map(|&i| oos_unit(&x[i])).collect();
     let centroids = oos::centroids(&train_x, &y(&train), n_known);
     let radii = oos::radii(&train_x, &y(&train), &centroids, 0.95);
+    let reps = oos::representatives(&train_x, &y(&train), &centroids, REPRESENTATIVES);
     let score = |method: OosMethod, row: usize, p: &[f32]| match method {
         OosMethod::Msp => oos::msp(p),
         OosMethod::Centroid => oos::centroid_distance(&x[row], &centroids),
         OosMethod::Knn => oos::knn_distance(&x[row], &train_x, oos::KNN_K),
+        OosMethod::KnnRepresentatives => oos::knn_distance(&x[row], &reps, oos::KNN_K),
         OosMethod::Boundary => {
             let label = tiergate_core::stats::argmax(p).0;
             oos::boundary_excess(&x[row], label, &centroids, &radii)
