@@ -374,9 +374,19 @@ fn sigterm_under_keep_alive_load_resets_no_request() {
         }
     });
     std::thread::sleep(Duration::from_millis(5));
+    // The clients behave like a load balancer that saw `/ready` turn 503: they stop opening connections once
+    // the lame duck is over. (A client that still connects as the listener closes is reset by the kernel
+    // whatever the server does: its connection was never accepted.)
+    let stopper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
     let took = srv.stop();
     let ready_503_after = probe.join().unwrap();
-    stop.store(true, Ordering::SeqCst);
+    stopper.join().unwrap();
     let failures: Vec<String> = clients
         .into_iter()
         .flat_map(|c| c.join().unwrap())
