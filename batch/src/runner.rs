@@ -91,7 +91,8 @@ async fn run_batch(
     }
     let done = store.done_lines(id)?;
     let router = tiergate_server::routes::router(state.clone());
-    let gate = state.priority.clone();
+    // Without an LLM side no line holds an LLM turn, so none is ever preempted.
+    let gate = state.llm.as_ref().map(|l| l.gate.clone());
     drop(state);
     let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
@@ -101,7 +102,7 @@ async fn run_batch(
             let gate = gate.clone();
             async move {
                 tokio::select! {
-                    r = run_line(router, &gate, id, &l) => Some((l.no, r)),
+                    r = run_line(router, gate.as_deref(), id, &l) => Some((l.no, r)),
                     _ = stop.wait_for(|s| *s) => None,
                 }
             }
@@ -225,7 +226,12 @@ const MAX_PREEMPTIONS: u32 = 3;
 /// Runs one line through the router; runs it again when the server sheds load (429) or when an interactive
 /// escalation preempted its LLM job (at most [`MAX_PREEMPTIONS`] times). Returns whether it succeeded and
 /// its output line.
-async fn run_line(router: axum::Router, gate: &Gate, batch: &str, l: &Line) -> (bool, Value) {
+async fn run_line(
+    router: axum::Router,
+    gate: Option<&Gate>,
+    batch: &str,
+    l: &Line,
+) -> (bool, Value) {
     let mut body = l.body.clone();
     if let Some(o) = body.as_object_mut() {
         o.insert("stream".into(), json!(false));
@@ -249,12 +255,15 @@ async fn run_line(router: axum::Router, gate: &Gate, batch: &str, l: &Line) -> (
         };
         let answer = router.clone().oneshot(req);
         tokio::pin!(answer);
-        let resp = loop {
-            let yield_now = gate.preempted();
-            tokio::select! {
-                r = &mut answer => break r.ok(),
-                _ = yield_now => if line.preemptible_now() { break None },
-            }
+        let resp = match gate {
+            None => answer.await.ok(),
+            Some(gate) => loop {
+                let yield_now = gate.preempted();
+                tokio::select! {
+                    r = &mut answer => break r.ok(),
+                    _ = yield_now => if line.preemptible_now() { break None },
+                }
+            },
         };
         // Preempted: dropping the request cancels its LLM job; the line runs again at its next turn.
         let Some(resp) = resp else {

@@ -57,8 +57,6 @@ pub struct AppState {
     pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
     pub draining: std::sync::atomic::AtomicBool,
-    /// Interactive work before batch work at the LLM.
-    pub priority: Arc<crate::priority::Gate>,
     /// Where escalations are recorded for distillation (`server.record_escalations`).
     pub recorder: Option<crate::record::Recorder>,
     /// Latency-injection experiments in force.
@@ -86,10 +84,6 @@ impl AppState {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
             experiments: crate::experiments::Experiments::new(config.experiments.clone()),
-            priority: llm.as_ref().map_or_else(
-                || Arc::new(crate::priority::Gate::new(Duration::ZERO)),
-                |l| l.gate.clone(),
-            ),
             recorder: match &config.server.record_escalations {
                 None => None,
                 Some(p) => Some(crate::record::Recorder::open(

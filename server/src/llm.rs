@@ -66,7 +66,8 @@ impl Llm {
 
     /// True when a new rerank queued behind the ones in flight would likely miss `deadline` (reranks are
     /// scored one at a time per worker).
-    pub fn rerank_out_of_reach(&self, deadline: Duration, workers: usize) -> bool {
+    pub fn rerank_out_of_reach(&self, deadline: Duration) -> bool {
+        let workers = self.limits.workers;
         let ewma = self
             .rerank_ewma_ns
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -112,7 +113,7 @@ impl Llm {
         if in_flight >= self.limits.in_flight {
             return Err(Refused::Queue(QueueError::Full { slots: in_flight }));
         }
-        if rerank && self.rerank_out_of_reach(deadline, self.limits.workers) {
+        if rerank && self.rerank_out_of_reach(deadline) {
             return Err(Refused::Queue(QueueError::DeadlineExceeded));
         }
         let handle = self

@@ -13,6 +13,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 use tiergate_prefilter::calibrate::{fit_temperature, softmax};
 use tiergate_prefilter::error::Result;
+use tiergate_prefilter::grounding::unit;
 use tiergate_prefilter::oos::{self, OosMethod};
 
 /// One test row: its gold label (`None`: out of scope), Tier-0's label and the out-of-scope score.
@@ -157,17 +158,18 @@ pub fn run(
     };
     let y =
         |rows: &[usize]| -> Vec<usize> { rows.iter().filter_map(|&i| known[labels[i]]).collect() };
-    let y_train: Vec<u32> = y(&train).iter().map(|&l| l as u32).collect();
+    let train_y = y(&train);
+    let y_train: Vec<u32> = train_y.iter().map(|&l| l as u32).collect();
     let head = crate::train::fit_frozen_head(&tensor(&train)?, &y_train, n_known, &mut rng)?;
     let logits = |rows: &[usize]| -> Result<Vec<Vec<f32>>> {
         Ok(head.forward(&tensor(rows)?)?.to_vec2::<f32>()?)
     };
     let (dev_logits, test_logits) = (logits(&dev)?, logits(&test)?);
     let t = fit_temperature(&dev_logits, &y(&dev));
-    let train_x: Vec<Vec<f32>> = train.iter().map(|&i| oos_unit(&x[i])).collect();
-    let centroids = oos::centroids(&train_x, &y(&train), n_known);
-    let radii = oos::radii(&train_x, &y(&train), &centroids, 0.95);
-    let reps = oos::representatives(&train_x, &y(&train), &centroids, REPRESENTATIVES);
+    let train_x: Vec<Vec<f32>> = train.iter().map(|&i| unit(&x[i])).collect();
+    let centroids = oos::centroids(&train_x, &train_y, n_known);
+    let radii = oos::radii(&train_x, &train_y, &centroids, 0.95);
+    let reps = oos::representatives(&train_x, &train_y, &centroids, REPRESENTATIVES);
     let score = |method: OosMethod, row: usize, p: &[f32]| match method {
         OosMethod::Msp => oos::msp(p),
         OosMethod::Centroid => oos::centroid_distance(&x[row], &centroids),
@@ -215,10 +217,6 @@ pub fn run(
         methods,
         closed_accuracy: closed as f64 / known_test.len().max(1) as f64,
     })
-}
-
-fn oos_unit(v: &[f32]) -> Vec<f32> {
-    tiergate_prefilter::grounding::unit(v)
 }
 
 #[cfg(test)]

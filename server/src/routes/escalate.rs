@@ -36,12 +36,12 @@ pub(super) fn decide(
 ) -> Result<Decided, ApiError> {
     let span = tracing::info_span!(target: tiergate_telemetry::TARGET, "decision");
     let ambiguity = 1.0 - f64::from(pred.confidence);
-    let allowed = state.policy.current().cfg.allow_header_override;
+    let policy = state.policy.current();
+    let allowed = policy.cfg.allow_header_override;
     let override_theta = crate::auth::threshold_override(state.admin_token(), allowed, headers)?;
     let now = Instant::now();
     let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
     let escalate = ambiguity > theta;
-    let policy = state.policy.current();
     crate::trace::decision(
         &span,
         &crate::trace::Decision {

@@ -119,8 +119,9 @@ pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Resu
         return Err(ApiError::from(e.clone()));
     }
     meta.tier = Tier::Tier0;
-    meta.degraded = Some(queue_error_reason(e));
-    crate::trace::degraded(queue_error_reason(e).as_str());
+    let reason = queue_error_reason(e);
+    meta.degraded = Some(reason);
+    crate::trace::degraded(reason.as_str());
     Ok(())
 }
 
