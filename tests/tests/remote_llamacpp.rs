@@ -21,6 +21,16 @@ use common::free_port;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
+/// One llama.cpp server at a time: each uses every core, and the bench test reads latency bands, which three
+/// servers sharing two cores push past Tier-4 (CI saw one stream's first token after 13.8 s).
+static ONE_UPSTREAM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_upstream() -> std::sync::MutexGuard<'static, ()> {
+    ONE_UPSTREAM
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A llama.cpp server child process, killed on drop.
 struct Upstream {
     child: Child,
@@ -170,6 +180,7 @@ fn generation(max_tokens: u32) -> Job {
 
 #[test]
 fn reranks_and_streams_through_a_real_llama_cpp_server() {
+    let _one = one_upstream();
     let port = free_port();
     let _up = Upstream::start(port);
     let r = rig(port);
@@ -248,6 +259,7 @@ fn reranks_and_streams_through_a_real_llama_cpp_server() {
 
 #[test]
 fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
+    let _one = one_upstream();
     let port = free_port();
     let mut up = Upstream::start(port);
     let r = rig(port);
@@ -300,6 +312,7 @@ fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
 /// reports those as `stream_truncated`, never as a transport error, and gives the served requests a band.
 #[test]
 fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
+    let _one = one_upstream();
     let port = free_port();
     let _up = Upstream::start(port);
     let dir = tempfile::tempdir().unwrap();
