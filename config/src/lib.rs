@@ -25,8 +25,8 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
-    EngineKind, FailureMode, OtlpProtocol, PolicyStoreConfig, RerankerConfig, RouteConfig,
-    RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind, UtilizationConfig,
+    EngineKind, FailureMode, OtlpProtocol, OutOfScopeConfig, PolicyStoreConfig, RerankerConfig,
+    RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind, UtilizationConfig,
     UtilizationSource,
 };
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
@@ -108,6 +108,15 @@ impl Config {
             }
             if let Some(pr) = &r.prompts {
                 pr.validate(&format!("routes[{i}].prompts"))?;
+            }
+            if let Some(o) = &r.out_of_scope {
+                if r.kind == RouteKind::Generate {
+                    return Err(ConfigError::invalid(
+                        format!("routes[{i}].out_of_scope"),
+                        "a generate route has no labels to be out of scope of",
+                    ));
+                }
+                o.validate(&format!("routes[{i}].out_of_scope"))?;
             }
         }
         validate_experiments(&self.experiments, &self.route_names(), "experiments")?;

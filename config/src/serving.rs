@@ -392,6 +392,12 @@ pub struct RoutingConfig {
     /// Honour the request header `x-tiergate-threshold` (in [0, 1]) from clients that present the admin
     /// token; such requests are left out of the policy's statistics. Off by default.
     pub allow_header_override: bool,
+    /// The out-of-scope threshold of every route that has an out-of-scope outcome (`null`: each route's
+    /// own, fitted or configured).
+    pub oos_threshold: Option<f64>,
+    /// Out-of-scope scores within this of the threshold are uncertain calls, escalated to the LLM (which
+    /// may answer "none of these"); 0: Tier-0's call stands.
+    pub oos_margin: f64,
 }
 
 impl Default for RoutingConfig {
@@ -407,6 +413,8 @@ impl Default for RoutingConfig {
             utilization_source: UtilizationSource::Auto,
             manual_utilization: 0.0,
             allow_header_override: false,
+            oos_threshold: None,
+            oos_margin: 0.0,
         }
     }
 }
@@ -425,6 +433,8 @@ impl RoutingConfig {
         "utilization_source",
         "manual_utilization",
         "allow_header_override",
+        "oos_threshold",
+        "oos_margin",
     ];
 
     /// Checks the policy; errors name the field.
@@ -454,6 +464,18 @@ impl RoutingConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.theta_min"),
                 format!("{} is above theta_max {}", self.theta_min, self.theta_max),
+            ));
+        }
+        if self.oos_threshold.is_some_and(|t| !t.is_finite()) {
+            return Err(ConfigError::invalid(
+                format!("{at}.oos_threshold"),
+                "must be a number or null",
+            ));
+        }
+        if !(self.oos_margin.is_finite() && (0.0..=1.0).contains(&self.oos_margin)) {
+            return Err(ConfigError::invalid(
+                format!("{at}.oos_margin"),
+                format!("{} is outside [0, 1]", self.oos_margin),
             ));
         }
         if !(self.slo_p95_ms.is_finite() && self.slo_p95_ms > 0.0) {
@@ -591,6 +613,52 @@ pub struct RouteConfig {
     /// Prompt templates of its own; by default `[reranker.prompts]`.
     #[serde(default)]
     pub prompts: Option<PromptConfig>,
+    /// What the route answers for a query none of its labels covers (off: every query gets a label).
+    #[serde(default)]
+    pub out_of_scope: Option<OutOfScopeConfig>,
+}
+
+/// A route's out-of-scope outcome (`out_of_scope = { label = "…", reply = "…" }`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutOfScopeConfig {
+    /// The label answered (classify routes, and `json_object` replies).
+    pub label: String,
+    /// The reply text (answer routes).
+    #[serde(default)]
+    pub reply: Option<String>,
+    /// Scores above it are out of scope; by default the threshold `tiergate train` fitted (the head's
+    /// `oos.json`). Required for a head without one, which is scored by 1 − max p.
+    #[serde(default)]
+    pub threshold: Option<f64>,
+    /// What the LLM is shown as the extra candidate when an escalated route may answer out of scope.
+    #[serde(default = "default_none_candidate")]
+    pub none_candidate: String,
+}
+
+fn default_none_candidate() -> String {
+    "none of these".into()
+}
+
+impl OutOfScopeConfig {
+    /// Checks the section.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if self.label.trim().is_empty() || self.none_candidate.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{at}.label"),
+                "label and none_candidate must be non-empty",
+            ));
+        }
+        if let Some(t) = self.threshold {
+            if !t.is_finite() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.threshold"),
+                    "must be a number",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl RerankerConfig {

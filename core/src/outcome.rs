@@ -38,17 +38,26 @@ pub enum Channel {
     Escalated,
     /// An escalation was tried and Tier-0 answered instead.
     Degraded,
+    /// Tier-0 answered that no label covers the query, without an escalation.
+    OutOfScope,
 }
 
 impl Channel {
     /// Every channel.
-    pub const ALL: [Channel; 3] = [Channel::Tier0, Channel::Escalated, Channel::Degraded];
+    pub const ALL: [Channel; 4] = [
+        Channel::Tier0,
+        Channel::Escalated,
+        Channel::Degraded,
+        Channel::OutOfScope,
+    ];
 
-    /// The channel of an answer by `tier`, `degraded` when an escalation fell back.
-    pub fn of(tier: Tier, degraded: bool) -> Self {
+    /// The channel of an answer by `tier`, `degraded` when an escalation fell back, `out_of_scope` when the
+    /// answer is the route's out-of-scope outcome (an escalated one stays in its escalation's channel).
+    pub fn of(tier: Tier, degraded: bool, out_of_scope: bool) -> Self {
         match (degraded, tier) {
             (true, _) => Channel::Degraded,
             (false, Tier::Llm) => Channel::Escalated,
+            (false, Tier::Tier0) if out_of_scope => Channel::OutOfScope,
             (false, Tier::Tier0) => Channel::Tier0,
         }
     }
@@ -59,6 +68,7 @@ impl Channel {
             Channel::Tier0 => "tier0",
             Channel::Escalated => "escalated",
             Channel::Degraded => "degraded",
+            Channel::OutOfScope => "out_of_scope",
         }
     }
 }
@@ -110,6 +120,10 @@ pub mod header {
     pub const CONFIDENCE: &str = "x-tiergate-confidence";
     /// The θ the request was decided with.
     pub const THRESHOLD: &str = "x-tiergate-threshold";
+    /// `1` when the answer is the route's out-of-scope outcome (absent otherwise).
+    pub const OUT_OF_SCOPE: &str = "x-tiergate-out-of-scope";
+    /// The out-of-scope score of a route with an out-of-scope outcome.
+    pub const OOS_SCORE: &str = "x-tiergate-oos-score";
 }
 
 #[cfg(test)]
@@ -118,9 +132,13 @@ mod tests {
 
     #[test]
     fn channels_from_tier_and_fallback() {
-        assert_eq!(Channel::of(Tier::Tier0, false), Channel::Tier0);
-        assert_eq!(Channel::of(Tier::Llm, false), Channel::Escalated);
-        assert_eq!(Channel::of(Tier::Tier0, true), Channel::Degraded);
+        assert_eq!(Channel::of(Tier::Tier0, false, false), Channel::Tier0);
+        assert_eq!(Channel::of(Tier::Llm, false, false), Channel::Escalated);
+        assert_eq!(Channel::of(Tier::Tier0, true, false), Channel::Degraded);
+        assert_eq!(Channel::of(Tier::Tier0, false, true), Channel::OutOfScope);
+        // The LLM's "none of these", and a degraded escalation's out-of-scope fallback, keep their channel.
+        assert_eq!(Channel::of(Tier::Llm, false, true), Channel::Escalated);
+        assert_eq!(Channel::of(Tier::Tier0, true, true), Channel::Degraded);
         assert_eq!(Tier::default().as_str(), "tier0");
         assert_eq!(Channel::Degraded.as_str(), "degraded");
         assert_eq!(DegradeReason::QueueFull.as_str(), "queue_full");

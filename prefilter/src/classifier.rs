@@ -30,6 +30,19 @@ pub struct Classifier {
     /// The examples with their embeddings, once [`Classifier::ground`] ran: predictions then carry the
     /// query's embedding so the examples nearest it can be shown to a judge.
     pub representatives: Option<std::sync::Arc<crate::grounding::Representatives>>,
+    /// The out-of-scope scorer (`oos.json` in a trained head's folder, or one set by the server for a route).
+    pub out_of_scope: Option<crate::out_of_scope::OutOfScope>,
+}
+
+/// What one forward computes per input.
+#[derive(Debug, Default)]
+pub struct Forward {
+    /// Calibrated probabilities.
+    pub probs: Rows,
+    /// Pooled embeddings when grounded (else empty rows).
+    pub embeddings: Rows,
+    /// Out-of-scope scores when the classifier has a scorer (else empty).
+    pub oos: Vec<f32>,
 }
 
 impl Classifier {
@@ -68,6 +81,7 @@ impl Classifier {
                     examples: labels.iter().map(|l| l.examples.clone()).collect(),
                     fusion: None,
                     representatives: None,
+                    out_of_scope: None,
                 })
             }
         }
@@ -137,6 +151,8 @@ impl Classifier {
             examples,
             fusion: crate::heads::FittedFusion::load(dir)?,
             representatives: None,
+            out_of_scope: crate::out_of_scope::OutOfScope::load(dir, meta.hidden_size)?
+                .map(|(s, _)| s),
         })
     }
 
@@ -162,6 +178,7 @@ impl Classifier {
             examples,
             fusion: None,
             representatives: None,
+            out_of_scope: None,
         })
     }
 
@@ -172,13 +189,13 @@ impl Classifier {
 
     /// Calibrated label probabilities for a batch of tokenised inputs, one row per input.
     pub fn probabilities(&self, inputs: &[&Tokens]) -> Result<Vec<Vec<f32>>> {
-        Ok(self.probabilities_and_embeddings(inputs)?.0)
+        Ok(self.forward(inputs)?.probs)
     }
 
-    /// Probabilities, and when grounded the pooled embedding of each input (else empty rows).
-    pub fn probabilities_and_embeddings(&self, inputs: &[&Tokens]) -> Result<(Rows, Rows)> {
+    /// Probabilities; when grounded the pooled embedding of each input; with a scorer the out-of-scope scores.
+    pub fn forward(&self, inputs: &[&Tokens]) -> Result<Forward> {
         if inputs.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(Forward::default());
         }
         let x = self.encoder.embed(inputs)?;
         let probs = self.head.probabilities(&x)?.to_vec2::<f32>()?;
@@ -187,7 +204,15 @@ impl Classifier {
         } else {
             vec![Vec::new(); probs.len()]
         };
-        Ok((probs, embeddings))
+        let oos = match &self.out_of_scope {
+            Some(s) => s.scores(&x.pooled, &probs)?,
+            None => Vec::new(),
+        };
+        Ok(Forward {
+            probs,
+            embeddings,
+            oos,
+        })
     }
 }
 

@@ -15,6 +15,7 @@ pub mod error;
 pub mod grounding;
 pub mod heads;
 pub mod oos;
+pub mod out_of_scope;
 pub mod runtime;
 pub mod testing;
 pub mod tokenize;

@@ -39,6 +39,8 @@ pub struct Prediction {
     pub embedding: Vec<f32>,
     /// Its probability.
     pub confidence: f32,
+    /// The out-of-scope score when the classifier has a scorer (higher: less like every label).
+    pub oos_score: Option<f32>,
     /// Tokens the encoder saw (after truncation).
     pub tokens: usize,
     /// The input was cut to `max_tokens`.
@@ -161,6 +163,7 @@ pub struct PrefilterHandle {
     examples: Arc<Vec<Vec<String>>>,
     representatives: Option<Arc<crate::grounding::Representatives>>,
     fusion: Option<crate::heads::FittedFusion>,
+    oos: Option<(crate::oos::OosMethod, f32)>,
     capacity: usize,
 }
 
@@ -181,6 +184,10 @@ impl PrefilterHandle {
             examples: Arc::new(classifier.examples.clone()),
             representatives: classifier.representatives.clone(),
             fusion: classifier.fusion.clone(),
+            oos: classifier
+                .out_of_scope
+                .as_ref()
+                .map(|s| (s.method, s.threshold)),
             capacity: cfg.queue_capacity,
         };
         let top_k = cfg.top_k;
@@ -241,6 +248,11 @@ impl PrefilterHandle {
     /// The fusion fitted for this head, when its folder has one.
     pub fn fitted_fusion(&self) -> Option<&crate::heads::FittedFusion> {
         self.fusion.as_ref()
+    }
+
+    /// The out-of-scope score predictions carry and its fitted (or configured) threshold, when scored.
+    pub fn out_of_scope(&self) -> Option<(crate::oos::OosMethod, f32)> {
+        self.oos
     }
 
     /// Requests waiting for the batching thread now.
@@ -365,16 +377,16 @@ fn run(
         }
         let started = Instant::now();
         let inputs: Vec<&Tokens> = batch.iter().map(|j| &j.tokens).collect();
-        let result = lend.run(!rx.is_empty(), || {
-            classifier.probabilities_and_embeddings(&inputs)
-        });
+        let result = lend.run(!rx.is_empty(), || classifier.forward(&inputs));
         let infer = started.elapsed();
         let n = batch.len();
         match result {
-            Ok((rows, embeddings)) => {
-                for ((job, probs), embedding) in batch.into_iter().zip(rows).zip(embeddings) {
+            Ok(f) => {
+                let mut oos = f.oos.into_iter();
+                for ((job, probs), embedding) in batch.into_iter().zip(f.probs).zip(f.embeddings) {
                     let mut prediction = predict(probs, &job, top_k, n, started, infer);
                     prediction.embedding = embedding;
+                    prediction.oos_score = oos.next();
                     // The caller may have gone meanwhile; nothing to do then.
                     let _ = job.reply.send(Ok(prediction));
                 }
@@ -413,6 +425,7 @@ fn predict(
         label,
         embedding: Vec::new(),
         confidence,
+        oos_score: None,
         top,
         tokens: job.tokens.ids.len(),
         truncated: job.tokens.truncated,

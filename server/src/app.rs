@@ -29,6 +29,8 @@ pub struct Route {
     /// The judge is shown examples per candidate in a formulation where they may differ per query
     /// (`choice`): each candidate's examples go nearest the query first.
     pub grounded: bool,
+    /// What it answers for a query none of its labels covers (`None`: every query gets a label).
+    pub out_of_scope: Option<crate::out_of_scope::OutOfScopeRoute>,
 }
 
 pub use crate::llm::Llm;
@@ -141,6 +143,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             name: "classify".into(),
             kind: RouteKind::Classify,
             head: None,
+            out_of_scope: None,
         }]
     } else {
         config.routes.clone()
@@ -159,6 +162,17 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
         order.push(r.name.clone());
         let fusion = crate::fusion::Fusion::resolve(config, &prompts, prefilter.as_ref());
         fusion.log_for(&r.name);
+        let out_of_scope = match (&r.out_of_scope, &prefilter) {
+            (Some(o), Some(p)) => Some(crate::out_of_scope::OutOfScopeRoute::resolve(
+                &r.name,
+                o,
+                p.out_of_scope(),
+            )?),
+            _ => None,
+        };
+        if let Some(o) = &out_of_scope {
+            tracing::info!(route = %r.name, method = o.method.name(), threshold = o.threshold, "out-of-scope outcome");
+        }
         routes.insert(
             r.name.clone(),
             Route {
@@ -168,6 +182,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 prompts,
                 fusion,
                 grounded,
+                out_of_scope,
             },
         );
     }

@@ -15,6 +15,7 @@ pub mod judge;
 pub mod llm;
 pub mod metrics;
 pub mod openai;
+pub mod out_of_scope;
 pub mod outcome;
 pub mod policy;
 pub mod preflight;

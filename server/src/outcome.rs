@@ -25,12 +25,16 @@ pub struct Outcome {
     pub threshold: Option<f64>,
     /// The label answered (classified routes, not an LLM-written answer).
     pub label: Option<String>,
+    /// The answer is the route's out-of-scope outcome.
+    pub out_of_scope: bool,
+    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
+    pub oos_score: Option<f32>,
 }
 
 impl Outcome {
     /// The channel it is counted in.
     pub fn channel(&self) -> Channel {
-        Channel::of(self.tier, self.degraded.is_some())
+        Channel::of(self.tier, self.degraded.is_some(), self.out_of_scope)
     }
 }
 
@@ -45,8 +49,12 @@ pub struct Decision {
     pub a: Option<f64>,
     /// θ the decision used.
     pub theta: Option<f64>,
-    /// `tier0`, `escalated` or `degraded`.
+    /// `tier0`, `escalated`, `degraded` or `out_of_scope`.
     pub channel: &'static str,
+    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
+    pub oos: Option<f32>,
+    /// The answer is the route's out-of-scope outcome (also when the LLM chose "none of these").
+    pub out_of_scope: bool,
     /// The label answered (classified routes).
     pub label: Option<String>,
     /// End-to-end latency, milliseconds.
@@ -86,6 +94,8 @@ impl Decisions {
             a: outcome.confidence.map(|c| 1.0 - f64::from(c)),
             theta: outcome.threshold,
             channel: outcome.channel().as_str(),
+            oos: outcome.oos_score,
+            out_of_scope: outcome.out_of_scope,
             label: outcome.label.clone(),
             latency_ms: took.as_secs_f64() * 1e3,
             at: Some(Instant::now()),

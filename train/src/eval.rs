@@ -220,6 +220,7 @@ mod tests {
             top: Vec::new(),
             label,
             confidence,
+            oos_score: None,
             tokens: 3,
             truncated: false,
             batch_size: 1,

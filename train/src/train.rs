@@ -16,6 +16,7 @@ use tiergate_prefilter::classifier::{embed_texts, load_encoder};
 use tiergate_prefilter::encoder::Encoder;
 use tiergate_prefilter::error::{PrefilterError, Result};
 use tiergate_prefilter::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
+use tiergate_prefilter::out_of_scope::{OosMeta, OutOfScope, OOS_FORMAT};
 use tiergate_prefilter::tokenize::{TextTokenizer, Tokens};
 
 /// Everything `tiergate train` needs.
@@ -39,6 +40,10 @@ pub struct TrainOptions {
     pub out: PathBuf,
     /// Arithmetic of the inference encoder whose embeddings the head is fitted on (use what serving uses).
     pub precision: Precision,
+    /// In-scope recall the out-of-scope threshold is fitted for on the dev split.
+    pub oos_recall: f64,
+    /// Rows with this label are out-of-scope examples: never a label of the head; their dev share is scored.
+    pub oos_label: Option<String>,
 }
 
 /// What training measured.
@@ -54,6 +59,8 @@ pub struct TrainReport {
     pub dev: DevReport,
     /// Fitted temperature.
     pub temperature: f64,
+    /// The out-of-scope scorer's fit.
+    pub oos: OosMeta,
     /// Wall time of the whole run.
     pub seconds: f64,
 }
@@ -74,8 +81,22 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
             opts.dev_fraction
         )));
     }
+    if !(opts.oos_recall > 0.0 && opts.oos_recall <= 1.0) {
+        return Err(PrefilterError::Training(format!(
+            "--oos-recall {} must be in (0, 1]",
+            opts.oos_recall
+        )));
+    }
     let dataset = data::read(&opts.data)?;
     let (train_rows, dev_rows) = data::split(&dataset.examples, opts.dev_fraction, opts.seed);
+    let is_oos = |e: &Example| opts.oos_label.as_deref() == Some(e.label.as_str());
+    let dev_oos: Vec<Example> = dev_rows.iter().filter(|e| is_oos(e)).cloned().collect();
+    let train_rows: Vec<Example> = train_rows.into_iter().filter(|e| !is_oos(e)).collect();
+    if let (Some(name), true) = (&opts.oos_label, dev_oos.is_empty()) {
+        return Err(PrefilterError::Training(format!(
+            "--oos-label {name}: no dev row has that label"
+        )));
+    }
     let mut labels: Vec<String> = train_rows.iter().map(|e| e.label.clone()).collect();
     labels.sort();
     labels.dedup();
@@ -108,6 +129,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     let device = Device::Cpu;
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let mut examples = Vec::new();
+    let mut embedded = None;
     let (encoder_dir, hidden, head_w, head_b, dev_logits) = if opts.fine_tune {
         fine_tune(
             opts,
@@ -140,6 +162,8 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         )?;
         let dev_logits = head.forward(&x_dev)?.to_vec2::<f32>()?;
         examples = representatives(&x_train, &y_train, &train_rows, labels.len())?;
+        let x_oos = embed_some(&tokenizer, &encoder, &dev_oos)?;
+        embedded = Some((x_train, x_dev, x_oos));
         let w = head.weight().clone();
         let b = head
             .bias()
@@ -154,19 +178,26 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         )
     };
 
-    if examples.is_empty() {
-        // Fine-tuned: pick them with the tuned encoder, which is what serves (its path is relative to the
-        // head folder).
-        let dir = if encoder_dir.is_absolute() {
-            encoder_dir.clone()
-        } else {
-            opts.out.join(&encoder_dir)
-        };
-        let (tokenizer, mut encoder) = load_encoder(&dir, PoolingConfig::Auto, opts.max_tokens)?;
-        encoder.set_precision(opts.precision)?;
-        let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
-        examples = representatives(&x_train, &y_train, &train_rows, labels.len())?;
-    }
+    let (x_train, x_dev, x_oos) = match embedded {
+        Some(x) => x,
+        None => {
+            // Fine-tuned: pick them with the tuned encoder, which is what serves (its path is relative to the
+            // head folder).
+            let dir = if encoder_dir.is_absolute() {
+                encoder_dir.clone()
+            } else {
+                opts.out.join(&encoder_dir)
+            };
+            let (tokenizer, mut encoder) =
+                load_encoder(&dir, PoolingConfig::Auto, opts.max_tokens)?;
+            encoder.set_precision(opts.precision)?;
+            let x_train = embed_all(&tokenizer, &encoder, &train_rows)?;
+            examples = representatives(&x_train, &y_train, &train_rows, labels.len())?;
+            let x_dev = embed_all(&tokenizer, &encoder, &dev_rows)?;
+            let x_oos = embed_some(&tokenizer, &encoder, &dev_oos)?;
+            (x_train, x_dev, x_oos)
+        }
+    };
     let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
     let temperature = fit_temperature(&dev_logits, &y_dev);
     let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
@@ -192,14 +223,58 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         examples,
     };
     save_trained(&opts.out, &meta, &head_w, &head_b)?;
+    let oos = fit_out_of_scope(opts, &x_train, &x_dev, x_oos.as_ref())?;
+    progress(&format!(
+        "out of scope: knn threshold {:.4} for {:.0}% in-scope dev recall{}",
+        oos.threshold,
+        opts.oos_recall * 100.0,
+        oos.dev_oos_recall.map_or(String::new(), |r| format!(
+            ", {:.1}% of {} out-of-scope dev rows caught",
+            r * 100.0,
+            oos.dev_oos_rows
+        ))
+    ));
     Ok(TrainReport {
         train_n: y_train.len(),
         skipped: dataset.skipped,
         labels: labels.len(),
         dev,
         temperature,
+        oos,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The k-NN out-of-scope scorer over the training embeddings, its threshold fitted for `opts.oos_recall` of
+/// the in-scope dev rows (the dev rows' neighbours are training rows only), written beside the head.
+fn fit_out_of_scope(
+    opts: &TrainOptions,
+    x_train: &Tensor,
+    x_dev: &Tensor,
+    x_oos: Option<&Tensor>,
+) -> Result<OosMeta> {
+    let k = tiergate_prefilter::oos::KNN_K;
+    let scorer = OutOfScope::knn(x_train, k, f32::INFINITY)?;
+    let dev = scorer.scores(x_dev, &[])?;
+    let threshold = crate::open_intent::threshold_for_recall(&dev, opts.oos_recall);
+    let scorer = OutOfScope::knn(x_train, k, threshold)?;
+    let oos_scores = match x_oos {
+        Some(x) => scorer.scores(x, &[])?,
+        None => Vec::new(),
+    };
+    let caught = oos_scores.iter().filter(|&&s| s > threshold).count();
+    let meta = OosMeta {
+        format: OOS_FORMAT,
+        method: "knn".into(),
+        k,
+        threshold,
+        recall_target: opts.oos_recall,
+        dev_rows: dev.len(),
+        dev_oos_rows: oos_scores.len(),
+        dev_oos_recall: (!oos_scores.is_empty()).then(|| caught as f64 / oos_scores.len() as f64),
+    };
+    scorer.save(&opts.out, &meta)?;
+    Ok(meta)
 }
 
 /// Representative utterances kept per label.
@@ -254,6 +329,18 @@ pub fn representatives(
 
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).map_err(|e| PrefilterError::file(p, e))
+}
+
+/// The embeddings of `rows`, `None` when there are none.
+fn embed_some(
+    tokenizer: &TextTokenizer,
+    encoder: &Encoder,
+    rows: &[Example],
+) -> Result<Option<Tensor>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    embed_all(tokenizer, encoder, rows).map(Some)
 }
 
 fn embed_all(tokenizer: &TextTokenizer, encoder: &Encoder, rows: &[Example]) -> Result<Tensor> {

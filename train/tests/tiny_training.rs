@@ -29,6 +29,10 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
         let filler = ["the", "a", "please", "my", "i"][i % 5];
         csv.push_str(&format!("{filler} {text},{label}\n"));
     }
+    // Out-of-scope examples: never a label of the head, their dev share scored against the threshold.
+    for i in 0..8 {
+        csv.push_str(&format!("weather forecast {i},oos\n"));
+    }
     std::fs::write(&data, csv).unwrap();
     let out = work.path().join("head");
     let report = train(
@@ -42,11 +46,18 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
             max_tokens: 16,
             out: out.clone(),
             precision: Precision::Auto,
+            oos_recall: 0.95,
+            oos_label: Some("oos".into()),
         },
         &mut |_| {},
     )
     .unwrap();
     assert_eq!(report.labels, 4);
+    // The out-of-scope fit: k-NN over the training rows, threshold on the 20 in-scope dev rows, 2 of the 8
+    // out-of-scope rows in the dev split.
+    assert_eq!(report.oos.method, "knn");
+    assert_eq!((report.oos.dev_rows, report.oos.dev_oos_rows), (20, 2));
+    assert!(report.oos.threshold.is_finite() && report.oos.dev_oos_recall.is_some());
     assert_eq!(report.dev.n, 20);
     assert!(
         report.dev.accuracy >= 0.9,
@@ -65,7 +76,14 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
         handle.classify_blocking("please card lost").unwrap().label,
         2
     );
-    assert_eq!(handle.classify_blocking("my pay bill").unwrap().label, 3);
+    let p = handle.classify_blocking("my pay bill").unwrap();
+    assert_eq!(p.label, 3);
+    // Predictions carry the served score; a training text sits among its neighbours, below the threshold.
+    let (method, threshold) = handle.out_of_scope().unwrap();
+    assert_eq!(method, tiergate_prefilter::oos::OosMethod::Knn);
+    assert_eq!(threshold, report.oos.threshold);
+    let score = p.oos_score.unwrap();
+    assert!(score <= threshold, "{score} > {threshold}");
 }
 
 #[test]
@@ -99,11 +117,15 @@ fn fine_tuning_writes_a_loadable_encoder() {
             max_tokens: 16,
             out: out.clone(),
             precision: Precision::Auto,
+            oos_recall: 0.9,
+            oos_label: None,
         },
         &mut |_| {},
     )
     .unwrap();
     assert!(report.dev.accuracy >= 0.9, "{}", report.dev.accuracy);
+    // Fine-tuned: the reference embeddings come from the tuned encoder, which is what serves.
+    assert!(out.join("oos.safetensors").is_file() && report.oos.dev_oos_recall.is_none());
     assert!(out.join("encoder/model.safetensors").is_file());
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("head.json")).unwrap()).unwrap();

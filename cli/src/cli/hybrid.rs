@@ -100,8 +100,8 @@ pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow
             .map(|e| classifier.tokenizer.encode(&e.text))
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<_> = tokens.iter().collect();
-        let (probs, embeddings) = classifier.probabilities_and_embeddings(&refs)?;
-        for ((e, p), embedding) in chunk.iter().zip(probs).zip(embeddings) {
+        let f = classifier.forward(&refs)?;
+        for ((e, p), embedding) in chunk.iter().zip(f.probs).zip(f.embeddings) {
             let mut idx: Vec<usize> = (0..p.len()).collect();
             idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
             let top: Vec<(usize, f32)> = idx.iter().take(k.max(1)).map(|&i| (i, p[i])).collect();

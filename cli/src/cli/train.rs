@@ -36,6 +36,13 @@ pub struct TrainArgs {
     /// Use what `prefilter.precision` will be when serving.
     #[arg(long, default_value = "auto")]
     pub precision: tiergate_config::Precision,
+    /// Share of the in-scope dev rows the out-of-scope threshold keeps in scope (written to OUT/oos.json).
+    #[arg(long, default_value_t = 0.95)]
+    pub oos_recall: f64,
+    /// Rows with this label are out-of-scope examples: not a label of the head; the dev share of them reports
+    /// how many the threshold catches.
+    #[arg(long)]
+    pub oos_label: Option<String>,
 }
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
@@ -49,6 +56,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         max_tokens: args.max_tokens,
         out: args.out.clone(),
         precision: args.precision,
+        oos_recall: args.oos_recall,
+        oos_label: args.oos_label.clone(),
     };
     let report = train(&opts, &mut |line| eprintln!("train: {line}"))?;
     println!(
@@ -65,6 +74,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         report.dev.ece,
         report.dev.ece_uncalibrated,
         report.temperature
+    );
+    println!(
+        "out of scope: {} threshold {:.4} ({:.0}% in-scope dev recall){}",
+        report.oos.method,
+        report.oos.threshold,
+        report.oos.recall_target * 100.0,
+        report.oos.dev_oos_recall.map_or(String::new(), |r| format!(
+            ", catches {:.1}% of {} out-of-scope dev rows",
+            r * 100.0,
+            report.oos.dev_oos_rows
+        ))
     );
     if report.skipped > 0 {
         println!("skipped {} bad rows", report.skipped);

@@ -17,6 +17,7 @@ use crate::extract::ApiJson;
 use crate::llm::Refused;
 use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
+use crate::out_of_scope::NONE;
 use crate::outcome::{Outcome, Tier};
 use crate::validate::{validate, ValidChat};
 use tiergate_telemetry::TARGET;
@@ -106,10 +107,10 @@ async fn classified(
         infer_ms: pred.timings.infer.as_secs_f64() * 1e3,
         ..Meta::default()
     };
-    let d = decide(state, pred, headers, &mut meta)?;
-    // Tier-0's answer is also the degraded fallback.
-    let mut final_probs = d.top.clone();
-    if d.escalate {
+    let d = decide(state, route, pred, headers, &mut meta)?;
+    // Tier-0's answer (a label, or out of scope) is also the degraded fallback.
+    let mut final_probs = d.tier0_answer();
+    if d.escalate() {
         let span = tracing::info_span!(target: TARGET, "escalation");
         let answered = escalate_answer(state, route, &v, &d, &mut meta, started)
             .instrument(span.clone())
@@ -146,7 +147,15 @@ fn respond_label(
         .prefilter
         .as_ref()
         .ok_or_else(|| ApiError::Internal("route without a classifier".into()))?;
-    let labels = prefilter.labels();
+    let oos = route.out_of_scope.as_ref();
+    // A label index, or "none of these" (the route's out-of-scope label).
+    let name = |i: usize| -> String {
+        match (prefilter.labels().get(i), oos) {
+            (Some(l), _) => l.clone(),
+            (None, Some(o)) => o.label.clone(),
+            (None, None) => String::new(),
+        }
+    };
     let (best, best_p) = final_probs
         .first()
         .copied()
@@ -154,28 +163,29 @@ fn respond_label(
     if meta.tier == Tier::Llm {
         meta.confidence = Some(best_p);
     }
-    let label = labels[best].clone();
+    meta.out_of_scope = best == NONE;
+    let label = name(best);
     let content = if v.json_object {
         json!({
             "label": label,
             "confidence": best_p,
             "tier": meta.tier.as_str(),
-            "candidates": final_probs.iter().map(|(i, p)| json!({"label": labels[*i], "p": p})).collect::<Vec<_>>(),
+            "out_of_scope": meta.out_of_scope,
+            "candidates": final_probs.iter().map(|(i, p)| json!({"label": name(*i), "p": p})).collect::<Vec<_>>(),
         })
         .to_string()
     } else if v.kind == RouteKind::Answer {
-        prefilter
-            .replies()
-            .get(best)
-            .cloned()
-            .flatten()
-            .unwrap_or_else(|| label.clone())
+        let reply = match oos {
+            Some(o) if best == NONE => o.reply.clone(),
+            _ => prefilter.replies().get(best).cloned().flatten(),
+        };
+        reply.unwrap_or_else(|| label.clone())
     } else {
         label.clone()
     };
     let logprobs = v
         .logprobs
-        .then(|| label_logprobs(pred, labels, &label, best_p, &final_probs, v.top_logprobs));
+        .then(|| label_logprobs(pred, &name, &label, best_p, &final_probs, v.top_logprobs));
     let outcome = meta.outcome(Some(label));
     let resp = respond_text(
         state,
@@ -190,7 +200,7 @@ fn respond_label(
 
 fn label_logprobs(
     pred: &Prediction,
-    labels: &[String],
+    name: &dyn Fn(usize) -> String,
     label: &str,
     p: f32,
     final_probs: &[(usize, f32)],
@@ -211,9 +221,9 @@ fn label_logprobs(
                 .iter()
                 .take(k)
                 .map(|(i, p)| TopLogprob {
-                    token: labels[*i].clone(),
+                    token: name(*i),
                     logprob: ln(*p),
-                    bytes: Some(labels[*i].as_bytes().to_vec()),
+                    bytes: Some(name(*i).into_bytes()),
                 })
                 .collect(),
         }],

@@ -16,6 +16,7 @@ use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::llm::Refused;
 use crate::metrics as m;
+use crate::out_of_scope::{verdict, Call, Verdict, NONE};
 use crate::outcome::{DegradeReason, Tier};
 use crate::validate::ValidChat;
 
@@ -24,12 +25,33 @@ pub(super) struct Decided {
     pub(super) pred: Prediction,
     /// Tier-0's top candidates (label index, probability), most likely first.
     pub(super) top: Vec<(usize, f32)>,
-    pub(super) escalate: bool,
+    /// Tier-0's out-of-scope call (routes with an out-of-scope outcome).
+    pub(super) call: Option<Call>,
+    pub(super) verdict: Verdict,
 }
 
-/// Decides whether to escalate: ambiguity against θ_eff (or a permitted per-request θ).
+impl Decided {
+    pub(super) fn escalate(&self) -> bool {
+        self.verdict == Verdict::Escalate
+    }
+
+    /// Tier-0's own answer, also the fallback of a degraded escalation: its candidates, led by "none of these"
+    /// ([`NONE`]) when its out-of-scope call says so.
+    pub(super) fn tier0_answer(&self) -> Vec<(usize, f32)> {
+        match self.call {
+            Some(c) if c.out_of_scope() => std::iter::once((NONE, c.none_mass()))
+                .chain(self.top.iter().copied())
+                .collect(),
+            _ => self.top.clone(),
+        }
+    }
+}
+
+/// Decides: ambiguity against θ_eff (or a permitted per-request θ), and on a route with an out-of-scope outcome
+/// Tier-0's out-of-scope score against its threshold ([`verdict`]).
 pub(super) fn decide(
     state: &AppState,
+    route: &Route,
     pred: Prediction,
     headers: &HeaderMap,
     meta: &mut Meta,
@@ -41,7 +63,14 @@ pub(super) fn decide(
     let override_theta = crate::auth::threshold_override(state.admin_token(), allowed, headers)?;
     let now = Instant::now();
     let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
-    let escalate = ambiguity > theta;
+    let call = route.out_of_scope.as_ref().map(|o| Call {
+        score: pred.oos_score.unwrap_or(1.0 - pred.confidence),
+        threshold: policy.cfg.oos_threshold.unwrap_or(o.threshold),
+        margin: policy.cfg.oos_margin,
+    });
+    meta.oos_score = call.map(|c| c.score);
+    let verdict = verdict(ambiguity, theta, call.as_ref());
+    let escalate = verdict == Verdict::Escalate;
     crate::trace::decision(
         &span,
         &crate::trace::Decision {
@@ -64,7 +93,8 @@ pub(super) fn decide(
     Ok(Decided {
         pred,
         top,
-        escalate,
+        call,
+        verdict,
     })
 }
 
@@ -95,18 +125,24 @@ pub(super) async fn escalate_answer(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
-    let lines: String = d
+    let line = |label: &str, reply: Option<&str>| {
+        render(
+            &route.prompts.answer_candidate,
+            &[("label", label), ("reply", reply.unwrap_or(""))],
+        )
+    };
+    let mut lines: String = d
         .top
         .iter()
         .map(|(i, _)| {
-            let label = display_label(&prefilter.labels()[*i]);
             let reply = prefilter.replies().get(*i).cloned().flatten();
-            render(
-                &route.prompts.answer_candidate,
-                &[("label", &label), ("reply", reply.as_deref().unwrap_or(""))],
-            )
+            line(&display_label(&prefilter.labels()[*i]), reply.as_deref())
         })
         .collect();
+    // A route that may answer out of scope offers its reply as one more candidate.
+    if let Some(o) = &route.out_of_scope {
+        lines.push_str(&line(&o.none_candidate, o.reply.as_deref()));
+    }
     let system = render(&route.prompts.answer_system, &[("candidates", &lines)]);
     let messages = vec![
         Message {
@@ -156,7 +192,7 @@ pub(super) async fn escalate_rerank(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
-    let candidates =
+    let mut candidates =
         crate::judge::candidates(&d.top, prefilter.labels(), prefilter.replies(), |i| {
             if route.grounded {
                 prefilter.examples_for(i, &d.pred)
@@ -164,6 +200,17 @@ pub(super) async fn escalate_rerank(
                 prefilter.examples().get(i).cloned().unwrap_or_default()
             }
         });
+    // On a route with an out-of-scope outcome the LLM may answer "none of these" (the last candidate), which
+    // Tier-0's out-of-scope call gives its share of the mass.
+    let tier0 = tier0_candidates(d);
+    if let (Some(o), Some(&(_, p))) = (&route.out_of_scope, tier0.last()) {
+        candidates.push(tiergate_queue::Candidate {
+            label: o.none_candidate.clone(),
+            description: o.reply.clone(),
+            examples: Vec::new(),
+            p,
+        });
+    }
     let job = Job::Rerank {
         text: v.text.clone(),
         candidates,
@@ -179,17 +226,16 @@ pub(super) async fn escalate_rerank(
     };
     let (llm, ahead) = (submitted.llm, submitted.ahead);
     match submitted.handle.reply().await {
-        Ok(Reply::Rerank(r)) if r.scores.len() == d.top.len() => {
+        Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => {
             meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
             // Service time ≈ latency shared by the jobs that were queued with this one.
             llm.record_rerank(t.elapsed() / ahead);
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
-            let tier0: Vec<f32> = d.top.iter().map(|(_, p)| *p).collect();
-            let (llm_p, fused_p) = route.fusion.apply(&tier0, &r.scores);
-            record(state, route, v, d, &llm_p, &fused_p);
-            let mut fused: Vec<(usize, f32)> = d
-                .top
+            let tier0_p: Vec<f32> = tier0.iter().map(|(_, p)| *p).collect();
+            let (llm_p, fused_p) = route.fusion.apply(&tier0_p, &r.scores);
+            record(state, route, v, d, &tier0, &llm_p, &fused_p);
+            let mut fused: Vec<(usize, f32)> = tier0
                 .iter()
                 .zip(fused_p)
                 .map(|((i, _), p)| (*i, p))
@@ -212,19 +258,52 @@ pub(super) async fn escalate_rerank(
     }
 }
 
+/// The candidates the LLM reranks with Tier-0's mass on each: its top labels, and on a route with an
+/// out-of-scope outcome "none of these" ([`NONE`]) last, with the mass of Tier-0's out-of-scope call (the
+/// labels share the rest).
+fn tier0_candidates(d: &Decided) -> Vec<(usize, f32)> {
+    let Some(c) = d.call else {
+        return d.top.clone();
+    };
+    let none = c.none_mass();
+    let sum: f32 = d.top.iter().map(|(_, p)| p).sum::<f32>().max(1e-12);
+    d.top
+        .iter()
+        .map(|&(i, p)| (i, (1.0 - none) * p / sum))
+        .chain(std::iter::once((NONE, none)))
+        .collect()
+}
+
 /// Records an answered rerank for `tiergate distill` (when `server.record_escalations` is set).
-fn record(state: &AppState, route: &Route, v: &ValidChat, d: &Decided, llm: &[f32], fused: &[f32]) {
+fn record(
+    state: &AppState,
+    route: &Route,
+    v: &ValidChat,
+    d: &Decided,
+    tier0: &[(usize, f32)],
+    llm: &[f32],
+    fused: &[f32],
+) {
     let (Some(rec), Some(prefilter)) = (&state.recorder, &route.prefilter) else {
         return;
     };
     let labels = prefilter.labels();
+    let oos_label = route.out_of_scope.as_ref().map(|o| o.label.as_str());
+    let name = |i: usize| {
+        labels
+            .get(i)
+            .map(String::as_str)
+            .or(oos_label)
+            .unwrap_or("")
+    };
     rec.write(&serde_json::json!({
         "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
         "route": route.name,
         "text": v.text,
         "ambiguity": 1.0 - f64::from(d.pred.confidence),
-        "candidates": d.top.iter().map(|(i, _)| labels[*i].as_str()).collect::<Vec<_>>(),
-        "tier0": d.top.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+        "candidates": tier0.iter().map(|(i, _)| name(*i)).collect::<Vec<_>>(),
+        "tier0": tier0.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+        "oos_score": d.call.map(|c| c.score),
         "llm": llm,
         "fused": fused,
     }));

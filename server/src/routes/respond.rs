@@ -39,6 +39,10 @@ pub(super) struct Meta {
     pub(super) rerank_ms: f64,
     /// A collected generation, from submit to its last token (the LLM's time).
     pub(super) generation_ms: f64,
+    /// The answer is the route's out-of-scope outcome.
+    pub(super) out_of_scope: bool,
+    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
+    pub(super) oos_score: Option<f32>,
 }
 
 impl Meta {
@@ -50,6 +54,8 @@ impl Meta {
             confidence: self.confidence,
             threshold: self.threshold,
             label,
+            out_of_scope: self.out_of_scope,
+            oos_score: self.oos_score,
         }
     }
 
@@ -90,6 +96,12 @@ pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) 
     );
     if let Some(d) = meta.degraded {
         put(header::DEGRADED, d.as_str().to_string());
+    }
+    if let Some(s) = meta.oos_score {
+        put(header::OOS_SCORE, format!("{s:.4}"));
+    }
+    if meta.out_of_scope {
+        put(header::OUT_OF_SCOPE, "1".to_string());
     }
     put(
         "server-timing",

@@ -61,6 +61,7 @@ pub fn config(tiny: &TinyModel) -> Config {
         name: name.into(),
         kind,
         head: None,
+        out_of_scope: None,
     })
     .collect();
     cfg
