@@ -372,3 +372,110 @@ fn fit_fusion_writes_a_fit_the_classifier_loads() {
     assert_eq!(c.examples.len(), 3);
     assert!(c.examples.iter().all(|e| !e.is_empty()), "{:?}", c.examples);
 }
+
+/// `tiergate eval --oos` on the same fixture with one label declared out of scope (`--oos-label label0`) and a
+/// threshold on 1 − max p (the tiny checkpoint has no `oos.json`): every figure recomputed here by counting.
+#[test]
+fn eval_oos_gives_exact_open_intent_figures() {
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rows.jsonl");
+    let body: String = rows()
+        .iter()
+        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
+        .collect();
+    std::fs::write(&data, body).unwrap();
+    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
+    let classifier = Classifier::from_dir(
+        tiny.dir.path(),
+        defaults.prefilter.max_tokens,
+        defaults.prefilter.precision,
+    )
+    .unwrap();
+    let labels = classifier.labels().to_vec();
+    // (gold class: None out of scope, Tier-0's label, score 1 − max p)
+    let scored: Vec<(Option<usize>, usize, f32)> = rows()
+        .iter()
+        .map(|(text, gold)| {
+            let t = classifier.tokenizer.encode(text).unwrap();
+            let p = classifier.probabilities(&[&t]).unwrap().remove(0);
+            let (arg, max) =
+                (0..p.len()).fold((0, f32::MIN), |b, i| if p[i] > b.1 { (i, p[i]) } else { b });
+            let g = (*gold != "label0").then(|| labels.iter().position(|l| l == gold).unwrap());
+            (g, arg, 1.0 - max)
+        })
+        .collect();
+    let mut sorted: Vec<f32> = scored.iter().map(|s| s.2).collect();
+    sorted.sort_by(f32::total_cmp);
+    // A threshold between two scores, so that rounding cannot move a row across it.
+    let threshold = (sorted[3] + sorted[4]) / 2.0;
+    let out = Command::new(binary("tiergate"))
+        .args(["eval", "--classifier"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .args(["--oos", "--oos-label", "label0", "--json"])
+        .args(["--oos-threshold", &threshold.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Classes: the head's labels (label0 is never gold), and out of scope.
+    let unknown = labels.len();
+    let called = |s: &(Option<usize>, usize, f32)| if s.2 > threshold { unknown } else { s.1 };
+    let class = |s: &(Option<usize>, usize, f32)| s.0.unwrap_or(unknown);
+    let right = scored.iter().filter(|s| called(s) == class(s)).count();
+    let oos: Vec<_> = scored.iter().filter(|s| s.0.is_none()).collect();
+    let caught = oos.iter().filter(|s| s.2 > threshold).count();
+    let calls = scored.iter().filter(|s| s.2 > threshold).count();
+    let inside: Vec<_> = scored.iter().filter(|s| s.0.is_some()).collect();
+    let inside_right = inside.iter().filter(|s| called(s) == class(s)).count();
+    let f1s: Vec<f64> = (0..=unknown)
+        .filter_map(|k| {
+            let support = scored.iter().filter(|s| class(s) == k).count();
+            let c = scored.iter().filter(|s| called(s) == k).count();
+            let tp = scored
+                .iter()
+                .filter(|s| class(s) == k && called(s) == k)
+                .count();
+            (support + c > 0).then(|| 2.0 * tp as f64 / (support + c) as f64)
+        })
+        .collect();
+    let close = |key: &str, want: f64| {
+        let got = r[key].as_f64().unwrap_or(f64::NAN);
+        assert!((got - want).abs() < 1e-9, "{key}: {got} vs {want} in {r}");
+    };
+    assert_eq!(
+        (r["n"].as_u64(), r["oos_rows"].as_u64()),
+        (Some(8), Some(oos.len() as u64))
+    );
+    assert_eq!(oos.len(), 3, "hello, label0 is the one, bye");
+    assert_eq!(r["method"], "msp");
+    assert_eq!(r["known_labels"].as_u64(), Some(labels.len() as u64));
+    close("accuracy", right as f64 / 8.0);
+    close("oos_recall", caught as f64 / 3.0);
+    close(
+        "in_scope_accuracy",
+        inside_right as f64 / inside.len() as f64,
+    );
+    close("macro_f1", f1s.iter().sum::<f64>() / f1s.len() as f64);
+    match calls {
+        0 => assert!(r["oos_precision"].is_null()),
+        c => close("oos_precision", caught as f64 / c as f64),
+    }
+    // Without a fitted threshold and without --oos-threshold the command says what is missing.
+    let out = Command::new(binary("tiergate"))
+        .args(["eval", "--classifier"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .arg("--oos")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--oos-threshold"));
+}

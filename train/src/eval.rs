@@ -86,22 +86,9 @@ pub fn evaluate(
         .map(|(i, l)| (l.as_str(), i))
         .collect();
 
-    // Throughput: keep a window of requests in flight so the thread always has a full batch to take.
-    let window = (cfg.max_batch * 4).min(cfg.queue_capacity).max(1);
     let started = Instant::now();
-    let mut preds: Vec<Option<Prediction>> = vec![None; rows.len()];
-    let mut inflight = std::collections::VecDeque::new();
-    for (i, row) in rows.iter().enumerate() {
-        if inflight.len() >= window {
-            collect_one(&mut inflight, &mut preds)?;
-        }
-        inflight.push_back((i, handle.submit(&row.text)?));
-    }
-    while !inflight.is_empty() {
-        collect_one(&mut inflight, &mut preds)?;
-    }
+    let preds = predict_all(&handle, rows, &cfg)?;
     let elapsed = started.elapsed().as_secs_f64();
-    let preds: Vec<Prediction> = preds.into_iter().flatten().collect();
     let mean_batch = preds.iter().map(|p| p.batch_size as f64).sum::<f64>() / preds.len() as f64;
 
     // Latency: one query at a time.
@@ -124,6 +111,98 @@ pub fn evaluate(
     report.throughput_per_s = rows.len() as f64 / elapsed;
     report.mean_batch = mean_batch;
     Ok(report)
+}
+
+/// Every row's prediction through the batching thread, with a window of requests in flight so it always has a
+/// full batch to take.
+fn predict_all(
+    handle: &PrefilterHandle,
+    rows: &[Example],
+    cfg: &PrefilterConfig,
+) -> Result<Vec<Prediction>> {
+    let window = (cfg.max_batch * 4).min(cfg.queue_capacity).max(1);
+    let mut preds: Vec<Option<Prediction>> = vec![None; rows.len()];
+    let mut inflight = std::collections::VecDeque::new();
+    for (i, row) in rows.iter().enumerate() {
+        if inflight.len() >= window {
+            collect_one(&mut inflight, &mut preds)?;
+        }
+        inflight.push_back((i, handle.submit(&row.text)?));
+    }
+    while !inflight.is_empty() {
+        collect_one(&mut inflight, &mut preds)?;
+    }
+    Ok(preds.into_iter().flatten().collect())
+}
+
+/// `tiergate eval --oos`: the open-intent figures of a head on rows of which some are out of scope.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct OosEvalReport {
+    /// The out-of-scope score (`knn` from the head's `oos.json`, else `msp`).
+    pub method: &'static str,
+    /// Labels the head knows.
+    pub known_labels: usize,
+    /// Rows with a label the head knows.
+    pub in_scope_rows: usize,
+    /// Rows out of scope (a label the head does not know, or the `--oos-label`).
+    pub oos_rows: usize,
+    /// `n`, `threshold`, `accuracy`, `macro_f1`, `oos_recall`, `oos_precision`, `in_scope_accuracy`.
+    #[serde(flatten)]
+    pub figures: crate::open_intent::OpenIntentReport,
+}
+
+/// Runs the classifier over `rows` and scores its out-of-scope calls: rows whose label the head does not know,
+/// or `oos_label`, are out of scope; scores above `threshold` (by default the head's fitted one) are called
+/// out of scope.
+pub fn evaluate_out_of_scope(
+    classifier: Classifier,
+    rows: &[Example],
+    cfg: &PrefilterConfig,
+    oos_label: Option<&str>,
+    threshold: Option<f32>,
+) -> Result<OosEvalReport> {
+    if rows.is_empty() {
+        return Err(PrefilterError::InvalidInput("no rows to evaluate".into()));
+    }
+    let handle = PrefilterHandle::start(classifier, cfg)?;
+    let fitted = handle.out_of_scope();
+    let threshold = threshold.or(fitted.map(|(_, t)| t)).ok_or_else(|| {
+        PrefilterError::InvalidInput(
+            "the head has no fitted out-of-scope threshold (oos.json): pass --oos-threshold".into(),
+        )
+    })?;
+    let method = fitted.map_or(tiergate_prefilter::oos::OosMethod::Msp, |(m, _)| m);
+    let preds = predict_all(&handle, rows, cfg)?;
+    let scored = open_intent_rows(&preds, rows, handle.labels(), oos_label);
+    let in_scope_rows = scored.iter().filter(|r| r.gold.is_some()).count();
+    Ok(OosEvalReport {
+        method: method.name(),
+        known_labels: handle.labels().len(),
+        in_scope_rows,
+        oos_rows: scored.len() - in_scope_rows,
+        figures: crate::open_intent::report(&scored, threshold, handle.labels().len()),
+    })
+}
+
+/// Each row's gold class (`None`: out of scope), Tier-0's label and its out-of-scope score (1 − max p when the
+/// head serves none).
+pub fn open_intent_rows(
+    preds: &[Prediction],
+    rows: &[Example],
+    labels: &[String],
+    oos_label: Option<&str>,
+) -> Vec<crate::open_intent::Scored> {
+    preds
+        .iter()
+        .zip(rows)
+        .map(|(p, r)| crate::open_intent::Scored {
+            gold: (oos_label != Some(r.label.as_str()))
+                .then(|| labels.iter().position(|l| *l == r.label))
+                .flatten(),
+            pred: p.label,
+            score: p.oos_score.unwrap_or(1.0 - p.confidence),
+        })
+        .collect()
 }
 
 type Inflight =

@@ -45,6 +45,17 @@ pub struct EvalArgs {
     /// the LLM (Tier-0 is run again and must agree with the file).
     #[arg(long)]
     pub from_rows: Option<PathBuf>,
+    /// Score out-of-scope detection instead: rows whose label the head does not know (or `--oos-label`) are out
+    /// of scope; prints accuracy over all classes (unknown as one), macro-F1 over the known labels and unknown,
+    /// out-of-scope recall and precision, and in-scope accuracy.
+    #[arg(long)]
+    pub oos: bool,
+    /// With --oos: rows with this label are out of scope.
+    #[arg(long)]
+    pub oos_label: Option<String>,
+    /// With --oos: scores above this are called out of scope (default: the head's fitted threshold).
+    #[arg(long)]
+    pub oos_threshold: Option<f32>,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
@@ -71,12 +82,51 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
     if args.hybrid {
         return run_hybrid(args, &cfg, &classifier, &rows);
     }
+    if args.oos {
+        return run_oos(args, &cfg, classifier, &rows);
+    }
     let report = evaluate(classifier, &rows, &opts)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_table(&report, data.skipped);
     }
+    Ok(())
+}
+
+fn run_oos(
+    args: &EvalArgs,
+    cfg: &tiergate_config::Config,
+    classifier: Classifier,
+    rows: &[tiergate_train::data::Example],
+) -> anyhow::Result<()> {
+    let r = tiergate_train::eval::evaluate_out_of_scope(
+        classifier,
+        rows,
+        &cfg.prefilter,
+        args.oos_label.as_deref(),
+        args.oos_threshold,
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.2}", v * 100.0));
+    println!(
+        "{} rows: {} in scope ({} labels), {} out of scope; {} score, threshold {:.4}",
+        r.figures.n, r.in_scope_rows, r.known_labels, r.oos_rows, r.method, r.figures.threshold
+    );
+    println!("| accuracy | macro-F1 | out-of-scope recall | out-of-scope precision | in-scope accuracy |");
+    println!("|---|---|---|---|---|");
+    let f = &r.figures;
+    println!(
+        "| {} | {} | {} | {} | {} |",
+        pct(Some(f.accuracy)),
+        pct(Some(f.macro_f1)),
+        pct(f.oos_recall),
+        pct(f.oos_precision),
+        pct(f.in_scope_accuracy)
+    );
     Ok(())
 }
 
