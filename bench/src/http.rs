@@ -30,6 +30,8 @@ pub struct ChatResult {
     pub error: Option<&'static str>,
     pub tier: Option<&'static str>,
     pub degraded: Option<&'static str>,
+    /// `x-tiergate-out-of-scope: 1`: the answer is the route's out-of-scope outcome.
+    pub out_of_scope: bool,
     /// First content token (streaming) — for a JSON answer, the whole answer is the first token.
     pub first_token: Option<Instant>,
     pub content: String,
@@ -47,6 +49,7 @@ impl ChatResult {
             error: Some(error),
             tier: None,
             degraded: None,
+            out_of_scope: false,
             first_token: None,
             content: String::new(),
             tokens_out: 0,
@@ -169,6 +172,7 @@ impl HttpClient {
             error: None,
             tier: header(tiergate_core::outcome::header::TIER),
             degraded: header(tiergate_core::outcome::header::DEGRADED),
+            out_of_scope: header(tiergate_core::outcome::header::OUT_OF_SCOPE) == Some("1"),
             first_token: None,
             content: String::new(),
             tokens_out: 0,

@@ -145,6 +145,7 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
         error: r.error,
         tier: r.tier,
         degraded: r.degraded,
+        out_of_scope: r.out_of_scope,
         tokens_out: r.tokens_out,
         correct,
         model_us: r

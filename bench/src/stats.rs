@@ -20,6 +20,8 @@ pub struct Outcome {
     pub error: Option<&'static str>,
     pub tier: Option<&'static str>,
     pub degraded: Option<&'static str>,
+    /// The answer was the route's out-of-scope outcome (`x-tiergate-out-of-scope: 1`).
+    pub out_of_scope: bool,
     pub tokens_out: u32,
     /// `None` when the request had no label (or the route does not answer with labels).
     pub correct: Option<bool>,
@@ -72,6 +74,8 @@ pub enum Channel {
     Escalated,
     /// Meant for the LLM, answered by Tier-0 (LLM full, down or late).
     Degraded,
+    /// Tier-0 answered that no label covers the query.
+    OutOfScope,
     /// A 2xx answer without tiergate's tier header (another server).
     Untiered,
     /// No answer.
@@ -79,10 +83,11 @@ pub enum Channel {
 }
 
 impl Channel {
-    pub const ALL: [Channel; 5] = [
+    pub const ALL: [Channel; 6] = [
         Channel::Tier0,
         Channel::Escalated,
         Channel::Degraded,
+        Channel::OutOfScope,
         Channel::Untiered,
         Channel::Errors,
     ];
@@ -94,6 +99,7 @@ impl Channel {
             Channel::Tier0 => Served::Tier0.as_str(),
             Channel::Escalated => Served::Escalated.as_str(),
             Channel::Degraded => Served::Degraded.as_str(),
+            Channel::OutOfScope => Served::OutOfScope.as_str(),
             Channel::Untiered => "untiered",
             Channel::Errors => "errors",
         }
@@ -108,6 +114,7 @@ impl Channel {
             Channel::Degraded
         } else {
             match o.tier.map(Tier::parse) {
+                Some(Some(Tier::Tier0)) if o.out_of_scope => Channel::OutOfScope,
                 Some(Some(Tier::Tier0)) => Channel::Tier0,
                 Some(_) => Channel::Escalated,
                 None => Channel::Untiered,
@@ -371,6 +378,14 @@ mod tests {
             Channel::of(&o(0.0, 1, None, false, false)),
             Channel::Untiered
         );
+        let oos = |tier: &str| Outcome {
+            out_of_scope: true,
+            ..o(0.0, 1, Some(tier), false, false)
+        };
+        assert_eq!(Channel::of(&oos("tier0")), Channel::OutOfScope);
+        // The LLM's "none of these" is an escalation.
+        assert_eq!(Channel::of(&oos("llm")), Channel::Escalated);
+        assert_eq!(Channel::OutOfScope.name(), "out_of_scope");
         assert_eq!(
             Channel::of(&o(0.0, 1, Some("tier0"), false, true)),
             Channel::Errors

@@ -130,6 +130,7 @@ fn mock() -> (SocketAddr, Mock) {
             "mode": "load", "theta_base": 0.3, "k": 0.15, "theta_min": 0.0, "theta_max": 1.0,
             "target_share": 0.1, "slo_p95_ms": 4500.0, "utilization_source": "auto",
             "manual_utilization": null, "allow_header_override": true,
+            "oos_threshold": null, "oos_margin": 0.0,
         }))),
         patches: Arc::new(Mutex::new(Vec::new())),
     };
