@@ -40,7 +40,7 @@ pub struct OosMeta {
 pub const OOS_FORMAT: u32 = 1;
 
 /// A fitted out-of-scope scorer.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OutOfScope {
     /// The score.
     pub method: OosMethod,
@@ -50,6 +50,9 @@ pub struct OutOfScope {
     pub k: usize,
     /// Unit reference embeddings `[rows, hidden]` (k-NN), on the CPU.
     reference: Option<Tensor>,
+    /// The same rows as an int8 layer (CPUs with AVX-512 VNNI): the cosines come from one int8 product, a
+    /// quarter of the memory traffic of the f32 one (which made the score cost ~1 ms per query).
+    int8: Option<std::sync::Arc<tiergate_kernels::int8::QDense>>,
 }
 
 impl OutOfScope {
@@ -60,6 +63,7 @@ impl OutOfScope {
             threshold,
             k: 0,
             reference: None,
+            int8: None,
         }
     }
 
@@ -71,12 +75,30 @@ impl OutOfScope {
                 reference.dims()
             )));
         }
+        let unit = l2_normalize(&reference.to_dtype(candle_core::DType::F32)?)?;
+        let int8 = if tiergate_kernels::int8::available() {
+            let (rows, hidden) = unit.dims2()?;
+            let w = unit.flatten_all()?.to_vec1::<f32>()?;
+            let b = vec![0f32; rows];
+            Some(std::sync::Arc::new(tiergate_kernels::int8::QDense::new(
+                &w, &b, rows, hidden,
+            )))
+        } else {
+            None
+        };
         Ok(Self {
             method: OosMethod::Knn,
             threshold,
             k,
-            reference: Some(l2_normalize(&reference.to_dtype(candle_core::DType::F32)?)?),
+            reference: Some(unit),
+            int8,
         })
+    }
+
+    /// The same scorer with another threshold.
+    pub fn with_threshold(mut self, threshold: f32) -> Self {
+        self.threshold = threshold;
+        self
     }
 
     /// Reference rows (0 for msp).
@@ -91,7 +113,15 @@ impl OutOfScope {
         };
         let q = l2_normalize(&pooled.to_dtype(candle_core::DType::F32)?)?;
         // One matrix product per batch: the cosine of every input to every reference row.
-        let sims = q.matmul(&reference.t()?)?.to_vec2::<f32>()?;
+        let sims = match &self.int8 {
+            Some(layer) => {
+                let (m, _) = q.dims2()?;
+                let rows = layer.out_features();
+                let flat = layer.forward(&q.flatten_all()?.to_vec1::<f32>()?, m);
+                flat.chunks(rows.max(1)).map(<[f32]>::to_vec).collect()
+            }
+            None => q.matmul(&reference.t()?)?.to_vec2::<f32>()?,
+        };
         Ok(sims
             .into_iter()
             .map(|mut s| mean_of_top(&mut s, self.k))
@@ -160,6 +190,18 @@ impl OutOfScope {
     }
 }
 
+impl std::fmt::Debug for OutOfScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutOfScope")
+            .field("method", &self.method)
+            .field("threshold", &self.threshold)
+            .field("k", &self.k)
+            .field("reference_rows", &self.reference_rows())
+            .field("int8", &self.int8.is_some())
+            .finish()
+    }
+}
+
 /// 1 − the mean of the `k` largest of `sims` (1 when empty).
 fn mean_of_top(sims: &mut [f32], k: usize) -> f32 {
     let k = k.min(sims.len());
@@ -201,9 +243,37 @@ mod tests {
             .collect();
         for (q, g) in queries.iter().zip(&got) {
             let want = oos::knn_distance(q, &rows, 2);
-            assert!((want - g).abs() < 1e-5, "{want} vs {g}");
+            // The int8 product (CPUs with VNNI) is within its quantisation error of the f32 one.
+            assert!((want - g).abs() < 2e-2, "{want} vs {g}");
         }
         assert!(got[0] < 0.01 && got[1] > 0.99, "{got:?}");
+    }
+
+    /// Where the CPU has VNNI, the int8 product's scores stay within a few thousandths of the f32 product's on
+    /// embedding-like data (384 wide, 500 rows).
+    #[test]
+    fn the_int8_product_scores_like_the_f32_one() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        };
+        let reference: Vec<f32> = (0..500 * 384).map(|_| next()).collect();
+        let queries: Vec<f32> = (0..8 * 384).map(|_| next()).collect();
+        let r = Tensor::from_vec(reference, (500, 384), &Device::Cpu).unwrap();
+        let q = Tensor::from_vec(queries, (8, 384), &Device::Cpu).unwrap();
+        let s = OutOfScope::knn(&r, 5, 0.5).unwrap();
+        let mut f32_only = s.clone();
+        f32_only.int8 = None;
+        let (a, b) = (
+            s.scores(&q, &[]).unwrap(),
+            f32_only.scores(&q, &[]).unwrap(),
+        );
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() < 5e-3, "{x} vs {y}");
+        }
     }
 
     #[test]

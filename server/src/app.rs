@@ -209,6 +209,14 @@ fn prefilter_for(
     if grounded {
         classifier.ground()?;
     }
+    // The out-of-scope score costs a product with the reference rows per query: only heads a route with an
+    // out-of-scope outcome reads compute it.
+    let wanted = config.routes.iter().any(|o| {
+        o.out_of_scope.is_some() && o.head.as_ref().unwrap_or(&config.prefilter.head) == &head
+    });
+    if !wanted {
+        classifier.out_of_scope = None;
+    }
     tracing::info!(
         route = %r.name,
         precision = ?classifier.encoder.precision(),

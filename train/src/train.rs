@@ -257,7 +257,7 @@ fn fit_out_of_scope(
     let scorer = OutOfScope::knn(x_train, k, f32::INFINITY)?;
     let dev = scorer.scores(x_dev, &[])?;
     let threshold = crate::open_intent::threshold_for_recall(&dev, opts.oos_recall);
-    let scorer = OutOfScope::knn(x_train, k, threshold)?;
+    let scorer = scorer.with_threshold(threshold);
     let oos_scores = match x_oos {
         Some(x) => scorer.scores(x, &[])?,
         None => Vec::new(),
