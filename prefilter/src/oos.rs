@@ -45,6 +45,13 @@ impl OosMethod {
     }
 }
 
+/// The threshold that keeps `recall` of the in-scope `scores` in scope (nearest rank; +∞ without scores).
+pub fn threshold_for_recall(scores: &[f32], recall: f64) -> f32 {
+    let mut s: Vec<f32> = scores.to_vec();
+    s.sort_by(f32::total_cmp);
+    tiergate_core::stats::quantile_sorted(&s, recall.clamp(0.0, 1.0)).unwrap_or(f32::INFINITY)
+}
+
 /// Neighbours the k-NN score averages over.
 pub const KNN_K: usize = 5;
 

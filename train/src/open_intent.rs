@@ -43,12 +43,7 @@ pub struct OpenIntentReport {
     pub in_scope_accuracy: Option<f64>,
 }
 
-/// The threshold that keeps `recall` of the in-scope `scores` in scope (nearest rank; +∞ without scores).
-pub fn threshold_for_recall(scores: &[f32], recall: f64) -> f32 {
-    let mut s: Vec<f32> = scores.to_vec();
-    s.sort_by(f32::total_cmp);
-    tiergate_core::stats::quantile_sorted(&s, recall.clamp(0.0, 1.0)).unwrap_or(f32::INFINITY)
-}
+pub use tiergate_prefilter::oos::threshold_for_recall;
 
 /// The figures of `rows` (known labels `0..n_known`) when scores above `threshold` are called out of scope.
 pub fn report(rows: &[Scored], threshold: f32, n_known: usize) -> OpenIntentReport {

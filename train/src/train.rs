@@ -256,7 +256,7 @@ fn fit_out_of_scope(
     let k = tiergate_prefilter::oos::KNN_K;
     let scorer = OutOfScope::knn(x_train, k, f32::INFINITY)?;
     let dev = scorer.scores(x_dev, &[])?;
-    let threshold = crate::open_intent::threshold_for_recall(&dev, opts.oos_recall);
+    let threshold = tiergate_prefilter::oos::threshold_for_recall(&dev, opts.oos_recall);
     let scorer = scorer.with_threshold(threshold);
     let oos_scores = match x_oos {
         Some(x) => scorer.scores(x, &[])?,
