@@ -47,17 +47,25 @@ pub const EXPERIMENT_DELAY_SECONDS: &str = "tiergate_experiment_delay_seconds";
 /// Batch LLM jobs cancelled for an interactive escalation (the line runs again later).
 pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
 
+/// Tier-0's out-of-scope score per request, on routes with an out-of-scope outcome (what the threshold is
+/// tuned against).
+pub const OOS_SCORE: &str = "tiergate_oos_score";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
     60.0,
 ];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+const SCORE_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+];
 
 /// Installs the global recorder and returns the handle that renders `/metrics`.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(PREFILTER_BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(OOS_SCORE.into()), SCORE_BUCKETS)?
         .install_recorder()?;
     describe();
     Ok(handle)
@@ -98,6 +106,10 @@ fn describe() {
         "End-to-end request latency by route and tier"
     );
     describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
+    describe_histogram!(
+        OOS_SCORE,
+        "Tier-0's out-of-scope score per request (routes with an out-of-scope outcome)"
+    );
     describe_histogram!(PREFILTER_SECONDS, Unit::Seconds, "Prefilter forward time");
     describe_histogram!(
         PREFILTER_QUEUE_SECONDS,

@@ -96,6 +96,17 @@ pub enum Verdict {
     OutOfScope,
 }
 
+impl Verdict {
+    /// The trace attribute's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Answer => "answer",
+            Verdict::Escalate => "escalate",
+            Verdict::OutOfScope => "out_of_scope",
+        }
+    }
+}
+
 /// The three-way decision: an uncertain out-of-scope call escalates; a sure one is answered out of scope; an
 /// in-scope query escalates when its ambiguity is above θ. `call` is `None` on a route without an
 /// out-of-scope outcome.

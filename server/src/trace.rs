@@ -104,6 +104,10 @@ pub fn decision(span: &tracing::Span, d: &Decision) {
     ] {
         set_attribute(span, kv);
     }
+    if let Some(score) = d.oos_score {
+        set_attribute(span, KeyValue::new("tiergate.oos_score", f64::from(score)));
+        set_attribute(span, KeyValue::new("tiergate.verdict", d.verdict));
+    }
 }
 
 /// What a decision span reports.
@@ -120,6 +124,10 @@ pub struct Decision {
     pub escalated: bool,
     /// θ came from the request.
     pub forced: bool,
+    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
+    pub oos_score: Option<f32>,
+    /// `answer`, `escalate` or `out_of_scope`.
+    pub verdict: &'static str,
 }
 
 /// The mode's config spelling.

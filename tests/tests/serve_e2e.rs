@@ -354,4 +354,9 @@ fn a_trained_head_answers_out_of_scope_through_serve() {
         .into_string()
         .unwrap();
     assert!(metrics.contains("channel=\"out_of_scope\""), "{metrics}");
+    // The score's distribution, what the threshold is tuned against.
+    assert!(
+        metrics.contains("tiergate_oos_score_bucket{route=\"bank\""),
+        "{metrics}"
+    );
 }

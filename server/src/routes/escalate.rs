@@ -69,6 +69,9 @@ pub(super) fn decide(
         margin: policy.cfg.oos_margin,
     });
     meta.oos_score = call.map(|c| c.score);
+    if let Some(c) = &call {
+        metrics::histogram!(m::OOS_SCORE, "route" => route.name.clone()).record(f64::from(c.score));
+    }
     let verdict = verdict(ambiguity, theta, call.as_ref());
     let escalate = verdict == Verdict::Escalate;
     crate::trace::decision(
@@ -80,6 +83,8 @@ pub(super) fn decide(
             version: policy.version,
             escalated: escalate,
             forced: override_theta.is_some(),
+            oos_score: meta.oos_score,
+            verdict: verdict.as_str(),
         },
     );
     // A forced θ says nothing about the traffic: it stays out of the policy's statistics.
