@@ -2,6 +2,7 @@
 //! its candidates' examples are ranked per query, what it is shown of each candidate, and its name in reports
 //! and `fusion.json`.
 
+use crate::out_of_scope::{OutOfScopeRoute, NONE};
 use tiergate_config::{Config, EngineKind, PromptConfig, ScoringMethod};
 use tiergate_queue::Candidate;
 
@@ -47,20 +48,31 @@ pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
 }
 
 /// Tier-0's top candidates `(label index, p)` as the judge sees them: the label, its reply text as the
-/// description, and its examples (`examples(label)`: nearest the query first for a grounded route) — the one
-/// way serving and `tiergate eval --hybrid` / `fit-fusion` build them.
+/// description, and its examples (`examples(label)`: nearest the query first for a grounded route); the index
+/// [`NONE`] is the route's "none of these" (`oos`), with its reply — the one way serving and `tiergate eval
+/// --hybrid` / `fit-fusion` build them.
 pub fn candidates(
     top: &[(usize, f32)],
     labels: &[String],
     replies: &[Option<String>],
     examples: impl Fn(usize) -> Vec<String>,
+    oos: Option<&OutOfScopeRoute>,
 ) -> Vec<Candidate> {
     top.iter()
-        .map(|&(i, p)| Candidate {
-            label: labels[i].clone(),
-            description: replies.get(i).cloned().flatten(),
-            examples: examples(i),
-            p,
+        .filter_map(|&(i, p)| match (labels.get(i), oos) {
+            (Some(label), _) => Some(Candidate {
+                label: label.clone(),
+                description: replies.get(i).cloned().flatten(),
+                examples: examples(i),
+                p,
+            }),
+            (None, Some(o)) if i == NONE => Some(Candidate {
+                label: o.none_candidate.clone(),
+                description: o.reply.clone(),
+                examples: Vec::new(),
+                p,
+            }),
+            _ => None,
         })
         .collect()
 }

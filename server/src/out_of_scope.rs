@@ -85,6 +85,20 @@ impl Call {
     }
 }
 
+/// Tier-0's candidates with "none of these" ([`NONE`]) among them, as the LLM and the fusion see them: the
+/// labels share 1 − [`Call::none_mass`] in proportion to their probabilities; "none of these" comes first when
+/// Tier-0 calls the query out of scope (it is Tier-0's answer then), else last.
+pub fn with_none(top: &[(usize, f32)], call: &Call) -> Vec<(usize, f32)> {
+    let none = call.none_mass();
+    let sum: f32 = top.iter().map(|(_, p)| p).sum::<f32>().max(1e-12);
+    let labels = top.iter().map(|&(i, p)| (i, (1.0 - none) * p / sum));
+    if call.out_of_scope() {
+        std::iter::once((NONE, none)).chain(labels).collect()
+    } else {
+        labels.chain(std::iter::once((NONE, none))).collect()
+    }
+}
+
 /// What Tier-0's view of a request leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -177,6 +191,34 @@ mod tests {
         assert_eq!(m(0.5), 1.0);
         assert_eq!(call(0.31, 0.3, 0.0).none_mass(), 1.0);
         assert_eq!(call(0.29, 0.3, 0.0).none_mass(), 0.0);
+    }
+
+    #[test]
+    fn none_of_these_joins_the_candidates_first_when_tier0_calls_it() {
+        let top = [(2, 0.6f32), (0, 0.2)];
+        let same = |a: &[(usize, f32)], b: &[(usize, f32)]| {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(x, y)| x.0 == y.0 && (x.1 - y.1).abs() < 1e-6)
+        };
+        let inside = with_none(&top, &call(0.1, 0.3, 0.0));
+        assert!(
+            same(&inside, &[(2, 0.75), (0, 0.25), (NONE, 0.0)]),
+            "{inside:?}"
+        );
+        let outside = with_none(&top, &call(0.5, 0.3, 0.0));
+        assert!(
+            same(&outside, &[(NONE, 1.0), (2, 0.0), (0, 0.0)]),
+            "{outside:?}"
+        );
+        // In the band: the ramp's mass, the labels share the rest.
+        let near = with_none(&top, &call(0.35, 0.3, 0.1));
+        assert_eq!(near[0].0, NONE);
+        assert!(
+            (near[0].1 - 0.75).abs() < 1e-6 && (near[1].1 - 0.1875).abs() < 1e-6,
+            "{near:?}"
+        );
     }
 
     #[test]

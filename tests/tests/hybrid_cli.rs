@@ -479,3 +479,97 @@ fn eval_oos_gives_exact_open_intent_figures() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--oos-threshold"));
 }
+
+/// `eval --hybrid` on a route with an out-of-scope outcome: the stub LLM is shown "none of these" as the last
+/// candidate (Tier-0 gives it no mass: the threshold is above every score), rows labelled `out_of_scope` are
+/// gold for it, and the LLM-alone and fused accuracies over every row are recomputed here exactly.
+#[test]
+fn eval_hybrid_offers_none_of_these_and_scores_it() {
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rows.jsonl");
+    let mut all = rows();
+    all.push(("none of these apply", "out_of_scope"));
+    all.push(("none of these fit me", "out_of_scope"));
+    let body: String = all
+        .iter()
+        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
+        .collect();
+    std::fs::write(&data, body).unwrap();
+    let out = Command::new(binary("tiergate"))
+        .args(["eval", "--classifier"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .args(["--hybrid", "--json", "--max-escalated", "1.0"])
+        .args(["--set", "reranker.engine=\"stub\"", "--set", "reranker.candidates=3"])
+        .args(["--set", "reranker.llm_weight=0.5", "--set", "reranker.llm_temperature=1.0"])
+        .args([
+            "--set",
+            "routes=[{ name = \"classify\", kind = \"classify\", out_of_scope = { label = \"out_of_scope\", threshold = 2.0 } }]",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
+    let classifier = Classifier::from_dir(
+        tiny.dir.path(),
+        defaults.prefilter.max_tokens,
+        defaults.prefilter.precision,
+    )
+    .unwrap();
+    let labels = classifier.labels().to_vec();
+    let (mut llm_right, mut fused_right) = (0, 0);
+    for (text, gold) in &all {
+        let tokens = classifier.tokenizer.encode(text).unwrap();
+        let p: Vec<f64> = classifier.probabilities(&[&tokens]).unwrap()[0]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let mut idx: Vec<usize> = (0..p.len()).collect();
+        idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
+        idx.truncate(3);
+        let sum: f64 = idx.iter().map(|&i| p[i]).sum();
+        // The candidates: Tier-0's three labels, then "none of these" (Tier-0 mass 0).
+        let mut names: Vec<&str> = idx.iter().map(|&i| labels[i].as_str()).collect();
+        let mut tier0: Vec<f64> = idx.iter().map(|&i| p[i] / sum).collect();
+        names.push("none of these");
+        tier0.push(0.0);
+        let scores: Vec<f64> = names.iter().map(|l| stub_score(text, l)).collect();
+        let max = scores.iter().copied().fold(f64::MIN, f64::max);
+        let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        let fused: Vec<f64> = tier0
+            .iter()
+            .zip(&scores)
+            .map(|(t, s)| 0.5 * t + 0.5 * (s - max).exp() / z)
+            .collect();
+        let answer = |k: usize| if k == 3 { "out_of_scope" } else { names[k] };
+        llm_right += usize::from(answer(argmax(&scores)) == *gold);
+        fused_right += usize::from(answer(argmax(&fused)) == *gold);
+    }
+    let all_escalated = report["grid"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["escalated"] == 10)
+        .unwrap_or_else(|| panic!("no grid point escalates all 10 rows: {report}"));
+    let n = all.len() as f64;
+    let close = |key: &str, want: f64| {
+        let got = all_escalated[key].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-9, "{key}: {got} vs {want}");
+    };
+    close("escalated_llm_accuracy", llm_right as f64 / n);
+    close("escalated_fused_accuracy", fused_right as f64 / n);
+    // Tier-0 never answers out of scope here, so its two out-of-scope rows are wrong.
+    assert!(all_escalated["escalated_tier0_accuracy"].as_f64().unwrap() <= 0.8);
+    // The stub names "none of these" for the two rows that say it, and the fusion follows.
+    assert!(
+        llm_right >= 2 && fused_right >= 2,
+        "{llm_right} {fused_right}"
+    );
+}

@@ -191,7 +191,7 @@ fn run_hybrid(
                 );
             }
             if let Some(out) = &args.rows {
-                let mut file = RowsFile::create(out, classifier, rows, &llm)?;
+                let mut file = RowsFile::create(out, cfg, classifier, rows, &llm)?;
                 file.rest(&scored)?;
             }
             (scored, llm)
@@ -199,7 +199,7 @@ fn run_hybrid(
         None => {
             let llm = hybrid::llm_name(cfg);
             let mut file = match &args.rows {
-                Some(out) => Some(RowsFile::create(out, classifier, rows, &llm)?),
+                Some(out) => Some(RowsFile::create(out, cfg, classifier, rows, &llm)?),
                 None => None,
             };
             let scored = hybrid::score_rows(
@@ -260,6 +260,7 @@ fn run_hybrid(
 struct RowsFile<'a> {
     out: std::fs::File,
     labels: &'a [String],
+    oos: Option<hybrid::OfflineOos>,
     examples: &'a [tiergate_train::data::Example],
     llm: String,
     written: Vec<bool>,
@@ -268,6 +269,7 @@ struct RowsFile<'a> {
 impl<'a> RowsFile<'a> {
     fn create(
         path: &std::path::Path,
+        cfg: &tiergate_config::Config,
         classifier: &'a Classifier,
         examples: &'a [tiergate_train::data::Example],
         llm: &str,
@@ -277,6 +279,7 @@ impl<'a> RowsFile<'a> {
         Ok(Self {
             out,
             labels: classifier.labels(),
+            oos: hybrid::OfflineOos::of(cfg, classifier)?,
             examples,
             llm: llm.to_string(),
             written: vec![false; examples.len()],
@@ -285,7 +288,14 @@ impl<'a> RowsFile<'a> {
 
     fn line(&mut self, i: usize, row: &hybrid::Row) -> anyhow::Result<()> {
         use std::io::Write;
-        let line = hybrid::row_line(i, &self.examples[i], row, self.labels, &self.llm);
+        let line = hybrid::row_line(
+            i,
+            &self.examples[i],
+            row,
+            self.labels,
+            self.oos.as_ref(),
+            &self.llm,
+        );
         writeln!(self.out, "{line}")?;
         self.written[i] = true;
         Ok(())

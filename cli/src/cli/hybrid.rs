@@ -12,6 +12,7 @@ use tiergate_prefilter::Classifier;
 use tiergate_queue::{Job, Reply};
 use tiergate_server::fusion::fit::fit;
 pub use tiergate_server::fusion::fit::Row;
+use tiergate_server::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
 use tiergate_train::data::Example;
 
 /// One θ of the grid (`--json`: `grid[]`).
@@ -90,8 +91,55 @@ pub fn theta_for_share(rows: &[Row], share: f64) -> f64 {
     }
 }
 
-/// Tier-0 over `rows` (batched), top-k candidates per row.
-pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow::Result<Vec<Row>> {
+/// The out-of-scope outcome of the route the offline tools measure (the first classify route), resolved
+/// against the head, with the policy's threshold override and margin: what serving would decide with.
+pub struct OfflineOos {
+    pub route: OutOfScopeRoute,
+    pub threshold: f64,
+    pub margin: f64,
+}
+
+impl OfflineOos {
+    /// `None` when the route declares no out-of-scope outcome.
+    pub fn of(config: &Config, classifier: &Classifier) -> anyhow::Result<Option<Self>> {
+        let Some((name, cfg)) = config
+            .routes
+            .iter()
+            .find(|r| r.kind == RouteKind::Classify)
+            .and_then(|r| Some((r.name.as_str(), r.out_of_scope.as_ref()?)))
+        else {
+            return Ok(None);
+        };
+        let fitted = classifier
+            .out_of_scope
+            .as_ref()
+            .map(|s| (s.method, s.threshold));
+        let route = OutOfScopeRoute::resolve(name, cfg, fitted)?;
+        Ok(Some(Self {
+            threshold: config.routing.oos_threshold.unwrap_or(route.threshold),
+            margin: config.routing.oos_margin,
+            route,
+        }))
+    }
+
+    /// A candidate index's name: the label, or the out-of-scope label for "none of these".
+    pub fn name<'a>(oos: Option<&'a Self>, labels: &'a [String], i: usize) -> &'a str {
+        match (labels.get(i), oos) {
+            (Some(l), _) => l,
+            (None, Some(o)) => &o.route.label,
+            (None, None) => "",
+        }
+    }
+}
+
+/// Tier-0 over `rows` (batched), top-k candidates per row; with an out-of-scope outcome, "none of these"
+/// among them ([`with_none`]) and rows of its label gold for it.
+pub fn tier0_rows(
+    classifier: &Classifier,
+    rows: &[Example],
+    k: usize,
+    oos: Option<&OfflineOos>,
+) -> anyhow::Result<Vec<Row>> {
     let labels = classifier.labels();
     let mut out = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(32) {
@@ -101,13 +149,27 @@ pub fn tier0_rows(classifier: &Classifier, rows: &[Example], k: usize) -> anyhow
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<_> = tokens.iter().collect();
         let f = classifier.forward(&refs)?;
-        for ((e, p), embedding) in chunk.iter().zip(f.probs).zip(f.embeddings) {
+        for (j, ((e, p), embedding)) in chunk.iter().zip(f.probs).zip(f.embeddings).enumerate() {
             let mut idx: Vec<usize> = (0..p.len()).collect();
             idx.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
-            let top: Vec<(usize, f32)> = idx.iter().take(k.max(1)).map(|&i| (i, p[i])).collect();
+            let mut top: Vec<(usize, f32)> =
+                idx.iter().take(k.max(1)).map(|&i| (i, p[i])).collect();
+            let ambiguity = 1.0 - f64::from(top.first().map_or(0.0, |t| t.1));
+            let mut gold = labels.iter().position(|l| *l == e.label);
+            if let Some(o) = oos {
+                let call = Call {
+                    score: f.oos.get(j).copied().unwrap_or(ambiguity as f32),
+                    threshold: o.threshold,
+                    margin: o.margin,
+                };
+                top = with_none(&top, &call);
+                if e.label == o.route.label {
+                    gold = Some(NONE);
+                }
+            }
             out.push(Row {
-                gold: labels.iter().position(|l| *l == e.label),
-                ambiguity: 1.0 - f64::from(top.first().map_or(0.0, |t| t.1)),
+                gold,
+                ambiguity,
                 top,
                 llm: None,
                 llm_s: 0.0,
@@ -144,18 +206,29 @@ pub fn score_rows(
         max_escalated > 0.0 && max_escalated <= 1.0,
         "--max-escalated must be in (0, 1]"
     );
-    let mut rows = tier0_rows(classifier, examples, config.reranker.candidates)?;
+    let oos = OfflineOos::of(config, classifier)?;
+    let mut rows = tier0_rows(
+        classifier,
+        examples,
+        config.reranker.candidates,
+        oos.as_ref(),
+    )?;
     let low = theta_for_share(&rows, max_escalated);
     let texts: Vec<&str> = examples.iter().map(|r| r.text.as_str()).collect();
-    run_llm(config, classifier, &texts, &mut rows, low, progress, scored)?;
+    let oos_route = oos.as_ref().map(|o| &o.route);
+    run_llm(
+        config, classifier, oos_route, &texts, &mut rows, low, progress, scored,
+    )?;
     Ok(rows)
 }
 
 /// Runs the configured LLM over the rows with ambiguity above `theta_low` (through a real worker process
 /// and the shared-memory queue, as the server does), one at a time so the seconds are the service time.
+#[allow(clippy::too_many_arguments)] // the run's inputs, its rows and two callbacks
 fn run_llm(
     config: &Config,
     classifier: &Classifier,
+    oos: Option<&OutOfScopeRoute>,
     texts: &[&str],
     rows: &mut [Row],
     theta_low: f64,
@@ -185,6 +258,7 @@ fn run_llm(
             classifier.labels(),
             &classifier.replies,
             |l| classifier.examples_for(l, &rows[i].embedding),
+            oos,
         );
         let job = Job::Rerank {
             text: texts[i].to_string(),
@@ -231,12 +305,20 @@ pub fn llm_name(config: &Config) -> String {
 }
 
 /// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.
-pub fn row_line(i: usize, example: &Example, row: &Row, labels: &[String], llm: &str) -> String {
+pub fn row_line(
+    i: usize,
+    example: &Example,
+    row: &Row,
+    labels: &[String],
+    oos: Option<&OfflineOos>,
+    llm: &str,
+) -> String {
+    let name = |l: usize| OfflineOos::name(oos, labels, l);
     serde_json::json!({
         "row": i,
         "text": example.text,
         "gold": example.label,
-        "tier0": row.top.iter().map(|&(l, p)| serde_json::json!({"label": labels[l], "p": p})).collect::<Vec<_>>(),
+        "tier0": row.top.iter().map(|&(l, p)| serde_json::json!({"label": name(l), "p": p})).collect::<Vec<_>>(),
         "ambiguity": row.ambiguity,
         "llm_scores": row.llm,
         "llm_s": row.llm.as_ref().map(|_| row.llm_s),
@@ -260,7 +342,8 @@ pub fn rows_from_file(
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let mut rows = tier0_rows(classifier, examples, k)?;
+    let oos = OfflineOos::of(config, classifier)?;
+    let mut rows = tier0_rows(classifier, examples, k, oos.as_ref())?;
     let mut seen = vec![false; examples.len()];
     let mut llm = llm_name(config);
     for (n, line) in lines.iter().enumerate() {
@@ -275,7 +358,8 @@ pub fn rows_from_file(
             examples.len()
         );
         seen[i] = true;
-        read_row_line(&v, &examples[i], &mut rows[i], classifier.labels()).with_context(at)?;
+        let name = |l: usize| OfflineOos::name(oos.as_ref(), classifier.labels(), l);
+        read_row_line(&v, &examples[i], &mut rows[i], &name).with_context(at)?;
         if let Some(name) = v["llm"].as_str() {
             llm = name.to_string();
         }
@@ -284,11 +368,11 @@ pub fn rows_from_file(
 }
 
 /// Checks one line against the data's row and Tier-0's candidates, and takes its LLM scores.
-fn read_row_line(
+fn read_row_line<'a>(
     v: &serde_json::Value,
     example: &Example,
     row: &mut Row,
-    labels: &[String],
+    name: &dyn Fn(usize) -> &'a str,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         v["text"].as_str() == Some(example.text.as_str()),
@@ -298,7 +382,7 @@ fn read_row_line(
         .as_array()
         .map(|a| a.iter().filter_map(|c| c["label"].as_str()).collect())
         .unwrap_or_default();
-    let ours: Vec<&str> = row.top.iter().map(|&(l, _)| labels[l].as_str()).collect();
+    let ours: Vec<&str> = row.top.iter().map(|&(l, _)| name(l)).collect();
     anyhow::ensure!(
         top == ours,
         "Tier-0's candidates differ (written with another head or --set reranker.candidates)"

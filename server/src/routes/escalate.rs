@@ -197,25 +197,22 @@ pub(super) async fn escalate_rerank(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
-    let mut candidates =
-        crate::judge::candidates(&d.top, prefilter.labels(), prefilter.replies(), |i| {
+    // On a route with an out-of-scope outcome the LLM may answer "none of these", which Tier-0's out-of-scope
+    // call gives its share of the mass.
+    let tier0 = tier0_candidates(d);
+    let candidates = crate::judge::candidates(
+        &tier0,
+        prefilter.labels(),
+        prefilter.replies(),
+        |i| {
             if route.grounded {
                 prefilter.examples_for(i, &d.pred)
             } else {
                 prefilter.examples().get(i).cloned().unwrap_or_default()
             }
-        });
-    // On a route with an out-of-scope outcome the LLM may answer "none of these" (the last candidate), which
-    // Tier-0's out-of-scope call gives its share of the mass.
-    let tier0 = tier0_candidates(d);
-    if let (Some(o), Some(&(_, p))) = (&route.out_of_scope, tier0.last()) {
-        candidates.push(tiergate_queue::Candidate {
-            label: o.none_candidate.clone(),
-            description: o.reply.clone(),
-            examples: Vec::new(),
-            p,
-        });
-    }
+        },
+        route.out_of_scope.as_ref(),
+    );
     let job = Job::Rerank {
         text: v.text.clone(),
         candidates,
@@ -264,19 +261,12 @@ pub(super) async fn escalate_rerank(
 }
 
 /// The candidates the LLM reranks with Tier-0's mass on each: its top labels, and on a route with an
-/// out-of-scope outcome "none of these" ([`NONE`]) last, with the mass of Tier-0's out-of-scope call (the
-/// labels share the rest).
+/// out-of-scope outcome "none of these" ([`crate::out_of_scope::with_none`]).
 fn tier0_candidates(d: &Decided) -> Vec<(usize, f32)> {
-    let Some(c) = d.call else {
-        return d.top.clone();
-    };
-    let none = c.none_mass();
-    let sum: f32 = d.top.iter().map(|(_, p)| p).sum::<f32>().max(1e-12);
-    d.top
-        .iter()
-        .map(|&(i, p)| (i, (1.0 - none) * p / sum))
-        .chain(std::iter::once((NONE, none)))
-        .collect()
+    match &d.call {
+        Some(c) => crate::out_of_scope::with_none(&d.top, c),
+        None => d.top.clone(),
+    }
 }
 
 /// Records an answered rerank for `tiergate distill` (when `server.record_escalations` is set).
