@@ -151,8 +151,12 @@ impl Classifier {
             examples,
             fusion: crate::heads::FittedFusion::load(dir)?,
             representatives: None,
-            out_of_scope: crate::out_of_scope::OutOfScope::load(dir, meta.hidden_size)?
-                .map(|(s, _)| s),
+            out_of_scope: crate::out_of_scope::OutOfScope::load(
+                dir,
+                meta.hidden_size,
+                meta.labels.len(),
+            )?
+            .map(|(s, _)| s),
         })
     }
 

@@ -19,10 +19,13 @@ use crate::oos::{self, OosMethod};
 pub struct OosMeta {
     /// Format version of this file.
     pub format: u32,
-    /// `knn` or `msp`.
+    /// `knn_top_labels`, `knn` or `msp`.
     pub method: String,
     /// Neighbours averaged (k-NN).
     pub k: usize,
+    /// Labels whose rows are searched per query (`knn_top_labels`).
+    #[serde(default)]
+    pub top_labels: usize,
     /// Scores above it are called out of scope.
     pub threshold: f32,
     /// The in-scope recall the threshold was fitted for on the dev split.
@@ -53,6 +56,82 @@ pub struct OutOfScope {
     /// The same rows as an int8 layer (CPUs with AVX-512 VNNI): the cosines come from one int8 product, a
     /// quarter of the memory traffic of the f32 one (which made the score cost ~1 ms per query).
     int8: Option<std::sync::Arc<tiergate_kernels::int8::QDense>>,
+    /// For [`OosMethod::KnnTopLabels`]: the reference rows grouped by label.
+    by_label: Option<std::sync::Arc<ByLabel>>,
+}
+
+/// Reference rows grouped by label: each label's rows are searched only for queries Tier-0 thinks may be it.
+struct ByLabel {
+    /// Labels searched per query.
+    top: usize,
+    /// Label `l`'s rows are `offsets[l]..offsets[l + 1]` of `rows`.
+    offsets: Vec<usize>,
+    /// Unit rows sorted by label, `[rows · hidden]`.
+    rows: Vec<f32>,
+    hidden: usize,
+    /// Each label's rows as an int8 layer (CPUs with AVX-512 VNNI).
+    int8: Vec<Option<tiergate_kernels::int8::QDense>>,
+    /// The label of each sorted row (what `oos.safetensors` stores).
+    labels: Vec<u32>,
+}
+
+impl ByLabel {
+    fn new(unit: &[Vec<f32>], labels: &[u32], n_labels: usize, top: usize) -> Self {
+        let hidden = unit.first().map_or(0, Vec::len);
+        let mut order: Vec<usize> = (0..unit.len()).collect();
+        order.sort_by_key(|&i| labels[i]);
+        let mut offsets = vec![0usize; n_labels + 1];
+        for &l in labels {
+            offsets[(l as usize).min(n_labels - 1) + 1] += 1;
+        }
+        for l in 0..n_labels {
+            offsets[l + 1] += offsets[l];
+        }
+        let rows: Vec<f32> = order
+            .iter()
+            .flat_map(|&i| unit[i].iter().copied())
+            .collect();
+        let vnni = tiergate_kernels::int8::available();
+        let int8 = (0..n_labels)
+            .map(|l| {
+                let (a, b) = (offsets[l], offsets[l + 1]);
+                (vnni && b > a).then(|| {
+                    let zeros = vec![0f32; b - a];
+                    tiergate_kernels::int8::QDense::new(
+                        &rows[a * hidden..b * hidden],
+                        &zeros,
+                        b - a,
+                        hidden,
+                    )
+                })
+            })
+            .collect();
+        Self {
+            top,
+            offsets,
+            labels: order.iter().map(|&i| labels[i]).collect(),
+            rows,
+            hidden,
+            int8,
+        }
+    }
+
+    /// The cosines of unit query `q` to the rows of `labels`.
+    fn sims(&self, q: &[f32], labels: &[usize]) -> Vec<f32> {
+        let mut out = Vec::new();
+        for &l in labels {
+            let (a, b) = (self.offsets[l], self.offsets[l + 1]);
+            match self.int8.get(l).and_then(Option::as_ref) {
+                Some(layer) => out.extend(layer.forward(q, 1)),
+                None => out.extend(
+                    self.rows[a * self.hidden..b * self.hidden]
+                        .chunks(self.hidden)
+                        .map(|r| r.iter().zip(q).map(|(x, y)| x * y).sum::<f32>()),
+                ),
+            }
+        }
+        out
+    }
 }
 
 impl OutOfScope {
@@ -64,6 +143,7 @@ impl OutOfScope {
             k: 0,
             reference: None,
             int8: None,
+            by_label: None,
         }
     }
 
@@ -92,6 +172,41 @@ impl OutOfScope {
             k,
             reference: Some(unit),
             int8,
+            by_label: None,
+        })
+    }
+
+    /// The k-NN scorer over the rows of each query's `top` most likely labels only ([`OosMethod::KnnTopLabels`]):
+    /// `reference` `[rows, hidden]` (normalised here), `labels[i]` the label of row `i` among `n_labels`.
+    pub fn knn_top_labels(
+        reference: &Tensor,
+        labels: &[u32],
+        n_labels: usize,
+        top: usize,
+        k: usize,
+        threshold: f32,
+    ) -> Result<Self> {
+        let (rows, _) = reference.dims2()?;
+        if rows == 0 || k == 0 || top == 0 || labels.len() != rows || n_labels == 0 {
+            return Err(PrefilterError::Training(format!(
+                "top-label k-NN needs rows, k >= 1, top >= 1 and one label per row: {rows} rows, {} labels, k = {k}, top = {top}",
+                labels.len()
+            )));
+        }
+        if let Some(&bad) = labels.iter().find(|&&l| l as usize >= n_labels) {
+            return Err(PrefilterError::Training(format!(
+                "reference label {bad} is not below {n_labels}"
+            )));
+        }
+        let unit = l2_normalize(&reference.to_dtype(candle_core::DType::F32)?)?;
+        let by_label = ByLabel::new(&unit.to_vec2::<f32>()?, labels, n_labels, top);
+        Ok(Self {
+            method: OosMethod::KnnTopLabels,
+            threshold,
+            k,
+            reference: Some(unit),
+            int8: None,
+            by_label: Some(std::sync::Arc::new(by_label)),
         })
     }
 
@@ -112,6 +227,14 @@ impl OutOfScope {
             return Ok(probs.iter().map(|p| oos::msp(p)).collect());
         };
         let q = l2_normalize(&pooled.to_dtype(candle_core::DType::F32)?)?;
+        if let Some(g) = &self.by_label {
+            let q = q.to_vec2::<f32>()?;
+            return Ok(q
+                .iter()
+                .zip(probs)
+                .map(|(q, p)| mean_of_top(&mut g.sims(q, &oos::top_labels(p, g.top)), self.k))
+                .collect());
+        }
         // One matrix product per batch: the cosine of every input to every reference row.
         let sims = match &self.int8 {
             Some(layer) => {
@@ -132,7 +255,18 @@ impl OutOfScope {
     pub fn save(&self, dir: &Path, meta: &OosMeta) -> Result<()> {
         if let Some(r) = &self.reference {
             let path = dir.join("oos.safetensors");
-            let tensors: HashMap<String, Tensor> = [("reference".to_string(), r.clone())].into();
+            let mut tensors: HashMap<String, Tensor> =
+                [("reference".to_string(), r.clone())].into();
+            if let Some(g) = &self.by_label {
+                // Rows sorted by label, as they are kept.
+                let n = g.labels.len();
+                let sorted = Tensor::from_vec(g.rows.clone(), (n, g.hidden), &Device::Cpu)?;
+                tensors.insert("reference".into(), sorted);
+                tensors.insert(
+                    "labels".into(),
+                    Tensor::from_vec(g.labels.clone(), n, &Device::Cpu)?,
+                );
+            }
             candle_core::safetensors::save(&tensors, &path)
                 .map_err(|e| PrefilterError::file(&path, e))?;
         }
@@ -142,8 +276,9 @@ impl OutOfScope {
         std::fs::write(&path, text).map_err(|e| PrefilterError::file(&path, e))
     }
 
-    /// Reads `dir/oos.json` (and its reference) when present; `hidden` is the head's embedding width.
-    pub fn load(dir: &Path, hidden: usize) -> Result<Option<(Self, OosMeta)>> {
+    /// Reads `dir/oos.json` (and its reference) when present; `hidden` is the head's embedding width,
+    /// `n_labels` its label count.
+    pub fn load(dir: &Path, hidden: usize, n_labels: usize) -> Result<Option<(Self, OosMeta)>> {
         let path = dir.join("oos.json");
         if !path.is_file() {
             return Ok(None);
@@ -163,26 +298,44 @@ impl OutOfScope {
         }
         let scorer = match meta.method.as_str() {
             "msp" => Self::msp(meta.threshold),
-            "knn" => {
+            "knn" | "knn_top_labels" => {
                 let weights = dir.join("oos.safetensors");
                 let tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
                     .map_err(|e| PrefilterError::corrupt(&weights, e))?;
-                let r = tensors.get("reference").ok_or_else(|| {
-                    PrefilterError::corrupt(&weights, "tensor `reference` missing")
-                })?;
+                let get = |name: &str| {
+                    tensors.get(name).ok_or_else(|| {
+                        PrefilterError::corrupt(&weights, format!("tensor `{name}` missing"))
+                    })
+                };
+                let r = get("reference")?;
                 if r.dims().len() != 2 || r.dims()[1] != hidden {
                     return Err(PrefilterError::corrupt(
                         &weights,
                         format!("reference {:?} is not [rows, {hidden}]", r.dims()),
                     ));
                 }
-                Self::knn(r, meta.k, meta.threshold)
-                    .map_err(|e| PrefilterError::corrupt(&path, e))?
+                let scorer = if meta.method == "knn" {
+                    Self::knn(r, meta.k, meta.threshold)
+                } else {
+                    let labels = get("labels")?
+                        .to_dtype(candle_core::DType::U32)
+                        .and_then(|t| t.to_vec1::<u32>())
+                        .map_err(|e| PrefilterError::corrupt(&weights, e))?;
+                    Self::knn_top_labels(
+                        r,
+                        &labels,
+                        n_labels,
+                        meta.top_labels,
+                        meta.k,
+                        meta.threshold,
+                    )
+                };
+                scorer.map_err(|e| PrefilterError::corrupt(&path, e))?
             }
             other => {
                 return Err(PrefilterError::corrupt(
                     &path,
-                    format!("method `{other}` is not served (knn or msp)"),
+                    format!("method `{other}` is not served (knn_top_labels, knn or msp)"),
                 ))
             }
         };
@@ -276,6 +429,37 @@ mod tests {
         }
     }
 
+    /// Top-label k-NN searches only the rows of the query's most likely labels, and round-trips through disk.
+    #[test]
+    fn top_label_knn_searches_the_likely_labels_only() {
+        // Rows 0, 1 are label 0 (x axis), rows 2, 3 label 1 (y axis).
+        let s = OutOfScope::knn_top_labels(&reference(), &[0, 0, 1, 1], 2, 1, 2, 0.5).unwrap();
+        let q = Tensor::from_vec(vec![1.0f32, 0.0, 0.0], (1, 3), &Device::Cpu).unwrap();
+        let near = s.scores(&q, &[vec![0.9, 0.1]]).unwrap()[0];
+        let far = s.scores(&q, &[vec![0.1, 0.9]]).unwrap()[0];
+        // Searching label 0: the two x-axis rows; searching label 1 only: the y-axis rows, cosine ~0.1.
+        assert!(near < 0.01 && far > 0.85, "{near} {far}");
+        let dir = tempfile::tempdir().unwrap();
+        let meta = OosMeta {
+            format: OOS_FORMAT,
+            method: "knn_top_labels".into(),
+            k: 2,
+            top_labels: 1,
+            threshold: 0.5,
+            recall_target: 0.95,
+            dev_rows: 4,
+            dev_oos_rows: 0,
+            dev_oos_recall: None,
+        };
+        s.save(dir.path(), &meta).unwrap();
+        let (back, _) = OutOfScope::load(dir.path(), 3, 2).unwrap().unwrap();
+        assert_eq!(back.method, OosMethod::KnnTopLabels);
+        let again = back.scores(&q, &[vec![0.1, 0.9]]).unwrap()[0];
+        assert!((again - far).abs() < 1e-6);
+        // A label beyond the head's is refused.
+        assert!(OutOfScope::load(dir.path(), 3, 1).is_err());
+    }
+
     #[test]
     fn msp_needs_no_reference() {
         let s = OutOfScope::msp(0.4);
@@ -295,6 +479,7 @@ mod tests {
             format: OOS_FORMAT,
             method: "knn".into(),
             k: 2,
+            top_labels: 0,
             threshold: 0.25,
             recall_target: 0.95,
             dev_rows: 4,
@@ -302,7 +487,7 @@ mod tests {
             dev_oos_recall: None,
         };
         s.save(dir.path(), &meta).unwrap();
-        let (back, m) = OutOfScope::load(dir.path(), 3).unwrap().unwrap();
+        let (back, m) = OutOfScope::load(dir.path(), 3, 2).unwrap().unwrap();
         assert_eq!(m, meta);
         assert_eq!(
             (back.method, back.k, back.threshold),
@@ -310,7 +495,7 @@ mod tests {
         );
         assert_eq!(back.reference_rows(), 4);
         // A head of another width is refused, naming the file.
-        let e = OutOfScope::load(dir.path(), 4).unwrap_err().to_string();
+        let e = OutOfScope::load(dir.path(), 4, 2).unwrap_err().to_string();
         assert!(e.contains("oos.safetensors"), "{e}");
         // An unknown method is refused.
         std::fs::write(
@@ -322,9 +507,9 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
-        let e = OutOfScope::load(dir.path(), 3).unwrap_err().to_string();
+        let e = OutOfScope::load(dir.path(), 3, 2).unwrap_err().to_string();
         assert!(e.contains("energy"), "{e}");
-        assert!(OutOfScope::load(&dir.path().join("none"), 3)
+        assert!(OutOfScope::load(&dir.path().join("none"), 3, 2)
             .unwrap()
             .is_none());
     }

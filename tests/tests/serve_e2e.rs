@@ -316,7 +316,7 @@ fn a_trained_head_answers_out_of_scope_through_serve() {
         serde_json::from_slice(&std::fs::read(head.join("oos.json")).unwrap()).unwrap();
     assert_eq!(
         (fit["method"].as_str(), fit["dev_oos_rows"].as_u64()),
-        (Some("knn"), Some(10)),
+        (Some("knn_top_labels"), Some(10)),
         "{fit}"
     );
     // 10 of 10 measured; held-out rows, so a regression shows here.

@@ -174,6 +174,13 @@ pub fn run(
             let label = tiergate_core::stats::argmax(p).0;
             oos::boundary_excess(&x[row], label, &centroids, &radii)
         }
+        OosMethod::KnnTopLabels => oos::knn_distance_within(
+            &x[row],
+            &train_x,
+            &train_y,
+            &oos::top_labels(p, oos::TOP_LABELS),
+            oos::KNN_K,
+        ),
     };
     let probs = |l: &[Vec<f32>]| -> Vec<Vec<f32>> { l.iter().map(|z| softmax(z, t)).collect() };
     let (dev_p, test_p) = (probs(&dev_logits), probs(&test_logits));

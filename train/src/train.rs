@@ -223,7 +223,25 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         examples,
     };
     save_trained(&opts.out, &meta, &head_w, &head_b)?;
-    let oos = fit_out_of_scope(opts, &x_train, &x_dev, x_oos.as_ref())?;
+    // The out-of-scope rows' calibrated distributions (which labels' rows their k-NN searches).
+    let oos_probs = match &x_oos {
+        Some(x) => {
+            let logits = x.matmul(&head_w.t()?)?.broadcast_add(&head_b)?;
+            let rows = logits.to_vec2::<f32>()?;
+            Some(
+                rows.iter()
+                    .map(|l| softmax(l, temperature))
+                    .collect::<Vec<_>>(),
+            )
+        }
+        None => None,
+    };
+    let oos = fit_out_of_scope(
+        opts,
+        (&x_train, &y_train, labels.len()),
+        (&x_dev, &cal),
+        x_oos.as_ref().zip(oos_probs),
+    )?;
     progress(&format!(
         "out of scope: knn threshold {:.4} for {:.0}% in-scope dev recall{}",
         oos.threshold,
@@ -245,31 +263,36 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     })
 }
 
-/// The k-NN out-of-scope scorer over the training embeddings, its threshold fitted for `opts.oos_recall` of
-/// the in-scope dev rows (the dev rows' neighbours are training rows only), written beside the head.
+/// The top-label k-NN out-of-scope scorer over the training embeddings (`train`: rows, labels, label count), its
+/// threshold fitted for `opts.oos_recall` of the in-scope dev rows (`dev`: embeddings and calibrated
+/// distributions; their neighbours are training rows only), written beside the head.
 fn fit_out_of_scope(
     opts: &TrainOptions,
-    x_train: &Tensor,
-    x_dev: &Tensor,
-    x_oos: Option<&Tensor>,
+    train: (&Tensor, &[u32], usize),
+    dev: (&Tensor, &[Vec<f32>]),
+    oos: Option<(&Tensor, Vec<Vec<f32>>)>,
 ) -> Result<OosMeta> {
-    let k = tiergate_prefilter::oos::KNN_K;
-    let scorer = OutOfScope::knn(x_train, k, f32::INFINITY)?;
-    let dev = scorer.scores(x_dev, &[])?;
-    let threshold = tiergate_prefilter::oos::threshold_for_recall(&dev, opts.oos_recall);
+    let (k, top) = (
+        tiergate_prefilter::oos::KNN_K,
+        tiergate_prefilter::oos::TOP_LABELS,
+    );
+    let scorer = OutOfScope::knn_top_labels(train.0, train.1, train.2, top, k, f32::INFINITY)?;
+    let dev_scores = scorer.scores(dev.0, dev.1)?;
+    let threshold = tiergate_prefilter::oos::threshold_for_recall(&dev_scores, opts.oos_recall);
     let scorer = scorer.with_threshold(threshold);
-    let oos_scores = match x_oos {
-        Some(x) => scorer.scores(x, &[])?,
+    let oos_scores = match &oos {
+        Some((x, p)) => scorer.scores(x, p)?,
         None => Vec::new(),
     };
     let caught = oos_scores.iter().filter(|&&s| s > threshold).count();
     let meta = OosMeta {
         format: OOS_FORMAT,
-        method: "knn".into(),
+        method: "knn_top_labels".into(),
         k,
+        top_labels: top,
         threshold,
         recall_target: opts.oos_recall,
-        dev_rows: dev.len(),
+        dev_rows: dev_scores.len(),
         dev_oos_rows: oos_scores.len(),
         dev_oos_recall: (!oos_scores.is_empty()).then(|| caught as f64 / oos_scores.len() as f64),
     };

@@ -53,9 +53,9 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     )
     .unwrap();
     assert_eq!(report.labels, 4);
-    // The out-of-scope fit: k-NN over the training rows, threshold on the 20 in-scope dev rows, 2 of the 8
+    // The out-of-scope fit: k-NN over the training rows of the likely labels, threshold on the 20 in-scope dev rows, 2 of the 8
     // out-of-scope rows in the dev split.
-    assert_eq!(report.oos.method, "knn");
+    assert_eq!(report.oos.method, "knn_top_labels");
     assert_eq!((report.oos.dev_rows, report.oos.dev_oos_rows), (20, 2));
     assert!(report.oos.threshold.is_finite() && report.oos.dev_oos_recall.is_some());
     assert_eq!(report.dev.n, 20);
@@ -80,7 +80,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     assert_eq!(p.label, 3);
     // Predictions carry the served score; a training text sits among its neighbours, below the threshold.
     let (method, threshold) = handle.out_of_scope().unwrap();
-    assert_eq!(method, tiergate_prefilter::oos::OosMethod::Knn);
+    assert_eq!(method, tiergate_prefilter::oos::OosMethod::KnnTopLabels);
     assert_eq!(threshold, report.oos.threshold);
     let score = p.oos_score.unwrap();
     assert!(score <= threshold, "{score} > {threshold}");
