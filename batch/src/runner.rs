@@ -246,6 +246,8 @@ async fn run_line(
             .header("content-type", "application/json")
             .header("x-request-id", &request_id)
             .extension(line.clone())
+            // In process: a client cannot set an extension, so this identity cannot be forged.
+            .extension(tiergate_server::tenants::TenantId::batch_runner())
             .body(Body::from(bytes.clone()));
         let Ok(req) = req else {
             return (

@@ -13,6 +13,7 @@ mod prefilter;
 mod prompts;
 pub mod redact;
 mod serving;
+mod tenants;
 mod worker;
 
 pub use batch::BatchConfig;
@@ -29,6 +30,7 @@ pub use serving::{
     RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind, UtilizationConfig,
     UtilizationSource,
 };
+pub use tenants::{validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 
 use serde::{Deserialize, Serialize};
@@ -55,6 +57,8 @@ pub struct Config {
     pub experiments: Vec<ExperimentConfig>,
     /// The Batch API.
     pub batch: BatchConfig,
+    /// Who may use the public API (`[[tenants]]`); none: the API is open, as before tenants existed.
+    pub tenants: Vec<TenantConfig>,
 }
 
 impl Config {
@@ -120,6 +124,7 @@ impl Config {
             }
         }
         validate_experiments(&self.experiments, &self.route_names(), "experiments")?;
+        validate_tenants(&self.tenants, &self.route_names(), "tenants")?;
         Ok(())
     }
 }

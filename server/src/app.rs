@@ -53,6 +53,8 @@ pub struct AppState {
     pub admission: Arc<Semaphore>,
     /// The last decisions, for `/console`.
     pub decisions: crate::outcome::Decisions,
+    /// Who may use the public API (`[[tenants]]`; empty: open).
+    pub tenants: crate::tenants::Tenants,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
     pub store: Option<Arc<crate::store::RedisStore>>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
@@ -95,6 +97,7 @@ impl AppState {
             },
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
+            tenants: crate::tenants::Tenants::new(&config.tenants),
             store: match config.policy_store.kind {
                 tiergate_config::StoreKind::Redis => Some(Arc::new(crate::store::RedisStore::new(
                     &config.policy_store,

@@ -44,6 +44,9 @@ pub enum ApiError {
     /// Too many requests (429), with a retry hint in seconds.
     #[error("{message}")]
     Overloaded { message: String, retry_after_s: u64 },
+    /// A tenant over its request rate (429 `rate_limit_exceeded`), with a retry hint in seconds.
+    #[error("{message}")]
+    RateLimited { message: String, retry_after_s: u64 },
     /// The LLM side cannot serve this request now (503).
     #[error("{0}")]
     Unavailable(String),
@@ -114,6 +117,11 @@ impl ApiError {
                 "rate_limit_error",
                 "overloaded",
             ),
+            ApiError::RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "rate_limit_exceeded",
+            ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -144,7 +152,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, _, _) = self.parts();
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if let ApiError::Overloaded { retry_after_s, .. } = &self {
+        if let ApiError::Overloaded { retry_after_s, .. }
+        | ApiError::RateLimited { retry_after_s, .. } = &self
+        {
             if let Ok(v) = HeaderValue::from_str(&retry_after_s.to_string()) {
                 resp.headers_mut().insert("retry-after", v);
             }

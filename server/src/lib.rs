@@ -25,6 +25,7 @@ pub mod record;
 pub mod routes;
 pub mod serve;
 pub mod store;
+pub mod tenants;
 pub mod trace;
 pub mod util;
 pub mod validate;

@@ -87,7 +87,13 @@ pub async fn run_with(
             "no server.admin_token: every loopback client of the admin listener is admin"
         );
     }
-    tracing::info!(%addr, routes = ?state.route_order, "tiergate listening");
+    if state.tenants.is_empty() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "no [[tenants]]: the public API is open to every client that reaches it"
+        );
+    }
+    tracing::info!(%addr, routes = ?state.route_order, tenants = config.tenants.len(), "tiergate listening");
     tracing::info!(%admin_addr, "tiergate admin listening");
     if let Some(tx) = ready {
         let _ = tx.send(Bound {

@@ -853,3 +853,116 @@ async fn an_uncertain_out_of_scope_call_asks_the_llm_which_may_say_none() {
         "degraded"
     );
 }
+
+fn digest(key: &str) -> String {
+    use std::fmt::Write;
+    // The test computes the SHA-256 the operator would (`printf %s "$KEY" | sha256sum`) with the server's own
+    // crate, then checks the server finds the tenant by it.
+    let d = <sha2::Sha256 as sha2::Digest>::digest(key.as_bytes());
+    d.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn tenants(c: &mut Config) {
+    c.tenants = vec![
+        tiergate_config::TenantConfig {
+            name: "a".into(),
+            key_sha256: digest("key-a"),
+            routes: Some(vec!["classify".into(), "answer".into()]),
+            rate_per_s: Some(0.5),
+            burst: Some(2.0),
+        },
+        tiergate_config::TenantConfig {
+            name: "b".into(),
+            key_sha256: digest("key-b"),
+            routes: None,
+            rate_per_s: None,
+            burst: None,
+        },
+    ];
+}
+
+fn with_key(mut req: Request<Body>, auth: Option<&str>) -> Request<Body> {
+    if let Some(a) = auth {
+        req.headers_mut()
+            .insert("authorization", a.parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_need_a_known_key_keep_to_their_routes_and_their_rate() {
+    let r = rig(0, tenants);
+    // Missing, empty, malformed or unknown credentials: 401 invalid_api_key in OpenAI's shape, never a 5xx.
+    for auth in [
+        None,
+        Some("Bearer"),
+        Some("Bearer   "),
+        Some("Basic a2V5LWE="),
+        Some("key-a"),
+        Some("Bearer key-c"),
+    ] {
+        let req = with_key(
+            post("/v1/chat/completions", chat("classify", "card lost")),
+            auth,
+        );
+        let (s, _, b) = call(&r.app, req).await;
+        let v = assert_openai_error(s, &b, 401);
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{auth:?}");
+    }
+    let (s, _, b) = call(
+        &r.app,
+        with_key(
+            Request::get("/v1/models").body(Body::empty()).unwrap(),
+            None,
+        ),
+    )
+    .await;
+    assert_openai_error(s, &b, 401);
+    // A known key: served, and counted as its tenant.
+    let req = with_key(
+        post("/v1/chat/completions", chat("classify", "card lost")),
+        Some("Bearer key-a"),
+    );
+    let (s, _, b) = call(&r.app, req).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    // A route it may not use: 403.
+    let req = with_key(
+        post("/v1/chat/completions", chat("generate", "hello")),
+        Some("Bearer key-a"),
+    );
+    let (s, _, b) = call(&r.app, req).await;
+    assert!(assert_openai_error(s, &b, 403)["error"]["message"]
+        .to_string()
+        .contains("generate"));
+    // Its burst of 2 is spent (two requests above): the next is 429 rate_limit_exceeded with Retry-After
+    // (0.5/s: two seconds for a token).
+    let req = with_key(
+        post("/v1/chat/completions", chat("classify", "card lost")),
+        Some("Bearer key-a"),
+    );
+    let (s, h, b) = call(&r.app, req).await;
+    let v = assert_openai_error(s, &b, 429);
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(h["retry-after"], "2");
+    // Another tenant is not slowed by it, and may use every route.
+    for _ in 0..5 {
+        let req = with_key(
+            post("/v1/chat/completions", chat("answer", "pay bill")),
+            Some("Bearer key-b"),
+        );
+        let (s, _, b) = call(&r.app, req).await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    }
+    // Probes stay open; the admin listener still wants the admin token, not a tenant's key.
+    let (s, _, _) = call(&r.app, Request::get("/health").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+    let req = with_key(
+        Request::get("/admin/routing").body(Body::empty()).unwrap(),
+        Some("Bearer key-b"),
+    );
+    let (s, _, b) = call(&r.admin, req).await;
+    assert_openai_error(s, &b, 401);
+}

@@ -30,16 +30,21 @@ use super::respond::{respond_text, sampling, stream_or_collect, Meta};
 pub async fn chat(
     State(state): State<Arc<AppState>>,
     batch_line: Option<axum::Extension<crate::priority::BatchLine>>,
+    tenant: Option<axum::Extension<crate::tenants::TenantId>>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {
     let started = Instant::now();
+    let tenant = tenant.map_or_else(crate::tenants::TenantId::anonymous, |t| t.0);
     let validated = tracing::info_span!(target: TARGET, "validate")
         .in_scope(|| validate(req, |name| state.routes.get(name).map(|r| r.kind)));
     let mut valid = match validated {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = state.tenants.permit(&tenant, &valid.route) {
+        return e.into_response();
+    }
     valid.batch = batch_line.map(|e| e.0);
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
@@ -59,7 +64,7 @@ pub async fn chat(
         Ok((resp, outcome)) => {
             // The bench's channels: Tier-0 answers, escalations the LLM answered, escalations degraded to Tier-0.
             let (tier, channel) = (outcome.tier.as_str(), outcome.channel().as_str());
-            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok").increment(1);
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok", "tenant" => tenant.0.to_string()).increment(1);
             metrics::histogram!(m::REQUEST_SECONDS, "route" => route.clone(), "tier" => tier, "channel" => channel)
                 .record(started.elapsed().as_secs_f64());
             state.decisions.record(&route, &outcome, started.elapsed());
@@ -67,7 +72,7 @@ pub async fn chat(
         }
         Err(e) => {
             let code = e.parts().0.as_u16().to_string();
-            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => "none", "channel" => "error", "outcome" => code).increment(1);
+            metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => "none", "channel" => "error", "outcome" => code, "tenant" => tenant.0.to_string()).increment(1);
             e.into_response()
         }
     };

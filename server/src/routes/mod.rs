@@ -35,12 +35,20 @@ pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Pro
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            crate::tenants::authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             read_body,
         ))
         .layer(axum::middleware::from_fn(crate::trace::request));
     let products = products.iter().fold(Router::new(), |r, p| {
         r.merge(
             p.routes()
+                .layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    crate::tenants::authenticate,
+                ))
                 .layer(axum::middleware::from_fn(crate::trace::request)),
         )
     });

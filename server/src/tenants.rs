@@ -1,0 +1,294 @@
+//! Tenants of the public API (`[[tenants]]`): the presented `Authorization: Bearer <key>` is hashed and its
+//! SHA-256 looked up (the config holds digests, never keys), then the tenant's route list and request rate (a
+//! token bucket) are applied. Without tenants the API is open, as before they existed. The admin listener, the
+//! console and the θ override header stay behind the admin token, apart from tenants.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use tiergate_config::TenantConfig;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// The tenant a request runs as (a request extension: set by [`authenticate`], or by an in-process caller
+/// such as the batch runner — a client cannot set extensions).
+#[derive(Debug, Clone)]
+pub struct TenantId(pub Arc<str>);
+
+impl TenantId {
+    /// The tenant of requests on a server without tenants.
+    pub fn anonymous() -> Self {
+        Self(Arc::from("anonymous"))
+    }
+
+    /// The batch runner's lines (an in-process caller; until batches have owners).
+    pub fn batch_runner() -> Self {
+        Self(Arc::from("batch"))
+    }
+}
+
+/// A token bucket: `rate` tokens a second up to `burst`; a request takes one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// A full bucket.
+    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes one token at `now`, or says how long until one is there.
+    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.at = now.max(self.at);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
+        }
+    }
+}
+
+/// One configured tenant.
+#[derive(Debug)]
+pub struct Tenant {
+    pub id: TenantId,
+    /// The routes it may use (`None`: all).
+    routes: Option<Vec<String>>,
+    bucket: Option<Mutex<Bucket>>,
+}
+
+impl Tenant {
+    /// Whether it may use route `name`.
+    pub fn may_use(&self, name: &str) -> bool {
+        self.routes
+            .as_ref()
+            .is_none_or(|r| r.iter().any(|x| x == name))
+    }
+
+    /// Takes one request from its rate, or says how long until it may send one.
+    pub fn admit(&self, now: Instant) -> Result<(), Duration> {
+        match &self.bucket {
+            Some(b) => b.lock().map_or(Ok(()), |mut b| b.take(now)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The tenants by key digest.
+#[derive(Debug, Default)]
+pub struct Tenants {
+    by_digest: HashMap<[u8; 32], Arc<Tenant>>,
+    by_name: HashMap<String, Arc<Tenant>>,
+}
+
+impl Tenants {
+    /// From `[[tenants]]` (validated: digests are 64 hex digits).
+    pub fn new(cfg: &[TenantConfig]) -> Self {
+        let now = Instant::now();
+        let mut t = Self::default();
+        for c in cfg {
+            let Some(digest) = parse_digest(&c.key_sha256) else {
+                continue;
+            };
+            let tenant = Arc::new(Tenant {
+                id: TenantId(Arc::from(c.name.as_str())),
+                routes: c.routes.clone(),
+                bucket: c
+                    .rate_per_s
+                    .zip(c.burst_in_force())
+                    .map(|(r, b)| Mutex::new(Bucket::new(r, b, now))),
+            });
+            t.by_digest.insert(digest, tenant.clone());
+            t.by_name.insert(c.name.clone(), tenant);
+        }
+        t
+    }
+
+    /// No tenants: the API is open.
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+
+    /// The tenant whose key this is.
+    pub fn lookup(&self, key: &str) -> Option<&Arc<Tenant>> {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        self.by_digest.get(&digest)
+    }
+
+    /// The tenant named `name`.
+    pub fn named(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.by_name.get(name)
+    }
+
+    /// 403 when tenant `id` may not use route `route` (identities that are no configured tenant — anonymous,
+    /// the batch runner's — may use every route).
+    pub fn permit(&self, id: &TenantId, route: &str) -> Result<(), ApiError> {
+        match self.named(&id.0) {
+            Some(t) if !t.may_use(route) => Err(ApiError::Forbidden(format!(
+                "tenant `{}` may not use route `{route}`",
+                id.0
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim().as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Who is calling: the tenant of the bearer key, or an error in OpenAI's shape (401 without a known key, 429
+/// over its rate). Open (anonymous) when no tenants are configured.
+pub fn identify(
+    tenants: &Tenants,
+    headers: &axum::http::HeaderMap,
+    now: Instant,
+) -> Result<Option<Arc<Tenant>>, ApiError> {
+    if tenants.is_empty() {
+        return Ok(None);
+    }
+    let key = crate::auth::bearer(headers)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            ApiError::Unauthorized(
+                "this server needs an API key: `Authorization: Bearer <key>`".into(),
+            )
+        })?;
+    let tenant = tenants
+        .lookup(key)
+        .ok_or_else(|| ApiError::Unauthorized("the API key is not known to this server".into()))?;
+    tenant.admit(now).map_err(|wait| ApiError::RateLimited {
+        message: format!(
+            "tenant `{}` is over its request rate: retry after the Retry-After seconds",
+            tenant.id.0
+        ),
+        retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+    })?;
+    Ok(Some(tenant.clone()))
+}
+
+/// The public API's gate: the tenant goes into the request's extensions for the handlers (route permission,
+/// metrics). A request that already carries one (an in-process caller: the batch runner) passes as it.
+pub async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if req.extensions().get::<TenantId>().is_none() {
+        match identify(&state.tenants, req.headers(), Instant::now()) {
+            Ok(Some(t)) => {
+                req.extensions_mut().insert(t.id.clone());
+            }
+            Ok(None) => {
+                req.extensions_mut().insert(TenantId::anonymous());
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_refills_at_its_rate_up_to_its_burst() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(2.0, 3.0, t0);
+        for _ in 0..3 {
+            assert!(b.take(t0).is_ok());
+        }
+        // Empty: one token comes after half a second.
+        let wait = b.take(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.5).abs() < 1e-9, "{wait:?}");
+        assert!(b.take(t0 + Duration::from_millis(250)).is_err());
+        assert!(b.take(t0 + Duration::from_millis(500)).is_ok());
+        // Long idle: back to the burst, not beyond.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert!(b.take(later).is_ok());
+        }
+        assert!(b.take(later).is_err());
+        // A clock read out of order does not mint tokens.
+        assert!(b.take(t0).is_err());
+    }
+
+    fn cfg(name: &str, key: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            key_sha256: format!("{:x}", Sha256::digest(key.as_bytes())),
+            routes: Some(vec!["classify".into()]),
+            rate_per_s: Some(1.0),
+            burst: Some(1.0),
+        }
+    }
+
+    #[test]
+    fn keys_are_found_by_digest_and_bad_credentials_are_401() {
+        let tenants = Tenants::new(&[cfg("a", "key-a"), cfg("b", "key-b")]);
+        assert_eq!(&*tenants.lookup("key-b").unwrap().id.0, "b");
+        assert!(tenants.lookup("key-c").is_none());
+        let now = Instant::now();
+        let headers = |v: Option<&str>| {
+            let mut h = axum::http::HeaderMap::new();
+            if let Some(v) = v {
+                h.insert("authorization", v.parse().unwrap());
+            }
+            h
+        };
+        for bad in [
+            None,
+            Some(""),
+            Some("Bearer"),
+            Some("Bearer "),
+            Some("Basic a2V5LWE="),
+            Some("key-a"),
+            Some("Bearer key-c"),
+        ] {
+            let e = identify(&tenants, &headers(bad), now).unwrap_err();
+            assert_eq!(e.parts().0.as_u16(), 401, "{bad:?}");
+        }
+        let a = identify(&tenants, &headers(Some("bearer key-a")), now)
+            .unwrap()
+            .unwrap();
+        assert!(a.may_use("classify") && !a.may_use("generate"));
+        // Its rate: 1/s, burst 1 — the second request at once is 429 with a wait of a second.
+        let e = identify(&tenants, &headers(Some("Bearer key-a")), now).unwrap_err();
+        assert_eq!(e.parts().0.as_u16(), 429);
+        // The other tenant has its own bucket.
+        assert!(identify(&tenants, &headers(Some("Bearer key-b")), now).is_ok());
+        // No tenants: open.
+        assert!(identify(&Tenants::default(), &headers(None), now)
+            .unwrap()
+            .is_none());
+    }
+}
