@@ -360,3 +360,63 @@ fn a_trained_head_answers_out_of_scope_through_serve() {
         "{metrics}"
     );
 }
+
+/// Tenant keys end to end: `tiergate serve` with two `[[tenants]]` (their keys' SHA-256 computed here, as an
+/// operator would with `sha256sum`), driven by the official `openai` package: a key works unchanged, a wrong
+/// key is its AuthenticationError, a key over its rate is its RateLimitError, and its retries honour
+/// Retry-After.
+#[test]
+fn tenants_through_the_official_openai_client() {
+    let sha = |key: &str| {
+        let out = Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(key.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()[..64].to_string()
+    };
+    let tenants = format!(
+        "tenants=[{{ name = \"open\", key_sha256 = \"{}\" }}, \
+         {{ name = \"limited\", key_sha256 = \"{}\", rate_per_s = 1.0, burst = 1.0 }}]",
+        sha("sk-open-1"),
+        sha("sk-limited-2")
+    );
+    let s = start(&["--set", &tenants, "--set", "reranker.workers=0"]);
+    let out = Command::new("python3")
+        .arg(root().join("tests/python/openai_tenants.py"))
+        .args([&s.base, "sk-open-1", "sk-limited-2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Without a key, even /v1/models is 401; probes stay open.
+    match ureq::get(&format!("{}/v1/models", s.base)).call() {
+        Err(ureq::Error::Status(401, _)) => {}
+        other => panic!("expected 401, got {other:?}"),
+    }
+    assert_eq!(
+        ureq::get(&format!("{}/ready", s.base))
+            .call()
+            .unwrap()
+            .status(),
+        200
+    );
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("tenant=\"open\"") && metrics.contains("tenant=\"limited\""),
+        "{metrics}"
+    );
+}
