@@ -19,6 +19,7 @@ use tiergate_server::app::AppState;
 use tiergate_server::error::ApiError;
 use tiergate_server::extract::ApiJson;
 use tiergate_server::product::Product;
+use tiergate_server::tenants::TenantId;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -117,8 +118,30 @@ fn internal(e: anyhow::Error) -> ApiError {
     ApiError::Internal(format!("batch store: {e}"))
 }
 
+/// The file `id` when `tenant` owns it; 404 otherwise (another tenant's file is not said to exist).
+fn owned_file(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::FileRow, ApiError> {
+    b.store
+        .file(id)
+        .map_err(internal)?
+        .filter(|f| *f.owner == *tenant.0)
+        .ok_or_else(|| ApiError::NotFound(format!("no file `{id}`")))
+}
+
+/// The batch `id` when `tenant` owns it; 404 otherwise.
+fn owned_batch(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::BatchRow, ApiError> {
+    b.store
+        .batch(id)
+        .map_err(internal)?
+        .filter(|r| *r.owner == *tenant.0)
+        .ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))
+}
+
 /// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`).
-pub async fn upload(Extension(api): Extension<BatchApi>, mut form: Multipart) -> Response {
+pub async fn upload(
+    Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
+    mut form: Multipart,
+) -> Response {
     let run = async {
         let b = api.batches()?;
         let (mut purpose, mut file) = (None, None);
@@ -166,7 +189,7 @@ pub async fn upload(Extension(api): Extension<BatchApi>, mut form: Multipart) ->
         }
         let row = b
             .store
-            .put_file(&name, &purpose, &bytes)
+            .put_file(&tenant.0, &name, &purpose, &bytes)
             .map_err(internal)?;
         Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
     };
@@ -174,24 +197,28 @@ pub async fn upload(Extension(api): Extension<BatchApi>, mut form: Multipart) ->
 }
 
 /// `GET /v1/files/{id}`.
-pub async fn file(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
+pub async fn file(
+    Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
+    Path(id): Path<String>,
+) -> Response {
     let run = || {
         let b = api.batches()?;
-        let f = b.store.file(&id).map_err(internal)?;
-        let f = f.ok_or_else(|| ApiError::NotFound(format!("no file `{id}`")))?;
+        let f = owned_file(b, &tenant, &id)?;
         Ok::<_, ApiError>(axum::Json(f.to_json()).into_response())
     };
     run().unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `GET /v1/files/{id}/content`.
-pub async fn content(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
+pub async fn content(
+    Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
+    Path(id): Path<String>,
+) -> Response {
     let run = async {
         let b = api.batches()?;
-        b.store
-            .file(&id)
-            .map_err(internal)?
-            .ok_or_else(|| ApiError::NotFound(format!("no file `{id}`")))?;
+        owned_file(b, &tenant, &id)?;
         let bytes = tokio::fs::read(b.store.file_path(&id))
             .await
             .map_err(|e| ApiError::Internal(format!("file `{id}`: {e}")))?;
@@ -203,6 +230,7 @@ pub async fn content(Extension(api): Extension<BatchApi>, Path(id): Path<String>
 /// `POST /v1/batches`.
 pub async fn create(
     Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
     let run = || {
@@ -210,9 +238,8 @@ pub async fn create(
         let input = body["input_file_id"]
             .as_str()
             .ok_or_else(|| ApiError::invalid("input_file_id", "missing `input_file_id`"))?;
-        let f = b.store.file(input).map_err(internal)?;
-        let f =
-            f.ok_or_else(|| ApiError::invalid("input_file_id", format!("no file `{input}`")))?;
+        let f = owned_file(b, &tenant, input)
+            .map_err(|_| ApiError::invalid("input_file_id", format!("no file `{input}`")))?;
         if f.purpose != "batch" {
             return Err(ApiError::invalid(
                 "input_file_id",
@@ -236,7 +263,7 @@ pub async fn create(
         let metadata = Some(&body["metadata"]).filter(|m| m.is_object());
         let row = b
             .store
-            .create_batch(input, endpoint, window, metadata)
+            .create_batch(&tenant.0, input, endpoint, window, metadata)
             .map_err(internal)?;
         b.wake.notify_one();
         Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
@@ -245,11 +272,14 @@ pub async fn create(
 }
 
 /// `GET /v1/batches/{id}`.
-pub async fn batch(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
+pub async fn batch(
+    Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
+    Path(id): Path<String>,
+) -> Response {
     let run = || {
         let b = api.batches()?;
-        let row = b.store.batch(&id).map_err(internal)?;
-        let row = row.ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))?;
+        let row = owned_batch(b, &tenant, &id)?;
         Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
     };
     run().unwrap_or_else(IntoResponse::into_response)
@@ -257,11 +287,14 @@ pub async fn batch(Extension(api): Extension<BatchApi>, Path(id): Path<String>) 
 
 /// `POST /v1/batches/{id}/cancel`: an open batch moves to `cancelling`, then `cancelled` once the lines in
 /// flight end (their results, and those before, are in its files).
-pub async fn cancel(Extension(api): Extension<BatchApi>, Path(id): Path<String>) -> Response {
+pub async fn cancel(
+    Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
+    Path(id): Path<String>,
+) -> Response {
     let run = || {
         let b = api.batches()?;
-        let row = b.store.batch(&id).map_err(internal)?;
-        let row = row.ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))?;
+        let row = owned_batch(b, &tenant, &id)?;
         if !b.store.cancel(&id).map_err(internal)? && row.status != "cancelling" {
             return Err(ApiError::invalid(
                 "batch_id",
@@ -278,6 +311,7 @@ pub async fn cancel(Extension(api): Extension<BatchApi>, Path(id): Path<String>)
 /// `GET /v1/batches?after=&limit=` (newest first).
 pub async fn list(
     Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
     let run = || {
@@ -289,7 +323,7 @@ pub async fn list(
         };
         let rows = b
             .store
-            .list(q.get("after").map(String::as_str), limit + 1)
+            .list(&tenant.0, q.get("after").map(String::as_str), limit + 1)
             .map_err(internal)?;
         let more = rows.len() > limit;
         let data: Vec<Value> = rows.iter().take(limit).map(|r| r.to_json()).collect();

@@ -94,15 +94,17 @@ async fn run_batch(
     // Without an LLM side no line holds an LLM turn, so none is ever preempted.
     let gate = state.llm.as_ref().map(|l| l.gate.clone());
     drop(state);
+    // Its lines run as its owner: that tenant's routes, its name in the metrics.
+    let owner = tiergate_server::tenants::TenantId(std::sync::Arc::from(row.owner.as_str()));
     let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
         .map(|l| {
             let router = router.clone();
             let mut stop = stop.clone();
-            let gate = gate.clone();
+            let (gate, owner) = (gate.clone(), owner.clone());
             async move {
                 tokio::select! {
-                    r = run_line(router, gate.as_deref(), id, &l) => Some((l.no, r)),
+                    r = run_line(router, &owner, gate.as_deref(), id, &l) => Some((l.no, r)),
                     _ = stop.wait_for(|s| *s) => None,
                 }
             }
@@ -228,6 +230,7 @@ const MAX_PREEMPTIONS: u32 = 3;
 /// its output line.
 async fn run_line(
     router: axum::Router,
+    owner: &tiergate_server::tenants::TenantId,
     gate: Option<&Gate>,
     batch: &str,
     l: &Line,
@@ -246,8 +249,8 @@ async fn run_line(
             .header("content-type", "application/json")
             .header("x-request-id", &request_id)
             .extension(line.clone())
-            // In process: a client cannot set an extension, so this identity cannot be forged.
-            .extension(tiergate_server::tenants::TenantId::batch_runner())
+            // The batch's owner, in process: a client cannot set an extension, so this cannot be forged.
+            .extension(owner.clone())
             .body(Body::from(bytes.clone()));
         let Ok(req) = req else {
             return (
@@ -315,13 +318,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
         let ok = "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"m\"}}\n\n{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n";
-        let f = s.put_file("in.jsonl", "batch", ok.as_bytes()).unwrap();
+        let f = s
+            .put_file("default", "in.jsonl", "batch", ok.as_bytes())
+            .unwrap();
         let lines = parse_input(&s, &f.id, "/v1/chat/completions", 10).unwrap();
         assert_eq!(lines.len(), 2);
         assert_eq!((lines[1].no, lines[1].custom_id.as_str()), (1, "b"));
         assert!(parse_input(&s, &f.id, "/v1/chat/completions", 1).is_err());
         let bad = "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\nnot json\n{\"custom_id\":\"c\",\"method\":\"GET\",\"url\":\"/v1/models\",\"body\":{}}\n";
-        let f = s.put_file("bad.jsonl", "batch", bad.as_bytes()).unwrap();
+        let f = s
+            .put_file("default", "bad.jsonl", "batch", bad.as_bytes())
+            .unwrap();
         let errors = parse_input(&s, &f.id, "/v1/chat/completions", 10).unwrap_err();
         let codes: Vec<&str> = errors
             .as_array()
@@ -331,7 +338,9 @@ mod tests {
             .collect();
         assert_eq!(codes, ["invalid_custom_id", "invalid_json", "invalid_url"]);
         assert_eq!(errors[1]["line"], 3);
-        let f = s.put_file("empty.jsonl", "batch", b"\n").unwrap();
+        let f = s
+            .put_file("default", "empty.jsonl", "batch", b"\n")
+            .unwrap();
         assert!(parse_input(&s, &f.id, "/v1/chat/completions", 10).is_err());
     }
 }

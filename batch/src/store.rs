@@ -13,6 +13,8 @@ use serde_json::{json, Value};
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileRow {
     pub id: String,
+    /// The tenant that created it (`default`: created before tenants, or on a server without them).
+    pub owner: String,
     pub filename: String,
     pub purpose: String,
     pub bytes: u64,
@@ -31,6 +33,8 @@ impl FileRow {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchRow {
     pub id: String,
+    /// The tenant that created it.
+    pub owner: String,
     pub input_file_id: String,
     pub endpoint: String,
     pub completion_window: String,
@@ -100,6 +104,9 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{:024x}", n & ((1u128 << 96) - 1))
 }
 
+/// The owner of what was stored before tenants existed.
+pub const DEFAULT_OWNER: &str = "default";
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes INTEGER NOT NULL,
@@ -136,6 +143,19 @@ impl Store {
         let db = Connection::open(dir.join("batches.sqlite3"))?;
         db.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")?;
         db.execute_batch(SCHEMA)?;
+        // Stores written before tenants: their files and batches belong to the tenant named `default`.
+        for table in ["files", "batches"] {
+            let has: bool = db.query_row(
+                &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = 'owner'"),
+                [],
+                |r| r.get::<_, i64>(0).map(|n| n > 0),
+            )?;
+            if !has {
+                db.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT '{DEFAULT_OWNER}'"
+                ))?;
+            }
+        }
         Ok(Self {
             db: Mutex::new(db),
             dir: dir.to_path_buf(),
@@ -165,9 +185,16 @@ impl Store {
     }
 
     /// Stores `bytes` as a new file (written and synced before it is recorded).
-    pub fn put_file(&self, filename: &str, purpose: &str, bytes: &[u8]) -> anyhow::Result<FileRow> {
+    pub fn put_file(
+        &self,
+        owner: &str,
+        filename: &str,
+        purpose: &str,
+        bytes: &[u8],
+    ) -> anyhow::Result<FileRow> {
         let row = FileRow {
             id: new_id("file-"),
+            owner: owner.to_string(),
             filename: filename.to_string(),
             purpose: purpose.to_string(),
             bytes: bytes.len() as u64,
@@ -179,8 +206,8 @@ impl Store {
         File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, &path)?;
         self.db()?.execute(
-            "INSERT INTO files (id, filename, purpose, bytes, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![row.id, row.filename, row.purpose, row.bytes as i64, row.created_at],
+            "INSERT INTO files (id, filename, purpose, bytes, created_at, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![row.id, row.filename, row.purpose, row.bytes as i64, row.created_at, row.owner],
         )?;
         Ok(row)
     }
@@ -190,10 +217,11 @@ impl Store {
         Ok(self
             .db()?
             .query_row(
-                "SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?1",
+                "SELECT id, filename, purpose, bytes, created_at, owner FROM files WHERE id = ?1",
                 [id],
                 |r| {
                     Ok(FileRow {
+                        owner: r.get(5)?,
                         id: r.get(0)?,
                         filename: r.get(1)?,
                         purpose: r.get(2)?,
@@ -208,6 +236,7 @@ impl Store {
     /// Records a new batch (status `validating`).
     pub fn create_batch(
         &self,
+        owner: &str,
         input_file_id: &str,
         endpoint: &str,
         window: &str,
@@ -215,9 +244,9 @@ impl Store {
     ) -> anyhow::Result<BatchRow> {
         let id = new_id("batch_");
         self.db()?.execute(
-            "INSERT INTO batches (id, input_file_id, endpoint, completion_window, status, created_at, metadata)
-             VALUES (?1, ?2, ?3, ?4, 'validating', ?5, ?6)",
-            params![id, input_file_id, endpoint, window, now(), metadata.map(Value::to_string)],
+            "INSERT INTO batches (id, input_file_id, endpoint, completion_window, status, created_at, metadata, owner)
+             VALUES (?1, ?2, ?3, ?4, 'validating', ?5, ?6, ?7)",
+            params![id, input_file_id, endpoint, window, now(), metadata.map(Value::to_string), owner],
         )?;
         self.batch(&id)?
             .ok_or_else(|| anyhow::anyhow!("batch vanished"))
@@ -232,12 +261,13 @@ impl Store {
                         finalizing_at, completed_at, failed_at, cancelling_at, cancelled_at, output_file_id,
                         error_file_id, errors, metadata, total,
                         (SELECT COUNT(*) FROM results WHERE batch_id = b.id AND ok = 1),
-                        (SELECT COUNT(*) FROM results WHERE batch_id = b.id AND ok = 0)
+                        (SELECT COUNT(*) FROM results WHERE batch_id = b.id AND ok = 0), owner
                  FROM batches b WHERE id = ?1",
                 [id],
                 |r| {
                     let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
                     Ok(BatchRow {
+                        owner: r.get(19)?,
                         id: r.get(0)?,
                         input_file_id: r.get(1)?,
                         endpoint: r.get(2)?,
@@ -274,15 +304,21 @@ impl Store {
             .optional()?)
     }
 
-    /// Batches, newest first, after the one named `after`.
-    pub fn list(&self, after: Option<&str>, limit: usize) -> anyhow::Result<Vec<BatchRow>> {
+    /// `owner`'s batches, newest first, after the one named `after`.
+    pub fn list(
+        &self,
+        owner: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<BatchRow>> {
         let ids: Vec<String> = {
             let db = self.db()?;
             let mut q = db.prepare(
-                "SELECT id FROM batches WHERE (?1 IS NULL OR rowid < (SELECT rowid FROM batches WHERE id = ?1))
+                "SELECT id FROM batches WHERE owner = ?3
+                   AND (?1 IS NULL OR rowid < (SELECT rowid FROM batches WHERE id = ?1))
                  ORDER BY rowid DESC LIMIT ?2",
             )?;
-            let rows = q.query_map(params![after, limit as i64], |r| r.get(0))?;
+            let rows = q.query_map(params![after, limit as i64, owner], |r| r.get(0))?;
             rows.collect::<Result<_, _>>()?
         };
         ids.iter()
@@ -390,9 +426,13 @@ impl Store {
                 .collect()
         };
         let (out, err) = (join(true), join(false));
+        let owner = self
+            .batch(id)?
+            .map_or_else(|| DEFAULT_OWNER.to_string(), |b| b.owner);
         let out_id = (!out.is_empty())
             .then(|| {
                 self.put_file(
+                    &owner,
                     &format!("{id}_output.jsonl"),
                     "batch_output",
                     out.as_bytes(),
@@ -401,7 +441,14 @@ impl Store {
             .transpose()?
             .map(|f| f.id);
         let err_id = (!err.is_empty())
-            .then(|| self.put_file(&format!("{id}_error.jsonl"), "batch_output", err.as_bytes()))
+            .then(|| {
+                self.put_file(
+                    &owner,
+                    &format!("{id}_error.jsonl"),
+                    "batch_output",
+                    err.as_bytes(),
+                )
+            })
             .transpose()?
             .map(|f| f.id);
         self.db()?.execute(
@@ -426,10 +473,12 @@ mod tests {
                 Store::open(dir.path()).is_err(),
                 "a second store on the same directory"
             );
-            let f = s.put_file("in.jsonl", "batch", b"{}\n{}\n").unwrap();
+            let f = s
+                .put_file("default", "in.jsonl", "batch", b"{}\n{}\n")
+                .unwrap();
             assert_eq!(s.file(&f.id).unwrap().unwrap().bytes, 6);
             let b = s
-                .create_batch(&f.id, "/v1/chat/completions", "24h", None)
+                .create_batch("default", &f.id, "/v1/chat/completions", "24h", None)
                 .unwrap();
             id = b.id.clone();
             s.set_total(&id, 3).unwrap();

@@ -22,14 +22,9 @@ use crate::error::ApiError;
 pub struct TenantId(pub Arc<str>);
 
 impl TenantId {
-    /// The tenant of requests on a server without tenants.
+    /// The tenant of requests on a server without tenants (and the owner of batches stored before them).
     pub fn anonymous() -> Self {
-        Self(Arc::from("anonymous"))
-    }
-
-    /// The batch runner's lines (an in-process caller; until batches have owners).
-    pub fn batch_runner() -> Self {
-        Self(Arc::from("batch"))
+        Self(Arc::from("default"))
     }
 }
 

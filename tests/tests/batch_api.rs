@@ -341,3 +341,142 @@ fn interactive_escalations_preempt_batch_llm_jobs() {
     ids.dedup();
     assert_eq!(ids.len(), n);
 }
+
+/// Batches and files belong to the tenant that created them: another key gets 404 for them, never sees them
+/// in its list, and cannot start a batch on them; the lines run as their owner (its routes: a line for a route
+/// it may not use fails with 403; its name in the metrics).
+#[test]
+fn batches_and_files_belong_to_their_tenant() {
+    let sha = |key: &str| -> String {
+        let out = Command::new("sh")
+            .args(["-c", &format!("printf %s '{key}' | sha256sum")])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()[..64].to_string()
+    };
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\", routes = [\"classify\"] }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        sha("key-a"),
+        sha("key-b")
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(&tmp.path().join("data"), &["--set", &tenants], &[]);
+    let url = |p: &str| format!("{}{p}", s.base);
+    let auth = |key: &str| format!("Bearer {key}");
+    // Tenant a's input: three classify lines and one for `generate`, a route a may not use.
+    let mut body = std::fs::read_to_string(input(tmp.path(), 3)).unwrap();
+    body.push_str(
+        &(json!({"custom_id": "gen", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "generate", "messages": [{"role": "user", "content": "hello"}]}})
+        .to_string()
+            + "\n"),
+    );
+    let boundary = "tgboundary";
+    let form = format!(
+        "--{boundary}\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+         content-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n{body}\r\n--{boundary}--\r\n"
+    );
+    // Without a key the Batch API is closed too.
+    assert!(matches!(
+        ureq::get(&url("/v1/batches")).call(),
+        Err(ureq::Error::Status(401, _))
+    ));
+    let f: Value = ureq::post(&url("/v1/files"))
+        .set("authorization", &auth("key-a"))
+        .set(
+            "content-type",
+            &format!("multipart/form-data; boundary={boundary}"),
+        )
+        .send_string(&form)
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let fid = f["id"].as_str().unwrap();
+    let create = json!({"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+    let b: Value = ureq::post(&url("/v1/batches"))
+        .set("authorization", &auth("key-a"))
+        .send_json(create.clone())
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let bid = b["id"].as_str().unwrap().to_string();
+    // Tenant b: 404 for a's batch and file, an empty list, and a's file cannot start a batch.
+    let as_b = |p: &str| {
+        ureq::get(&url(p))
+            .set("authorization", &auth("key-b"))
+            .call()
+    };
+    for p in [
+        format!("/v1/batches/{bid}"),
+        format!("/v1/files/{fid}"),
+        format!("/v1/files/{fid}/content"),
+    ] {
+        assert!(matches!(as_b(&p), Err(ureq::Error::Status(404, _))), "{p}");
+    }
+    let list: Value = as_b("/v1/batches").unwrap().into_json().unwrap();
+    assert_eq!(list["data"].as_array().unwrap().len(), 0, "{list}");
+    let r = ureq::post(&url("/v1/batches"))
+        .set("authorization", &auth("key-b"))
+        .send_json(create);
+    assert!(matches!(r, Err(ureq::Error::Status(400, _))));
+    assert!(matches!(
+        ureq::post(&url(&format!("/v1/batches/{bid}/cancel")))
+            .set("authorization", &auth("key-b"))
+            .call(),
+        Err(ureq::Error::Status(404, _))
+    ));
+    // Tenant a sees and finishes its batch; the output files are a's too.
+    let as_a = |p: &str| -> Value {
+        ureq::get(&url(p))
+            .set("authorization", &auth("key-a"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    assert_eq!(as_a("/v1/batches")["data"][0]["id"], bid.as_str());
+    let t = Instant::now();
+    let done = loop {
+        let b = as_a(&format!("/v1/batches/{bid}"));
+        if b["status"] == "completed" {
+            break b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "still {b}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 4, "completed": 3, "failed": 1}),
+        "{done}"
+    );
+    let err_id = done["error_file_id"].as_str().unwrap();
+    let errors = ureq::get(&url(&format!("/v1/files/{err_id}/content")))
+        .set("authorization", &auth("key-a"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let line: Value = serde_json::from_str(errors.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (
+            line["custom_id"].as_str(),
+            line["response"]["status_code"].as_u64()
+        ),
+        (Some("gen"), Some(403)),
+        "{line}"
+    );
+    let out_id = done["output_file_id"].as_str().unwrap();
+    assert!(matches!(
+        as_b(&format!("/v1/files/{out_id}/content")),
+        Err(ureq::Error::Status(404, _))
+    ));
+    let metrics = ureq::get(&url("/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("tenant=\"a\""),
+        "the lines ran as their owner"
+    );
+}
