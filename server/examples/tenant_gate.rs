@@ -4,6 +4,8 @@
 //!
 //! `cargo run -p tiergate-server --example tenant_gate`
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark: failing loudly is the point
+
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
