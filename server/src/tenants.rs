@@ -7,16 +7,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use tiergate_config::TenantConfig;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 
-/// The tenant a request runs as (a request extension: set by [`authenticate`], or by an in-process caller
+/// The tenant a request runs as (a request extension: set by the public API's gate
+/// (`routes::authenticate`), or by an in-process caller
 /// such as the batch runner — a client cannot set extensions).
 #[derive(Debug, Clone)]
 pub struct TenantId(pub Arc<str>);
@@ -188,27 +185,6 @@ pub fn identify(
         retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
     })?;
     Ok(Some(tenant.clone()))
-}
-
-/// The public API's gate: the tenant goes into the request's extensions for the handlers (route permission,
-/// metrics). A request that already carries one (an in-process caller: the batch runner) passes as it.
-pub async fn authenticate(
-    State(state): State<Arc<AppState>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    if req.extensions().get::<TenantId>().is_none() {
-        match identify(&state.tenants, req.headers(), Instant::now()) {
-            Ok(Some(t)) => {
-                req.extensions_mut().insert(t.id.clone());
-            }
-            Ok(None) => {
-                req.extensions_mut().insert(TenantId::anonymous());
-            }
-            Err(e) => return e.into_response(),
-        }
-    }
-    next.run(req).await
 }
 
 #[cfg(test)]

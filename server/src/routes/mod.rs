@@ -35,7 +35,7 @@ pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Pro
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            crate::tenants::authenticate,
+            authenticate,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -47,7 +47,7 @@ pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Pro
             p.routes()
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
-                    crate::tenants::authenticate,
+                    authenticate,
                 ))
                 .layer(axum::middleware::from_fn(crate::trace::request)),
         )
@@ -254,4 +254,26 @@ async fn too_large_and_request_id(req: Request, next: Next) -> Response {
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
+}
+
+/// The public API's gate: the tenant goes into the request's extensions for the handlers (route permission,
+/// metrics). A request that already carries one (an in-process caller: the batch runner) passes as it.
+pub async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if req.extensions().get::<crate::tenants::TenantId>().is_none() {
+        match crate::tenants::identify(&state.tenants, req.headers(), std::time::Instant::now()) {
+            Ok(Some(t)) => {
+                req.extensions_mut().insert(t.id.clone());
+            }
+            Ok(None) => {
+                req.extensions_mut()
+                    .insert(crate::tenants::TenantId::anonymous());
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    next.run(req).await
 }
