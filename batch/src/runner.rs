@@ -127,10 +127,10 @@ async fn run_batch(
 /// Writes the files and closes the batch (`completed`, or `cancelled` when it was asked to stop).
 fn finish(b: &Batches, id: &str) -> anyhow::Result<()> {
     let store = &b.store;
-    let cancelling = store.batch(id)?.is_some_and(|r| r.status == "cancelling");
-    if !cancelling {
-        store.set_status(id, "finalizing")?;
-    }
+    // One statement decides between a cancel and the end of the lines (checking first and writing after left
+    // a window in which an acknowledged cancel was overwritten by `finalizing`).
+    let cancelling =
+        !store.begin_finalizing(id)? && store.batch(id)?.is_some_and(|r| r.status == "cancelling");
     store.finish_files(id)?;
     store.set_status(id, if cancelling { "cancelled" } else { "completed" })?;
     let row = store.batch(id)?;

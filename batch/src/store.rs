@@ -357,6 +357,17 @@ impl Store {
         Ok(())
     }
 
+    /// Moves an open batch to `finalizing`, atomically with [`Store::cancel`]: `false` when it was asked to
+    /// stop first (it is `cancelling`, and ends `cancelled`). A cancel acknowledged is never overtaken.
+    pub fn begin_finalizing(&self, id: &str) -> anyhow::Result<bool> {
+        let n = self.db()?.execute(
+            "UPDATE batches SET status = 'finalizing', finalizing_at = COALESCE(finalizing_at, ?2)
+             WHERE id = ?1 AND status IN ('validating', 'in_progress')",
+            params![id, now()],
+        )?;
+        Ok(n == 1)
+    }
+
     /// Asks a batch to stop: `cancelling` when it is still open (the runner finishes it as `cancelled`).
     pub fn cancel(&self, id: &str) -> anyhow::Result<bool> {
         let n = self.db()?.execute(

@@ -55,7 +55,13 @@ fn server(data: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Serve
 #[test]
 fn the_openai_client_runs_a_batch_unchanged() {
     let tmp = tempfile::tempdir().unwrap();
-    let s = server(&tmp.path().join("data"), &[], &[]);
+    // 50 ms a line: the second batch is still running when the client cancels it (without a delay its twelve
+    // lines could all finish before the cancel arrives, and a finished batch cannot be cancelled).
+    let s = server(
+        &tmp.path().join("data"),
+        &["--set", "reranker.extra_args=[\"--stub-delay-ms\", \"50\"]"],
+        &[],
+    );
     let out = Command::new("python3")
         .arg(root().join("tests/python/batch_openai.py"))
         .arg(&s.base)
