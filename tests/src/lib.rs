@@ -25,7 +25,8 @@ pub fn minilm_dir() -> PathBuf {
     dir
 }
 
-/// A binary of this workspace built next to the running test (`cargo test --workspace` builds them all).
+/// A binary of this workspace built next to the running test (`scripts/test.sh` builds them all before the
+/// tests: `cargo test` alone builds only the binaries of packages with integration tests of their own).
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     // target/<profile>/deps/<test> -> target/<profile>/<name>
@@ -37,7 +38,7 @@ pub fn binary(name: &str) -> PathBuf {
     let bin = dir.join(name);
     assert!(
         bin.is_file(),
-        "{} not built: run the tests with `cargo test --workspace`",
+        "{} not built: run the tests with scripts/test.sh (or `cargo build --workspace --bins` first)",
         bin.display()
     );
     bin
