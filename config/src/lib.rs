@@ -30,7 +30,7 @@ pub use serving::{
     RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind, UtilizationConfig,
     UtilizationSource,
 };
-pub use tenants::{validate_tenants, TenantConfig};
+pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 
 use serde::{Deserialize, Serialize};
@@ -59,6 +59,9 @@ pub struct Config {
     pub batch: BatchConfig,
     /// Who may use the public API (`[[tenants]]`); none: the API is open, as before tenants existed.
     pub tenants: Vec<TenantConfig>,
+    /// A keys file with more `[[tenants]]`, read at start and again on SIGHUP or `POST /admin/tenants/reload`
+    /// (a file that fails to load keeps the keys in force).
+    pub tenants_file: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -69,6 +72,15 @@ impl Config {
         } else {
             self.routes.iter().map(|r| r.name.as_str()).collect()
         }
+    }
+
+    /// The tenants in force: `[[tenants]]`, then those of `tenants_file`.
+    pub fn all_tenants(&self) -> Result<Vec<TenantConfig>, ConfigError> {
+        let mut all = self.tenants.clone();
+        if let Some(path) = &self.tenants_file {
+            all.extend(load_tenants_file(path)?);
+        }
+        Ok(all)
     }
 
     /// Checks every field; the first problem found is returned with the field's dotted path.
@@ -124,7 +136,7 @@ impl Config {
             }
         }
         validate_experiments(&self.experiments, &self.route_names(), "experiments")?;
-        validate_tenants(&self.tenants, &self.route_names(), "tenants")?;
+        validate_tenants(&self.all_tenants()?, &self.route_names(), "tenants")?;
         Ok(())
     }
 }

@@ -32,6 +32,25 @@ impl TenantConfig {
     }
 }
 
+/// Reads a keys file (`[[tenants]]` entries, the same fields as in the config) named by `tenants_file`.
+pub fn load_tenants_file(path: &std::path::Path) -> Result<Vec<TenantConfig>, ConfigError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        #[serde(default)]
+        tenants: Vec<TenantConfig>,
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let f: File = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        origin: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(f.tenants)
+}
+
 /// Checks the tenants: names and key digests unique and well-formed, known routes, positive rates.
 pub fn validate_tenants(
     tenants: &[TenantConfig],

@@ -53,8 +53,8 @@ pub struct AppState {
     pub admission: Arc<Semaphore>,
     /// The last decisions, for `/console`.
     pub decisions: crate::outcome::Decisions,
-    /// Who may use the public API (`[[tenants]]`; empty: open).
-    pub tenants: crate::tenants::Tenants,
+    /// Who may use the public API (`[[tenants]]` and `tenants_file`; empty: open); swapped whole on a reload.
+    tenants: std::sync::RwLock<Arc<crate::tenants::Tenants>>,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
     pub store: Option<Arc<crate::store::RedisStore>>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
@@ -97,7 +97,9 @@ impl AppState {
             },
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
-            tenants: crate::tenants::Tenants::new(&config.tenants),
+            tenants: std::sync::RwLock::new(Arc::new(crate::tenants::Tenants::new(
+                &config.all_tenants()?,
+            ))),
             store: match config.policy_store.kind {
                 tiergate_config::StoreKind::Redis => Some(Arc::new(crate::store::RedisStore::new(
                     &config.policy_store,
@@ -111,6 +113,39 @@ impl AppState {
             metrics,
             started: Instant::now(),
         })
+    }
+
+    /// The tenants in force.
+    pub fn tenants(&self) -> Arc<crate::tenants::Tenants> {
+        self.tenants
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |t| t.clone())
+    }
+
+    /// Reads `[[tenants]]` and `tenants_file` again and swaps them in; on any error (the file unreadable,
+    /// malformed or invalid) the tenants in force stay, and the error says why. Returns how many are in force.
+    pub fn reload_tenants(&self) -> Result<usize, String> {
+        let loaded = self.config.all_tenants().and_then(|all| {
+            tiergate_config::validate_tenants(&all, &self.config.route_names(), "tenants")?;
+            Ok(all)
+        });
+        match loaded {
+            Ok(all) => {
+                let next = Arc::new(self.tenants().reloaded(&all));
+                let n = all.len();
+                if let Ok(mut t) = self.tenants.write() {
+                    *t = next;
+                }
+                metrics::gauge!(crate::metrics::TENANTS).set(n as f64);
+                tracing::info!(tenants = n, "tenants reloaded");
+                Ok(n)
+            }
+            Err(e) => {
+                metrics::counter!(crate::metrics::TENANTS_RELOAD_FAILURES_TOTAL).increment(1);
+                tracing::error!(error = %e, "tenants not reloaded: the keys in force stay");
+                Err(e.to_string())
+            }
+        }
     }
 
     /// `server.admin_token`.

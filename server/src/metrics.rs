@@ -47,6 +47,11 @@ pub const EXPERIMENT_DELAY_SECONDS: &str = "tiergate_experiment_delay_seconds";
 /// Batch LLM jobs cancelled for an interactive escalation (the line runs again later).
 pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
 
+/// Tenants in force (after the last reload).
+pub const TENANTS: &str = "tiergate_tenants";
+/// Reloads of the tenants that failed (the keys in force stayed).
+pub const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failures_total";
+
 /// Tier-0's out-of-scope score per request, on routes with an out-of-scope outcome (what the threshold is
 /// tuned against).
 pub const OOS_SCORE: &str = "tiergate_oos_score";
@@ -106,6 +111,11 @@ fn describe() {
         "End-to-end request latency by route and tier"
     );
     describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
+    describe_gauge!(TENANTS, "Tenants in force");
+    describe_counter!(
+        TENANTS_RELOAD_FAILURES_TOTAL,
+        "Tenant reloads that failed (the keys in force stayed)"
+    );
     describe_histogram!(
         OOS_SCORE,
         "Tier-0's out-of-scope score per request (routes with an out-of-scope outcome)"

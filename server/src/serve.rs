@@ -79,6 +79,7 @@ pub async fn run_with(
         tokio::task::spawn_blocking(move || AppState::build(cfg, metrics, worker_program))
             .await??,
     );
+    reload_tenants_on_sighup(&state);
     let (stop_products, products_stopped) = tokio::sync::watch::channel(false);
     let tasks = start_background(&state, &products, products_stopped);
     if config.server.admin_token.is_none() {
@@ -87,7 +88,7 @@ pub async fn run_with(
             "no server.admin_token: every loopback client of the admin listener is admin"
         );
     }
-    if state.tenants.is_empty() && !addr.ip().is_loopback() {
+    if state.tenants().is_empty() && !addr.ip().is_loopback() {
         tracing::warn!(
             %addr,
             "no [[tenants]]: the public API is open to every client that reaches it"
@@ -415,6 +416,22 @@ impl Drop for ConnGuard {
 }
 
 /// Resolves on SIGTERM or SIGINT.
+/// SIGHUP reloads the tenants (`AppState::reload_tenants`: a file that fails to load keeps the keys in force).
+fn reload_tenants_on_sighup(state: &Arc<AppState>) {
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: tenants reload through the admin API only");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            let Some(state) = weak.upgrade() else { break };
+            let _ = state.reload_tenants();
+        }
+    });
+}
+
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -65,8 +65,12 @@ pub struct Tenant {
     pub id: TenantId,
     /// The routes it may use (`None`: all).
     routes: Option<Vec<String>>,
-    bucket: Option<Mutex<Bucket>>,
+    /// Its rate and burst, and the bucket (kept across a reload that leaves both as they were).
+    bucket: Option<Limited>,
 }
+
+/// A tenant's (rate, burst) and its bucket.
+type Limited = ((f64, f64), Arc<Mutex<Bucket>>);
 
 impl Tenant {
     /// Whether it may use route `name`.
@@ -79,7 +83,7 @@ impl Tenant {
     /// Takes one request from its rate, or says how long until it may send one.
     pub fn admit(&self, now: Instant) -> Result<(), Duration> {
         match &self.bucket {
-            Some(b) => b.lock().map_or(Ok(()), |mut b| b.take(now)),
+            Some((_, b)) => b.lock().map_or(Ok(()), |mut b| b.take(now)),
             None => Ok(()),
         }
     }
@@ -95,24 +99,55 @@ pub struct Tenants {
 impl Tenants {
     /// From `[[tenants]]` (validated: digests are 64 hex digits).
     pub fn new(cfg: &[TenantConfig]) -> Self {
+        Self::default().reloaded(cfg)
+    }
+
+    /// The tenants of `cfg`, each keeping its bucket from `self` when its name, rate and burst are unchanged
+    /// (a reload neither refills nor empties a tenant's rate).
+    pub fn reloaded(&self, cfg: &[TenantConfig]) -> Self {
         let now = Instant::now();
         let mut t = Self::default();
         for c in cfg {
             let Some(digest) = parse_digest(&c.key_sha256) else {
                 continue;
             };
+            let bucket = c.rate_per_s.zip(c.burst_in_force()).map(|limits| {
+                let kept = self
+                    .named(&c.name)
+                    .and_then(|old| old.bucket.as_ref())
+                    .filter(|(l, _)| *l == limits)
+                    .map(|(_, b)| b.clone());
+                let b = kept
+                    .unwrap_or_else(|| Arc::new(Mutex::new(Bucket::new(limits.0, limits.1, now))));
+                (limits, b)
+            });
             let tenant = Arc::new(Tenant {
                 id: TenantId(Arc::from(c.name.as_str())),
                 routes: c.routes.clone(),
-                bucket: c
-                    .rate_per_s
-                    .zip(c.burst_in_force())
-                    .map(|(r, b)| Mutex::new(Bucket::new(r, b, now))),
+                bucket,
             });
             t.by_digest.insert(digest, tenant.clone());
             t.by_name.insert(c.name.clone(), tenant);
         }
         t
+    }
+
+    /// The tenants' names, routes and limits (what `GET /admin/tenants` shows; never a digest).
+    pub fn describe(&self) -> Vec<serde_json::Value> {
+        let mut names: Vec<&String> = self.by_name.keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter_map(|n| self.by_name.get(n))
+            .map(|t| {
+                serde_json::json!({
+                    "name": &*t.id.0,
+                    "routes": t.routes,
+                    "rate_per_s": t.bucket.as_ref().map(|((r, _), _)| r),
+                    "burst": t.bucket.as_ref().map(|((_, b), _)| b),
+                })
+            })
+            .collect()
     }
 
     /// No tenants: the API is open.

@@ -966,3 +966,127 @@ async fn tenants_need_a_known_key_keep_to_their_routes_and_their_rate() {
     let (s, _, b) = call(&r.admin, req).await;
     assert_openai_error(s, &b, 401);
 }
+
+/// The keys file reloaded while traffic runs (`POST /admin/tenants/reload`, what SIGHUP does): a new key works
+/// at once, a removed key gets 401, a file that does not load keeps the keys in force (400 naming it), and a
+/// tenant sending throughout never sees an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_keys_file_reloads_under_traffic_without_dropping_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys.toml");
+    let write = |entries: &[(&str, &str)]| {
+        let body: String = entries
+            .iter()
+            .map(|(name, key)| {
+                format!(
+                    "[[tenants]]\nname = \"{name}\"\nkey_sha256 = \"{}\"\n",
+                    digest(key)
+                )
+            })
+            .collect();
+        std::fs::write(&file, body).unwrap();
+    };
+    write(&[("steady", "key-steady"), ("old", "key-old")]);
+    let path = file.clone();
+    let r = rig(0, move |c| c.tenants_file = Some(path));
+    let status = |key: &'static str| {
+        let app = r.app.clone();
+        async move {
+            let req = with_key(
+                post("/v1/chat/completions", chat("classify", "card lost")),
+                Some(&format!("Bearer {key}")),
+            );
+            call(&app, req).await.0
+        }
+    };
+    assert_eq!(status("key-old").await, StatusCode::OK);
+    assert_eq!(status("key-new").await, StatusCode::UNAUTHORIZED);
+    // A tenant sends throughout the reloads (the reloads start once it has sent a few, and it stops after
+    // a few more).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let traffic = {
+        let (app, stop, sent) = (r.app.clone(), stop.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut codes = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let req = with_key(
+                    post("/v1/chat/completions", chat("classify", "card lost")),
+                    Some("Bearer key-steady"),
+                );
+                codes.push(call(&app, req).await.0);
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            codes
+        })
+    };
+    let until = |n: usize| {
+        let sent = sent.clone();
+        async move {
+            while sent.load(std::sync::atomic::Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    until(3).await;
+    let reload = |admin: axum::Router| async move {
+        call(
+            &admin,
+            Request::post("/admin/tenants/reload")
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+    };
+    write(&[("steady", "key-steady"), ("new", "key-new")]);
+    let (s, _, b) = reload(r.admin.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(status("key-new").await, StatusCode::OK);
+    assert_eq!(status("key-old").await, StatusCode::UNAUTHORIZED);
+    // A malformed file: refused, naming the file; the keys in force stay.
+    std::fs::write(&file, "[[tenants]]\nname = \"broken\"\nkey_sha256 = 12\n").unwrap();
+    let (s, _, b) = reload(r.admin.clone()).await;
+    assert!(assert_openai_error(s, &b, 400)["error"]["message"]
+        .to_string()
+        .contains("keys.toml"));
+    // A key that is not a digest: refused as well.
+    std::fs::write(
+        &file,
+        "[[tenants]]\nname = \"plain\"\nkey_sha256 = \"sk-plain-key\"\n",
+    )
+    .unwrap();
+    let (s, _, b) = reload(r.admin.clone()).await;
+    assert!(assert_openai_error(s, &b, 400)["error"]["message"]
+        .to_string()
+        .contains("key_sha256"));
+    assert_eq!(status("key-new").await, StatusCode::OK);
+    // The admin API lists the tenants in force, never a digest.
+    let (s, _, b) = call(
+        &r.admin,
+        Request::get("/admin/tenants")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let names: Vec<&str> = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["new", "steady"]);
+    assert!(!String::from_utf8_lossy(&b).contains(&digest("key-new")));
+    let before = sent.load(std::sync::atomic::Ordering::Relaxed);
+    until(before + 3).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let codes = traffic.await.unwrap();
+    assert!(
+        codes.len() >= 5 && codes.iter().all(|c| *c == StatusCode::OK),
+        "{} requests: {codes:?}",
+        codes.len()
+    );
+}

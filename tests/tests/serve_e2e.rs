@@ -420,3 +420,45 @@ fn tenants_through_the_official_openai_client() {
         "{metrics}"
     );
 }
+
+/// SIGHUP reloads the keys file of a running `tiergate serve`: the new key works, the removed one gets 401.
+#[test]
+fn sighup_reloads_the_keys_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys.toml");
+    let write = |name: &str, key: &str| {
+        let out = Command::new("sh")
+            .args(["-c", &format!("printf %s '{key}' | sha256sum")])
+            .output()
+            .unwrap();
+        let digest = String::from_utf8(out.stdout).unwrap()[..64].to_string();
+        std::fs::write(
+            &file,
+            format!("[[tenants]]\nname = \"{name}\"\nkey_sha256 = \"{digest}\"\n"),
+        )
+        .unwrap();
+    };
+    write("first", "sk-first");
+    let set = format!("tenants_file=\"{}\"", file.display());
+    let s = start(&["--set", &set, "--set", "reranker.workers=0"]);
+    let status = |key: &str| match ureq::get(&format!("{}/v1/models", s.base))
+        .set("authorization", &format!("Bearer {key}"))
+        .call()
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!((status("sk-first"), status("sk-second")), (200, 401));
+    write("second", "sk-second");
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGHUP) };
+    let t = Instant::now();
+    while status("sk-second") != 200 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "SIGHUP did not reload the keys"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status("sk-first"), 401);
+}

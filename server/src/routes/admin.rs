@@ -263,3 +263,35 @@ pub async fn put_experiments(
     };
     run().unwrap_or_else(IntoResponse::into_response)
 }
+
+/// `GET /admin/tenants`: the tenants in force (names, routes, limits; never a key digest).
+pub async fn get_tenants(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = authorize_admin(state.admin_token(), &headers, peer) {
+        return e.into_response();
+    }
+    axum::Json(json!({"tenants": state.tenants().describe()})).into_response()
+}
+
+/// `POST /admin/tenants/reload`: reads `[[tenants]]` and `tenants_file` again (as SIGHUP does); 400 naming
+/// the problem when they do not load, the keys in force staying.
+pub async fn reload_tenants(
+    State(state): State<Arc<AppState>>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = authorize_admin(state.admin_token(), &headers, peer) {
+        return e.into_response();
+    }
+    match state.reload_tenants() {
+        Ok(n) => axum::Json(json!({"tenants": n})).into_response(),
+        Err(e) => ApiError::Invalid {
+            message: format!("tenants not reloaded (the keys in force stay): {e}"),
+            param: Some("tenants_file".into()),
+        }
+        .into_response(),
+    }
+}

@@ -42,7 +42,7 @@ pub async fn chat(
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
-    if let Err(e) = state.tenants.permit(&tenant, &valid.route) {
+    if let Err(e) = state.tenants().permit(&tenant, &valid.route) {
         return e.into_response();
     }
     valid.batch = batch_line.map(|e| e.0);

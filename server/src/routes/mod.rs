@@ -118,6 +118,8 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
             "/admin/experiments",
             get(admin::get_experiments).put(admin::put_experiments),
         )
+        .route("/admin/tenants", get(admin::get_tenants))
+        .route("/admin/tenants/reload", post(admin::reload_tenants))
         .route("/info", get(ops::info))
         .route("/admin/console", get(crate::console::data))
         .route("/console", get(crate::console::page))
@@ -264,7 +266,7 @@ pub async fn authenticate(
     next: Next,
 ) -> Response {
     if req.extensions().get::<crate::tenants::TenantId>().is_none() {
-        match crate::tenants::identify(&state.tenants, req.headers(), std::time::Instant::now()) {
+        match crate::tenants::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
             Ok(Some(t)) => {
                 req.extensions_mut().insert(t.id.clone());
             }
