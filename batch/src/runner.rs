@@ -86,8 +86,10 @@ async fn run_batch(
         }
     };
     store.set_total(id, lines.len())?;
-    if row.status == "validating" {
-        store.set_status(id, "in_progress")?;
+    // Not `set_status`: a cancel between reading the row and here would be overwritten (and the batch run).
+    store.begin_running(id)?;
+    if store.status(id)?.as_deref() == Some("cancelling") {
+        return finish(b, id);
     }
     let done = store.done_lines(id)?;
     let router = tiergate_server::routes::router(state.clone());

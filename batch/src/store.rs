@@ -357,6 +357,16 @@ impl Store {
         Ok(())
     }
 
+    /// Moves a `validating` batch to `in_progress` (one conditional update: a cancel that came first stays).
+    pub fn begin_running(&self, id: &str) -> anyhow::Result<()> {
+        self.db()?.execute(
+            "UPDATE batches SET status = 'in_progress', in_progress_at = COALESCE(in_progress_at, ?2)
+             WHERE id = ?1 AND status = 'validating'",
+            params![id, now()],
+        )?;
+        Ok(())
+    }
+
     /// Moves an open batch to `finalizing`, atomically with [`Store::cancel`]: `false` when it was asked to
     /// stop first (it is `cancelling`, and ends `cancelled`). A cancel acknowledged is never overtaken.
     pub fn begin_finalizing(&self, id: &str) -> anyhow::Result<bool> {
