@@ -353,13 +353,7 @@ fn interactive_escalations_preempt_batch_llm_jobs() {
 /// it may not use fails with 403; its name in the metrics).
 #[test]
 fn batches_and_files_belong_to_their_tenant() {
-    let sha = |key: &str| -> String {
-        let out = Command::new("sh")
-            .args(["-c", &format!("printf %s '{key}' | sha256sum")])
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout).unwrap()[..64].to_string()
-    };
+    let sha = common::key_sha256;
     let tenants = format!(
         "tenants=[{{ name = \"a\", key_sha256 = \"{}\", routes = [\"classify\"] }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
         sha("key-a"),

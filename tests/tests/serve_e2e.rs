@@ -367,19 +367,7 @@ fn a_trained_head_answers_out_of_scope_through_serve() {
 /// Retry-After.
 #[test]
 fn tenants_through_the_official_openai_client() {
-    let sha = |key: &str| {
-        let out = Command::new("sha256sum")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(key.as_bytes())?;
-                c.wait_with_output()
-            })
-            .unwrap();
-        String::from_utf8(out.stdout).unwrap()[..64].to_string()
-    };
+    let sha = common::key_sha256;
     let tenants = format!(
         "tenants=[{{ name = \"open\", key_sha256 = \"{}\" }}, \
          {{ name = \"limited\", key_sha256 = \"{}\", rate_per_s = 1.0, burst = 1.0 }}]",
@@ -427,11 +415,7 @@ fn sighup_reloads_the_keys_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keys.toml");
     let write = |name: &str, key: &str| {
-        let out = Command::new("sh")
-            .args(["-c", &format!("printf %s '{key}' | sha256sum")])
-            .output()
-            .unwrap();
-        let digest = String::from_utf8(out.stdout).unwrap()[..64].to_string();
+        let digest = common::key_sha256(key);
         std::fs::write(
             &file,
             format!("[[tenants]]\nname = \"{name}\"\nkey_sha256 = \"{digest}\"\n"),

@@ -102,6 +102,15 @@ impl Drop for Killed {
     }
 }
 
+/// The hex SHA-256 of an API key as an operator computes it for `key_sha256` (`printf %s KEY | sha256sum`).
+pub fn key_sha256(key: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf %s '{key}' | sha256sum")])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()[..64].to_string()
+}
+
 /// A loopback port free at the time of asking.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
