@@ -39,6 +39,28 @@ fn stub_score(text: &str, label: &str) -> f64 {
     (1.0 + 3.0 * shared as f64).ln()
 }
 
+/// `rows` as a JSONL data file in `dir`.
+fn write_rows(dir: &std::path::Path, rows: &[(&str, &str)]) -> std::path::PathBuf {
+    let data = dir.join("rows.jsonl");
+    let body: String = rows
+        .iter()
+        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
+        .collect();
+    std::fs::write(&data, body).unwrap();
+    data
+}
+
+/// The tiny checkpoint as `tiergate eval` loads it with the default config (its precision and token limit).
+fn eval_classifier(tiny: &TinyModel) -> Classifier {
+    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
+    Classifier::from_dir(
+        tiny.dir.path(),
+        defaults.prefilter.max_tokens,
+        defaults.prefilter.precision,
+    )
+    .unwrap()
+}
+
 /// Per row: (ambiguity, Tier-0 right, LLM alone right, fused right).
 type Expect = (f64, bool, bool, bool);
 
@@ -50,12 +72,7 @@ fn argmax(v: &[f64]) -> usize {
 fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
     let tiny = TinyModel::create(3).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("rows.jsonl");
-    let body: String = rows()
-        .iter()
-        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
-        .collect();
-    std::fs::write(&data, body).unwrap();
+    let data = write_rows(dir.path(), &rows());
     let sets = [
         "reranker.engine=\"stub\"",
         "reranker.candidates=3",
@@ -80,14 +97,7 @@ fn eval_hybrid_with_the_stub_engine_gives_exact_figures() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
 
     // The expected figures, from Tier-0's probabilities and the stub's rule.
-    // The precision and token limit `tiergate eval` uses with the default config.
-    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
-    let classifier = Classifier::from_dir(
-        tiny.dir.path(),
-        defaults.prefilter.max_tokens,
-        defaults.prefilter.precision,
-    )
-    .unwrap();
+    let classifier = eval_classifier(&tiny);
     let labels = classifier.labels().to_vec();
     let mut expect: Vec<Expect> = Vec::new();
     for (text, gold) in rows() {
@@ -379,19 +389,8 @@ fn fit_fusion_writes_a_fit_the_classifier_loads() {
 fn eval_oos_gives_exact_open_intent_figures() {
     let tiny = TinyModel::create(3).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("rows.jsonl");
-    let body: String = rows()
-        .iter()
-        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
-        .collect();
-    std::fs::write(&data, body).unwrap();
-    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
-    let classifier = Classifier::from_dir(
-        tiny.dir.path(),
-        defaults.prefilter.max_tokens,
-        defaults.prefilter.precision,
-    )
-    .unwrap();
+    let data = write_rows(dir.path(), &rows());
+    let classifier = eval_classifier(&tiny);
     let labels = classifier.labels().to_vec();
     // (gold class: None out of scope, Tier-0's label, score 1 − max p)
     let scored: Vec<(Option<usize>, usize, f32)> = rows()
@@ -487,15 +486,10 @@ fn eval_oos_gives_exact_open_intent_figures() {
 fn eval_hybrid_offers_none_of_these_and_scores_it() {
     let tiny = TinyModel::create(3).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("rows.jsonl");
     let mut all = rows();
     all.push(("none of these apply", "out_of_scope"));
     all.push(("none of these fit me", "out_of_scope"));
-    let body: String = all
-        .iter()
-        .map(|(t, l)| format!("{}\n", serde_json::json!({"text": t, "label": l})))
-        .collect();
-    std::fs::write(&data, body).unwrap();
+    let data = write_rows(dir.path(), &all);
     let out = Command::new(binary("tiergate"))
         .args(["eval", "--classifier"])
         .arg(tiny.dir.path())
@@ -516,13 +510,7 @@ fn eval_hybrid_offers_none_of_these_and_scores_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let defaults = tiergate_config::load(None, Vec::new(), &[]).unwrap();
-    let classifier = Classifier::from_dir(
-        tiny.dir.path(),
-        defaults.prefilter.max_tokens,
-        defaults.prefilter.precision,
-    )
-    .unwrap();
+    let classifier = eval_classifier(&tiny);
     let labels = classifier.labels().to_vec();
     let (mut llm_right, mut fused_right) = (0, 0);
     for (text, gold) in &all {
