@@ -12,7 +12,7 @@ use crate::schedule::ScheduleSpec;
 /// degraded, errors) separately.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tiergate-bench", version)]
-#[command(group(ArgGroup::new("load").required(true).args(["rate", "concurrency"])))]
+#[command(group(ArgGroup::new("load").required(true).args(["rate", "concurrency", "tenants"])))]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
     /// A tool instead of a load test.
@@ -35,6 +35,12 @@ pub struct Args {
     /// Open loop: requests per second (the schedule's base rate).
     #[arg(long)]
     pub rate: Option<f64>,
+
+    /// A tenant's workload, run at the same time as the other tenants' (open loop, each with its own report):
+    /// `name=NAME,rate=R[,key_env=VAR|key=KEY][,data=FILE][,route=ROUTE]` (the API key from the environment
+    /// variable VAR, or given; the workload and route default to --data and --route). Repeat per tenant.
+    #[arg(long = "tenant", value_parser = parse_tenant, conflicts_with_all = ["rate", "concurrency", "compare"])]
+    pub tenants: Vec<TenantMix>,
 
     /// Open loop: exponential inter-arrival times (Poisson process) instead of constant spacing.
     #[arg(long, requires = "rate")]
@@ -151,6 +157,60 @@ pub fn parse_header(s: &str) -> Result<(String, String), String> {
     Ok((name.to_string(), value.to_string()))
 }
 
+/// One tenant's part of a multi-tenant run (`--tenant`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantMix {
+    pub name: String,
+    pub rate: f64,
+    pub key: Option<String>,
+    pub data: Option<PathBuf>,
+    pub route: Option<String>,
+}
+
+/// Parses `--tenant name=A,rate=R[,key_env=VAR|key=KEY][,data=FILE][,route=ROUTE]`.
+pub fn parse_tenant(s: &str) -> Result<TenantMix, String> {
+    let mut mix = TenantMix {
+        name: String::new(),
+        rate: 0.0,
+        key: None,
+        data: None,
+        route: None,
+    };
+    for part in s.split(',') {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("--tenant `{s}`: `{part}` is not key=value"))?;
+        match k.trim() {
+            "name" => mix.name = v.trim().to_string(),
+            "rate" => {
+                mix.rate = v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|r: &f64| r.is_finite() && *r > 0.0)
+                    .ok_or_else(|| format!("--tenant `{s}`: rate must be a positive number"))?
+            }
+            "key" => mix.key = Some(v.to_string()),
+            "key_env" => {
+                mix.key = Some(std::env::var(v.trim()).map_err(|_| {
+                    format!("--tenant `{s}`: the environment variable `{v}` is not set")
+                })?)
+            }
+            "data" => mix.data = Some(PathBuf::from(v.trim())),
+            "route" => mix.route = Some(v.trim().to_string()),
+            other => {
+                return Err(format!(
+                "--tenant `{s}`: unknown field `{other}` (name, rate, key_env, key, data, route)"
+            ))
+            }
+        }
+    }
+    if mix.name.is_empty() || mix.rate == 0.0 {
+        return Err(format!("--tenant `{s}`: needs name= and rate="));
+    }
+    Ok(mix)
+}
+
 /// The bench's tools.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
@@ -176,6 +236,10 @@ impl Args {
                     "--rate {r}: must be a positive number of requests per second"
                 ));
             }
+        }
+        let mut names = std::collections::HashSet::new();
+        if let Some(t) = self.tenants.iter().find(|t| !names.insert(&t.name)) {
+            return Err(format!("--tenant: `{}` is named twice", t.name));
         }
         if self.concurrency == Some(0) {
             return Err("--concurrency must be at least 1".into());

@@ -20,6 +20,7 @@ pub mod schedule;
 pub mod scrape;
 pub mod slo;
 pub mod stats;
+pub mod tenants;
 pub mod workload;
 
 /// Parse `60s`, `1.5m`, `500ms`, `2h` or a bare number of seconds.

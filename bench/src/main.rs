@@ -40,7 +40,12 @@ fn main() -> ExitCode {
 
 async fn bench(args: Args) -> Result<ExitCode, String> {
     args.check()?;
-    let client = HttpClient::new(&args.url, args.api_key.clone());
+    // A multi-tenant run lists the routes with its first tenant's key.
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| args.tenants.first().and_then(|t| t.key.clone()));
+    let client = HttpClient::new(&args.url, api_key.clone());
     let admin = HttpClient::new(args.admin_url.as_deref().unwrap_or(&args.url), None);
     let items = match &args.data {
         Some(p) => workload::load(p)?,
@@ -55,7 +60,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         Some(p) => slo::load(p)?,
         None => slo::defaults(),
     };
-    let routes = scrape::models(&client, args.api_key.as_deref()).await;
+    let routes = scrape::models(&client, api_key.as_deref()).await;
     let route = match (&args.route, &routes) {
         (Some(r), _) => r.clone(),
         (None, Ok(rs)) => scrape::default_route(rs)
@@ -87,7 +92,9 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
     });
 
     let window = args.window();
-    let load = match (args.rate, args.concurrency) {
+    // Each tenant of a multi-tenant run replaces the rate with its own.
+    let rate = args.rate.or(args.tenants.first().map(|t| t.rate));
+    let load = match (rate, args.concurrency) {
         (Some(rate), _) => Load::Open {
             schedule: Schedule {
                 base: rate,
@@ -136,7 +143,18 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
     };
     let token = args.admin_token.as_deref();
 
-    let mut runs = if args.compare {
+    let mut runs = if !args.tenants.is_empty() {
+        tiergate_bench::tenants::run(
+            &args.url,
+            &args.tenants,
+            &plan,
+            &settings,
+            &slo_lines,
+            args.patience.as_ref(),
+            stop_rx.clone(),
+        )
+        .await?
+    } else if args.compare {
         let view = scrape::routing(&admin, token)
             .await
             .map_err(|e| format!("--compare sets the policy through /admin/routing: {e}"))?;

@@ -662,7 +662,15 @@ impl OutOfScopeConfig {
 }
 
 impl RerankerConfig {
-    /// The escalation in-flight bound in force.
+    /// Jobs the workers run at once (`workers × max_concurrent`, within the in-flight limit): jobs beyond wait
+    /// in their tenant's lane before the shared-memory queue.
+    pub fn capacity(&self) -> usize {
+        (self.workers * self.max_concurrent)
+            .min(self.in_flight_limit())
+            .max(1)
+    }
+
+    /// The escalation in-flight bound in force: jobs dispatched to the workers or waiting for them.
     pub fn in_flight_limit(&self) -> usize {
         match self.max_in_flight {
             0 => (self.workers * self.max_concurrent * 2).max(1),

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::ConfigError;
 
 /// One tenant.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// Its name (metrics, logs, the admin API).
@@ -22,9 +22,28 @@ pub struct TenantConfig {
     /// Requests it may send at once above the rate (the bucket's size); `rate_per_s` rounded up when unset.
     #[serde(default)]
     pub burst: Option<f64>,
+    /// LLM time it may use, in LLM-seconds per minute (the time its jobs hold a worker; a bucket of one
+    /// minute's worth): over it, its escalations are answered by Tier-0 (`x-tiergate-degraded: budget`) and its
+    /// generations get 429. Unlimited when unset.
+    #[serde(default)]
+    pub llm_seconds_per_min: Option<f64>,
+    /// Its share of a contended LLM relative to the other tenants' weights (1 when unset).
+    #[serde(default)]
+    pub weight: Option<f64>,
+    /// Batches it may have unfinished at once (validating, in progress, finalizing, cancelling); unlimited when unset.
+    #[serde(default)]
+    pub max_active_batches: Option<usize>,
+    /// Bytes its stored files may take together; `[batch] max_total_bytes` alone when unset.
+    #[serde(default)]
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl TenantConfig {
+    /// Its fair-share weight.
+    pub fn weight_in_force(&self) -> f64 {
+        self.weight.unwrap_or(1.0)
+    }
+
     /// The bucket size in force.
     pub fn burst_in_force(&self) -> Option<f64> {
         self.rate_per_s
@@ -98,6 +117,24 @@ pub fn validate_tenants(
                 "rate_per_s and burst must be positive",
             ));
         }
+        if !positive(t.llm_seconds_per_min) {
+            return Err(ConfigError::invalid(
+                here("llm_seconds_per_min"),
+                "must be positive",
+            ));
+        }
+        if t.weight.is_some_and(|w| !(0.01..=100.0).contains(&w)) {
+            return Err(ConfigError::invalid(
+                here("weight"),
+                "must be in 0.01..=100",
+            ));
+        }
+        if t.max_active_batches == Some(0) || t.max_stored_bytes == Some(0) {
+            return Err(ConfigError::invalid(
+                here("max_active_batches"),
+                "batch quotas must be at least 1 (leave them unset for none)",
+            ));
+        }
         if t.burst.is_some() && t.rate_per_s.is_none() {
             return Err(ConfigError::invalid(
                 here("burst"),
@@ -116,9 +153,7 @@ mod tests {
         TenantConfig {
             name: name.into(),
             key_sha256: digest.into(),
-            routes: None,
-            rate_per_s: None,
-            burst: None,
+            ..TenantConfig::default()
         }
     }
 
@@ -149,5 +184,14 @@ mod tests {
         let mut t = tenant("a", D1);
         t.rate_per_s = Some(2.5);
         assert_eq!(t.burst_in_force(), Some(3.0));
+        let mut t = tenant("a", D1);
+        t.weight = Some(0.0);
+        assert!(e(&[t]).contains("tenants[0].weight"));
+        let mut t = tenant("a", D1);
+        t.llm_seconds_per_min = Some(-1.0);
+        assert!(e(&[t]).contains("llm_seconds_per_min"));
+        let mut t = tenant("a", D1);
+        t.max_active_batches = Some(0);
+        assert!(e(&[t]).contains("max_active_batches"));
     }
 }

@@ -86,16 +86,19 @@ pub enum DegradeReason {
     Deadline,
     /// The LLM answered with an error or an unexpected reply.
     LlmError,
+    /// The tenant has spent its LLM budget (`llm_seconds_per_min`).
+    Budget,
 }
 
 impl DegradeReason {
     /// Every reason.
-    pub const ALL: [DegradeReason; 5] = [
+    pub const ALL: [DegradeReason; 6] = [
         DegradeReason::NoLlm,
         DegradeReason::QueueFull,
         DegradeReason::WorkerDown,
         DegradeReason::Deadline,
         DegradeReason::LlmError,
+        DegradeReason::Budget,
     ];
 
     /// The `x-tiergate-degraded` value and trace attribute.
@@ -106,6 +109,7 @@ impl DegradeReason {
             DegradeReason::WorkerDown => "worker_down",
             DegradeReason::Deadline => "deadline",
             DegradeReason::LlmError => "llm_error",
+            DegradeReason::Budget => "budget",
         }
     }
 }

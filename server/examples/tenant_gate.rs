@@ -59,6 +59,7 @@ fn main() {
             routes: None,
             rate_per_s: Some(1e9),
             burst: Some(1e9),
+            ..TenantConfig::default()
         })
         .collect();
     let tenants = Tenants::new(&cfg);

@@ -153,14 +153,31 @@ impl AppState {
         self.config.server.admin_token.as_deref()
     }
 
-    /// Submits `job` to the LLM ([`Llm::submit`]); `Refused::NoLlm` when this server runs none.
+    /// Submits `job` to the LLM ([`Llm::submit`]) for `tenant` (its weight and budget as configured now);
+    /// `Refused::NoLlm` when this server runs none, `Refused::Budget` when the tenant has spent its budget.
     pub async fn submit(
         &self,
         job: &tiergate_queue::Job,
+        tenant: &crate::tenants::TenantId,
         batch: Option<&crate::priority::BatchLine>,
     ) -> Result<crate::llm::Submitted<'_>, crate::llm::Refused> {
-        let llm = self.llm.as_ref().ok_or(crate::llm::Refused::NoLlm)?;
-        llm.submit(job, batch).await
+        use crate::llm::Refused;
+        let llm = self.llm.as_ref().ok_or(Refused::NoLlm)?;
+        let configured = self.tenants().named(&tenant.0).cloned();
+        let budget = configured.as_ref().and_then(|t| t.budget().cloned());
+        if let Some(b) = &budget {
+            let spent = b
+                .lock()
+                .map_or(Ok(()), |mut b| b.check(std::time::Instant::now()));
+            spent.map_err(Refused::Budget)?;
+        }
+        let ask = crate::llm::Ask {
+            tenant: Some(tenant.0.clone()),
+            weight: configured.map_or(1.0, |t| t.weight),
+            budget,
+            batch,
+        };
+        llm.submit(job, ask).await
     }
 
     /// Live, ready workers (0 without an LLM side).
@@ -330,5 +347,9 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
             config.batch.max_llm_wait_ms,
         ))),
         limits: crate::llm::Limits::of(r),
+        share: crate::fair::Share::new(
+            r.capacity(),
+            r.in_flight_limit().saturating_sub(r.capacity()),
+        ),
     })
 }

@@ -9,6 +9,7 @@ pub mod console;
 pub mod error;
 pub mod experiments;
 pub mod extract;
+pub mod fair;
 pub mod fleet;
 pub mod fusion;
 pub mod judge;

@@ -1,8 +1,10 @@
 //! The LLM tier as the server sees it: the worker pool's client and supervisor, and [`Llm::submit`] — the one way
 //! a request reaches the LLM. Classify (rerank), answer and generate requests, interactive or from a batch,
 //! all pass the same checks in the same order: a batch line's turn (it waits for the interactive channel),
-//! the in-flight limit, for reranks whether the job can still finish before its deadline, then the deadline
-//! of its kind and the trace context.
+//! for reranks whether the job can still finish before its deadline, a slot in the tenants' fair share
+//! ([`crate::fair`]: waiting in its tenant's lane while the workers are busy), then the deadline of its kind
+//! (less the wait) and the trace context. The slot is held until the answer is read, and its time is
+//! charged to the tenant's LLM budget.
 
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use tiergate_queue::{Client, Job, JobHandle, QueueError, Supervisor};
 
 use tiergate_config::RerankerConfig;
 
+use crate::fair::NoSlot;
 use crate::priority::{BatchLine, Gate, Turn};
 
 /// The LLM side.
@@ -27,6 +30,8 @@ pub struct Llm {
     pub gate: std::sync::Arc<Gate>,
     /// What a submission is checked against.
     pub limits: Limits,
+    /// The workers' slots, shared fairly between tenants.
+    pub share: std::sync::Arc<crate::fair::Share>,
 }
 
 /// The `[reranker]` bounds a submission is checked against.
@@ -34,6 +39,8 @@ pub struct Llm {
 pub struct Limits {
     /// Jobs in flight at most (`reranker.max_in_flight`, or twice the worker slots).
     pub in_flight: usize,
+    /// Jobs the workers run at once; the rest of `in_flight` waits in each tenant's lane.
+    pub capacity: usize,
     /// A rerank's deadline.
     pub rerank_deadline: Duration,
     /// A generation's deadline.
@@ -47,6 +54,7 @@ impl Limits {
     pub fn of(r: &RerankerConfig) -> Self {
         Self {
             in_flight: r.in_flight_limit(),
+            capacity: r.capacity(),
             rerank_deadline: Duration::from_millis(r.rerank_deadline_ms),
             generate_deadline: Duration::from_millis(r.generate_deadline_ms),
             workers: r.workers,
@@ -64,16 +72,38 @@ impl Llm {
         self.rerank_ewma_ns.store(new.max(1.0) as u64, Relaxed);
     }
 
-    /// True when a new rerank queued behind the ones in flight would likely miss `deadline` (reranks are
-    /// scored one at a time per worker).
-    pub fn rerank_out_of_reach(&self, deadline: Duration) -> bool {
-        let workers = self.limits.workers;
-        let ewma = self
-            .rerank_ewma_ns
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let ahead = self.client.in_flight() as u64 + 1;
-        ewma > 0 && ahead * ewma / workers.max(1) as u64 > deadline.as_nanos() as u64
+    /// True when a new rerank with `ahead` jobs before it (itself included) would likely miss `deadline`
+    /// (reranks are scored one at a time per worker).
+    pub fn rerank_out_of_reach(&self, deadline: Duration, ahead: usize) -> bool {
+        let ewma = self.rerank_ewma();
+        ewma > Duration::ZERO && ewma * ahead as u32 / self.limits.workers.max(1) as u32 > deadline
     }
+
+    fn rerank_ewma(&self) -> Duration {
+        Duration::from_nanos(
+            self.rerank_ewma_ns
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// How long a job may wait for a slot: its deadline less a rerank's service time; a generation half
+    /// its deadline (its length is unknown).
+    fn max_wait(&self, rerank: bool, deadline: Duration) -> Duration {
+        if rerank {
+            deadline.saturating_sub(self.rerank_ewma())
+        } else {
+            deadline / 2
+        }
+    }
+}
+
+/// Who asks for the LLM: the tenant (its fair-share weight and LLM budget), and a batch line's marker.
+#[derive(Default)]
+pub struct Ask<'a> {
+    pub tenant: Option<std::sync::Arc<str>>,
+    pub weight: f64,
+    pub budget: Option<std::sync::Arc<std::sync::Mutex<crate::tenants::Budget>>>,
+    pub batch: Option<&'a BatchLine>,
 }
 
 /// Why a job did not reach the LLM.
@@ -83,47 +113,82 @@ pub enum Refused {
     NoLlm,
     /// The queue is full, the job could not finish in time, or the queue refused it.
     Queue(QueueError),
+    /// The tenant has spent its LLM budget; it may ask again after this long.
+    Budget(Duration),
 }
 
-/// A job on its way: its handle, how many jobs were in flight with it (itself included), and a batch line's
-/// turn, held until the caller is done with the answer.
+/// A job on its way: its handle, how many jobs were running with it when it was dispatched (itself
+/// included), its slot and a batch line's turn, held until the caller is done with the answer.
 pub struct Submitted<'a> {
     pub handle: JobHandle,
     pub ahead: u32,
     /// The LLM side it went to.
     pub llm: &'a Llm,
+    /// Its place at the workers (released on drop).
+    pub slot: crate::fair::Slot,
     _turn: Option<Turn<'a>>,
 }
 
+/// A batch line's turn at the LLM, held apart from the job (see [`Submitted::split`]).
+pub struct Held<'a> {
+    _turn: Option<Turn<'a>>,
+}
+
+impl<'a> Submitted<'a> {
+    /// The handle and the slot (which a streamed answer carries to its last token), and the turn.
+    pub fn split(self) -> (JobHandle, crate::fair::Slot, Held<'a>) {
+        (self.handle, self.slot, Held { _turn: self._turn })
+    }
+}
+
 impl Llm {
-    /// Submits `job` for an interactive request (`batch` is `None`) or a batch line.
-    pub async fn submit<'a>(
-        &'a self,
-        job: &Job,
-        batch: Option<&BatchLine>,
-    ) -> Result<Submitted<'a>, Refused> {
-        let turn = self.gate.turn(&self.client, batch).await;
+    /// Submits `job` for `ask` (an interactive request, or a batch line when `ask.batch` is set).
+    pub async fn submit<'a>(&'a self, job: &Job, ask: Ask<'_>) -> Result<Submitted<'a>, Refused> {
+        let turn = self.gate.turn(&self.client, ask.batch).await;
         let rerank = matches!(job, Job::Rerank { .. });
         let deadline = if rerank {
             self.limits.rerank_deadline
         } else {
             self.limits.generate_deadline
         };
-        let in_flight = self.client.in_flight();
-        if in_flight >= self.limits.in_flight {
-            return Err(Refused::Queue(QueueError::Full { slots: in_flight }));
-        }
-        if rerank && self.rerank_out_of_reach(deadline) {
+        let asked = std::time::Instant::now();
+        let tenant = ask
+            .tenant
+            .unwrap_or_else(|| std::sync::Arc::from("default"));
+        let weight = if ask.weight > 0.0 { ask.weight } else { 1.0 };
+        if rerank && self.rerank_out_of_reach(deadline, self.share.ahead(&tenant, weight)) {
             return Err(Refused::Queue(QueueError::DeadlineExceeded));
         }
+        let mut slot = self
+            .share
+            .acquire(&tenant, weight, self.max_wait(rerank, deadline))
+            .await
+            .map_err(|e| {
+                Refused::Queue(match e {
+                    NoSlot::Full => QueueError::Full {
+                        slots: self.limits.in_flight,
+                    },
+                    NoSlot::Timeout => QueueError::DeadlineExceeded,
+                })
+            })?;
+        if let Some(budget) = ask.budget {
+            slot.on_release(move |held| {
+                if let Ok(mut b) = budget.lock() {
+                    b.charge(std::time::Instant::now(), held.as_secs_f64());
+                }
+            });
+        }
+        let ahead = self.client.in_flight() as u32 + 1;
+        let left = deadline.saturating_sub(asked.elapsed());
         let handle = self
             .client
-            .submit_traced(job, crate::trace::job_parent().as_ref(), deadline)
+            .submit_traced(job, crate::trace::job_parent().as_ref(), left)
             .map_err(Refused::Queue)?;
         Ok(Submitted {
             handle,
-            ahead: in_flight as u32 + 1,
+            ahead,
             llm: self,
+            slot,
             _turn: turn,
         })
     }

@@ -15,7 +15,7 @@ use crate::error::ApiError;
 /// The tenant a request runs as (a request extension: set by the public API's gate
 /// (`routes::authenticate`), or by an in-process caller
 /// such as the batch runner — a client cannot set extensions).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantId(pub Arc<str>);
 
 impl TenantId {
@@ -59,6 +59,59 @@ impl Bucket {
     }
 }
 
+/// A tenant's LLM budget in LLM-seconds: refilled at `per_min / 60` a second up to one minute's worth, and
+/// charged after each job with the time it held a worker (so it can go below zero; the tenant then waits
+/// until it is paid back).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Budget {
+    per_s: f64,
+    cap: f64,
+    left: f64,
+    at: Instant,
+}
+
+impl Budget {
+    /// A full budget of `per_min` LLM-seconds a minute.
+    pub fn new(per_min: f64, now: Instant) -> Self {
+        Self {
+            per_s: per_min / 60.0,
+            cap: per_min,
+            left: per_min,
+            at: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.left = (self.left + elapsed * self.per_s).min(self.cap);
+        self.at = now.max(self.at);
+    }
+
+    /// Whether a job may start at `now`, or how long until it may.
+    pub fn check(&mut self, now: Instant) -> Result<(), Duration> {
+        self.refill(now);
+        if self.left > 0.0 {
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(
+                (-self.left / self.per_s).max(0.0) + 1e-3,
+            ))
+        }
+    }
+
+    /// Charges `secs` LLM-seconds at `now`.
+    pub fn charge(&mut self, now: Instant, secs: f64) {
+        self.refill(now);
+        self.left -= secs;
+    }
+
+    /// LLM-seconds left at `now`.
+    pub fn left(&mut self, now: Instant) -> f64 {
+        self.refill(now);
+        self.left
+    }
+}
+
 /// One configured tenant.
 #[derive(Debug)]
 pub struct Tenant {
@@ -66,11 +119,24 @@ pub struct Tenant {
     /// The routes it may use (`None`: all).
     routes: Option<Vec<String>>,
     /// Its rate and burst, and the bucket (kept across a reload that leaves both as they were).
-    bucket: Option<Limited>,
+    bucket: Option<Limited<(f64, f64), Bucket>>,
+    /// Its LLM-seconds a minute and its budget (kept likewise).
+    budget: Option<Limited<f64, Budget>>,
+    /// Its fair-share weight at the LLM.
+    pub weight: f64,
+    /// Its batch quotas.
+    pub quotas: Quotas,
 }
 
-/// A tenant's (rate, burst) and its bucket.
-type Limited = ((f64, f64), Arc<Mutex<Bucket>>);
+/// A tenant's batch quotas (`None`: no quota of its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quotas {
+    pub max_active_batches: Option<usize>,
+    pub max_stored_bytes: Option<u64>,
+}
+
+/// A limit as configured, and its shared state.
+type Limited<L, S> = (L, Arc<Mutex<S>>);
 
 impl Tenant {
     /// Whether it may use route `name`.
@@ -78,6 +144,11 @@ impl Tenant {
         self.routes
             .as_ref()
             .is_none_or(|r| r.iter().any(|x| x == name))
+    }
+
+    /// Its LLM budget, when it has one.
+    pub fn budget(&self) -> Option<&Arc<Mutex<Budget>>> {
+        self.budget.as_ref().map(|(_, b)| b)
     }
 
     /// Takes one request from its rate, or says how long until it may send one.
@@ -121,15 +192,35 @@ impl Tenants {
                     .unwrap_or_else(|| Arc::new(Mutex::new(Bucket::new(limits.0, limits.1, now))));
                 (limits, b)
             });
+            let budget = c.llm_seconds_per_min.map(|per_min| {
+                let kept = self
+                    .named(&c.name)
+                    .and_then(|old| old.budget.as_ref())
+                    .filter(|(l, _)| *l == per_min)
+                    .map(|(_, b)| b.clone());
+                let b = kept.unwrap_or_else(|| Arc::new(Mutex::new(Budget::new(per_min, now))));
+                (per_min, b)
+            });
             let tenant = Arc::new(Tenant {
                 id: TenantId(Arc::from(c.name.as_str())),
                 routes: c.routes.clone(),
                 bucket,
+                budget,
+                weight: c.weight_in_force(),
+                quotas: Quotas {
+                    max_active_batches: c.max_active_batches,
+                    max_stored_bytes: c.max_stored_bytes,
+                },
             });
             t.by_digest.insert(digest, tenant.clone());
             t.by_name.insert(c.name.clone(), tenant);
         }
         t
+    }
+
+    /// Every tenant, by name.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.by_name.values()
     }
 
     /// The tenants' names, routes and limits (what `GET /admin/tenants` shows; never a digest).
@@ -145,6 +236,11 @@ impl Tenants {
                     "routes": t.routes,
                     "rate_per_s": t.bucket.as_ref().map(|((r, _), _)| r),
                     "burst": t.bucket.as_ref().map(|((_, b), _)| b),
+                    "llm_seconds_per_min": t.budget.as_ref().map(|(l, _)| l),
+                    "llm_seconds_left": t.budget().and_then(|b| b.lock().ok().map(|mut b| b.left(Instant::now()))),
+                    "weight": t.weight,
+                    "max_active_batches": t.quotas.max_active_batches,
+                    "max_stored_bytes": t.quotas.max_stored_bytes,
                 })
             })
             .collect()
@@ -255,7 +351,65 @@ mod tests {
             routes: Some(vec!["classify".into()]),
             rate_per_s: Some(1.0),
             burst: Some(1.0),
+            ..TenantConfig::default()
         }
+    }
+
+    #[test]
+    fn the_llm_budget_is_charged_after_the_fact_and_paid_back_at_its_rate() {
+        let t0 = Instant::now();
+        // 6 LLM-seconds a minute: 0.1 a second, at most 6 banked.
+        let mut b = Budget::new(6.0, t0);
+        assert!(b.check(t0).is_ok());
+        b.charge(t0, 5.0);
+        assert!(b.check(t0).is_ok());
+        // One long job overdraws it: the next waits until the debt is repaid.
+        b.charge(t0, 3.0);
+        let wait = b.check(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 20.0).abs() < 0.01, "{wait:?}");
+        assert!(b.check(t0 + Duration::from_secs(19)).is_err());
+        assert!(b.check(t0 + Duration::from_secs(21)).is_ok());
+        // Idle: full again, never beyond a minute's worth.
+        assert!((b.left(t0 + Duration::from_secs(3600)) - 6.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_reload_keeps_a_budget_whose_limit_is_unchanged() {
+        let mut c = cfg("a", "key-a");
+        c.llm_seconds_per_min = Some(6.0);
+        c.weight = Some(2.0);
+        let t = Tenants::new(std::slice::from_ref(&c));
+        let a = t.named("a").unwrap();
+        assert_eq!(a.weight, 2.0);
+        a.budget()
+            .unwrap()
+            .lock()
+            .unwrap()
+            .charge(Instant::now(), 6.0);
+        let kept = t.reloaded(std::slice::from_ref(&c));
+        assert!(
+            kept.named("a")
+                .unwrap()
+                .budget()
+                .unwrap()
+                .lock()
+                .unwrap()
+                .left(Instant::now())
+                < 0.1
+        );
+        c.llm_seconds_per_min = Some(12.0);
+        let fresh = t.reloaded(&[c]);
+        assert!(
+            fresh
+                .named("a")
+                .unwrap()
+                .budget()
+                .unwrap()
+                .lock()
+                .unwrap()
+                .left(Instant::now())
+                > 11.9
+        );
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub struct ValidChat {
     /// A line of a batch (set by the handler, not by the client): its LLM work waits for the interactive
     /// channel.
     pub batch: Option<crate::priority::BatchLine>,
+    /// The tenant it runs as (set by the handler).
+    pub tenant: crate::tenants::TenantId,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
@@ -117,6 +119,7 @@ pub fn validate(
         json_object,
         user,
         batch: None,
+        tenant: crate::tenants::TenantId::anonymous(),
     })
 }
 

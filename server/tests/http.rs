@@ -873,13 +873,12 @@ fn tenants(c: &mut Config) {
             routes: Some(vec!["classify".into(), "answer".into()]),
             rate_per_s: Some(0.5),
             burst: Some(2.0),
+            ..Default::default()
         },
         tiergate_config::TenantConfig {
             name: "b".into(),
             key_sha256: digest("key-b"),
-            routes: None,
-            rate_per_s: None,
-            burst: None,
+            ..Default::default()
         },
     ];
 }

@@ -46,6 +46,7 @@ pub async fn chat(
         return e.into_response();
     }
     valid.batch = batch_line.map(|e| e.0);
+    valid.tenant = tenant.clone();
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let variant = state
@@ -252,7 +253,7 @@ async fn generate(
         messages,
         sampling: sampling(&v),
     };
-    let submitted = match state.submit(&job, v.batch.as_ref()).await {
+    let submitted = match state.submit(&job, &v.tenant, v.batch.as_ref()).await {
         Ok(s) => s,
         Err(Refused::NoLlm) => {
             return Err(ApiError::Unavailable(
@@ -260,12 +261,22 @@ async fn generate(
             ))
         }
         Err(Refused::Queue(e)) => return Err(ApiError::from(e)),
+        // A generation has no Tier-0 answer to degrade to.
+        Err(Refused::Budget(wait)) => {
+            return Err(ApiError::RateLimited {
+                message: format!(
+                    "tenant `{}` has spent its LLM budget: retry after the Retry-After seconds",
+                    v.tenant.0
+                ),
+                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+            })
+        }
     };
     let meta = Meta {
         tier: Tier::Llm,
         ..Meta::default()
     };
     let outcome = meta.outcome(None);
-    let resp = stream_or_collect(state, &v, submitted.handle, meta, 0, started).await?;
+    let resp = stream_or_collect(state, &v, submitted, meta, 0, started).await?;
     Ok((resp, outcome))
 }

@@ -111,6 +111,13 @@ fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError
             Ok(())
         }
         Refused::Queue(e) => degrade(state, meta, &e),
+        // Over budget degrades whatever `on_escalation_failure` says: the tenant is answered, by Tier-0.
+        Refused::Budget(_) => {
+            meta.tier = Tier::Tier0;
+            meta.degraded = Some(DegradeReason::Budget);
+            crate::trace::degraded(DegradeReason::Budget.as_str());
+            Ok(())
+        }
     }
 }
 
@@ -163,19 +170,12 @@ pub(super) async fn escalate_answer(
         messages,
         sampling: sampling(v),
     };
-    match state.submit(&job, v.batch.as_ref()).await {
+    match state.submit(&job, &v.tenant, v.batch.as_ref()).await {
         Ok(submitted) => {
             meta.tier = Tier::Llm;
             let prompt_tokens = d.pred.tokens as u32;
-            let resp = stream_or_collect(
-                state,
-                v,
-                submitted.handle,
-                meta.clone(),
-                prompt_tokens,
-                started,
-            )
-            .await?;
+            let resp = stream_or_collect(state, v, submitted, meta.clone(), prompt_tokens, started)
+                .await?;
             Ok(Some(resp))
         }
         Err(r) => {
@@ -219,20 +219,20 @@ pub(super) async fn escalate_rerank(
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
-    let submitted = match state.submit(&job, v.batch.as_ref()).await {
+    let submitted = match state.submit(&job, &v.tenant, v.batch.as_ref()).await {
         Ok(s) => s,
         Err(r) => {
             refused(state, meta, r)?;
             return Ok(None);
         }
     };
-    let (llm, ahead) = (submitted.llm, submitted.ahead);
+    let (llm, ahead, dispatched) = (submitted.llm, submitted.ahead, submitted.slot.since());
     match submitted.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => {
             meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
-            // Service time ≈ latency shared by the jobs that were queued with this one.
-            llm.record_rerank(t.elapsed() / ahead);
+            // Service time ≈ latency from dispatch shared by the jobs that were running with this one.
+            llm.record_rerank(dispatched.elapsed() / ahead);
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
             let tier0_p: Vec<f32> = tier0.iter().map(|(_, p)| *p).collect();
             let (llm_p, fused_p) = route.fusion.apply(&tier0_p, &r.scores);

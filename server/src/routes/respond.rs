@@ -224,14 +224,21 @@ fn usage_chunk(id: &str, created: u64, model: &str, usage: &Usage) -> SseEvent {
 }
 
 /// An LLM generation: streamed as SSE, or collected into one JSON response.
+/// A generation's handle and the slot it holds until its last token.
+struct Running {
+    handle: tiergate_queue::JobHandle,
+    slot: crate::fair::Slot,
+}
+
 pub(super) async fn stream_or_collect(
     state: &Arc<AppState>,
     v: &ValidChat,
-    handle: tiergate_queue::JobHandle,
+    submitted: crate::llm::Submitted<'_>,
     mut meta: Meta,
     extra_prompt_tokens: u32,
     started: Instant,
 ) -> Result<Response, ApiError> {
+    let (handle, slot, _turn) = submitted.split();
     // Wait for the first event before answering, so errors before any token still get a proper status.
     let t = Instant::now();
     let first = next_event(&handle).await?;
@@ -250,7 +257,7 @@ pub(super) async fn stream_or_collect(
         extra_prompt_tokens,
     };
     let mut resp = if v.stream {
-        stream(out, handle, first, v.include_usage)
+        stream(out, Running { handle, slot }, first, v.include_usage)
     } else {
         let resp = collect(out, &handle, first).await?;
         meta.generation_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -321,15 +328,14 @@ async fn collect(
 }
 
 /// The generation as server-sent events, fed by a task that ends (cancelling the job) when the client goes.
-fn stream(
-    g: Generation,
-    handle: tiergate_queue::JobHandle,
-    first: Event,
-    include_usage: bool,
-) -> Response {
+fn stream(g: Generation, running: Running, first: Event, include_usage: bool) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     tokio::spawn(
         async move {
+            let Running {
+                handle,
+                slot: _slot,
+            } = running;
             let send = |delta: Value, finish: Option<&str>| {
                 chunk(&g.id, g.created, &g.route, delta, finish, None)
             };

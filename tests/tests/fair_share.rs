@@ -1,0 +1,134 @@
+//! The tenants' fair share of a busy LLM, end to end: the real `tiergate serve` (real MiniLM, a stub LLM worker
+//! process taking 400 ms a job, 4 at a time) with two tenants of weight 1 and every request escalated, driven
+//! by `tiergate-bench --tenant` (one run, both tenants' reports). Tenant A floods at ten times its share,
+//! tenant B sends a steady 0.5 escalations a second: B's escalated P95 stays within twice its idle P95 and B
+//! is never degraded, while A degrades. Its own test binary, so no other test shares the two cores with it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::Command;
+
+use serde_json::Value;
+use tiergate_tests::{binary, root};
+
+mod common;
+
+const KEY_A: &str = "sk-tenant-a-flood";
+const KEY_B: &str = "sk-tenant-b-steady";
+
+/// The bench's reports for `tenants` (`--tenant` specs) over `secs` seconds.
+fn bench(base: &str, admin: &str, tenants: &[String], secs: u32, out: &std::path::Path) -> Value {
+    let data = root().join("bench/workloads/bank24.jsonl");
+    let mut cmd = Command::new(binary("tiergate-bench"));
+    cmd.args(["--url", base, "--admin-url", admin])
+        .args(["--data", data.to_str().unwrap()])
+        .args(["--duration", &format!("{secs}s"), "--quiet"])
+        .args(["--json", out.to_str().unwrap()])
+        .env_remove("TIERGATE_ADMIN_TOKEN")
+        .env_remove("OPENAI_API_KEY");
+    for t in tenants {
+        cmd.args(["--tenant", t]);
+    }
+    let o = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{stdout}");
+    serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap()
+}
+
+/// The run of `tenant` and its channel `name`.
+fn channel(report: &Value, tenant: &str, name: &str) -> Value {
+    let run = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == tenant)
+        .unwrap_or_else(|| panic!("no run {tenant}: {report}"));
+    run["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["channel"] == name)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn count(c: &Value) -> u64 {
+    c["count"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_flooding_tenant_does_not_reach_a_steady_tenants_escalations() {
+    let sha = common::key_sha256;
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        sha(KEY_A),
+        sha(KEY_B)
+    );
+    let s = common::start(&[
+        "--set",
+        &tenants,
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.workers=1",
+        "--set",
+        "reranker.max_concurrent=4",
+        "--set",
+        "reranker.extra_args=[\"--stub-delay-ms\", \"400\"]",
+        // Every request escalates.
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "routing.theta_min=0.0",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let b = format!("name=b,key={KEY_B},rate=0.5");
+    // B alone: its idle latency.
+    let idle = bench(
+        &s.base,
+        &s.admin,
+        std::slice::from_ref(&b),
+        16,
+        &dir.path().join("idle.json"),
+    );
+    let idle_esc = channel(&idle, "b", "escalated");
+    assert!(count(&idle_esc) >= 6, "{idle_esc}");
+    let idle_p95 = idle_esc["latency"]["p95_ms"].as_f64().unwrap();
+    // The LLM takes 4 jobs of 400 ms at once: 10 a second, 5 a second each tenant's share; A sends 50.
+    let a = format!("name=a,key={KEY_A},rate=50");
+    let both = bench(
+        &s.base,
+        &s.admin,
+        &[a, b],
+        30,
+        &dir.path().join("both.json"),
+    );
+    let (b_esc, b_deg) = (
+        channel(&both, "b", "escalated"),
+        channel(&both, "b", "degraded"),
+    );
+    let a_deg = channel(&both, "a", "degraded");
+    assert!(count(&b_esc) >= 12, "{b_esc}");
+    assert_eq!(count(&b_deg), 0, "B is never degraded: {b_deg}");
+    assert_eq!(count(&channel(&both, "b", "errors")), 0);
+    let b_p95 = b_esc["latency"]["p95_ms"].as_f64().unwrap();
+    assert!(
+        b_p95 <= 2.0 * idle_p95,
+        "B's escalated P95 {b_p95:.0} ms vs idle {idle_p95:.0} ms"
+    );
+    assert!(count(&a_deg) > 100, "A floods, so A degrades: {a_deg}");
+    // A got no more than its share plus what B left idle: about 10 jobs a second less B's 0.5.
+    let a_esc = count(&channel(&both, "a", "escalated"));
+    assert!(a_esc as f64 <= 30.0 * 10.0 * 1.1, "{a_esc}");
+    println!(
+        "fair share: B idle P95 {idle_p95:.0} ms, contended P95 {b_p95:.0} ms; A escalated {a_esc}, degraded {}",
+        count(&a_deg)
+    );
+}
