@@ -1089,3 +1089,68 @@ async fn the_keys_file_reloads_under_traffic_without_dropping_a_request() {
         codes.len()
     );
 }
+
+/// A tenant over its LLM budget (`llm_seconds_per_min`) is answered by Tier-0 with `x-tiergate-degraded:
+/// budget` on a classify route (never an error), gets 429 with Retry-After on a generate route (no Tier-0
+/// answer there), while another tenant still reaches the LLM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_llm_budget_degrades_and_its_generations_are_429() {
+    let r = rig(1, |c| {
+        c.reranker.extra_args = vec!["--stub-delay-ms".into(), "300".into()];
+        c.tenants = vec![
+            tiergate_config::TenantConfig {
+                name: "metered".into(),
+                key_sha256: digest("key-m"),
+                // 0.5 LLM-seconds banked, refilled at 1/120 s a second: two jobs of 300 ms spend it.
+                llm_seconds_per_min: Some(0.5),
+                ..Default::default()
+            },
+            tiergate_config::TenantConfig {
+                name: "free".into(),
+                key_sha256: digest("key-f"),
+                ..Default::default()
+            },
+        ];
+    });
+    let ask = |key: &str, model: &str| {
+        let mut req = with_key(
+            post("/v1/chat/completions", chat(model, "card lost")),
+            Some(&format!("Bearer {key}")),
+        );
+        force(&mut req, "0");
+        req
+    };
+    for _ in 0..2 {
+        let (s, h, b) = call(&r.app, ask("key-m", "classify")).await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+        assert_eq!(h["x-tiergate-tier"], "llm");
+    }
+    let (s, h, b) = call(&r.app, ask("key-m", "classify")).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+    assert_eq!(h["x-tiergate-degraded"], "budget");
+    let (s, h, b) = call(&r.app, ask("key-m", "generate")).await;
+    let v = assert_openai_error(s, &b, 429);
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    // About 0.1 LLM-second overdrawn at 1/120 per second: some twelve seconds.
+    let wait: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((5..=20).contains(&wait), "{wait}");
+    let (s, h, _) = call(&r.app, ask("key-f", "classify")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["x-tiergate-tier"], "llm");
+    // The admin API shows what is left.
+    let req = Request::get("/admin/tenants")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (_, _, b) = call(&r.admin, req).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let m = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "metered")
+        .unwrap()
+        .clone();
+    assert!(m["llm_seconds_left"].as_f64().unwrap() < 0.0, "{m}");
+}
