@@ -26,6 +26,7 @@ pub mod record;
 pub mod routes;
 pub mod serve;
 pub mod store;
+pub mod tenant_sync;
 pub mod tenants;
 pub mod trace;
 pub mod util;

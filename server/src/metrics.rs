@@ -49,6 +49,8 @@ pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
 
 /// Tenants in force (after the last reload).
 pub const TENANTS: &str = "tiergate_tenants";
+/// 1 while tenants' limits are shared with the other replicas through Redis, 0 while each enforces them alone.
+pub const TENANT_LIMITS_SHARED: &str = "tiergate_tenant_limits_shared";
 /// Reloads of the tenants that failed (the keys in force stayed).
 pub const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failures_total";
 
@@ -112,6 +114,10 @@ fn describe() {
     );
     describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
     describe_gauge!(TENANTS, "Tenants in force");
+    describe_gauge!(
+        TENANT_LIMITS_SHARED,
+        "1 while tenants' rate and budget limits are shared through Redis, 0 while this replica enforces them alone"
+    );
     describe_counter!(
         TENANTS_RELOAD_FAILURES_TOTAL,
         "Tenant reloads that failed (the keys in force stayed)"

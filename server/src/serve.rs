@@ -166,6 +166,10 @@ fn start_background(
             store.clone(),
             Arc::downgrade(&state.policy),
         ));
+        tokio::spawn(crate::tenant_sync::sync_tenants(
+            store.clone(),
+            Arc::downgrade(state),
+        ));
     }
     if !state.config.utilization.prometheus_url.is_empty() {
         tokio::spawn(crate::fleet::poll_prometheus(

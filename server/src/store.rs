@@ -54,6 +54,32 @@ impl RedisStore {
         })
     }
 
+    /// The key prefix.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How often replicas exchange state.
+    pub fn period(&self) -> Duration {
+        self.sync
+    }
+
+    /// Adds each `(key, delta)` to its shared counter (a day's expiry, renewed) and returns the totals, in order.
+    pub async fn add_counters(&self, deltas: &[(String, f64)]) -> redis::RedisResult<Vec<f64>> {
+        let r = async {
+            let mut c = self.connection().await?;
+            let mut pipe = redis::pipe();
+            for (key, delta) in deltas {
+                pipe.cmd("INCRBYFLOAT").arg(key).arg(*delta);
+                pipe.cmd("EXPIRE").arg(key).arg(86_400).ignore();
+            }
+            let totals: Vec<f64> = pipe.query_async(&mut c).await?;
+            Ok(totals)
+        }
+        .await;
+        self.note(r).await
+    }
+
     /// Whether the last exchange with Redis worked.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)

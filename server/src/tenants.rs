@@ -32,6 +32,8 @@ pub struct Bucket {
     burst: f64,
     tokens: f64,
     at: Instant,
+    /// Tokens taken here since the last exchange with the other replicas ([`crate::tenant_sync`]).
+    unsynced: f64,
 }
 
 impl Bucket {
@@ -42,6 +44,7 @@ impl Bucket {
             burst,
             tokens: burst,
             at: now,
+            unsynced: 0.0,
         }
     }
 
@@ -52,11 +55,31 @@ impl Bucket {
         self.at = now.max(self.at);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
+            self.unsynced += 1.0;
             Ok(())
         } else {
             Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
         }
     }
+}
+
+impl Shared for Bucket {
+    fn take_unsynced(&mut self) -> f64 {
+        std::mem::take(&mut self.unsynced)
+    }
+
+    fn absorb(&mut self, taken: f64) {
+        self.tokens = (self.tokens - taken).max(-self.burst);
+    }
+}
+
+/// A limit whose use is shared with the other replicas: what was used here since the last exchange, and
+/// what the others used (taken from this replica's allowance, down to at most one full allowance of debt).
+pub trait Shared {
+    /// Use here since the last call.
+    fn take_unsynced(&mut self) -> f64;
+    /// Use by the other replicas.
+    fn absorb(&mut self, taken: f64);
 }
 
 /// A tenant's LLM budget in LLM-seconds: refilled at `per_min / 60` a second up to one minute's worth, and
@@ -68,6 +91,17 @@ pub struct Budget {
     cap: f64,
     left: f64,
     at: Instant,
+    unsynced: f64,
+}
+
+impl Shared for Budget {
+    fn take_unsynced(&mut self) -> f64 {
+        std::mem::take(&mut self.unsynced)
+    }
+
+    fn absorb(&mut self, taken: f64) {
+        self.left = (self.left - taken).max(-self.cap);
+    }
 }
 
 impl Budget {
@@ -78,6 +112,7 @@ impl Budget {
             cap: per_min,
             left: per_min,
             at: now,
+            unsynced: 0.0,
         }
     }
 
@@ -103,6 +138,7 @@ impl Budget {
     pub fn charge(&mut self, now: Instant, secs: f64) {
         self.refill(now);
         self.left -= secs;
+        self.unsynced += secs;
     }
 
     /// LLM-seconds left at `now`.
@@ -144,6 +180,11 @@ impl Tenant {
         self.routes
             .as_ref()
             .is_none_or(|r| r.iter().any(|x| x == name))
+    }
+
+    /// Its request-rate bucket, when it has one.
+    pub fn bucket(&self) -> Option<&Arc<Mutex<Bucket>>> {
+        self.bucket.as_ref().map(|(_, b)| b)
     }
 
     /// Its LLM budget, when it has one.
