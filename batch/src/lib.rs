@@ -100,11 +100,18 @@ impl Product for BatchApi {
                     files_limit.saturating_add(64 << 10),
                 )),
             )
+            .route("/v1/files", get(list_files))
             .route("/v1/files/{id}", get(file))
             .route("/v1/files/{id}/content", get(content))
             .route("/v1/batches", post(create).get(list))
             .route("/v1/batches/{id}", get(batch))
             .route("/v1/batches/{id}/cancel", post(cancel))
+            .layer(Extension(self.clone()))
+    }
+
+    fn admin_routes(&self) -> axum::Router<Arc<AppState>> {
+        axum::Router::new()
+            .route("/admin/batches", get(admin_batches))
             .layer(Extension(self.clone()))
     }
 
@@ -136,8 +143,121 @@ fn owned_batch(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::BatchR
         .ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))
 }
 
+/// `tenant`'s batch quotas (none for identities that are no configured tenant).
+fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_server::tenants::Quotas {
+    state
+        .tenants()
+        .named(&tenant.0)
+        .map(|t| t.quotas)
+        .unwrap_or_default()
+}
+
+/// 429 `insufficient_quota` when `tenant`'s files would pass its `max_stored_bytes` with `adding` more.
+fn check_stored_bytes(
+    state: &AppState,
+    b: &Batches,
+    tenant: &TenantId,
+    adding: u64,
+) -> Result<(), ApiError> {
+    let Some(quota) = quotas(state, tenant).max_stored_bytes else {
+        return Ok(());
+    };
+    let used = b.store.owner_bytes(&tenant.0).map_err(internal)?;
+    if used + adding > quota {
+        return Err(ApiError::QuotaExceeded(format!(
+            "tenant `{}` stores {used} bytes; {adding} more would pass its max_stored_bytes = {quota}",
+            tenant.0
+        )));
+    }
+    Ok(())
+}
+
+/// 429 `insufficient_quota` when `tenant` already has its `max_active_batches` unfinished.
+fn check_open_batches(state: &AppState, b: &Batches, tenant: &TenantId) -> Result<(), ApiError> {
+    let Some(quota) = quotas(state, tenant).max_active_batches else {
+        return Ok(());
+    };
+    let open = b.store.owner_open_batches(&tenant.0).map_err(internal)?;
+    if open >= quota {
+        return Err(ApiError::QuotaExceeded(format!(
+            "tenant `{}` has {open} unfinished batches, its max_active_batches",
+            tenant.0
+        )));
+    }
+    Ok(())
+}
+
+/// `GET /v1/files?after=&limit=`: the caller's files, newest first.
+pub async fn list_files(
+    Extension(api): Extension<BatchApi>,
+    Extension(tenant): Extension<TenantId>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let run = || {
+        let b = api.batches()?;
+        let limit = page_limit(&q)?;
+        let rows = b
+            .store
+            .files(&tenant.0, q.get("after").map(String::as_str), limit + 1)
+            .map_err(internal)?;
+        let data: Vec<Value> = rows.iter().take(limit).map(|r| r.to_json()).collect();
+        Ok::<_, ApiError>(axum::Json(page(data, rows.len() > limit)).into_response())
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `limit` of a list request: 20 unless given, 1–100.
+fn page_limit(q: &std::collections::HashMap<String, String>) -> Result<usize, ApiError> {
+    match q.get("limit").map(|l| l.parse::<usize>()) {
+        None => Ok(20),
+        Some(Ok(n)) if (1..=100).contains(&n) => Ok(n),
+        Some(_) => Err(ApiError::invalid("limit", "must be 1–100")),
+    }
+}
+
+/// One page of a list, in OpenAI's shape.
+fn page(data: Vec<Value>, more: bool) -> Value {
+    json!({"object": "list",
+        "first_id": data.first().map(|d| d["id"].clone()),
+        "last_id": data.last().map(|d| d["id"].clone()),
+        "has_more": more, "data": data})
+}
+
+/// `GET /admin/batches` (admin listener): per tenant, its files, their bytes and its batches by status;
+/// `?tenant=NAME` also lists that tenant's batches (newest 100).
+pub async fn admin_batches(
+    Extension(api): Extension<BatchApi>,
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    tiergate_server::auth::Peer(peer): tiergate_server::auth::Peer,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let run = || {
+        tiergate_server::auth::authorize_admin(state.admin_token(), &headers, peer)?;
+        let b = api.batches()?;
+        let owners: Vec<Value> = b
+            .store
+            .by_owner()
+            .map_err(internal)?
+            .into_iter()
+            .map(|(owner, files, bytes, batches)| {
+                json!({"tenant": owner, "files": files, "stored_bytes": bytes,
+                    "batches": batches.into_iter().map(|(s, n)| (s, Value::from(n))).collect::<serde_json::Map<String, Value>>()})
+            })
+            .collect();
+        let mut out = json!({"tenants": owners});
+        if let Some(t) = q.get("tenant") {
+            let rows = b.store.list(t, None, 100).map_err(internal)?;
+            out["batches"] = rows.iter().map(|r| r.to_json()).collect();
+        }
+        Ok::<_, ApiError>(axum::Json(out).into_response())
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}
+
 /// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`).
 pub async fn upload(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
     Extension(api): Extension<BatchApi>,
     Extension(tenant): Extension<TenantId>,
     mut form: Multipart,
@@ -180,6 +300,7 @@ pub async fn upload(
             ));
         }
         let (name, bytes) = file.ok_or_else(|| ApiError::invalid("file", "missing `file`"))?;
+        check_stored_bytes(&state, b, &tenant, bytes.len() as u64)?;
         let total = b.store.total_bytes().map_err(internal)?;
         if total + bytes.len() as u64 > b.cfg.max_total_bytes {
             return Err(ApiError::Unavailable(format!(
@@ -229,6 +350,7 @@ pub async fn content(
 
 /// `POST /v1/batches`.
 pub async fn create(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
     Extension(api): Extension<BatchApi>,
     Extension(tenant): Extension<TenantId>,
     ApiJson(body): ApiJson<Value>,
@@ -260,6 +382,7 @@ pub async fn create(
                 format!("completion_window `{window}`: only `24h` is supported"),
             ));
         }
+        check_open_batches(&state, b, &tenant)?;
         let metadata = Some(&body["metadata"]).filter(|m| m.is_object());
         let row = b
             .store
@@ -316,23 +439,13 @@ pub async fn list(
 ) -> Response {
     let run = || {
         let b = api.batches()?;
-        let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
-            None => 20,
-            Some(Ok(n)) if (1..=100).contains(&n) => n,
-            Some(_) => return Err(ApiError::invalid("limit", "must be 1–100")),
-        };
+        let limit = page_limit(&q)?;
         let rows = b
             .store
             .list(&tenant.0, q.get("after").map(String::as_str), limit + 1)
             .map_err(internal)?;
-        let more = rows.len() > limit;
         let data: Vec<Value> = rows.iter().take(limit).map(|r| r.to_json()).collect();
-        Ok::<_, ApiError>(
-            axum::Json(json!({"object": "list", "data": data,
-                "first_id": data.first().map(|d| d["id"].clone()),
-                "last_id": data.last().map(|d| d["id"].clone()), "has_more": more}))
-            .into_response(),
-        )
+        Ok::<_, ApiError>(axum::Json(page(data, rows.len() > limit)).into_response())
     };
     run().unwrap_or_else(IntoResponse::into_response)
 }

@@ -184,6 +184,86 @@ impl Store {
         Ok(n as u64)
     }
 
+    /// `owner`'s stored files' bytes.
+    pub fn owner_bytes(&self, owner: &str) -> anyhow::Result<u64> {
+        let n: i64 = self.db()?.query_row(
+            "SELECT COALESCE(SUM(bytes), 0) FROM files WHERE owner = ?1",
+            [owner],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    /// `owner`'s unfinished batches (validating, in progress, finalizing, cancelling).
+    pub fn owner_open_batches(&self, owner: &str) -> anyhow::Result<usize> {
+        let n: i64 = self.db()?.query_row(
+            "SELECT COUNT(*) FROM batches WHERE owner = ?1
+               AND status IN ('validating', 'in_progress', 'finalizing', 'cancelling')",
+            [owner],
+            |r| r.get(0),
+        )?;
+        Ok(n as usize)
+    }
+
+    /// `owner`'s files, newest first, after the one named `after`.
+    pub fn files(
+        &self,
+        owner: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<FileRow>> {
+        let ids: Vec<String> = {
+            let db = self.db()?;
+            let mut q = db.prepare(
+                "SELECT id FROM files WHERE owner = ?3
+                   AND (?1 IS NULL OR rowid < (SELECT rowid FROM files WHERE id = ?1))
+                 ORDER BY rowid DESC LIMIT ?2",
+            )?;
+            let rows = q.query_map(params![after, limit as i64, owner], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        ids.iter()
+            .filter_map(|id| self.file(id).transpose())
+            .collect()
+    }
+
+    /// Per owner: files, their bytes, and batches by status (the admin API's per-tenant view).
+    pub fn by_owner(&self) -> anyhow::Result<Vec<(String, u64, u64, Vec<(String, u64)>)>> {
+        let db = self.db()?;
+        let mut owners: std::collections::BTreeMap<String, (u64, u64, Vec<(String, u64)>)> =
+            Default::default();
+        let mut q = db
+            .prepare("SELECT owner, COUNT(*), COALESCE(SUM(bytes), 0) FROM files GROUP BY owner")?;
+        for row in q.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })? {
+            let (owner, n, bytes) = row?;
+            let e = owners.entry(owner).or_default();
+            (e.0, e.1) = (n as u64, bytes as u64);
+        }
+        let mut q = db.prepare(
+            "SELECT owner, status, COUNT(*) FROM batches GROUP BY owner, status ORDER BY status",
+        )?;
+        for row in q.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })? {
+            let (owner, status, n) = row?;
+            owners.entry(owner).or_default().2.push((status, n as u64));
+        }
+        Ok(owners
+            .into_iter()
+            .map(|(o, (n, b, s))| (o, n, b, s))
+            .collect())
+    }
+
     /// Stores `bytes` as a new file (written and synced before it is recorded).
     pub fn put_file(
         &self,

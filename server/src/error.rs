@@ -47,6 +47,10 @@ pub enum ApiError {
     /// A tenant over its request rate (429 `rate_limit_exceeded`), with a retry hint in seconds.
     #[error("{message}")]
     RateLimited { message: String, retry_after_s: u64 },
+    /// A tenant's quota (stored bytes, unfinished batches) is used up (429 `insufficient_quota`; no retry
+    /// hint: it frees when the tenant's batches end or its files go).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// The LLM side cannot serve this request now (503).
     #[error("{0}")]
     Unavailable(String),
@@ -121,6 +125,11 @@ impl ApiError {
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 "rate_limit_exceeded",
+            ),
+            ApiError::QuotaExceeded(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
+                "insufficient_quota",
             ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,

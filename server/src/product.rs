@@ -14,6 +14,11 @@ pub trait Product: Send + Sync {
     /// Its routes, merged into the public router.
     fn routes(&self) -> axum::Router<Arc<AppState>>;
 
+    /// Its routes on the admin listener (each handler checks the admin token); none by default.
+    fn admin_routes(&self) -> axum::Router<Arc<AppState>> {
+        axum::Router::new()
+    }
+
     /// Starts its background task once the state is built; `stop` turns true after the drain (in-flight
     /// requests have finished), and the server waits a few seconds for the task to end.
     fn start(&self, state: Weak<AppState>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>>;

@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use crate::app::AppState;
 use crate::product::Product;
-use crate::routes::{admin_router, router_with};
+use crate::routes::{admin_router_with, router_with};
 use crate::util::sample_utilization;
 
 /// Headers the HTTP layer parses at most (the router refuses more than [`crate::routes::MAX_HEADERS`]).
@@ -119,7 +119,7 @@ pub async fn run_with(
     ));
     let admin = tokio::spawn(accept_loop(
         admin_listener,
-        admin_router(state.clone()),
+        admin_router_with(state.clone(), &products),
         None,
         header_timeout,
         graceful.clone(),

@@ -349,18 +349,29 @@ fn interactive_escalations_preempt_batch_llm_jobs() {
 }
 
 /// Batches and files belong to the tenant that created them: another key gets 404 for them, never sees them
-/// in its list, and cannot start a batch on them; the lines run as their owner (its routes: a line for a route
-/// it may not use fails with 403; its name in the metrics).
+/// in its lists (`GET /v1/batches`, `GET /v1/files`), and cannot start a batch on them; the lines run as their
+/// owner (its routes: a line for a route it may not use fails with 403; its name in the metrics); quotas
+/// (unfinished batches, stored bytes) are 429 `insufficient_quota`; the admin API lists batches per tenant.
 #[test]
 fn batches_and_files_belong_to_their_tenant() {
     let sha = common::key_sha256;
     let tenants = format!(
-        "tenants=[{{ name = \"a\", key_sha256 = \"{}\", routes = [\"classify\"] }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\", routes = [\"classify\"], max_active_batches = 1 }}, \
+         {{ name = \"b\", key_sha256 = \"{}\", max_stored_bytes = 100 }}]",
         sha("key-a"),
         sha("key-b")
     );
     let tmp = tempfile::tempdir().unwrap();
-    let s = server(&tmp.path().join("data"), &["--set", &tenants], &[]);
+    let s = server(
+        &tmp.path().join("data"),
+        &[
+            "--set",
+            &tenants,
+            "--set",
+            "reranker.extra_args=[\"--stub-delay-ms\", \"200\"]",
+        ],
+        &[],
+    );
     let url = |p: &str| format!("{}{p}", s.base);
     let auth = |key: &str| format!("Bearer {key}");
     // Tenant a's input: three classify lines and one for `generate`, a route a may not use.
@@ -400,7 +411,30 @@ fn batches_and_files_belong_to_their_tenant() {
         .into_json()
         .unwrap();
     let bid = b["id"].as_str().unwrap().to_string();
-    // Tenant b: 404 for a's batch and file, an empty list, and a's file cannot start a batch.
+    // a's quota of one unfinished batch: a second one now is 429 insufficient_quota.
+    match ureq::post(&url("/v1/batches"))
+        .set("authorization", &auth("key-a"))
+        .send_json(create.clone())
+    {
+        Err(ureq::Error::Status(429, r)) => {
+            let v: Value = r.into_json().unwrap();
+            assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+    // b's quota of 100 stored bytes: the same upload is 429.
+    match ureq::post(&url("/v1/files"))
+        .set("authorization", &auth("key-b"))
+        .set(
+            "content-type",
+            &format!("multipart/form-data; boundary={boundary}"),
+        )
+        .send_string(&form)
+    {
+        Err(ureq::Error::Status(429, _)) => {}
+        other => panic!("expected 429, got {other:?}"),
+    }
+    // Tenant b: 404 for a's batch and file, empty lists, and a's file cannot start a batch.
     let status_b = |p: &str| -> u16 {
         match ureq::get(&url(p))
             .set("authorization", &auth("key-b"))
@@ -418,6 +452,14 @@ fn batches_and_files_belong_to_their_tenant() {
         .into_json()
         .unwrap();
     assert_eq!(list["data"].as_array().unwrap().len(), 0, "{list}");
+    let files: Value = ureq::get(&url("/v1/files"))
+        .set("authorization", &auth("key-b"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(files["data"].as_array().unwrap().len(), 0, "{files}");
+    assert_eq!(status_b(&format!("/v1/files/{fid}")), 404);
     let r = ureq::post(&url("/v1/batches"))
         .set("authorization", &auth("key-b"))
         .send_json(create);
@@ -470,6 +512,33 @@ fn batches_and_files_belong_to_their_tenant() {
     );
     let out_id = done["output_file_id"].as_str().unwrap();
     assert_eq!(status_b(&format!("/v1/files/{out_id}/content")), 404);
+    // a's files: its input and the batch's two outputs, newest first.
+    let files = as_a("/v1/files?limit=2");
+    assert_eq!(files["data"].as_array().unwrap().len(), 2, "{files}");
+    assert_eq!(files["has_more"], true);
+    let rest = as_a(&format!(
+        "/v1/files?after={}",
+        files["last_id"].as_str().unwrap()
+    ));
+    assert_eq!(rest["data"][0]["id"], fid, "{rest}");
+    // The admin API, per tenant.
+    let admin: Value = ureq::get(&format!("{}/admin/batches?tenant=a", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let a = admin["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "a")
+        .unwrap();
+    assert_eq!(
+        (a["files"].as_u64(), a["batches"]["completed"].as_u64()),
+        (Some(3), Some(1)),
+        "{admin}"
+    );
+    assert_eq!(admin["batches"][0]["id"], bid.as_str());
     let metrics = ureq::get(&url("/metrics"))
         .call()
         .unwrap()

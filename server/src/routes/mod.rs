@@ -107,6 +107,17 @@ async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: N
 /// The admin router, served on its own listener (`server.admin_listen`, loopback by default): the live policy
 /// and the effective config.
 pub fn admin_router(state: Arc<AppState>) -> Router {
+    admin_router_with(state, &[])
+}
+
+/// The admin router with the admin routes of `products`.
+pub fn admin_router_with(
+    state: Arc<AppState>,
+    products: &[Arc<dyn crate::product::Product>],
+) -> Router {
+    let products = products
+        .iter()
+        .fold(Router::new(), |r, p| r.merge(p.admin_routes()));
     let admin = Router::new()
         .route(
             "/admin/routing",
@@ -124,6 +135,7 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route("/admin/console", get(crate::console::data))
         .route("/console", get(crate::console::page))
         .route("/health", get(ops::health))
+        .merge(products)
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
