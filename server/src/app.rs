@@ -55,6 +55,8 @@ pub struct AppState {
     pub decisions: crate::outcome::Decisions,
     /// Who may use the public API (`[[tenants]]` and `tenants_file`; empty: open); swapped whole on a reload.
     tenants: std::sync::RwLock<Arc<crate::tenants::Tenants>>,
+    /// What each tenant got since start (the console).
+    pub tenant_figures: Arc<crate::tenants::Figures>,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
     pub store: Option<Arc<crate::store::RedisStore>>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
@@ -97,6 +99,7 @@ impl AppState {
             },
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
+            tenant_figures: Arc::default(),
             tenants: std::sync::RwLock::new(Arc::new(crate::tenants::Tenants::new(
                 &config.all_tenants()?,
             ))),
@@ -175,6 +178,7 @@ impl AppState {
             tenant: Some(tenant.0.clone()),
             weight: configured.map_or(1.0, |t| t.weight),
             budget,
+            figures: Some(self.tenant_figures.clone()),
             batch,
         };
         llm.submit(job, ask).await

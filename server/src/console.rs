@@ -1,6 +1,7 @@
 //! `/console`: an operator's page embedded in the binary (no CDN, no build step), served on the admin
 //! listener, and the data it polls (`GET /admin/console`): the live policy view, the ambiguity histogram of the
-//! last 60 s, per-channel P95 of recent answers, and the last decisions (no request text is kept).
+//! last 60 s, per-channel P95 of recent answers, per-tenant figures, and the last decisions (no request text is
+//! kept).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +23,29 @@ const BINS: usize = 40;
 /// `GET /console`: the page (its data requests carry the admin credentials).
 pub async fn page() -> Html<&'static str> {
     Html(PAGE)
+}
+
+/// Per tenant: its figures since start, the jobs it has waiting for the LLM, and its LLM budget left.
+fn tenants(state: &AppState) -> Vec<serde_json::Value> {
+    let configured = state.tenants();
+    let now = Instant::now();
+    state
+        .tenant_figures
+        .snapshot()
+        .into_iter()
+        .map(|(name, c)| {
+            let t = configured.named(&name);
+            json!({
+                "name": name,
+                "counts": c,
+                "waiting": state.llm.as_ref().map_or(0, |l| l.share.waiting(&name)),
+                "weight": t.map_or(1.0, |t| t.weight),
+                "llm_seconds_left": t
+                    .and_then(|t| t.budget())
+                    .and_then(|b| b.lock().ok().map(|mut b| b.left(now))),
+            })
+        })
+        .collect()
 }
 
 /// `GET /admin/console`: what the page shows.
@@ -74,6 +98,7 @@ pub async fn data(
             .collect::<serde_json::Map<_, _>>(),
         "ambiguity_histogram": bins,
         "decisions": recent.iter().rev().take(50).collect::<Vec<_>>(),
+        "tenants": tenants(&state),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()

@@ -181,6 +181,11 @@ impl Share {
             .map_or((0, 0), |s| (s.running, s.lanes.len()))
     }
 
+    /// Jobs of `tenant` waiting for a slot.
+    pub fn waiting(&self, tenant: &str) -> usize {
+        self.state.lock().map_or(0, |s| s.lanes.waiting(tenant))
+    }
+
     /// Jobs dispatched before a new job of `tenant` would be, itself included.
     pub fn ahead(&self, tenant: &str, weight: f64) -> usize {
         self.state.lock().map_or(1, |s| {

@@ -97,12 +97,14 @@ impl Llm {
     }
 }
 
-/// Who asks for the LLM: the tenant (its fair-share weight and LLM budget), and a batch line's marker.
+/// Who asks for the LLM: the tenant (its fair-share weight, LLM budget and figures), and a batch line's marker.
 #[derive(Default)]
 pub struct Ask<'a> {
     pub tenant: Option<std::sync::Arc<str>>,
     pub weight: f64,
     pub budget: Option<std::sync::Arc<std::sync::Mutex<crate::tenants::Budget>>>,
+    /// Where the LLM time it used is added up.
+    pub figures: Option<std::sync::Arc<crate::tenants::Figures>>,
     pub batch: Option<&'a BatchLine>,
 }
 
@@ -171,13 +173,20 @@ impl Llm {
                     NoSlot::Timeout => QueueError::DeadlineExceeded,
                 })
             })?;
-        if let Some(budget) = ask.budget {
-            slot.on_release(move |held| {
-                if let Ok(mut b) = budget.lock() {
-                    b.charge(std::time::Instant::now(), held.as_secs_f64());
+        let (budget, figures, name) = (ask.budget, ask.figures, tenant.clone());
+        slot.on_release(move |held| {
+            let secs = held.as_secs_f64();
+            if let Some(b) = budget {
+                if let Ok(mut b) = b.lock() {
+                    b.charge(std::time::Instant::now(), secs);
                 }
-            });
-        }
+            }
+            if let Some(f) = figures {
+                f.llm(&name, secs);
+            }
+            metrics::counter!(crate::metrics::TENANT_LLM_SECONDS_TOTAL, "tenant" => name.to_string())
+                .increment((secs * 1e6) as u64);
+        });
         let ahead = self.client.in_flight() as u32 + 1;
         let left = deadline.saturating_sub(asked.elapsed());
         let handle = self

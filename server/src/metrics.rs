@@ -49,6 +49,8 @@ pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
 
 /// Tenants in force (after the last reload).
 pub const TENANTS: &str = "tiergate_tenants";
+/// LLM time each tenant's jobs held a worker, microseconds.
+pub const TENANT_LLM_SECONDS_TOTAL: &str = "tiergate_tenant_llm_microseconds_total";
 /// 1 while tenants' limits are shared with the other replicas through Redis, 0 while each enforces them alone.
 pub const TENANT_LIMITS_SHARED: &str = "tiergate_tenant_limits_shared";
 /// Reloads of the tenants that failed (the keys in force stayed).
@@ -114,6 +116,10 @@ fn describe() {
     );
     describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
     describe_gauge!(TENANTS, "Tenants in force");
+    describe_counter!(
+        TENANT_LLM_SECONDS_TOTAL,
+        "LLM time each tenant's jobs held a worker slot, microseconds"
+    );
     describe_gauge!(
         TENANT_LIMITS_SHARED,
         "1 while tenants' rate and budget limits are shared through Redis, 0 while this replica enforces them alone"

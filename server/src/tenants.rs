@@ -316,6 +316,74 @@ impl Tenants {
     }
 }
 
+/// What each tenant got since start (the console's per-tenant table): bounded, as tenant names come from the
+/// config (and batch owners), never from a request.
+#[derive(Debug, Default)]
+pub struct Figures {
+    by: Mutex<HashMap<Arc<str>, Counts>>,
+}
+
+/// One tenant's figures.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Counts {
+    pub requests: u64,
+    pub escalated: u64,
+    pub degraded: u64,
+    /// Degraded because its LLM budget was spent.
+    pub over_budget: u64,
+    pub errors: u64,
+    /// LLM time its jobs held a worker.
+    pub llm_seconds: f64,
+}
+
+impl Figures {
+    fn with(&self, tenant: &Arc<str>, f: impl FnOnce(&mut Counts)) {
+        if let Ok(mut by) = self.by.lock() {
+            f(by.entry(tenant.clone()).or_default());
+        }
+    }
+
+    /// An answered request of `tenant`.
+    pub fn answered(&self, tenant: &TenantId, o: &crate::outcome::Outcome) {
+        use crate::outcome::{Channel, DegradeReason};
+        self.with(&tenant.0, |c| {
+            c.requests += 1;
+            match o.channel() {
+                Channel::Escalated => c.escalated += 1,
+                Channel::Degraded => c.degraded += 1,
+                _ => {}
+            }
+            if o.degraded == Some(DegradeReason::Budget) {
+                c.over_budget += 1;
+            }
+        });
+    }
+
+    /// A request of `tenant` that ended in an error.
+    pub fn failed(&self, tenant: &TenantId) {
+        self.with(&tenant.0, |c| {
+            c.requests += 1;
+            c.errors += 1;
+        });
+    }
+
+    /// LLM time used by `tenant`.
+    pub fn llm(&self, tenant: &Arc<str>, secs: f64) {
+        self.with(tenant, |c| c.llm_seconds += secs);
+    }
+
+    /// Every tenant's figures, by name.
+    pub fn snapshot(&self) -> Vec<(String, Counts)> {
+        let mut v: Vec<(String, Counts)> = self
+            .by
+            .lock()
+            .map(|by| by.iter().map(|(k, c)| (k.to_string(), *c)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     let hex = hex.trim().as_bytes();
     if hex.len() != 64 {

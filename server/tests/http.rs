@@ -1153,4 +1153,34 @@ async fn a_tenant_over_its_llm_budget_degrades_and_its_generations_are_429() {
         .unwrap()
         .clone();
     assert!(m["llm_seconds_left"].as_f64().unwrap() < 0.0, "{m}");
+    // The console's per-tenant figures: metered's two LLM answers, one over budget, one 429; free's one.
+    let req = Request::get("/admin/console")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (_, _, b) = call(&r.admin, req).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let of = |name: &str| {
+        v["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: {v}"))["counts"]
+            .clone()
+    };
+    let m = of("metered");
+    assert_eq!(
+        (
+            &m["requests"],
+            &m["escalated"],
+            &m["degraded"],
+            &m["over_budget"],
+            &m["errors"]
+        ),
+        (&json!(4), &json!(2), &json!(1), &json!(1), &json!(1)),
+        "{m}"
+    );
+    assert!(m["llm_seconds"].as_f64().unwrap() >= 0.6, "{m}");
+    assert_eq!(of("free")["escalated"], 1);
 }

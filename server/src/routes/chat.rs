@@ -69,11 +69,13 @@ pub async fn chat(
             metrics::histogram!(m::REQUEST_SECONDS, "route" => route.clone(), "tier" => tier, "channel" => channel)
                 .record(started.elapsed().as_secs_f64());
             state.decisions.record(&route, &outcome, started.elapsed());
+            state.tenant_figures.answered(&tenant, &outcome);
             resp
         }
         Err(e) => {
             let code = e.parts().0.as_u16().to_string();
             metrics::counter!(m::REQUESTS_TOTAL, "route" => route.clone(), "tier" => "none", "channel" => "error", "outcome" => code, "tenant" => tenant.0.to_string()).increment(1);
+            state.tenant_figures.failed(&tenant);
             e.into_response()
         }
     };
