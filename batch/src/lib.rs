@@ -240,9 +240,10 @@ pub async fn admin_batches(
             .by_owner()
             .map_err(internal)?
             .into_iter()
-            .map(|(owner, files, bytes, batches)| {
-                json!({"tenant": owner, "files": files, "stored_bytes": bytes,
-                    "batches": batches.into_iter().map(|(s, n)| (s, Value::from(n))).collect::<serde_json::Map<String, Value>>()})
+            .map(|(owner, u)| {
+                let batches: serde_json::Map<String, Value> =
+                    u.batches.into_iter().map(|(s, n)| (s, Value::from(n))).collect();
+                json!({"tenant": owner, "files": u.files, "stored_bytes": u.bytes, "batches": batches})
             })
             .collect();
         let mut out = json!({"tenants": owners});

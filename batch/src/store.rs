@@ -97,6 +97,15 @@ fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// One owner's use of the store.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct OwnerUse {
+    pub files: u64,
+    pub bytes: u64,
+    /// (status, batches), by status.
+    pub batches: Vec<(String, u64)>,
+}
+
 /// A fresh id with `prefix` (`file-…`, `batch_…`).
 pub fn new_id(prefix: &str) -> String {
     use rand::Rng;
@@ -227,11 +236,10 @@ impl Store {
             .collect()
     }
 
-    /// Per owner: files, their bytes, and batches by status (the admin API's per-tenant view).
-    pub fn by_owner(&self) -> anyhow::Result<Vec<(String, u64, u64, Vec<(String, u64)>)>> {
+    /// Per owner, by name: its files, their bytes, and its batches by status (the admin API's per-tenant view).
+    pub fn by_owner(&self) -> anyhow::Result<std::collections::BTreeMap<String, OwnerUse>> {
         let db = self.db()?;
-        let mut owners: std::collections::BTreeMap<String, (u64, u64, Vec<(String, u64)>)> =
-            Default::default();
+        let mut owners: std::collections::BTreeMap<String, OwnerUse> = Default::default();
         let mut q = db
             .prepare("SELECT owner, COUNT(*), COALESCE(SUM(bytes), 0) FROM files GROUP BY owner")?;
         for row in q.query_map([], |r| {
@@ -243,7 +251,7 @@ impl Store {
         })? {
             let (owner, n, bytes) = row?;
             let e = owners.entry(owner).or_default();
-            (e.0, e.1) = (n as u64, bytes as u64);
+            (e.files, e.bytes) = (n as u64, bytes as u64);
         }
         let mut q = db.prepare(
             "SELECT owner, status, COUNT(*) FROM batches GROUP BY owner, status ORDER BY status",
@@ -256,12 +264,13 @@ impl Store {
             ))
         })? {
             let (owner, status, n) = row?;
-            owners.entry(owner).or_default().2.push((status, n as u64));
+            owners
+                .entry(owner)
+                .or_default()
+                .batches
+                .push((status, n as u64));
         }
-        Ok(owners
-            .into_iter()
-            .map(|(o, (n, b, s))| (o, n, b, s))
-            .collect())
+        Ok(owners)
     }
 
     /// Stores `bytes` as a new file (written and synced before it is recorded).
