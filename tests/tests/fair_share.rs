@@ -2,7 +2,8 @@
 //! process taking 400 ms a job, 4 at a time) with two tenants of weight 1 and every request escalated, driven
 //! by `tiergate-bench --tenant` (one run, both tenants' reports). Tenant A floods at ten times its share,
 //! tenant B sends a steady 0.5 escalations a second: B's escalated P95 stays within twice its idle P95 and B
-//! is never degraded, while A degrades. Its own test binary, so no other test shares the two cores with it.
+//! is never degraded, while A degrades; the peer run, both workloads under one key (one lane, first come first
+//! served), shows what the share prevents. Its own test binary, so no other test shares the two cores with it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -15,6 +16,8 @@ mod common;
 
 const KEY_A: &str = "sk-tenant-a-flood";
 const KEY_B: &str = "sk-tenant-b-steady";
+/// One tenant whose key both workloads of the peer run share: one lane, first come first served.
+const KEY_AB: &str = "sk-tenant-ab-one-lane";
 
 /// The bench's reports for `tenants` (`--tenant` specs) over `secs` seconds.
 fn bench(base: &str, admin: &str, tenants: &[String], secs: u32, out: &std::path::Path) -> Value {
@@ -65,9 +68,11 @@ fn count(c: &Value) -> u64 {
 fn a_flooding_tenant_does_not_reach_a_steady_tenants_escalations() {
     let sha = common::key_sha256;
     let tenants = format!(
-        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}, \
+         {{ name = \"ab\", key_sha256 = \"{}\" }}]",
         sha(KEY_A),
-        sha(KEY_B)
+        sha(KEY_B),
+        sha(KEY_AB)
     );
     let s = common::start(&[
         "--set",
@@ -127,8 +132,22 @@ fn a_flooding_tenant_does_not_reach_a_steady_tenants_escalations() {
     // A got no more than its share plus what B left idle: about 10 jobs a second less B's 0.5.
     let a_esc = count(&channel(&both, "a", "escalated"));
     assert!(a_esc as f64 <= 30.0 * 10.0 * 1.1, "{a_esc}");
+    // The peer: the same two workloads under one key (one lane, first come first served). B's requests now
+    // queue behind A's flood: degraded when the lane is full, slower when not.
+    let a1 = format!("name=a,key={KEY_AB},rate=50");
+    let b1 = format!("name=b,key={KEY_AB},rate=0.5");
+    let one = bench(&s.base, &s.admin, &[a1, b1], 30, &dir.path().join("one.json"));
+    let b1_deg = count(&channel(&one, "b", "degraded"));
+    let b1_p95 = channel(&one, "b", "escalated")["latency"]["p95_ms"]
+        .as_f64()
+        .unwrap_or(f64::INFINITY);
+    assert!(
+        b1_deg > 0 || b1_p95 > 2.0 * idle_p95,
+        "one lane should hurt B: degraded {b1_deg}, P95 {b1_p95:.0} ms"
+    );
     println!(
-        "fair share: B idle P95 {idle_p95:.0} ms, contended P95 {b_p95:.0} ms; A escalated {a_esc}, degraded {}",
+        "fair share: B idle P95 {idle_p95:.0} ms, contended P95 {b_p95:.0} ms, never degraded; A escalated {a_esc}, degraded {}; \
+         one lane: B degraded {b1_deg}, escalated P95 {b1_p95:.0} ms",
         count(&a_deg)
     );
 }
