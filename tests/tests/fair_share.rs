@@ -136,7 +136,13 @@ fn a_flooding_tenant_does_not_reach_a_steady_tenants_escalations() {
     // queue behind A's flood: degraded when the lane is full, slower when not.
     let a1 = format!("name=a,key={KEY_AB},rate=50");
     let b1 = format!("name=b,key={KEY_AB},rate=0.5");
-    let one = bench(&s.base, &s.admin, &[a1, b1], 30, &dir.path().join("one.json"));
+    let one = bench(
+        &s.base,
+        &s.admin,
+        &[a1, b1],
+        30,
+        &dir.path().join("one.json"),
+    );
     let b1_deg = count(&channel(&one, "b", "degraded"));
     let b1_p95 = channel(&one, "b", "escalated")["latency"]["p95_ms"]
         .as_f64()
