@@ -42,6 +42,11 @@ pub struct Args {
     #[arg(long = "tenant", value_parser = parse_tenant, conflicts_with_all = ["rate", "concurrency", "compare"])]
     pub tenants: Vec<TenantMix>,
 
+    /// Each request's budget, sent as `x-tiergate-deadline-ms`: `N` milliseconds, or `A-B` drawn uniformly; the
+    /// report adds the share answered within budget, per channel and per budget range.
+    #[arg(long = "deadline-ms")]
+    pub deadline: Option<crate::deadlines::DeadlineSpec>,
+
     /// Open loop: exponential inter-arrival times (Poisson process) instead of constant spacing.
     #[arg(long, requires = "rate")]
     pub poisson: bool,

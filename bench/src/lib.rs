@@ -9,6 +9,7 @@
 pub mod args;
 pub mod compare;
 pub mod cost;
+pub mod deadlines;
 pub mod derive;
 pub mod html;
 pub mod http;

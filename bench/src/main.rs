@@ -123,6 +123,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         "timeout_s": args.timeout.as_secs_f64(),
         "headers": args.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>(),
         "patience": args.patience,
+        "deadline_ms": args.deadline,
     });
     let plan = Plan {
         items: Arc::new(items),
@@ -140,6 +141,8 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         admin: admin.clone(),
         progress: !args.quiet,
         name: "run".into(),
+        deadline: args.deadline,
+        prepared: Arc::default(),
     };
     let token = args.admin_token.as_deref();
 

@@ -44,6 +44,8 @@ pub struct RunReport {
     pub variants: Vec<crate::patience::VariantStats>,
     /// What the run's traffic costs (with --cost).
     pub cost: Option<crate::cost::RunCost>,
+    /// Answers within their budget (with --deadline-ms).
+    pub deadlines: Option<crate::deadlines::DeadlineReport>,
 }
 
 impl RunReport {
@@ -98,6 +100,7 @@ impl RunReport {
             series: series(os),
             variants: crate::patience::variants(os, e, patience),
             cost: None,
+            deadlines: crate::deadlines::report(os),
             scrape: data.scrape.clone(),
             channels,
         }
@@ -197,6 +200,9 @@ impl RunReport {
             let _ = writeln!(s, "  errors: {}", list.join(", "));
         }
         s.push_str(&crate::patience::render(&self.variants));
+        if let Some(d) = &self.deadlines {
+            s.push_str(&crate::deadlines::render(d));
+        }
         if let Some(c) = &self.cost {
             s.push_str(&crate::cost::render(c));
         }

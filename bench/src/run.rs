@@ -52,6 +52,10 @@ pub struct Plan {
     pub progress: bool,
     /// Shown in the progress line.
     pub name: String,
+    /// Each request's budget (`x-tiergate-deadline-ms`), when set.
+    pub deadline: Option<crate::deadlines::DeadlineSpec>,
+    /// Requests prepared so far (draws the budgets).
+    pub prepared: Arc<AtomicU64>,
 }
 
 /// What a run produced.
@@ -92,6 +96,7 @@ struct Prepared {
     body: Bytes,
     label: Option<String>,
     check_label: bool,
+    budget_ms: Option<u32>,
 }
 
 impl Plan {
@@ -102,10 +107,12 @@ impl Plan {
             Some(Some(kind)) => kind == "classify",
             _ => true,
         };
+        let n = self.prepared.fetch_add(1, Ordering::Relaxed);
         Prepared {
             body: chat_body(route, &item.text, self.stream, self.max_tokens),
             label: item.label.clone(),
             check_label,
+            budget_ms: self.deadline.map(|d| d.draw(self.seed, n)),
         }
     }
 }
@@ -113,9 +120,22 @@ impl Plan {
 async fn one(s: &Shared, p: Prepared, intended: Instant) -> Outcome {
     let deadline = intended + s.timeout;
     let sent = Instant::now();
+    let budget;
+    let extra: &[(String, String)] = match p.budget_ms {
+        Some(ms) => {
+            budget = s
+                .extra
+                .iter()
+                .cloned()
+                .chain([("x-tiergate-deadline-ms".to_string(), ms.to_string())])
+                .collect::<Vec<_>>();
+            &budget
+        }
+        None => &s.extra,
+    };
     let r = match tokio::time::timeout_at(
         deadline.into(),
-        s.client.chat(p.body.clone(), s.stream, &s.extra),
+        s.client.chat(p.body.clone(), s.stream, extra),
     )
     .await
     {
@@ -152,6 +172,7 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
             .model_ms
             .map(|ms| (ms * 1e3).min(f64::from(u32::MAX)) as u32),
         variant: r.variant,
+        budget_ms: p.budget_ms,
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Outcome {
     pub model_us: Option<u32>,
     /// The latency-injection variant the server assigned (`x-tiergate-variant`).
     pub variant: Option<&'static str>,
+    /// The budget it was sent with (`--deadline-ms`), milliseconds.
+    pub budget_ms: Option<u32>,
 }
 
 /// Most distinct strings [`intern`] keeps; past it, new values read `other` (a server sending a new tier or
@@ -352,9 +354,10 @@ mod tests {
         }
         assert_eq!(intern("never-seen-before"), "other");
         assert_eq!(intern("tier0"), "tier0");
-        // What the bench keeps per request (96 bytes before model time and the experiment's variant).
+        // What the bench keeps per request (96 bytes before model time, the experiment's variant and the
+        // budget).
         assert!(
-            std::mem::size_of::<Outcome>() <= 120,
+            std::mem::size_of::<Outcome>() <= 128,
             "{}",
             std::mem::size_of::<Outcome>()
         );

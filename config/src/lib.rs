@@ -26,9 +26,9 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
-    EngineKind, FailureMode, OtlpProtocol, OutOfScopeConfig, PolicyStoreConfig, RerankerConfig,
-    RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind, UtilizationConfig,
-    UtilizationSource,
+    BrownoutConfig, EngineKind, FailureMode, OtlpProtocol, OutOfScopeConfig, PolicyStoreConfig,
+    RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind,
+    UtilizationConfig, UtilizationSource,
 };
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
@@ -57,6 +57,9 @@ pub struct Config {
     pub experiments: Vec<ExperimentConfig>,
     /// The Batch API.
     pub batch: BatchConfig,
+    /// The brownout ladder.
+    #[serde(default)]
+    pub brownout: BrownoutConfig,
     /// Who may use the public API (`[[tenants]]`); none: the API is open, as before tenants existed.
     pub tenants: Vec<TenantConfig>,
     /// A keys file with more `[[tenants]]`, read at start and again on SIGHUP or `POST /admin/tenants/reload`
@@ -90,6 +93,7 @@ impl Config {
         self.utilization.validate("utilization")?;
         self.policy_store.validate("policy_store")?;
         self.batch.validate("batch")?;
+        self.brownout.validate("brownout")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()
         {
@@ -124,6 +128,15 @@ impl Config {
             }
             if let Some(pr) = &r.prompts {
                 pr.validate(&format!("routes[{i}].prompts"))?;
+            }
+            if r.deadline_ms == Some(0)
+                || r.max_deadline_ms == Some(0)
+                || r.deadline_ms.unwrap_or(0) > r.max_deadline_ms_in_force()
+            {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].deadline_ms"),
+                    "deadline_ms and max_deadline_ms must be positive, deadline_ms at most max_deadline_ms",
+                ));
             }
             if let Some(o) = &r.out_of_scope {
                 if r.kind == RouteKind::Generate {

@@ -488,6 +488,62 @@ impl RoutingConfig {
     }
 }
 
+/// `[brownout]`: the ladder the server steps down under overload (off by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrownoutConfig {
+    /// Step down under overload (`normal` → `rerank_only` → `tier0_only` → `shed`).
+    pub enabled: bool,
+    /// Pressure at which each step is entered from the one below (`rerank_only`, `tier0_only`, `shed`).
+    pub enter: [f64; 3],
+    /// Pressure below which each step is left for the one below (each below its `enter`).
+    pub leave: [f64; 3],
+    /// How long the pressure must stay at or above `enter` before the step goes up, ms.
+    pub hold_ms: u64,
+    /// How long it must stay below `leave` before the step comes down, ms.
+    pub cool_ms: u64,
+    /// The LLM's P95 service time that counts as pressure 1, ms.
+    pub p95_limit_ms: u64,
+}
+
+impl Default for BrownoutConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            enter: [0.9, 1.2, 1.6],
+            leave: [0.6, 0.9, 1.2],
+            hold_ms: 2_000,
+            cool_ms: 10_000,
+            p95_limit_ms: 2_000,
+        }
+    }
+}
+
+impl BrownoutConfig {
+    /// Checks the section.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        let ok = (0..3).all(|k| {
+            self.leave[k] > 0.0
+                && self.leave[k] < self.enter[k]
+                && (k == 0
+                    || (self.enter[k] > self.enter[k - 1] && self.leave[k] > self.leave[k - 1]))
+        });
+        if !ok || self.enter.iter().chain(&self.leave).any(|v| !v.is_finite()) {
+            return Err(ConfigError::invalid(
+                format!("{at}.enter"),
+                "enter and leave must rise step by step, each leave positive and below its enter",
+            ));
+        }
+        if self.hold_ms > 600_000 || self.cool_ms > 600_000 || self.p95_limit_ms == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.hold_ms"),
+                "hold_ms and cool_ms at most 600000, p95_limit_ms positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The LLM worker processes and the shared-memory queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -531,6 +587,11 @@ pub struct RerankerConfig {
     pub rerank_deadline_ms: u64,
     /// Deadline of a generation, milliseconds.
     pub generate_deadline_ms: u64,
+    /// A rerank's service time assumed until a few have been measured, milliseconds (predicts whether an
+    /// escalation can finish within its deadline).
+    pub rerank_prior_ms: u64,
+    /// A generation's service time assumed likewise, milliseconds.
+    pub generate_prior_ms: u64,
     /// Weight of the LLM's distribution when fusing with Tier-0, for heads without a fitted `fusion.json`
     /// (`tiergate fit-fusion` writes one next to a trained head; it wins over this value).
     pub llm_weight: f32,
@@ -575,6 +636,8 @@ impl Default for RerankerConfig {
             load_timeout_ms: 600_000,
             rerank_deadline_ms: 10_000,
             generate_deadline_ms: 60_000,
+            rerank_prior_ms: 1_000,
+            generate_prior_ms: 5_000,
             llm_weight: 0.5,
             llm_temperature: 1.0,
             scoring_weights: "int8".into(),
@@ -616,6 +679,20 @@ pub struct RouteConfig {
     /// What the route answers for a query none of its labels covers (off: every query gets a label).
     #[serde(default)]
     pub out_of_scope: Option<OutOfScopeConfig>,
+    /// The budget of a request that sends no `x-tiergate-deadline-ms`, milliseconds (unset: none; the LLM's
+    /// deadlines by job kind apply).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// The largest budget a request may ask for, milliseconds (600 000 when unset).
+    #[serde(default)]
+    pub max_deadline_ms: Option<u64>,
+}
+
+impl RouteConfig {
+    /// The largest budget in force.
+    pub fn max_deadline_ms_in_force(&self) -> u64 {
+        self.max_deadline_ms.unwrap_or(600_000)
+    }
 }
 
 /// A route's out-of-scope outcome (`out_of_scope = { label = "…", reply = "…" }`).

@@ -88,17 +88,23 @@ pub enum DegradeReason {
     LlmError,
     /// The tenant has spent its LLM budget (`llm_seconds_per_min`).
     Budget,
+    /// Predicted not to finish within the request's budget: never queued.
+    DeadlineUnreachable,
+    /// The brownout ladder is at `rerank_only` (answer routes) or `tier0_only`: no escalation.
+    Brownout,
 }
 
 impl DegradeReason {
     /// Every reason.
-    pub const ALL: [DegradeReason; 6] = [
+    pub const ALL: [DegradeReason; 8] = [
         DegradeReason::NoLlm,
         DegradeReason::QueueFull,
         DegradeReason::WorkerDown,
         DegradeReason::Deadline,
         DegradeReason::LlmError,
         DegradeReason::Budget,
+        DegradeReason::DeadlineUnreachable,
+        DegradeReason::Brownout,
     ];
 
     /// The `x-tiergate-degraded` value and trace attribute.
@@ -110,6 +116,8 @@ impl DegradeReason {
             DegradeReason::Deadline => "deadline",
             DegradeReason::LlmError => "llm_error",
             DegradeReason::Budget => "budget",
+            DegradeReason::DeadlineUnreachable => "deadline_unreachable",
+            DegradeReason::Brownout => "brownout",
         }
     }
 }
@@ -128,6 +136,8 @@ pub mod header {
     pub const OUT_OF_SCOPE: &str = "x-tiergate-out-of-scope";
     /// The out-of-scope score of a route with an out-of-scope outcome.
     pub const OOS_SCORE: &str = "x-tiergate-oos-score";
+    /// The brownout ladder's step, while it is above `normal`.
+    pub const BROWNOUT: &str = "x-tiergate-brownout";
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -93,6 +93,8 @@ struct Shared {
     /// reply counter, so the replies of blocking callers do not wake it).
     work: AtomicU32,
     work_sleepers: AtomicU32,
+    /// Jobs whose deadline passed while no worker had started them (taken back, never computed).
+    expired_unstarted: AtomicU64,
 }
 
 impl Shared {
@@ -169,6 +171,7 @@ impl Client {
             heartbeat_timeout_ns: heartbeat_timeout.as_nanos() as u64,
             work: AtomicU32::new(0),
             work_sleepers: AtomicU32::new(0),
+            expired_unstarted: AtomicU64::new(0),
         });
         let s = shared.clone();
         let dispatcher = std::thread::Builder::new()
@@ -195,6 +198,11 @@ impl Client {
     /// blocking [`Client::call`] in progress is not counted).
     pub fn in_flight(&self) -> usize {
         self.shared.inflight.lock().map_or(0, |m| m.len())
+    }
+
+    /// Jobs whose deadline passed before any worker started them: taken back from the queue, never computed.
+    pub fn expired_unstarted(&self) -> u64 {
+        self.shared.expired_unstarted.load(Relaxed)
     }
 
     /// Submits `job` with a deadline `timeout` from now. Fails at once with `Full` (no free slot),
@@ -281,14 +289,14 @@ impl Client {
                 CALL_SPIN,
                 DEADLINE_GRAIN,
                 || {
-                    finished = step(seg, i, f, now_ns()).finished;
+                    finished = step(seg, i, f, now_ns(), &self.shared.expired_unstarted).finished;
                     f.resolved
                 },
             );
         }
         if !finished && f.from_worker {
             futex::wait_until(s.waiters(), RELEASE_WAIT, CALL_SPIN, RELEASE_WAIT, || {
-                finished = step(seg, i, f, now_ns()).finished;
+                finished = step(seg, i, f, now_ns(), &self.shared.expired_unstarted).finished;
                 finished
             });
         }
@@ -425,7 +433,7 @@ fn sweep(shared: &Shared) -> bool {
     let now = now_ns();
     let mut progressed = false;
     map.retain(|&i, f| {
-        let st = step(&shared.seg, i, f, now);
+        let st = step(&shared.seg, i, f, now, &shared.expired_unstarted);
         progressed |= st.progressed;
         !st.finished
     });
@@ -443,7 +451,7 @@ struct Step {
 
 /// Looks at slot `i` once: forwards new frames, ends the job when the worker is done or died, enforces the
 /// deadline and cancellation (a dropped receiver), and frees the slot once nobody holds it.
-fn step(seg: &Segment, i: usize, f: &mut Inflight, now: u64) -> Step {
+fn step(seg: &Segment, i: usize, f: &mut Inflight, now: u64, expired: &AtomicU64) -> Step {
     let finished = Step {
         progressed: true,
         finished: true,
@@ -472,6 +480,9 @@ fn step(seg: &Segment, i: usize, f: &mut Inflight, now: u64) -> Step {
     if !f.resolved && (gone || now >= f.deadline_ns) {
         f.resolve_err(QueueError::DeadlineExceeded);
         if st == state::READY && slot::withdraw(s, f.gen) {
+            if !gone {
+                expired.fetch_add(1, Relaxed);
+            }
             return finished;
         }
         // A worker holds it: ask it to stop; the slot is freed when it finishes or is reaped.

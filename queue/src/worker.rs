@@ -138,6 +138,12 @@ impl QueueWorker {
             finished: false,
             overflowed: false,
         };
+        // A job whose deadline (or cancel) came before any work is answered at once, never computed (the
+        // submitter takes back jobs nobody started at their deadline; this closes the window between the two).
+        if taken.cancelled() {
+            taken.fail("the job's deadline passed before it started");
+            return None;
+        }
         let len = s.req_len.load(Acquire) as usize;
         let declared = s.kind.load(Acquire);
         let parsed = self

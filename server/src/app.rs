@@ -31,6 +31,10 @@ pub struct Route {
     pub grounded: bool,
     /// What it answers for a query none of its labels covers (`None`: every query gets a label).
     pub out_of_scope: Option<crate::out_of_scope::OutOfScopeRoute>,
+    /// A request's budget when it asks for none.
+    pub deadline: Option<Duration>,
+    /// The largest budget a request may ask for.
+    pub max_deadline: Duration,
 }
 
 pub use crate::llm::Llm;
@@ -57,6 +61,9 @@ pub struct AppState {
     tenants: std::sync::RwLock<Arc<crate::tenants::Tenants>>,
     /// What each tenant got since start (the console).
     pub tenant_figures: Arc<crate::tenants::Figures>,
+    /// The brownout ladder (moved by the utilisation sampler) and its step, read on every request.
+    brownout: std::sync::Mutex<crate::brownout::Ladder>,
+    brownout_step: std::sync::atomic::AtomicU8,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
     pub store: Option<Arc<crate::store::RedisStore>>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
@@ -100,6 +107,8 @@ impl AppState {
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
             tenant_figures: Arc::default(),
+            brownout: std::sync::Mutex::new(crate::brownout::Ladder::new(&config.brownout)),
+            brownout_step: std::sync::atomic::AtomicU8::new(0),
             tenants: std::sync::RwLock::new(Arc::new(crate::tenants::Tenants::new(
                 &config.all_tenants()?,
             ))),
@@ -151,6 +160,48 @@ impl AppState {
         }
     }
 
+    /// The brownout ladder's step in force.
+    pub fn brownout(&self) -> crate::brownout::Step {
+        crate::brownout::Step::of(
+            self.brownout_step
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// One reading of the pressure (utilisation `u`, the LLM's queue and recent P95) for the ladder.
+    pub fn observe_brownout(&self, u: f64) {
+        let cfg = &self.config.brownout;
+        if !cfg.enabled {
+            metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(0.0);
+            return;
+        }
+        let (waiting, room, p95) = self.llm.as_ref().map_or((0, 1, Duration::ZERO), |l| {
+            let (_, waiting) = l.share.load();
+            let room = l.limits.in_flight.saturating_sub(l.limits.capacity);
+            let p95 = l.rerank_times.recent_p95(Duration::from_secs(30));
+            (waiting, room, p95.unwrap_or_default())
+        });
+        let limit = Duration::from_millis(cfg.p95_limit_ms);
+        let pressure = crate::brownout::pressure(waiting, room, p95, limit, u);
+        let Ok(mut ladder) = self.brownout.lock() else {
+            return;
+        };
+        let before = ladder.step();
+        let now = ladder.observe(pressure, std::time::Instant::now());
+        if now != before {
+            tracing::warn!(
+                from = before.as_str(),
+                to = now.as_str(),
+                pressure,
+                "brownout step"
+            );
+        }
+        self.brownout_step
+            .store(now as u8, std::sync::atomic::Ordering::Relaxed);
+        metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(now as u8 as f64);
+        metrics::gauge!(crate::metrics::BROWNOUT_PRESSURE).set(pressure);
+    }
+
     /// `server.admin_token`.
     pub fn admin_token(&self) -> Option<&str> {
         self.config.server.admin_token.as_deref()
@@ -163,6 +214,7 @@ impl AppState {
         job: &tiergate_queue::Job,
         tenant: &crate::tenants::TenantId,
         batch: Option<&crate::priority::BatchLine>,
+        deadline: Option<std::time::Instant>,
     ) -> Result<crate::llm::Submitted<'_>, crate::llm::Refused> {
         use crate::llm::Refused;
         let llm = self.llm.as_ref().ok_or(Refused::NoLlm)?;
@@ -179,6 +231,7 @@ impl AppState {
             weight: configured.map_or(1.0, |t| t.weight),
             budget,
             figures: Some(self.tenant_figures.clone()),
+            deadline,
             batch,
         };
         llm.submit(job, ask).await
@@ -203,6 +256,8 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             kind: RouteKind::Classify,
             head: None,
             out_of_scope: None,
+            deadline_ms: None,
+            max_deadline_ms: None,
         }]
     } else {
         config.routes.clone()
@@ -242,6 +297,8 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 fusion,
                 grounded,
                 out_of_scope,
+                deadline: r.deadline_ms.map(Duration::from_millis),
+                max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
             },
         );
     }
@@ -346,7 +403,12 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
         client,
         supervisor,
         segment: name_for_info,
-        rerank_ewma_ns: std::sync::atomic::AtomicU64::new(0),
+        rerank_times: Arc::new(crate::deadline::ServiceTimes::new(Duration::from_millis(
+            r.rerank_prior_ms,
+        ))),
+        generate_times: Arc::new(crate::deadline::ServiceTimes::new(Duration::from_millis(
+            r.generate_prior_ms,
+        ))),
         gate: Arc::new(crate::priority::Gate::new(Duration::from_millis(
             config.batch.max_llm_wait_ms,
         ))),

@@ -99,6 +99,7 @@ pub async fn data(
         "ambiguity_histogram": bins,
         "decisions": recent.iter().rev().take(50).collect::<Vec<_>>(),
         "tenants": tenants(&state),
+        "brownout": state.brownout().as_str(),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()

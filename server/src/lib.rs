@@ -5,7 +5,9 @@
 
 pub mod app;
 pub mod auth;
+pub mod brownout;
 pub mod console;
+pub mod deadline;
 pub mod error;
 pub mod experiments;
 pub mod extract;

@@ -1,9 +1,10 @@
 //! The LLM tier as the server sees it: the worker pool's client and supervisor, and [`Llm::submit`] — the one way
 //! a request reaches the LLM. Classify (rerank), answer and generate requests, interactive or from a batch,
 //! all pass the same checks in the same order: a batch line's turn (it waits for the interactive channel),
-//! for reranks whether the job can still finish before its deadline, a slot in the tenants' fair share
-//! ([`crate::fair`]: waiting in its tenant's lane while the workers are busy), then the deadline of its kind
-//! (less the wait) and the trace context. The slot is held until the answer is read, and its time is
+//! whether the job is predicted to finish before its deadline (the request's budget, at most its kind's
+//! deadline; [`crate::deadline`]) — if not it is never queued —, a slot in the tenants' fair share
+//! ([`crate::fair`]: waiting in its tenant's lane while the workers are busy, no longer than leaves time for
+//! the job), then the deadline left and the trace context. The slot is held until the answer is read, and its time is
 //! charged to the tenant's LLM budget.
 
 use std::time::Duration;
@@ -23,9 +24,10 @@ pub struct Llm {
     pub supervisor: Supervisor,
     /// The shared-memory segment's name.
     pub segment: String,
-    /// Smoothed service time of one rerank, nanoseconds (0 until the first one): predicts whether a new
-    /// escalation can finish before its deadline.
-    pub rerank_ewma_ns: std::sync::atomic::AtomicU64,
+    /// Recent service times of reranks and of generations: predict whether a new job can finish before its
+    /// deadline.
+    pub rerank_times: std::sync::Arc<crate::deadline::ServiceTimes>,
+    pub generate_times: std::sync::Arc<crate::deadline::ServiceTimes>,
     /// Interactive work before batch work (shared with the Batch API's runner, which yields on it).
     pub gate: std::sync::Arc<Gate>,
     /// What a submission is checked against.
@@ -45,8 +47,6 @@ pub struct Limits {
     pub rerank_deadline: Duration,
     /// A generation's deadline.
     pub generate_deadline: Duration,
-    /// Worker processes (reranks are scored one at a time per worker).
-    pub workers: usize,
 }
 
 impl Limits {
@@ -57,43 +57,28 @@ impl Limits {
             capacity: r.capacity(),
             rerank_deadline: Duration::from_millis(r.rerank_deadline_ms),
             generate_deadline: Duration::from_millis(r.generate_deadline_ms),
-            workers: r.workers,
         }
     }
 }
 
 impl Llm {
-    /// Records a rerank's service time.
-    pub fn record_rerank(&self, d: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let old = self.rerank_ewma_ns.load(Relaxed);
-        let new =
-            tiergate_core::stats::ewma((old > 0).then_some(old as f64), d.as_nanos() as f64, 0.3);
-        self.rerank_ewma_ns.store(new.max(1.0) as u64, Relaxed);
-    }
-
-    /// True when a new rerank with `ahead` jobs before it (itself included) would likely miss `deadline`
-    /// (reranks are scored one at a time per worker).
-    pub fn rerank_out_of_reach(&self, deadline: Duration, ahead: usize) -> bool {
-        let ewma = self.rerank_ewma();
-        ewma > Duration::ZERO && ewma * ahead as u32 / self.limits.workers.max(1) as u32 > deadline
-    }
-
-    fn rerank_ewma(&self) -> Duration {
-        Duration::from_nanos(
-            self.rerank_ewma_ns
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
-    }
-
-    /// How long a job may wait for a slot: its deadline less a rerank's service time; a generation half
-    /// its deadline (its length is unknown).
-    fn max_wait(&self, rerank: bool, deadline: Duration) -> Duration {
+    /// The service times of `job`'s kind.
+    fn times(&self, rerank: bool) -> &std::sync::Arc<crate::deadline::ServiceTimes> {
         if rerank {
-            deadline.saturating_sub(self.rerank_ewma())
+            &self.rerank_times
         } else {
-            deadline / 2
+            &self.generate_times
         }
+    }
+
+    /// Predicted completion of a new job of `tenant` (weight `weight`): the wait for a slot behind the jobs
+    /// its lane and the others' put before it, plus its kind's P95 service time.
+    pub fn predict(&self, rerank: bool, tenant: &str, weight: f64) -> Duration {
+        let (running, _) = self.share.load();
+        let before = self.share.ahead(tenant, weight).saturating_sub(running + 1);
+        let busy = running >= self.limits.capacity;
+        self.times(rerank)
+            .predict(before, busy, self.limits.capacity)
     }
 }
 
@@ -105,6 +90,8 @@ pub struct Ask<'a> {
     pub budget: Option<std::sync::Arc<std::sync::Mutex<crate::tenants::Budget>>>,
     /// Where the LLM time it used is added up.
     pub figures: Option<std::sync::Arc<crate::tenants::Figures>>,
+    /// When the request's budget ends (`None`: only the job kind's deadline applies).
+    pub deadline: Option<std::time::Instant>,
     pub batch: Option<&'a BatchLine>,
 }
 
@@ -117,13 +104,14 @@ pub enum Refused {
     Queue(QueueError),
     /// The tenant has spent its LLM budget; it may ask again after this long.
     Budget(Duration),
+    /// The job is predicted not to finish within the request's budget (or its kind's deadline): not queued.
+    Unreachable,
 }
 
-/// A job on its way: its handle, how many jobs were running with it when it was dispatched (itself
-/// included), its slot and a batch line's turn, held until the caller is done with the answer.
+/// A job on its way: its handle, its slot and a batch line's turn, held until the caller is done with the
+/// answer.
 pub struct Submitted<'a> {
     pub handle: JobHandle,
-    pub ahead: u32,
     /// The LLM side it went to.
     pub llm: &'a Llm,
     /// Its place at the workers (released on drop).
@@ -148,34 +136,41 @@ impl Llm {
     pub async fn submit<'a>(&'a self, job: &Job, ask: Ask<'_>) -> Result<Submitted<'a>, Refused> {
         let turn = self.gate.turn(&self.client, ask.batch).await;
         let rerank = matches!(job, Job::Rerank { .. });
-        let deadline = if rerank {
+        let kind_deadline = if rerank {
             self.limits.rerank_deadline
         } else {
             self.limits.generate_deadline
         };
-        let asked = std::time::Instant::now();
+        let deadline = std::time::Instant::now()
+            + ask.deadline.map_or(kind_deadline, |d| {
+                crate::deadline::left(d).min(kind_deadline)
+            });
         let tenant = ask
             .tenant
             .unwrap_or_else(|| std::sync::Arc::from("default"));
         let weight = if ask.weight > 0.0 { ask.weight } else { 1.0 };
-        if rerank && self.rerank_out_of_reach(deadline, self.share.ahead(&tenant, weight)) {
-            return Err(Refused::Queue(QueueError::DeadlineExceeded));
+        if self.predict(rerank, &tenant, weight) > crate::deadline::left(deadline) {
+            metrics::counter!(crate::metrics::UNREACHABLE_TOTAL).increment(1);
+            return Err(Refused::Unreachable);
         }
+        // Wait for a slot no longer than leaves time for a P95 service.
+        let (_, p95) = self.times(rerank).estimate();
+        let wait = crate::deadline::left(deadline).saturating_sub(p95);
         let mut slot = self
             .share
-            .acquire(&tenant, weight, self.max_wait(rerank, deadline))
+            .acquire(&tenant, weight, wait)
             .await
-            .map_err(|e| {
-                Refused::Queue(match e {
-                    NoSlot::Full => QueueError::Full {
-                        slots: self.limits.in_flight,
-                    },
-                    NoSlot::Timeout => QueueError::DeadlineExceeded,
-                })
+            .map_err(|e| match e {
+                NoSlot::Full => Refused::Queue(QueueError::Full {
+                    slots: self.limits.in_flight,
+                }),
+                NoSlot::Timeout => Refused::Unreachable,
             })?;
         let (budget, figures, name) = (ask.budget, ask.figures, tenant.clone());
+        let times = self.times(rerank).clone();
         slot.on_release(move |held| {
             let secs = held.as_secs_f64();
+            times.record(held);
             if let Some(b) = budget {
                 if let Ok(mut b) = b.lock() {
                     b.charge(std::time::Instant::now(), secs);
@@ -187,15 +182,16 @@ impl Llm {
             metrics::counter!(crate::metrics::TENANT_LLM_SECONDS_TOTAL, "tenant" => name.to_string())
                 .increment((secs * 1e6) as u64);
         });
-        let ahead = self.client.in_flight() as u32 + 1;
-        let left = deadline.saturating_sub(asked.elapsed());
         let handle = self
             .client
-            .submit_traced(job, crate::trace::job_parent().as_ref(), left)
+            .submit_traced(
+                job,
+                crate::trace::job_parent().as_ref(),
+                crate::deadline::left(deadline),
+            )
             .map_err(Refused::Queue)?;
         Ok(Submitted {
             handle,
-            ahead,
             llm: self,
             slot,
             _turn: turn,

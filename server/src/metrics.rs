@@ -49,6 +49,14 @@ pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
 
 /// Tenants in force (after the last reload).
 pub const TENANTS: &str = "tiergate_tenants";
+/// The brownout ladder's step (0 normal, 1 rerank only, 2 Tier-0 only, 3 shed).
+pub const BROWNOUT_STEP: &str = "tiergate_brownout_step";
+/// The pressure the ladder follows (its largest signal; 1 = at its limit).
+pub const BROWNOUT_PRESSURE: &str = "tiergate_brownout_pressure";
+/// Escalations never queued: predicted not to finish within their budget.
+pub const UNREACHABLE_TOTAL: &str = "tiergate_escalations_unreachable_total";
+/// Jobs whose deadline passed before any worker started them (taken back from the queue, never computed).
+pub const EXPIRED_UNSTARTED_TOTAL: &str = "tiergate_jobs_expired_unstarted_total";
 /// LLM time each tenant's jobs held a worker, microseconds.
 pub const TENANT_LLM_SECONDS_TOTAL: &str = "tiergate_tenant_llm_microseconds_total";
 /// 1 while tenants' limits are shared with the other replicas through Redis, 0 while each enforces them alone.
@@ -116,6 +124,22 @@ fn describe() {
     );
     describe_histogram!(PREFILTER_BATCH_SIZE, "Requests per prefilter forward pass");
     describe_gauge!(TENANTS, "Tenants in force");
+    describe_gauge!(
+        BROWNOUT_STEP,
+        "The brownout ladder's step: 0 normal, 1 rerank only, 2 Tier-0 only, 3 shed"
+    );
+    describe_gauge!(
+        BROWNOUT_PRESSURE,
+        "The pressure the brownout ladder follows: the largest of queue fill, P95 against its limit, utilisation"
+    );
+    describe_counter!(
+        UNREACHABLE_TOTAL,
+        "LLM jobs not queued because they were predicted not to finish within their budget"
+    );
+    describe_counter!(
+        EXPIRED_UNSTARTED_TOTAL,
+        "LLM jobs whose deadline passed before a worker started them (taken back, never computed)"
+    );
     describe_counter!(
         TENANT_LLM_SECONDS_TOTAL,
         "LLM time each tenant's jobs held a worker slot, microseconds"

@@ -30,6 +30,10 @@ pub async fn sample_utilization(state: Weak<AppState>) {
         let Some(state) = state.upgrade() else {
             return;
         };
+        if let Some(llm) = &state.llm {
+            metrics::counter!(crate::metrics::EXPIRED_UNSTARTED_TOTAL)
+                .absolute(llm.client.expired_unstarted());
+        }
         let policy = state.policy.current();
         let want = policy.cfg.utilization_source;
         let gpu = || {
@@ -86,6 +90,7 @@ pub async fn sample_utilization(state: Weak<AppState>) {
         } else {
             state.policy.set_utilization(smooth, "none");
         }
+        state.observe_brownout(smooth);
     }
 }
 

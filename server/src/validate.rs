@@ -60,6 +60,8 @@ pub struct ValidChat {
     pub batch: Option<crate::priority::BatchLine>,
     /// The tenant it runs as (set by the handler).
     pub tenant: crate::tenants::TenantId,
+    /// When its budget ends (set by the handler from `x-tiergate-deadline-ms` or the route's default).
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
@@ -120,6 +122,7 @@ pub fn validate(
         user,
         batch: None,
         tenant: crate::tenants::TenantId::anonymous(),
+        deadline: None,
     })
 }
 

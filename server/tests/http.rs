@@ -703,6 +703,8 @@ fn guarded(c: &mut Config) {
                 threshold: Some(2.0),
                 none_candidate: "none of these".into(),
             }),
+            deadline_ms: None,
+            max_deadline_ms: None,
         });
     }
 }
@@ -1183,4 +1185,74 @@ async fn a_tenant_over_its_llm_budget_degrades_and_its_generations_are_429() {
     );
     assert!(m["llm_seconds"].as_f64().unwrap() >= 0.6, "{m}");
     assert_eq!(of("free")["escalated"], 1);
+}
+
+/// A request's budget (`x-tiergate-deadline-ms`): not a positive integer, or above the route's
+/// `max_deadline_ms`, is 400 naming the header; an escalation predicted not to finish within it is never
+/// queued — Tier-0 answers (`x-tiergate-degraded: deadline_unreachable`) and a generation is 504; with room,
+/// it escalates. The prediction: the LLM's recent service times (the 1 s prior before any), plus the wait for
+/// a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
+    let r = rig(1, |c| {
+        c.reranker.extra_args = vec!["--stub-delay-ms".into(), "200".into()];
+        c.routes = vec![
+            tiergate_config::RouteConfig {
+                name: "classify".into(),
+                kind: tiergate_config::RouteKind::Classify,
+                head: None,
+                prompts: None,
+                out_of_scope: None,
+                deadline_ms: None,
+                max_deadline_ms: Some(30_000),
+            },
+            tiergate_config::RouteConfig {
+                name: "generate".into(),
+                kind: tiergate_config::RouteKind::Generate,
+                head: None,
+                prompts: None,
+                out_of_scope: None,
+                deadline_ms: Some(50),
+                max_deadline_ms: None,
+            },
+        ];
+    });
+    let ask = |model: &str, budget: Option<&str>| {
+        let mut req = post("/v1/chat/completions", chat(model, "card lost"));
+        force(&mut req, "0");
+        if let Some(b) = budget {
+            req.headers_mut()
+                .insert("x-tiergate-deadline-ms", b.parse().unwrap());
+        }
+        req
+    };
+    for bad in ["abc", "0", "-1", "2.5", "30001"] {
+        let (s, _, b) = call(&r.app, ask("classify", Some(bad))).await;
+        let v = assert_openai_error(s, &b, 400);
+        assert_eq!(v["error"]["param"], "x-tiergate-deadline-ms", "{bad}: {v}");
+    }
+    // 100 ms against the 1 s prior: not queued, Tier-0 answers at once.
+    let t = Instant::now();
+    let (s, h, b) = call(&r.app, ask("classify", Some("100"))).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+    assert_eq!(h["x-tiergate-degraded"], "deadline_unreachable");
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    // With room it escalates; after a few reranks the measured ~200 ms replaces the prior.
+    for _ in 0..4 {
+        let (_, h, _) = call(&r.app, ask("classify", Some("3000"))).await;
+        assert_eq!(h["x-tiergate-tier"], "llm");
+    }
+    let (_, h, _) = call(&r.app, ask("classify", Some("600"))).await;
+    assert_eq!(
+        h["x-tiergate-tier"], "llm",
+        "600 ms fits a 200 ms rerank once measured"
+    );
+    // The generate route's default budget of 50 ms is below any generation: 504 at once.
+    let (s, _, b) = call(&r.app, ask("generate", None)).await;
+    assert_openai_error(s, &b, 504);
 }

@@ -326,6 +326,34 @@ fn deadlines_are_enforced_and_the_slot_comes_back() {
     }
 }
 
+/// A job whose deadline passes while it waits behind a busy worker is never computed: the client takes it
+/// back from the queue at its deadline (and counts it), and a worker never starts a job already past its
+/// deadline.
+#[test]
+fn a_job_past_its_deadline_before_it_starts_is_never_computed() {
+    let r = rig(4, 1, &["--stub-delay-ms", "600", "--max-concurrent", "1"]);
+    let busy = r
+        .client
+        .submit(&rerank_job("busy"), Duration::from_secs(5))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // Queued behind the busy one, with 100 ms to live: it expires before the worker is free.
+    let late = r
+        .client
+        .submit(&rerank_job("late"), Duration::from_millis(100))
+        .unwrap();
+    assert_eq!(late.wait_reply().unwrap_err(), QueueError::DeadlineExceeded);
+    assert!(busy.wait_reply().is_ok());
+    assert_eq!(r.client.expired_unstarted(), 1, "taken back unstarted");
+    // The worker is free again and the slot came back.
+    let again = r
+        .client
+        .submit(&rerank_job("again"), Duration::from_secs(5))
+        .unwrap();
+    assert!(again.wait_reply().is_ok());
+    all_slots_come_back(&r.seg);
+}
+
 /// Every slot is FREE again (nothing leaked) within a few seconds.
 fn all_slots_come_back(seg: &Segment) {
     let start = Instant::now();

@@ -446,3 +446,109 @@ fn sighup_reloads_the_keys_file() {
     }
     assert_eq!(status("sk-first"), 401);
 }
+
+/// The brownout ladder on the real server, driven by the utilisation an operator sets (`manual`): it steps
+/// down one step at a time as the pressure passes each `enter` for `hold_ms`, each step visible in
+/// `x-tiergate-brownout` and the metrics — `rerank_only`: generations 429 with Retry-After, an answer route its
+/// reranked label's reply; `tier0_only`: no escalation; `shed`: 429 — and climbs back once the pressure stays
+/// below `leave` for `cool_ms`.
+#[test]
+fn the_brownout_ladder_steps_down_and_back_up() {
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "routing.theta_min=0.0",
+        "--set",
+        "routing.utilization_source=\"manual\"",
+        "--set",
+        "routing.manual_utilization=0.0",
+        "--set",
+        "brownout={ enabled = true, enter = [0.3, 0.5, 0.7], leave = [0.2, 0.4, 0.6], hold_ms = 500, cool_ms = 1000 }",
+    ]);
+    let ask = |model: &str| -> (
+        u16,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ) {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base)).send_json(
+            json!({"model": model, "messages": [{"role": "user", "content": "my card was stolen"}]}),
+        );
+        let h = |r: &ureq::Response, k: &str| r.header(k).map(str::to_string);
+        match r {
+            Ok(r) => (
+                r.status(),
+                h(&r, "x-tiergate-brownout"),
+                h(&r, "x-tiergate-tier"),
+                h(&r, "x-tiergate-degraded"),
+                None,
+            ),
+            Err(ureq::Error::Status(code, r)) => (
+                code,
+                h(&r, "x-tiergate-brownout"),
+                None,
+                None,
+                h(&r, "retry-after"),
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let set_u = |u: f64| {
+        ureq::request("PATCH", &format!("{}/admin/routing", s.admin))
+            .send_json(json!({"manual_utilization": u}))
+            .unwrap();
+    };
+    let wait_step = |step: Option<&str>| {
+        let t = Instant::now();
+        loop {
+            let got = ask("classify").1;
+            if got.as_deref() == step {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "still {got:?}, want {step:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (code, step, tier, _, _) = ask("classify");
+    assert_eq!((code, step, tier.as_deref()), (200, None, Some("llm")));
+    set_u(0.35);
+    wait_step(Some("rerank_only"));
+    let (code, _, _, _, retry) = ask("generate");
+    assert_eq!((code, retry.as_deref()), (429, Some("5")));
+    let (code, _, _, degraded, _) = ask("answer");
+    assert_eq!((code, degraded.as_deref()), (200, Some("brownout")));
+    assert_eq!(
+        ask("classify").2.as_deref(),
+        Some("llm"),
+        "reranks still run"
+    );
+    set_u(0.55);
+    wait_step(Some("tier0_only"));
+    let (_, _, tier, degraded, _) = ask("classify");
+    assert_eq!(
+        (tier.as_deref(), degraded.as_deref()),
+        (Some("tier0"), Some("brownout"))
+    );
+    set_u(0.75);
+    wait_step(Some("shed"));
+    assert_eq!(ask("classify").0, 429);
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(metrics.contains("tiergate_brownout_step 3"), "{metrics}");
+    // Pressure gone: back up a step per cool-down, to normal.
+    set_u(0.0);
+    wait_step(None);
+    assert_eq!(ask("generate").0, 200);
+}

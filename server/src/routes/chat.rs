@@ -47,6 +47,16 @@ pub async fn chat(
     }
     valid.batch = batch_line.map(|e| e.0);
     valid.tenant = tenant.clone();
+    if let Some(r) = state.routes.get(&valid.route) {
+        match crate::deadline::budget(&headers, r.deadline, r.max_deadline) {
+            Ok(b) => valid.deadline = b.map(|b| started + b),
+            Err(e) => return e.into_response(),
+        }
+    }
+    let step = state.brownout();
+    if let Some(e) = crate::brownout::refusal(step, valid.kind) {
+        return crate::brownout::mark(e.into_response(), step);
+    }
     let route = valid.route.clone();
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let variant = state
@@ -83,7 +93,7 @@ pub async fn chat(
     if let Some(v) = &variant {
         crate::experiments::apply(v, &route, &mut resp, started).await;
     }
-    resp
+    crate::brownout::mark(resp, step)
 }
 
 async fn classified(
@@ -255,7 +265,10 @@ async fn generate(
         messages,
         sampling: sampling(&v),
     };
-    let submitted = match state.submit(&job, &v.tenant, v.batch.as_ref()).await {
+    let submitted = match state
+        .submit(&job, &v.tenant, v.batch.as_ref(), v.deadline)
+        .await
+    {
         Ok(s) => s,
         Err(Refused::NoLlm) => {
             return Err(ApiError::Unavailable(
@@ -264,6 +277,12 @@ async fn generate(
         }
         Err(Refused::Queue(e)) => return Err(ApiError::from(e)),
         // A generation has no Tier-0 answer to degrade to.
+        Err(Refused::Unreachable) => {
+            return Err(ApiError::Timeout(format!(
+                "the LLM is predicted not to finish within this request's budget ({})",
+                crate::deadline::HEADER
+            )))
+        }
         Err(Refused::Budget(wait)) => {
             return Err(ApiError::RateLimited {
                 message: format!(

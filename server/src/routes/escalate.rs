@@ -113,12 +113,22 @@ fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError
         Refused::Queue(e) => degrade(state, meta, &e),
         // Over budget degrades whatever `on_escalation_failure` says: the tenant is answered, by Tier-0.
         Refused::Budget(_) => {
-            meta.tier = Tier::Tier0;
-            meta.degraded = Some(DegradeReason::Budget);
-            crate::trace::degraded(DegradeReason::Budget.as_str());
+            fall_back(meta, DegradeReason::Budget);
+            Ok(())
+        }
+        // Neither does a budget too short for the LLM: the answer comes from Tier-0.
+        Refused::Unreachable => {
+            fall_back(meta, DegradeReason::DeadlineUnreachable);
             Ok(())
         }
     }
+}
+
+/// Tier-0 answers instead, for `reason`.
+fn fall_back(meta: &mut Meta, reason: DegradeReason) {
+    meta.tier = Tier::Tier0;
+    meta.degraded = Some(reason);
+    crate::trace::degraded(reason.as_str());
 }
 
 /// An answer route's escalation: the LLM writes the reply, grounded in the candidates' approved replies.
@@ -137,6 +147,11 @@ pub(super) async fn escalate_answer(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
+    // From `rerank_only` on, an answer route gets its label's configured reply.
+    if state.brownout() >= crate::brownout::Step::RerankOnly {
+        fall_back(meta, DegradeReason::Brownout);
+        return Ok(None);
+    }
     let line = |label: &str, reply: Option<&str>| {
         render(
             &route.prompts.answer_candidate,
@@ -170,7 +185,10 @@ pub(super) async fn escalate_answer(
         messages,
         sampling: sampling(v),
     };
-    match state.submit(&job, &v.tenant, v.batch.as_ref()).await {
+    match state
+        .submit(&job, &v.tenant, v.batch.as_ref(), v.deadline)
+        .await
+    {
         Ok(submitted) => {
             meta.tier = Tier::Llm;
             let prompt_tokens = d.pred.tokens as u32;
@@ -197,6 +215,10 @@ pub(super) async fn escalate_rerank(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
+    if state.brownout() >= crate::brownout::Step::Tier0Only {
+        fall_back(meta, DegradeReason::Brownout);
+        return Ok(None);
+    }
     // On a route with an out-of-scope outcome the LLM may answer "none of these", which Tier-0's out-of-scope
     // call gives its share of the mass.
     let tier0 = tier0_candidates(d);
@@ -219,20 +241,20 @@ pub(super) async fn escalate_rerank(
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
-    let submitted = match state.submit(&job, &v.tenant, v.batch.as_ref()).await {
+    let submitted = match state
+        .submit(&job, &v.tenant, v.batch.as_ref(), v.deadline)
+        .await
+    {
         Ok(s) => s,
         Err(r) => {
             refused(state, meta, r)?;
             return Ok(None);
         }
     };
-    let (llm, ahead, dispatched) = (submitted.llm, submitted.ahead, submitted.slot.since());
     match submitted.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => {
             meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
-            // Service time ≈ latency from dispatch shared by the jobs that were running with this one.
-            llm.record_rerank(dispatched.elapsed() / ahead);
             metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
             let tier0_p: Vec<f32> = tier0.iter().map(|(_, p)| *p).collect();
             let (llm_p, fused_p) = route.fusion.apply(&tier0_p, &r.scores);

@@ -62,6 +62,8 @@ pub fn config(tiny: &TinyModel) -> Config {
         kind,
         head: None,
         out_of_scope: None,
+        deadline_ms: None,
+        max_deadline_ms: None,
     })
     .collect();
     cfg

@@ -1,0 +1,198 @@
+//! Deadlines: a request's budget (`x-tiergate-deadline-ms`, or its route's `deadline_ms`, at most the route's
+//! `max_deadline_ms`), and the LLM's service times that predict whether an escalation can finish within it.
+//! An escalation that cannot is never queued: the answer comes from Tier-0 (`x-tiergate-degraded:
+//! deadline_unreachable`), and a generation, which has no Tier-0 answer, is 504.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+
+use crate::error::ApiError;
+
+/// The request header carrying a budget in milliseconds.
+pub const HEADER: &str = "x-tiergate-deadline-ms";
+
+/// The budget a request runs under: the header's (a positive integer of milliseconds, at most `max`), else the
+/// route's default; `None` when neither is set (the LLM's deadlines by job kind apply, as before).
+pub fn budget(
+    headers: &HeaderMap,
+    default: Option<Duration>,
+    max: Duration,
+) -> Result<Option<Duration>, ApiError> {
+    let Some(raw) = headers.get(HEADER) else {
+        return Ok(default.map(|d| d.min(max)));
+    };
+    let text = raw
+        .to_str()
+        .map_err(|_| ApiError::invalid(HEADER, "not valid text"))?
+        .trim();
+    let ms = text
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                HEADER,
+                format!("`{text}` is not a positive integer of milliseconds"),
+            )
+        })?;
+    let asked = Duration::from_millis(ms);
+    if asked > max {
+        return Err(ApiError::invalid(
+            HEADER,
+            format!(
+                "{ms} ms is above this route's max_deadline_ms ({} ms)",
+                max.as_millis()
+            ),
+        ));
+    }
+    Ok(Some(asked))
+}
+
+/// Samples kept per job kind.
+const WINDOW: usize = 128;
+/// Samples before the window replaces the prior.
+const MIN_SAMPLES: usize = 4;
+
+/// One job kind's recent service times (the time a job held a worker slot), over a sliding window, with a
+/// stated prior until there are a few samples.
+#[derive(Debug)]
+pub struct ServiceTimes {
+    prior: Duration,
+    window: Mutex<VecDeque<(Instant, Duration)>>,
+}
+
+impl ServiceTimes {
+    /// An empty window; `prior` stands for the mean and the P95 until [`MIN_SAMPLES`] samples.
+    pub fn new(prior: Duration) -> Self {
+        Self {
+            prior,
+            window: Mutex::new(VecDeque::with_capacity(WINDOW)),
+        }
+    }
+
+    /// Records one job's service time.
+    pub fn record(&self, d: Duration) {
+        if let Ok(mut w) = self.window.lock() {
+            if w.len() == WINDOW {
+                w.pop_front();
+            }
+            w.push_back((Instant::now(), d));
+        }
+    }
+
+    /// (mean, P95) of the window, or the prior for both.
+    pub fn estimate(&self) -> (Duration, Duration) {
+        let Ok(w) = self.window.lock() else {
+            return (self.prior, self.prior);
+        };
+        if w.len() < MIN_SAMPLES {
+            return (self.prior, self.prior);
+        }
+        let v: Vec<Duration> = w.iter().map(|(_, d)| *d).collect();
+        mean_p95(v)
+    }
+
+    /// The P95 of the samples of the last `age` (`None` without any): what the brownout ladder watches, so
+    /// slow jobs long gone do not keep it down.
+    pub fn recent_p95(&self, age: Duration) -> Option<Duration> {
+        let w = self.window.lock().ok()?;
+        let v: Vec<Duration> = w
+            .iter()
+            .filter(|(at, _)| at.elapsed() <= age)
+            .map(|(_, d)| *d)
+            .collect();
+        (!v.is_empty()).then(|| mean_p95(v).1)
+    }
+
+    /// Predicted completion of a new job with `queued` jobs waiting before it for `capacity` slots, all of
+    /// them busy when `busy`: the wait for a slot ((queued + 1) ÷ capacity mean service times) plus its own
+    /// P95 service time.
+    pub fn predict(&self, queued: usize, busy: bool, capacity: usize) -> Duration {
+        let (mean, p95) = self.estimate();
+        let wait = if busy {
+            mean.mul_f64((queued + 1) as f64 / capacity.max(1) as f64)
+        } else {
+            Duration::ZERO
+        };
+        wait + p95
+    }
+}
+
+/// (mean, P95) of a non-empty set of durations.
+fn mean_p95(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort_unstable();
+    let mean = v.iter().sum::<Duration>() / v.len().max(1) as u32;
+    let p95 = v[((v.len() as f64 * 0.95).ceil() as usize).clamp(1, v.len()) - 1];
+    (mean, p95)
+}
+
+/// Time left until `deadline` (zero once passed).
+pub fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(HEADER, v.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn the_budget_is_a_positive_integer_within_the_routes_maximum() {
+        let max = Duration::from_secs(30);
+        let d = Some(Duration::from_secs(2));
+        assert_eq!(budget(&HeaderMap::new(), None, max).unwrap(), None);
+        assert_eq!(budget(&HeaderMap::new(), d, max).unwrap(), d);
+        assert_eq!(
+            budget(&headers(" 250 "), d, max).unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        for bad in ["0", "-5", "1.5", "abc", "", "99999999999999999999"] {
+            let e = budget(&headers(bad), d, max).unwrap_err();
+            assert_eq!(e.parts().0.as_u16(), 400, "{bad}");
+            assert!(e.body().to_string().contains(HEADER), "{bad}");
+        }
+        let e = budget(&headers("30001"), d, max).unwrap_err();
+        assert!(e.to_string().contains("max_deadline_ms"), "{e}");
+    }
+
+    #[test]
+    fn predictions_use_the_prior_then_the_window() {
+        let s = ServiceTimes::new(Duration::from_millis(1000));
+        // No samples: the prior for the mean and the P95.
+        assert_eq!(s.predict(0, false, 4), Duration::from_millis(1000));
+        assert_eq!(s.predict(3, true, 4), Duration::from_millis(2000));
+        for ms in [100, 100, 100, 100, 100, 100, 100, 100, 100, 500] {
+            s.record(Duration::from_millis(ms));
+        }
+        let (mean, p95) = s.estimate();
+        assert_eq!(mean, Duration::from_millis(140));
+        assert_eq!(p95, Duration::from_millis(500));
+        // A free slot: its own P95; four slots busy, seven waiting: two mean service times more.
+        assert_eq!(s.predict(0, false, 4), Duration::from_millis(500));
+        assert_eq!(s.predict(7, true, 4), Duration::from_millis(780));
+        // The window slides: old samples leave.
+        for _ in 0..WINDOW {
+            s.record(Duration::from_millis(10));
+        }
+        assert_eq!(
+            s.estimate(),
+            (Duration::from_millis(10), Duration::from_millis(10))
+        );
+        assert_eq!(
+            s.recent_p95(Duration::from_secs(60)),
+            Some(Duration::from_millis(10))
+        );
+        assert_eq!(
+            ServiceTimes::new(Duration::ZERO).recent_p95(Duration::from_secs(1)),
+            None
+        );
+    }
+}
