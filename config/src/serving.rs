@@ -592,6 +592,10 @@ pub struct RerankerConfig {
     pub rerank_prior_ms: u64,
     /// A generation's service time assumed likewise, milliseconds.
     pub generate_prior_ms: u64,
+    /// Jobs in a row ending in a backend failure before the circuit breaker opens.
+    pub breaker_failures: u32,
+    /// How long an open breaker refuses jobs before it lets a probe through, milliseconds.
+    pub breaker_cooldown_ms: u64,
     /// Weight of the LLM's distribution when fusing with Tier-0, for heads without a fitted `fusion.json`
     /// (`tiergate fit-fusion` writes one next to a trained head; it wins over this value).
     pub llm_weight: f32,
@@ -638,6 +642,8 @@ impl Default for RerankerConfig {
             generate_deadline_ms: 60_000,
             rerank_prior_ms: 1_000,
             generate_prior_ms: 5_000,
+            breaker_failures: 5,
+            breaker_cooldown_ms: 5_000,
             llm_weight: 0.5,
             llm_temperature: 1.0,
             scoring_weights: "int8".into(),

@@ -92,11 +92,13 @@ pub enum DegradeReason {
     DeadlineUnreachable,
     /// The brownout ladder is at `rerank_only` (answer routes) or `tier0_only`: no escalation.
     Brownout,
+    /// The LLM backend's circuit breaker is open (it kept failing).
+    BreakerOpen,
 }
 
 impl DegradeReason {
     /// Every reason.
-    pub const ALL: [DegradeReason; 8] = [
+    pub const ALL: [DegradeReason; 9] = [
         DegradeReason::NoLlm,
         DegradeReason::QueueFull,
         DegradeReason::WorkerDown,
@@ -105,6 +107,7 @@ impl DegradeReason {
         DegradeReason::Budget,
         DegradeReason::DeadlineUnreachable,
         DegradeReason::Brownout,
+        DegradeReason::BreakerOpen,
     ];
 
     /// The `x-tiergate-degraded` value and trace attribute.
@@ -118,6 +121,7 @@ impl DegradeReason {
             DegradeReason::Budget => "budget",
             DegradeReason::DeadlineUnreachable => "deadline_unreachable",
             DegradeReason::Brownout => "brownout",
+            DegradeReason::BreakerOpen => "breaker_open",
         }
     }
 }

@@ -413,6 +413,10 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
             config.batch.max_llm_wait_ms,
         ))),
         limits: crate::llm::Limits::of(r),
+        breaker: std::sync::Mutex::new(crate::breaker::Breaker::new(
+            r.breaker_failures,
+            Duration::from_millis(r.breaker_cooldown_ms),
+        )),
         share: crate::fair::Share::new(
             r.capacity(),
             r.in_flight_limit().saturating_sub(r.capacity()),

@@ -100,6 +100,7 @@ pub async fn data(
         "decisions": recent.iter().rev().take(50).collect::<Vec<_>>(),
         "tenants": tenants(&state),
         "brownout": state.brownout().as_str(),
+        "breaker": state.llm.as_ref().map(|l| if l.breaker_closed() { "closed" } else { "open" }),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()

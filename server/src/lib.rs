@@ -5,6 +5,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod breaker;
 pub mod brownout;
 pub mod console;
 pub mod deadline;

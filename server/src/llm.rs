@@ -34,6 +34,8 @@ pub struct Llm {
     pub limits: Limits,
     /// The workers' slots, shared fairly between tenants.
     pub share: std::sync::Arc<crate::fair::Share>,
+    /// Opens when the backend keeps failing ([`crate::breaker`]).
+    pub breaker: std::sync::Mutex<crate::breaker::Breaker>,
 }
 
 /// The `[reranker]` bounds a submission is checked against.
@@ -71,6 +73,48 @@ impl Llm {
         }
     }
 
+    /// Whether the breaker lets a job through now.
+    fn breaker_allows(&self) -> Result<(), Refused> {
+        let now = std::time::Instant::now();
+        let Ok(mut b) = self.breaker.lock() else {
+            return Ok(());
+        };
+        if b.allow(now) {
+            Ok(())
+        } else {
+            Err(Refused::BreakerOpen(b.retry_after(now)))
+        }
+    }
+
+    /// Records how a job the breaker let through ended: `Ok`, or the error it ended with (a full queue is
+    /// load, not a failure, and is not passed here).
+    pub fn record_outcome(&self, outcome: Result<(), &QueueError>) {
+        let Ok(mut b) = self.breaker.lock() else {
+            return;
+        };
+        let trips = b.trips();
+        match outcome {
+            Ok(()) => b.success(),
+            Err(QueueError::Full { .. } | QueueError::Invalid(_) | QueueError::Cancelled) => {
+                b.abandon()
+            }
+            Err(_) => b.failure(std::time::Instant::now()),
+        }
+        if b.trips() > trips {
+            tracing::warn!(segment = %self.segment, "LLM circuit breaker open: escalations degrade until a probe answers");
+            metrics::counter!(crate::metrics::BREAKER_TRIPS_TOTAL).increment(1);
+        }
+        let open = !matches!(b.state(), crate::breaker::State::Closed);
+        metrics::gauge!(crate::metrics::BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
+    }
+
+    /// Whether the breaker is closed.
+    pub fn breaker_closed(&self) -> bool {
+        self.breaker
+            .lock()
+            .map_or(true, |b| b.state() == crate::breaker::State::Closed)
+    }
+
     /// Predicted completion of a new job of `tenant` (weight `weight`): the wait for a slot behind the jobs
     /// its lane and the others' put before it, plus its kind's P95 service time.
     pub fn predict(&self, rerank: bool, tenant: &str, weight: f64) -> Duration {
@@ -106,6 +150,8 @@ pub enum Refused {
     Budget(Duration),
     /// The job is predicted not to finish within the request's budget (or its kind's deadline): not queued.
     Unreachable,
+    /// The backend's circuit breaker is open; a probe goes through after this long.
+    BreakerOpen(Duration),
 }
 
 /// A job on its way: its handle, its slot and a batch line's turn, held until the caller is done with the
@@ -153,19 +199,23 @@ impl Llm {
             metrics::counter!(crate::metrics::UNREACHABLE_TOTAL).increment(1);
             return Err(Refused::Unreachable);
         }
+        self.breaker_allows()?;
         // Wait for a slot no longer than leaves time for a P95 service.
         let (_, p95) = self.times(rerank).estimate();
         let wait = crate::deadline::left(deadline).saturating_sub(p95);
-        let mut slot = self
-            .share
-            .acquire(&tenant, weight, wait)
-            .await
-            .map_err(|e| match e {
-                NoSlot::Full => Refused::Queue(QueueError::Full {
-                    slots: self.limits.in_flight,
-                }),
-                NoSlot::Timeout => Refused::Unreachable,
-            })?;
+        let mut slot = match self.share.acquire(&tenant, weight, wait).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                // Not run: a probe the breaker let through hands its turn on.
+                self.record_outcome(Err(&QueueError::Cancelled));
+                return Err(match e {
+                    NoSlot::Full => Refused::Queue(QueueError::Full {
+                        slots: self.limits.in_flight,
+                    }),
+                    NoSlot::Timeout => Refused::Unreachable,
+                });
+            }
+        };
         let (budget, figures, name) = (ask.budget, ask.figures, tenant.clone());
         let times = self.times(rerank).clone();
         slot.on_release(move |held| {
@@ -189,7 +239,10 @@ impl Llm {
                 crate::trace::job_parent().as_ref(),
                 crate::deadline::left(deadline),
             )
-            .map_err(Refused::Queue)?;
+            .map_err(|e| {
+                self.record_outcome(Err(&e));
+                Refused::Queue(e)
+            })?;
         Ok(Submitted {
             handle,
             llm: self,

@@ -53,6 +53,10 @@ pub const TENANTS: &str = "tiergate_tenants";
 pub const BROWNOUT_STEP: &str = "tiergate_brownout_step";
 /// The pressure the ladder follows (its largest signal; 1 = at its limit).
 pub const BROWNOUT_PRESSURE: &str = "tiergate_brownout_pressure";
+/// 1 while the LLM backend's circuit breaker is open or probing.
+pub const BREAKER_OPEN: &str = "tiergate_llm_breaker_open";
+/// Times the breaker opened.
+pub const BREAKER_TRIPS_TOTAL: &str = "tiergate_llm_breaker_trips_total";
 /// Escalations never queued: predicted not to finish within their budget.
 pub const UNREACHABLE_TOTAL: &str = "tiergate_escalations_unreachable_total";
 /// Jobs whose deadline passed before any worker started them (taken back from the queue, never computed).
@@ -131,6 +135,14 @@ fn describe() {
     describe_gauge!(
         BROWNOUT_PRESSURE,
         "The pressure the brownout ladder follows: the largest of queue fill, P95 against its limit, utilisation"
+    );
+    describe_gauge!(
+        BREAKER_OPEN,
+        "1 while the LLM backend's circuit breaker is open or probing, 0 when closed"
+    );
+    describe_counter!(
+        BREAKER_TRIPS_TOTAL,
+        "Times the LLM backend's circuit breaker opened"
     );
     describe_counter!(
         UNREACHABLE_TOTAL,

@@ -1256,3 +1256,43 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
     let (s, _, b) = call(&r.app, ask("generate", None)).await;
     assert_openai_error(s, &b, 504);
 }
+
+/// The circuit breaker: a backend whose every job fails (the stub answers garbage) opens it after
+/// `breaker_failures` in a row; then escalations degrade at once (`breaker_open`) and generations get 503,
+/// until after the cooldown one probe goes through (here it fails again: open again). `/ready` stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backend_opens_the_breaker_and_a_probe_tries_it_again() {
+    let r = rig(1, |c| {
+        c.reranker.extra_args = vec!["--stub-garbage-every".into(), "1".into()];
+        c.reranker.breaker_failures = 2;
+        c.reranker.breaker_cooldown_ms = 500;
+    });
+    let ask = |model: &str| {
+        let mut req = post("/v1/chat/completions", chat(model, "card lost"));
+        force(&mut req, "0");
+        req
+    };
+    let degraded = |h: &axum::http::HeaderMap| {
+        h.get("x-tiergate-degraded")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    for _ in 0..2 {
+        let (s, h, _) = call(&r.app, ask("classify")).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(degraded(&h).as_deref(), Some("llm_error"));
+    }
+    let (_, h, _) = call(&r.app, ask("classify")).await;
+    assert_eq!(degraded(&h).as_deref(), Some("breaker_open"));
+    let (s, h, b) = call(&r.app, ask("generate")).await;
+    assert_openai_error(s, &b, 503);
+    assert!(h.contains_key("retry-after"));
+    assert!(!r.state.llm.as_ref().unwrap().breaker_closed());
+    let (s, _, _) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK, "Tier-0 still serves");
+    // After the cooldown: one probe reaches the backend (and fails), then it is open again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (_, h, _) = call(&r.app, ask("classify")).await;
+    assert_eq!(degraded(&h).as_deref(), Some("llm_error"), "the probe ran");
+    let (_, h, _) = call(&r.app, ask("classify")).await;
+    assert_eq!(degraded(&h).as_deref(), Some("breaker_open"));
+}

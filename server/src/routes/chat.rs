@@ -277,6 +277,12 @@ async fn generate(
         }
         Err(Refused::Queue(e)) => return Err(ApiError::from(e)),
         // A generation has no Tier-0 answer to degrade to.
+        Err(Refused::BreakerOpen(wait)) => {
+            return Err(ApiError::Unavailable(format!(
+                "the LLM backend keeps failing (circuit breaker open, {} ms until a probe): retry later",
+                wait.as_millis()
+            )))
+        }
         Err(Refused::Unreachable) => {
             return Err(ApiError::Timeout(format!(
                 "the LLM is predicted not to finish within this request's budget ({})",

@@ -121,6 +121,10 @@ fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError
             fall_back(meta, DegradeReason::DeadlineUnreachable);
             Ok(())
         }
+        Refused::BreakerOpen(_) => {
+            fall_back(meta, DegradeReason::BreakerOpen);
+            Ok(())
+        }
     }
 }
 
@@ -251,7 +255,14 @@ pub(super) async fn escalate_rerank(
             return Ok(None);
         }
     };
-    match submitted.handle.reply().await {
+    let reply = submitted.handle.reply().await;
+    let unexpected = QueueError::Protocol("unexpected reply".into());
+    submitted.llm.record_outcome(match &reply {
+        Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => Ok(()),
+        Ok(_) => Err(&unexpected),
+        Err(e) => Err(e),
+    });
+    match reply {
         Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => {
             meta.tier = Tier::Llm;
             meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;

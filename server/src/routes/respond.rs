@@ -238,10 +238,19 @@ pub(super) async fn stream_or_collect(
     extra_prompt_tokens: u32,
     started: Instant,
 ) -> Result<Response, ApiError> {
+    let llm = submitted.llm;
     let (handle, slot, _turn) = submitted.split();
     // Wait for the first event before answering, so errors before any token still get a proper status.
     let t = Instant::now();
-    let first = next_event(&handle).await?;
+    let first = next_event(&handle).await;
+    // The backend answered, or failed before its first token (what the breaker counts).
+    let failed = match &first {
+        Ok(Event::Error(e)) => Some(e.clone()),
+        Err(_) => Some(QueueError::Protocol("the job's channel closed".into())),
+        Ok(_) => None,
+    };
+    llm.record_outcome(failed.as_ref().map_or(Ok(()), Err));
+    let first = first?;
     meta.queue_ms = t.elapsed().as_secs_f64() * 1e3;
     metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(t.elapsed().as_secs_f64());
     if let Event::Error(e) = first {
