@@ -4,6 +4,7 @@
 //! This crate owns no behaviour and must not depend on any other tiergate crate. It never reads the process
 //! environment itself: `main` passes the variables in.
 
+mod backends;
 mod batch;
 mod error;
 mod experiments;
@@ -16,6 +17,7 @@ mod serving;
 mod tenants;
 mod worker;
 
+pub use backends::{backends, LlmEntry, DEFAULT_BACKEND};
 pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
@@ -27,8 +29,8 @@ pub use prefilter::{
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
     BrownoutConfig, EngineKind, FailureMode, OtlpProtocol, OutOfScopeConfig, PolicyStoreConfig,
-    RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StoreKind,
-    UtilizationConfig, UtilizationSource,
+    RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StageConfig,
+    StoreKind, UtilizationConfig, UtilizationSource,
 };
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
@@ -60,6 +62,9 @@ pub struct Config {
     /// The brownout ladder.
     #[serde(default)]
     pub brownout: BrownoutConfig,
+    /// Several LLM backends (`[[llm]]`, each over `[reranker]`); none: `[reranker]` is the one backend.
+    #[serde(default)]
+    pub llm: Vec<LlmEntry>,
     /// Who may use the public API (`[[tenants]]`); none: the API is open, as before tenants existed.
     pub tenants: Vec<TenantConfig>,
     /// A keys file with more `[[tenants]]`, read at start and again on SIGHUP or `POST /admin/tenants/reload`
@@ -68,6 +73,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The LLM backends in force, in order (the first is the default).
+    pub fn backends(&self) -> Result<Vec<(String, RerankerConfig)>, ConfigError> {
+        backends(&self.reranker, &self.llm)
+    }
+
     /// The configured route names (the implicit `classify` route when none is configured).
     pub fn route_names(&self) -> Vec<&str> {
         if self.routes.is_empty() {
@@ -104,6 +114,7 @@ impl Config {
         }
         self.routing.validate("routing")?;
         self.reranker.validate("reranker")?;
+        let names: Vec<String> = self.backends()?.into_iter().map(|(n, _)| n).collect();
         if self.reranker.workers > 0 && self.prefilter.top_k < self.reranker.candidates {
             return Err(ConfigError::invalid(
                 "prefilter.top_k",
@@ -128,6 +139,32 @@ impl Config {
             }
             if let Some(pr) = &r.prompts {
                 pr.validate(&format!("routes[{i}].prompts"))?;
+            }
+            for (k, st) in r.stages.iter().flatten().enumerate() {
+                if !names.iter().any(|n| n == st.llm()) {
+                    return Err(ConfigError::invalid(
+                        format!("routes[{i}].stages[{k}]"),
+                        format!(
+                            "`{}` is no [[llm]] backend (backends: {})",
+                            st.llm(),
+                            names.join(", ")
+                        ),
+                    ));
+                }
+                if st.theta().is_some_and(|t| !(0.0..=1.0).contains(&t))
+                    || (k == 0 && st.theta().is_some())
+                {
+                    return Err(ConfigError::invalid(
+                        format!("routes[{i}].stages[{k}].theta"),
+                        "in [0, 1], and only on stages after the first (the first follows the routing policy)",
+                    ));
+                }
+            }
+            if r.stages.as_ref().is_some_and(Vec::is_empty) {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].stages"),
+                    "name at least one backend (or leave it out: the first backend)",
+                ));
             }
             if r.deadline_ms == Some(0)
                 || r.max_deadline_ms == Some(0)

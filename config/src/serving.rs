@@ -692,6 +692,43 @@ pub struct RouteConfig {
     /// The largest budget a request may ask for, milliseconds (600 000 when unset).
     #[serde(default)]
     pub max_deadline_ms: Option<u64>,
+    /// Its cascade of LLM backends (`[[llm]]` names, or `{ llm, theta }`): an escalation goes to the first; after
+    /// each stage's fused answer, if its ambiguity is still above the next stage's `theta`, on to the next.
+    /// Unset: the first backend alone.
+    #[serde(default)]
+    pub stages: Option<Vec<StageConfig>>,
+}
+
+/// One stage of a route's cascade.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StageConfig {
+    /// A backend's name.
+    Name(String),
+    /// A backend and the ambiguity above which a request goes on to it (stages after the first).
+    With {
+        llm: String,
+        #[serde(default)]
+        theta: Option<f64>,
+    },
+}
+
+impl StageConfig {
+    /// The backend's name.
+    pub fn llm(&self) -> &str {
+        match self {
+            StageConfig::Name(n) => n,
+            StageConfig::With { llm, .. } => llm,
+        }
+    }
+
+    /// Its θ, when set.
+    pub fn theta(&self) -> Option<f64> {
+        match self {
+            StageConfig::Name(_) => None,
+            StageConfig::With { theta, .. } => *theta,
+        }
+    }
 }
 
 impl RouteConfig {

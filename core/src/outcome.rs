@@ -140,6 +140,8 @@ pub mod header {
     pub const OUT_OF_SCOPE: &str = "x-tiergate-out-of-scope";
     /// The out-of-scope score of a route with an out-of-scope outcome.
     pub const OOS_SCORE: &str = "x-tiergate-oos-score";
+    /// The cascade stage (LLM backend) whose answer the client got.
+    pub const STAGE: &str = "x-tiergate-stage";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
 }

@@ -35,6 +35,19 @@ pub struct Route {
     pub deadline: Option<Duration>,
     /// The largest budget a request may ask for.
     pub max_deadline: Duration,
+    /// Its cascade of LLM backends (at least one: the first backend by default).
+    pub stages: Vec<Stage>,
+}
+
+/// One stage of a route's cascade.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// The backend's index ([`AppState::backend`]) and name.
+    pub backend: usize,
+    pub name: String,
+    /// A request goes on to this stage when the previous stage's fused ambiguity is above it (unused on the
+    /// first stage: the routing policy decides that escalation).
+    pub theta: f64,
 }
 
 pub use crate::llm::Llm;
@@ -49,8 +62,12 @@ pub struct AppState {
     pub route_order: Vec<String>,
     /// The routing policy.
     pub policy: Arc<Policy>,
-    /// The LLM side, when `reranker.workers > 0`.
+    /// The first LLM backend (the default: `[reranker]`, or the first `[[llm]]` entry), when it runs workers.
     pub llm: Option<Llm>,
+    /// The other `[[llm]]` backends, in order (`None`: it runs no workers).
+    pub others: Vec<Option<Llm>>,
+    /// Every backend's name, the first one's included.
+    pub backend_names: Vec<String>,
     /// Renders `/metrics`.
     pub metrics: Option<PrometheusHandle>,
     /// The one admission limit for the whole server.
@@ -87,11 +104,28 @@ impl AppState {
         worker_program: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
         let (routes, order) = build_routes(&config)?;
-        let llm = if config.reranker.workers > 0 {
-            Some(start_llm(&config, worker_program)?)
-        } else {
-            None
-        };
+        let gate = Arc::new(crate::priority::Gate::new(Duration::from_millis(
+            config.batch.max_llm_wait_ms,
+        )));
+        let mut llms = Vec::new();
+        let mut backend_names = Vec::new();
+        for (name, r) in config.backends()? {
+            let llm = if r.workers > 0 {
+                Some(start_backend(
+                    &name,
+                    &r,
+                    gate.clone(),
+                    worker_program.clone(),
+                )?)
+            } else {
+                None
+            };
+            llms.push(llm);
+            backend_names.push(name);
+        }
+        let mut llms = llms.into_iter();
+        let llm = llms.next().flatten();
+        let others = llms.collect();
         Ok(Self {
             policy: Arc::new(Policy::new(config.routing.clone())),
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
@@ -122,6 +156,8 @@ impl AppState {
             routes,
             route_order: order,
             llm,
+            others,
+            backend_names,
             metrics,
             started: Instant::now(),
         })
@@ -207,17 +243,18 @@ impl AppState {
         self.config.server.admin_token.as_deref()
     }
 
-    /// Submits `job` to the LLM ([`Llm::submit`]) for `tenant` (its weight and budget as configured now);
+    /// Submits `job` to backend `backend` ([`Llm::submit`]) for `tenant` (its weight and budget as configured now);
     /// `Refused::NoLlm` when this server runs none, `Refused::Budget` when the tenant has spent its budget.
     pub async fn submit(
         &self,
         job: &tiergate_queue::Job,
+        backend: usize,
         tenant: &crate::tenants::TenantId,
         batch: Option<&crate::priority::BatchLine>,
         deadline: Option<std::time::Instant>,
     ) -> Result<crate::llm::Submitted<'_>, crate::llm::Refused> {
         use crate::llm::Refused;
-        let llm = self.llm.as_ref().ok_or(Refused::NoLlm)?;
+        let llm = self.backend(backend).ok_or(Refused::NoLlm)?;
         let configured = self.tenants().named(&tenant.0).cloned();
         let budget = configured.as_ref().and_then(|t| t.budget().cloned());
         if let Some(b) = &budget {
@@ -237,6 +274,14 @@ impl AppState {
         llm.submit(job, ask).await
     }
 
+    /// Backend `i` (0: the first), when it runs workers.
+    pub fn backend(&self, i: usize) -> Option<&Llm> {
+        match i {
+            0 => self.llm.as_ref(),
+            _ => self.others.get(i - 1).and_then(Option::as_ref),
+        }
+    }
+
     /// Live, ready workers (0 without an LLM side).
     pub fn live_workers(&self) -> usize {
         self.llm.as_ref().map_or(0, |l| l.client.live_workers())
@@ -246,6 +291,7 @@ impl AppState {
 /// The routes the config names (one `classify` route when it names none), in config order; routes with the
 /// same head share one prefilter.
 fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<String>)> {
+    let backends: Vec<String> = config.backends()?.into_iter().map(|(n, _)| n).collect();
     let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
     let mut routes = HashMap::new();
     let mut order = Vec::new();
@@ -258,6 +304,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             out_of_scope: None,
             deadline_ms: None,
             max_deadline_ms: None,
+            stages: None,
         }]
     } else {
         config.routes.clone()
@@ -299,10 +346,33 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 out_of_scope,
                 deadline: r.deadline_ms.map(Duration::from_millis),
                 max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
+                stages: stages_of(r, &backends),
             },
         );
     }
     Ok((routes, order))
+}
+
+/// Route `r`'s cascade over `backends` (validated names): its `stages`, or the first backend.
+fn stages_of(r: &tiergate_config::RouteConfig, backends: &[String]) -> Vec<Stage> {
+    let named: Vec<(String, f64)> = match &r.stages {
+        Some(st) => st
+            .iter()
+            .map(|s| (s.llm().to_string(), s.theta().unwrap_or(0.0)))
+            .collect(),
+        None => vec![(backends[0].clone(), 0.0)],
+    };
+    named
+        .into_iter()
+        .filter_map(|(name, theta)| {
+            let backend = backends.iter().position(|b| *b == name)?;
+            Some(Stage {
+                backend,
+                name,
+                theta,
+            })
+        })
+        .collect()
 }
 
 /// The prefilter of route `r`'s head: one already started for the same head, else a new one.
@@ -344,9 +414,26 @@ fn prefilter_for(
     Ok(handle)
 }
 
-/// Creates the segment and starts the workers the config asks for (also used by `eval --hybrid`).
+/// Creates the segment and starts the workers of the first backend (`eval --hybrid` uses it).
 pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
-    let r = &config.reranker;
+    let (name, r) = config
+        .backends()?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no LLM backend"))?;
+    let gate = Arc::new(crate::priority::Gate::new(Duration::from_millis(
+        config.batch.max_llm_wait_ms,
+    )));
+    start_backend(&name, &r, gate, worker_program)
+}
+
+/// Creates backend `backend`'s segment and starts its workers; batch lines wait at `gate` (shared by all).
+pub fn start_backend(
+    backend: &str,
+    r: &tiergate_config::RerankerConfig,
+    gate: Arc<crate::priority::Gate>,
+    worker_program: Option<PathBuf>,
+) -> anyhow::Result<Llm> {
     if r.engine == tiergate_config::EngineKind::Mistralrs && r.workers > 0 {
         crate::preflight::check_local_model(&r.model)?;
     }
@@ -400,6 +487,7 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
     )?;
     let client = Client::new(seg, heartbeat)?;
     Ok(Llm {
+        name: backend.to_string(),
         client,
         supervisor,
         segment: name_for_info,
@@ -409,9 +497,7 @@ pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Re
         generate_times: Arc::new(crate::deadline::ServiceTimes::new(Duration::from_millis(
             r.generate_prior_ms,
         ))),
-        gate: Arc::new(crate::priority::Gate::new(Duration::from_millis(
-            config.batch.max_llm_wait_ms,
-        ))),
+        gate,
         limits: crate::llm::Limits::of(r),
         breaker: std::sync::Mutex::new(crate::breaker::Breaker::new(
             r.breaker_failures,

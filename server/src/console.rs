@@ -48,6 +48,32 @@ fn tenants(state: &AppState) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Per LLM backend: its live workers, jobs running and waiting, recent P95 service time and breaker.
+fn backends(state: &AppState) -> Vec<serde_json::Value> {
+    state
+        .backend_names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match state.backend(i) {
+            Some(l) => {
+                let (running, waiting) = l.share.load();
+                json!({
+                    "name": name,
+                    "live_workers": l.client.live_workers(),
+                    "running": running,
+                    "waiting": waiting,
+                    "rerank_p95_ms": l
+                        .rerank_times
+                        .recent_p95(Duration::from_secs(60))
+                        .map(|d| d.as_secs_f64() * 1e3),
+                    "breaker": if l.breaker_closed() { "closed" } else { "open" },
+                })
+            }
+            None => json!({"name": name, "live_workers": 0, "breaker": null}),
+        })
+        .collect()
+}
+
 /// `GET /admin/console`: what the page shows.
 pub async fn data(
     State(state): State<Arc<AppState>>,
@@ -101,6 +127,7 @@ pub async fn data(
         "tenants": tenants(&state),
         "brownout": state.brownout().as_str(),
         "breaker": state.llm.as_ref().map(|l| if l.breaker_closed() { "closed" } else { "open" }),
+        "backends": backends(&state),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()

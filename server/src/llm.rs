@@ -16,8 +16,10 @@ use tiergate_config::RerankerConfig;
 use crate::fair::NoSlot;
 use crate::priority::{BatchLine, Gate, Turn};
 
-/// The LLM side.
+/// One LLM backend.
 pub struct Llm {
+    /// Its name (`default`, or its `[[llm]]` entry's).
+    pub name: String,
     /// Submits jobs.
     pub client: Client,
     /// Runs the workers (dropped after the client at shutdown).

@@ -705,6 +705,7 @@ fn guarded(c: &mut Config) {
             }),
             deadline_ms: None,
             max_deadline_ms: None,
+            stages: None,
         });
     }
 }
@@ -1205,6 +1206,7 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 out_of_scope: None,
                 deadline_ms: None,
                 max_deadline_ms: Some(30_000),
+                stages: None,
             },
             tiergate_config::RouteConfig {
                 name: "generate".into(),
@@ -1214,6 +1216,7 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 out_of_scope: None,
                 deadline_ms: Some(50),
                 max_deadline_ms: None,
+                stages: None,
             },
         ];
     });
@@ -1295,4 +1298,79 @@ async fn a_failing_backend_opens_the_breaker_and_a_probe_tries_it_again() {
     assert_eq!(degraded(&h).as_deref(), Some("llm_error"), "the probe ran");
     let (_, h, _) = call(&r.app, ask("classify")).await;
     assert_eq!(degraded(&h).as_deref(), Some("breaker_open"));
+}
+
+/// A cascade of two LLM backends (`[[llm]]` "small" and "big", both stub worker processes): an escalation goes
+/// to the first stage; it goes on to the second while the fused ambiguity is above that stage's θ
+/// (`x-tiergate-stage` says which answered); with a second stage that keeps failing, the first stage's
+/// answer stands, degraded with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stage_fails() {
+    let entry = |name: &str, fields: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(fields).unwrap(),
+    };
+    let cascade = |theta: f64, big: &str| {
+        let big = big.to_string();
+        move |c: &mut Config| {
+            c.llm = vec![
+                entry("small", "engine = \"stub\"\nworkers = 1"),
+                entry("big", &format!("engine = \"stub\"\nworkers = 1\n{big}")),
+            ];
+            for r in c.routes.iter_mut().filter(|r| r.name == "classify") {
+                r.stages = Some(vec![
+                    tiergate_config::StageConfig::Name("small".into()),
+                    tiergate_config::StageConfig::With {
+                        llm: "big".into(),
+                        theta: Some(theta),
+                    },
+                ]);
+            }
+        }
+    };
+    let ask = || {
+        let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+        force(&mut req, "0");
+        req
+    };
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let both = |r: Rig| {
+        let t = Instant::now();
+        while r
+            .state
+            .backend(1)
+            .is_none_or(|b| b.client.live_workers() == 0)
+        {
+            assert!(t.elapsed() < Duration::from_secs(10), "big never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        r
+    };
+    // θ 0 on the big stage: any ambiguity left goes on to it.
+    let r = both(rig(1, cascade(0.0, "")));
+    assert_eq!(r.state.backend_names, vec!["small", "big"]);
+    let (s, h, b) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    drop(r);
+    // θ 1: the small stage's answer is sure enough.
+    let r = both(rig(1, cascade(1.0, "")));
+    let (_, h, _) = call(&r.app, ask()).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    drop(r);
+    // The big stage answers garbage: the small stage's answer stands, degraded.
+    let r = both(rig(
+        1,
+        cascade(0.0, "extra_args = [\"--stub-garbage-every\", \"1\"]"),
+    ));
+    let (s, h, b) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    assert_eq!(
+        header(&h, "x-tiergate-degraded").as_deref(),
+        Some("llm_error")
+    );
 }

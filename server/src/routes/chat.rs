@@ -265,8 +265,14 @@ async fn generate(
         messages,
         sampling: sampling(&v),
     };
+    // A generate route's first stage generates.
+    let backend = state
+        .routes
+        .get(&v.route)
+        .and_then(|r| r.stages.first())
+        .map_or(0, |s| s.backend);
     let submitted = match state
-        .submit(&job, &v.tenant, v.batch.as_ref(), v.deadline)
+        .submit(&job, backend, &v.tenant, v.batch.as_ref(), v.deadline)
         .await
     {
         Ok(s) => s,

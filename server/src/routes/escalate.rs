@@ -103,6 +103,17 @@ pub(super) fn decide(
     })
 }
 
+/// Why a refused submission degrades.
+fn reason_of(r: &Refused) -> DegradeReason {
+    match r {
+        Refused::NoLlm => DegradeReason::NoLlm,
+        Refused::Queue(e) => super::respond::queue_error_reason(e),
+        Refused::Budget(_) => DegradeReason::Budget,
+        Refused::Unreachable => DegradeReason::DeadlineUnreachable,
+        Refused::BreakerOpen(_) => DegradeReason::BreakerOpen,
+    }
+}
+
 /// Degrades on a refused submission (`meta` says why); `Err` when the route rejects instead.
 fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError> {
     match r {
@@ -189,12 +200,21 @@ pub(super) async fn escalate_answer(
         messages,
         sampling: sampling(v),
     };
+    // An answer route's reply is written by its first stage.
+    let first = route.stages.first();
     match state
-        .submit(&job, &v.tenant, v.batch.as_ref(), v.deadline)
+        .submit(
+            &job,
+            first.map_or(0, |s| s.backend),
+            &v.tenant,
+            v.batch.as_ref(),
+            v.deadline,
+        )
         .await
     {
         Ok(submitted) => {
             meta.tier = Tier::Llm;
+            meta.stage = first.map(|s| s.name.clone());
             let prompt_tokens = d.pred.tokens as u32;
             let resp = stream_or_collect(state, v, submitted, meta.clone(), prompt_tokens, started)
                 .await?;
@@ -207,8 +227,11 @@ pub(super) async fn escalate_answer(
     }
 }
 
-/// A classify route's escalation: the LLM scores Tier-0's candidates (with their examples, under the
-/// route's templates), fused with Tier-0 by the head's fitted weights. `None`: degraded (`meta` says why).
+/// A classify route's escalation through its cascade: each stage's LLM scores the candidates (with their
+/// examples, under the route's templates), fused with the distribution so far by the head's fitted weights —
+/// Tier-0's for the first stage, the previous stage's fused one after; the request goes on while the fused
+/// ambiguity is above the next stage's θ. A later stage that cannot answer leaves the earlier stage's answer
+/// (degraded, `meta` says why). `None`: no stage answered (`meta` says why).
 pub(super) async fn escalate_rerank(
     state: &Arc<AppState>,
     route: &Route,
@@ -216,18 +239,55 @@ pub(super) async fn escalate_rerank(
     d: &Decided,
     meta: &mut Meta,
 ) -> Result<Option<Vec<(usize, f32)>>, ApiError> {
-    let Some(prefilter) = route.prefilter.as_ref() else {
+    if route.prefilter.is_none() {
         return Ok(None);
-    };
+    }
     if state.brownout() >= crate::brownout::Step::Tier0Only {
         fall_back(meta, DegradeReason::Brownout);
         return Ok(None);
     }
     // On a route with an out-of-scope outcome the LLM may answer "none of these", which Tier-0's out-of-scope
     // call gives its share of the mass.
-    let tier0 = tier0_candidates(d);
+    let mut current = tier0_candidates(d);
+    let mut answer: Option<Vec<(usize, f32)>> = None;
+    for (k, stage) in route.stages.iter().enumerate() {
+        if let Some(a) = &answer {
+            let ambiguity = 1.0 - f64::from(a.first().map_or(0.0, |(_, p)| *p));
+            if ambiguity <= stage.theta {
+                break;
+            }
+        }
+        match rerank_stage(state, route, v, d, meta, k, &current).await? {
+            Some(fused) => {
+                meta.stage = Some(stage.name.clone());
+                current = fused.clone();
+                answer = Some(fused);
+            }
+            None => break,
+        }
+    }
+    if answer.is_some() {
+        meta.tier = Tier::Llm;
+    }
+    Ok(answer)
+}
+
+/// Stage `k` of the cascade reranks `prior` (candidate, mass); its fused distribution, sorted, or `None` when
+/// it did not answer (the first stage degrades or rejects as configured; a later one always degrades).
+async fn rerank_stage(
+    state: &Arc<AppState>,
+    route: &Route,
+    v: &ValidChat,
+    d: &Decided,
+    meta: &mut Meta,
+    k: usize,
+    prior: &[(usize, f32)],
+) -> Result<Option<Vec<(usize, f32)>>, ApiError> {
+    let Some(prefilter) = route.prefilter.as_ref() else {
+        return Ok(None);
+    };
     let candidates = crate::judge::candidates(
-        &tier0,
+        prior,
         prefilter.labels(),
         prefilter.replies(),
         |i| {
@@ -245,52 +305,59 @@ pub(super) async fn escalate_rerank(
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
+    let Some(stage) = route.stages.get(k) else {
+        return Ok(None);
+    };
     let submitted = match state
-        .submit(&job, &v.tenant, v.batch.as_ref(), v.deadline)
+        .submit(&job, stage.backend, &v.tenant, v.batch.as_ref(), v.deadline)
         .await
     {
         Ok(s) => s,
-        Err(r) => {
+        Err(r) if k == 0 => {
             refused(state, meta, r)?;
+            return Ok(None);
+        }
+        Err(r) => {
+            fall_back(meta, reason_of(&r));
             return Ok(None);
         }
     };
     let reply = submitted.handle.reply().await;
     let unexpected = QueueError::Protocol("unexpected reply".into());
-    submitted.llm.record_outcome(match &reply {
-        Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => Ok(()),
+    let scores = match &reply {
+        Ok(Reply::Rerank(r)) if r.scores.len() == prior.len() => Ok(r.scores.clone()),
         Ok(_) => Err(&unexpected),
         Err(e) => Err(e),
-    });
-    match reply {
-        Ok(Reply::Rerank(r)) if r.scores.len() == tier0.len() => {
-            meta.tier = Tier::Llm;
-            meta.rerank_ms = t.elapsed().as_secs_f64() * 1e3;
-            metrics::histogram!(m::RERANK_SECONDS).record(t.elapsed().as_secs_f64());
-            let tier0_p: Vec<f32> = tier0.iter().map(|(_, p)| *p).collect();
-            let (llm_p, fused_p) = route.fusion.apply(&tier0_p, &r.scores);
-            record(state, route, v, d, &tier0, &llm_p, &fused_p);
-            let mut fused: Vec<(usize, f32)> = tier0
-                .iter()
-                .zip(fused_p)
-                .map(|((i, _), p)| (*i, p))
-                .collect();
-            fused.sort_by(|a, b| b.1.total_cmp(&a.1));
-            Ok(Some(fused))
-        }
-        Ok(_) => {
-            degrade(
-                state,
-                meta,
-                &QueueError::Protocol("unexpected reply".into()),
-            )?;
-            Ok(None)
+    };
+    submitted
+        .llm
+        .record_outcome(scores.as_ref().map(|_| ()).map_err(|e| *e));
+    let scores = match scores {
+        Ok(s) => s,
+        Err(e) if k == 0 => {
+            degrade(state, meta, e)?;
+            return Ok(None);
         }
         Err(e) => {
-            degrade(state, meta, &e)?;
-            Ok(None)
+            fall_back(meta, super::respond::queue_error_reason(e));
+            return Ok(None);
         }
+    };
+    meta.rerank_ms += t.elapsed().as_secs_f64() * 1e3;
+    metrics::histogram!(m::RERANK_SECONDS, "stage" => stage.name.clone())
+        .record(t.elapsed().as_secs_f64());
+    let prior_p: Vec<f32> = prior.iter().map(|(_, p)| *p).collect();
+    let (llm_p, fused_p) = route.fusion.apply(&prior_p, &scores);
+    if k == 0 {
+        record(state, route, v, d, prior, &llm_p, &fused_p);
     }
+    let mut fused: Vec<(usize, f32)> = prior
+        .iter()
+        .zip(fused_p)
+        .map(|((i, _), p)| (*i, p))
+        .collect();
+    fused.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(Some(fused))
 }
 
 /// The candidates the LLM reranks with Tier-0's mass on each: its top labels, and on a route with an

@@ -119,7 +119,17 @@ pub async fn info(
             )
         })
         .collect();
+    let stages: serde_json::Map<String, serde_json::Value> = state
+        .route_order
+        .iter()
+        .filter_map(|n| state.routes.get(n))
+        .map(|r| {
+            let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
+            (r.name.clone(), json!(names))
+        })
+        .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
-                      "segment": state.llm.as_ref().map(|l| l.segment.clone()), "fusion": fusion}))
+                      "segment": state.llm.as_ref().map(|l| l.segment.clone()), "fusion": fusion,
+                      "backends": state.backend_names, "stages": stages}))
         .into_response()
 }

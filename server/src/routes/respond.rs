@@ -43,6 +43,8 @@ pub(super) struct Meta {
     pub(super) out_of_scope: bool,
     /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
     pub(super) oos_score: Option<f32>,
+    /// The cascade stage (backend) whose answer the client got, when an LLM answered.
+    pub(super) stage: Option<String>,
 }
 
 impl Meta {
@@ -96,6 +98,9 @@ pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) 
     );
     if let Some(d) = meta.degraded {
         put(header::DEGRADED, d.as_str().to_string());
+    }
+    if let Some(st) = &meta.stage {
+        put(header::STAGE, st.clone());
     }
     if let Some(s) = meta.oos_score {
         put(header::OOS_SCORE, format!("{s:.4}"));

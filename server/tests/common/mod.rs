@@ -64,6 +64,7 @@ pub fn config(tiny: &TinyModel) -> Config {
         out_of_scope: None,
         deadline_ms: None,
         max_deadline_ms: None,
+        stages: None,
     })
     .collect();
     cfg
