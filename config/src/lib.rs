@@ -28,9 +28,9 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
-    BrownoutConfig, EngineKind, FailureMode, OtlpProtocol, OutOfScopeConfig, PolicyStoreConfig,
-    RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode, ServerConfig, StageConfig,
-    StoreKind, UtilizationConfig, UtilizationSource,
+    BrownoutConfig, EngineKind, FailureMode, Grade, OtlpProtocol, OutOfScopeConfig,
+    PolicyStoreConfig, Prefer, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode,
+    ServerConfig, StageConfig, StageTable, StoreKind, UtilizationConfig, UtilizationSource,
 };
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
@@ -141,12 +141,20 @@ impl Config {
                 pr.validate(&format!("routes[{i}].prompts"))?;
             }
             for (k, st) in r.stages.iter().flatten().enumerate() {
-                if !names.iter().any(|n| n == st.llm()) {
+                let listed = st.backends();
+                if listed.is_empty()
+                    || matches!(st, StageConfig::Table(t) if t.llm.is_some() && t.any.is_some())
+                {
+                    return Err(ConfigError::invalid(
+                        format!("routes[{i}].stages[{k}]"),
+                        "name one backend (`llm`) or alternatives (`any`)",
+                    ));
+                }
+                if let Some(unknown) = listed.iter().find(|b| !names.iter().any(|n| n == *b)) {
                     return Err(ConfigError::invalid(
                         format!("routes[{i}].stages[{k}]"),
                         format!(
-                            "`{}` is no [[llm]] backend (backends: {})",
-                            st.llm(),
+                            "`{unknown}` is no [[llm]] backend (backends: {})",
                             names.join(", ")
                         ),
                     ));

@@ -699,26 +699,70 @@ pub struct RouteConfig {
     pub stages: Option<Vec<StageConfig>>,
 }
 
-/// One stage of a route's cascade.
+/// One stage of a route's cascade: a backend's name, or a table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum StageConfig {
     /// A backend's name.
     Name(String),
-    /// A backend and the ambiguity above which a request goes on to it (stages after the first).
-    With {
-        llm: String,
-        #[serde(default)]
-        theta: Option<f64>,
-    },
+    /// A backend (`llm`) or alternatives (`any`), and how to choose and retry.
+    Table(StageTable),
+}
+
+/// A stage as a table: `{ llm = "a" }` or `{ any = ["a", "b"], prefer = "latency", retries = 1 }`, or a
+/// `grade` preset; `theta` on stages after the first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageTable {
+    /// The one backend.
+    #[serde(default)]
+    pub llm: Option<String>,
+    /// Alternatives: the request goes to the best one predicted to finish within its budget.
+    #[serde(default)]
+    pub any: Option<Vec<String>>,
+    /// `quality` (the first listed that fits) or `latency` (the fastest predicted); the grade's, else quality.
+    #[serde(default)]
+    pub prefer: Option<Prefer>,
+    /// Runs again on the same backend after an engine or upstream error; the grade's, else 0.
+    #[serde(default)]
+    pub retries: Option<u32>,
+    /// A preset of the latency-graded gateway: `gold` (fastest, no retry), `silver` (fastest, 1 retry),
+    /// `bronze` (as listed — the last is the fallback —, 2 retries).
+    #[serde(default)]
+    pub grade: Option<Grade>,
+    /// The ambiguity above which a request goes on to this stage (stages after the first).
+    #[serde(default)]
+    pub theta: Option<f64>,
+}
+
+/// How a stage chooses among its alternatives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prefer {
+    Quality,
+    Latency,
+}
+
+/// The latency-graded gateway's presets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grade {
+    Gold,
+    Silver,
+    Bronze,
 }
 
 impl StageConfig {
-    /// The backend's name.
-    pub fn llm(&self) -> &str {
+    /// Its backends' names, in the order listed.
+    pub fn backends(&self) -> Vec<&str> {
         match self {
-            StageConfig::Name(n) => n,
-            StageConfig::With { llm, .. } => llm,
+            StageConfig::Name(n) => vec![n.as_str()],
+            StageConfig::Table(t) => t
+                .llm
+                .iter()
+                .chain(t.any.iter().flatten())
+                .map(String::as_str)
+                .collect(),
         }
     }
 
@@ -726,7 +770,30 @@ impl StageConfig {
     pub fn theta(&self) -> Option<f64> {
         match self {
             StageConfig::Name(_) => None,
-            StageConfig::With { theta, .. } => *theta,
+            StageConfig::Table(t) => t.theta,
+        }
+    }
+
+    /// Its preference among alternatives.
+    pub fn prefer(&self) -> Prefer {
+        match self {
+            StageConfig::Name(_) => Prefer::Quality,
+            StageConfig::Table(t) => t.prefer.unwrap_or(match t.grade {
+                Some(Grade::Gold | Grade::Silver) => Prefer::Latency,
+                _ => Prefer::Quality,
+            }),
+        }
+    }
+
+    /// Its retries on the same backend.
+    pub fn retries(&self) -> u32 {
+        match self {
+            StageConfig::Name(_) => 0,
+            StageConfig::Table(t) => t.retries.unwrap_or(match t.grade {
+                Some(Grade::Silver) => 1,
+                Some(Grade::Bronze) => 2,
+                _ => 0,
+            }),
         }
     }
 }

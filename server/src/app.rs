@@ -42,9 +42,13 @@ pub struct Route {
 /// One stage of a route's cascade.
 #[derive(Debug, Clone)]
 pub struct Stage {
-    /// The backend's index ([`AppState::backend`]) and name.
+    /// Its first backend's index ([`AppState::backend`]) and name (answer and generate routes use it).
     pub backend: usize,
     pub name: String,
+    /// Its alternatives (index, name), the first included, and how to choose and retry among them.
+    pub alternatives: Vec<(usize, String)>,
+    pub prefer: tiergate_config::Prefer,
+    pub retries: u32,
     /// A request goes on to this stage when the previous stage's fused ambiguity is above it (unused on the
     /// first stage: the routing policy decides that escalation).
     pub theta: f64,
@@ -355,21 +359,24 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
 
 /// Route `r`'s cascade over `backends` (validated names): its `stages`, or the first backend.
 fn stages_of(r: &tiergate_config::RouteConfig, backends: &[String]) -> Vec<Stage> {
-    let named: Vec<(String, f64)> = match &r.stages {
-        Some(st) => st
-            .iter()
-            .map(|s| (s.llm().to_string(), s.theta().unwrap_or(0.0)))
-            .collect(),
-        None => vec![(backends[0].clone(), 0.0)],
-    };
-    named
-        .into_iter()
-        .filter_map(|(name, theta)| {
-            let backend = backends.iter().position(|b| *b == name)?;
+    let default = [tiergate_config::StageConfig::Name(backends[0].clone())];
+    let listed: &[tiergate_config::StageConfig] = r.stages.as_deref().unwrap_or(&default);
+    listed
+        .iter()
+        .filter_map(|st| {
+            let alternatives: Vec<(usize, String)> = st
+                .backends()
+                .into_iter()
+                .filter_map(|n| Some((backends.iter().position(|b| b == n)?, n.to_string())))
+                .collect();
+            let (backend, name) = alternatives.first()?.clone();
             Some(Stage {
                 backend,
                 name,
-                theta,
+                alternatives,
+                prefer: st.prefer(),
+                retries: st.retries(),
+                theta: st.theta().unwrap_or(0.0),
             })
         })
         .collect()

@@ -27,6 +27,7 @@ pub mod priority;
 pub mod product;
 pub mod record;
 pub mod routes;
+pub mod select;
 pub mod serve;
 pub mod store;
 pub mod tenant_sync;

@@ -53,6 +53,8 @@ pub const TENANTS: &str = "tiergate_tenants";
 pub const BROWNOUT_STEP: &str = "tiergate_brownout_step";
 /// The pressure the ladder follows (its largest signal; 1 = at its limit).
 pub const BROWNOUT_PRESSURE: &str = "tiergate_brownout_pressure";
+/// Rerank jobs run again on the same backend after an engine error (a stage's `retries`).
+pub const RETRIES_TOTAL: &str = "tiergate_llm_retries_total";
 /// 1 while the LLM backend's circuit breaker is open or probing.
 pub const BREAKER_OPEN: &str = "tiergate_llm_breaker_open";
 /// Times the breaker opened.
@@ -135,6 +137,10 @@ fn describe() {
     describe_gauge!(
         BROWNOUT_PRESSURE,
         "The pressure the brownout ladder follows: the largest of queue fill, P95 against its limit, utilisation"
+    );
+    describe_counter!(
+        RETRIES_TOTAL,
+        "Rerank jobs run again on the same backend after an engine or protocol error"
     );
     describe_gauge!(
         BREAKER_OPEN,

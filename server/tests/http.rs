@@ -1320,10 +1320,11 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
             for r in c.routes.iter_mut().filter(|r| r.name == "classify") {
                 r.stages = Some(vec![
                     tiergate_config::StageConfig::Name("small".into()),
-                    tiergate_config::StageConfig::With {
-                        llm: "big".into(),
+                    tiergate_config::StageConfig::Table(tiergate_config::StageTable {
+                        llm: Some("big".into()),
                         theta: Some(theta),
-                    },
+                        ..Default::default()
+                    }),
                 ]);
             }
         }
@@ -1373,4 +1374,116 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
         header(&h, "x-tiergate-degraded").as_deref(),
         Some("llm_error")
     );
+}
+
+/// Within a stage: alternatives chosen by predicted completion (`prefer = "latency"` follows the measured
+/// service times; a budget too short for one picks the other whatever the preference), a failed alternative
+/// falls back to the next, and `retries` runs a job again on the same backend after an engine error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
+    let entry = |name: &str, fields: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!(
+            "engine = \"stub\"\nworkers = 1\nrerank_prior_ms = 100\n{fields}"
+        ))
+        .unwrap(),
+    };
+    let with_stage = |llm: Vec<tiergate_config::LlmEntry>, stage: &str| {
+        let stage: tiergate_config::StageTable = toml::from_str(stage).unwrap();
+        move |c: &mut Config| {
+            c.llm = llm;
+            for r in c.routes.iter_mut().filter(|r| r.name == "classify") {
+                r.stages = Some(vec![tiergate_config::StageConfig::Table(stage.clone())]);
+            }
+        }
+    };
+    let all_live = |r: Rig| {
+        let t = Instant::now();
+        while (0..r.state.backend_names.len()).any(|i| {
+            r.state
+                .backend(i)
+                .is_none_or(|b| b.client.live_workers() == 0)
+        }) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "a backend never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        r
+    };
+    let ask = |budget: Option<&str>| {
+        let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+        force(&mut req, "0");
+        if let Some(b) = budget {
+            req.headers_mut()
+                .insert("x-tiergate-deadline-ms", b.parse().unwrap());
+        }
+        req
+    };
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let slow = "extra_args = [\"--stub-delay-ms\", \"600\"]";
+    let fast = "extra_args = [\"--stub-delay-ms\", \"20\"]";
+    // Latency: once measured, the fast one; its P95 is what decides.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("slow", slow), entry("fast", fast)],
+            "any = [\"slow\", \"fast\"]\nprefer = \"latency\"",
+        ),
+    ));
+    let mut by = Vec::new();
+    for _ in 0..12 {
+        let (_, h, _) = call(&r.app, ask(None)).await;
+        by.push(header(&h, "x-tiergate-stage").unwrap_or_default());
+    }
+    assert!(by[6..].iter().all(|b| b == "fast"), "{by:?}");
+    drop(r);
+    // Quality prefers the first listed, until a budget leaves no room for it.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("slow", slow), entry("fast", fast)],
+            "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
+        ),
+    ));
+    for _ in 0..4 {
+        let (_, h, _) = call(&r.app, ask(None)).await;
+        assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("slow"));
+    }
+    let (_, h, _) = call(&r.app, ask(Some("300"))).await;
+    assert_eq!(
+        header(&h, "x-tiergate-stage").as_deref(),
+        Some("fast"),
+        "600 ms does not fit 300"
+    );
+    drop(r);
+    // A broken first alternative falls back to the next.
+    let broken = "extra_args = [\"--stub-garbage-every\", \"1\"]";
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("broken", broken), entry("fast", fast)],
+            "any = [\"broken\", \"fast\"]",
+        ),
+    ));
+    let (_, h, _) = call(&r.app, ask(None)).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("fast"));
+    assert!(h.get("x-tiergate-degraded").is_none());
+    drop(r);
+    // Every second job fails: one retry on the same backend answers every request (silver: 1 retry).
+    let flaky = "extra_args = [\"--stub-garbage-every\", \"2\"]";
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("flaky", flaky)],
+            "llm = \"flaky\"\ngrade = \"silver\"",
+        ),
+    ));
+    for _ in 0..4 {
+        let (_, h, _) = call(&r.app, ask(None)).await;
+        assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
+        assert!(h.get("x-tiergate-degraded").is_none());
+    }
 }

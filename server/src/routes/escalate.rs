@@ -259,7 +259,6 @@ pub(super) async fn escalate_rerank(
         }
         match rerank_stage(state, route, v, d, meta, k, &current).await? {
             Some(fused) => {
-                meta.stage = Some(stage.name.clone());
                 current = fused.clone();
                 answer = Some(fused);
             }
@@ -308,38 +307,17 @@ async fn rerank_stage(
     let Some(stage) = route.stages.get(k) else {
         return Ok(None);
     };
-    let submitted = match state
-        .submit(&job, stage.backend, &v.tenant, v.batch.as_ref(), v.deadline)
-        .await
-    {
-        Ok(s) => s,
+    let scores = match attempt(state, stage, v, &job, prior.len()).await {
+        Ok((scores, by)) => {
+            meta.stage = Some(by);
+            scores
+        }
         Err(r) if k == 0 => {
             refused(state, meta, r)?;
             return Ok(None);
         }
         Err(r) => {
             fall_back(meta, reason_of(&r));
-            return Ok(None);
-        }
-    };
-    let reply = submitted.handle.reply().await;
-    let unexpected = QueueError::Protocol("unexpected reply".into());
-    let scores = match &reply {
-        Ok(Reply::Rerank(r)) if r.scores.len() == prior.len() => Ok(r.scores.clone()),
-        Ok(_) => Err(&unexpected),
-        Err(e) => Err(e),
-    };
-    submitted
-        .llm
-        .record_outcome(scores.as_ref().map(|_| ()).map_err(|e| *e));
-    let scores = match scores {
-        Ok(s) => s,
-        Err(e) if k == 0 => {
-            degrade(state, meta, e)?;
-            return Ok(None);
-        }
-        Err(e) => {
-            fall_back(meta, super::respond::queue_error_reason(e));
             return Ok(None);
         }
     };
@@ -358,6 +336,70 @@ async fn rerank_stage(
         .collect();
     fused.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(Some(fused))
+}
+
+/// Runs a rerank `job` of `n` candidates on `stage`: its alternatives predicted to finish in time, in its
+/// preferred order ([`crate::select`]), each up to `retries` more times after an engine error while time is
+/// left; the scores and the backend that gave them, or why no alternative answered (the last refusal or
+/// failure).
+async fn attempt(
+    state: &Arc<AppState>,
+    stage: &crate::app::Stage,
+    v: &ValidChat,
+    job: &Job,
+    n: usize,
+) -> Result<(Vec<f32>, String), Refused> {
+    let tenant = &v.tenant.0;
+    let predicted: Vec<(usize, std::time::Duration)> = stage
+        .alternatives
+        .iter()
+        .filter_map(|(b, _)| Some((*b, state.backend(*b)?.predict(true, tenant, 1.0))))
+        .collect();
+    let left = v.deadline.map(crate::deadline::left);
+    let order = crate::select::order(&predicted, stage.prefer, left);
+    if order.is_empty() && !predicted.is_empty() {
+        metrics::counter!(m::UNREACHABLE_TOTAL).increment(1);
+    }
+    let mut last = if predicted.is_empty() {
+        Refused::NoLlm
+    } else {
+        Refused::Unreachable
+    };
+    for b in order {
+        for tried in 0..=stage.retries {
+            let submitted = match state
+                .submit(job, b, &v.tenant, v.batch.as_ref(), v.deadline)
+                .await
+            {
+                Ok(s) => s,
+                Err(r) => {
+                    last = r;
+                    break;
+                }
+            };
+            let reply = submitted.handle.reply().await;
+            let unexpected = QueueError::Protocol("unexpected reply".into());
+            let scores = match &reply {
+                Ok(Reply::Rerank(r)) if r.scores.len() == n => Ok(r.scores.clone()),
+                Ok(_) => Err(unexpected),
+                Err(e) => Err(e.clone()),
+            };
+            submitted.llm.record_outcome(scores.as_ref().map(|_| ()));
+            match scores {
+                Ok(s) => return Ok((s, submitted.llm.name.clone())),
+                Err(e) => {
+                    let again = crate::select::retry_same(&e) && tried < stage.retries;
+                    last = Refused::Queue(e);
+                    if !again {
+                        break;
+                    }
+                    metrics::counter!(m::RETRIES_TOTAL, "backend" => submitted.llm.name.clone())
+                        .increment(1);
+                }
+            }
+        }
+    }
+    Err(last)
 }
 
 /// The candidates the LLM reranks with Tier-0's mass on each: its top labels, and on a route with an
