@@ -67,6 +67,8 @@ pub struct DeadlineReport {
     pub within: f64,
     /// (channel, answers, share within budget).
     pub channels: Vec<(&'static str, u64, f64)>,
+    /// (cascade stage that answered, answers, share within budget).
+    pub stages: Vec<(&'static str, u64, f64)>,
     pub ranges: Vec<Range>,
 }
 
@@ -109,6 +111,15 @@ pub fn report(outcomes: &[Outcome]) -> Option<DeadlineReport> {
             (ch.name(), of.len() as u64, share(n, of.len()))
         })
         .collect();
+    let mut stages: Vec<(&'static str, u64, f64)> = Vec::new();
+    let mut names: Vec<&'static str> = with.iter().filter_map(|o| o.stage).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let of: Vec<&&Outcome> = with.iter().filter(|o| o.stage == Some(name)).collect();
+        let n = of.iter().filter(|o| within(o)).count();
+        stages.push((name, of.len() as u64, share(n, of.len())));
+    }
     let mut lo = 0u32;
     let mut ranges = Vec::new();
     for hi in EDGES.iter().copied().map(Some).chain([None]) {
@@ -137,6 +148,7 @@ pub fn report(outcomes: &[Outcome]) -> Option<DeadlineReport> {
         requests: with.len() as u64,
         within: share(with.iter().filter(|o| within(o)).count(), with.len()),
         channels,
+        stages,
         ranges,
     })
 }
@@ -157,6 +169,14 @@ pub fn render(r: &DeadlineReport) -> String {
         r.requests,
         per.join(", ")
     );
+    if !r.stages.is_empty() {
+        let per: Vec<String> = r
+            .stages
+            .iter()
+            .map(|(st, n, w)| format!("{st} {n} ({:.1}% within)", 100.0 * w))
+            .collect();
+        let _ = writeln!(s, "  answered by stage: {}", per.join(", "));
+    }
     let _ = writeln!(
         s,
         "  {:<14} {:>8} {:>8} {:>10} {:>9}",

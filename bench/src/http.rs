@@ -40,6 +40,8 @@ pub struct ChatResult {
     pub model_ms: Option<f64>,
     /// `x-tiergate-variant`.
     pub variant: Option<&'static str>,
+    /// `x-tiergate-stage`: the cascade stage (LLM backend) that answered.
+    pub stage: Option<&'static str>,
 }
 
 impl ChatResult {
@@ -55,6 +57,7 @@ impl ChatResult {
             tokens_out: 0,
             model_ms: None,
             variant: None,
+            stage: None,
         }
     }
 }
@@ -182,6 +185,7 @@ impl HttpClient {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| server_timing(v, "model")),
             variant: header("x-tiergate-variant"),
+            stage: header(tiergate_core::outcome::header::STAGE),
         };
         let body = resp.into_body();
         if !(200..300).contains(&status) {

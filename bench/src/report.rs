@@ -46,6 +46,21 @@ pub struct RunReport {
     pub cost: Option<crate::cost::RunCost>,
     /// Answers within their budget (with --deadline-ms).
     pub deadlines: Option<crate::deadlines::DeadlineReport>,
+    /// LLM answers by the cascade stage that gave them (`x-tiergate-stage`), by name.
+    pub stages: Vec<(String, u64)>,
+}
+
+/// Answers per cascade stage, by name.
+fn by_stage(os: &[Outcome]) -> Vec<(String, u64)> {
+    let mut m = std::collections::BTreeMap::<&str, u64>::new();
+    for st in os
+        .iter()
+        .filter(|o| o.error.is_none())
+        .filter_map(|o| o.stage)
+    {
+        *m.entry(st).or_default() += 1;
+    }
+    m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 impl RunReport {
@@ -101,6 +116,7 @@ impl RunReport {
             variants: crate::patience::variants(os, e, patience),
             cost: None,
             deadlines: crate::deadlines::report(os),
+            stages: by_stage(os),
             scrape: data.scrape.clone(),
             channels,
         }
@@ -212,6 +228,14 @@ impl RunReport {
                 "  escalation share (escalated + degraded of served): {:.1}%",
                 share * 100.0
             );
+        }
+        if !self.stages.is_empty() {
+            let per: Vec<String> = self
+                .stages
+                .iter()
+                .map(|(n, c)| format!("{n} {c}"))
+                .collect();
+            let _ = writeln!(s, "  LLM answers by stage: {}", per.join(", "));
         }
         let c = &self.client;
         let _ = writeln!(

@@ -173,6 +173,7 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
             .map(|ms| (ms * 1e3).min(f64::from(u32::MAX)) as u32),
         variant: r.variant,
         budget_ms: p.budget_ms,
+        stage: r.stage,
     }
 }
 

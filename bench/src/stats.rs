@@ -31,6 +31,8 @@ pub struct Outcome {
     pub variant: Option<&'static str>,
     /// The budget it was sent with (`--deadline-ms`), milliseconds.
     pub budget_ms: Option<u32>,
+    /// The cascade stage (LLM backend) that answered (`x-tiergate-stage`).
+    pub stage: Option<&'static str>,
 }
 
 /// Most distinct strings [`intern`] keeps; past it, new values read `other` (a server sending a new tier or
@@ -354,10 +356,10 @@ mod tests {
         }
         assert_eq!(intern("never-seen-before"), "other");
         assert_eq!(intern("tier0"), "tier0");
-        // What the bench keeps per request (96 bytes before model time, the experiment's variant and the
-        // budget).
+        // What the bench keeps per request (96 bytes before model time, the experiment's variant, the
+        // budget and the stage).
         assert!(
-            std::mem::size_of::<Outcome>() <= 128,
+            std::mem::size_of::<Outcome>() <= 144,
             "{}",
             std::mem::size_of::<Outcome>()
         );

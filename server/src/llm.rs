@@ -104,10 +104,12 @@ impl Llm {
         }
         if b.trips() > trips {
             tracing::warn!(segment = %self.segment, "LLM circuit breaker open: escalations degrade until a probe answers");
-            metrics::counter!(crate::metrics::BREAKER_TRIPS_TOTAL).increment(1);
+            metrics::counter!(crate::metrics::BREAKER_TRIPS_TOTAL, "backend" => self.name.clone())
+                .increment(1);
         }
         let open = !matches!(b.state(), crate::breaker::State::Closed);
-        metrics::gauge!(crate::metrics::BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
+        metrics::gauge!(crate::metrics::BREAKER_OPEN, "backend" => self.name.clone())
+            .set(if open { 1.0 } else { 0.0 });
     }
 
     /// Whether the breaker is closed.

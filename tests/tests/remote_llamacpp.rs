@@ -356,3 +356,118 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
     assert!(served["ttft"]["p50_ms"].as_f64().unwrap() > 0.0, "{served}");
     assert!(served["tokens_out"].as_u64().unwrap() > 0, "{served}");
 }
+
+/// Two real llama.cpp servers as the two alternatives of one cascade stage of the real `tiergate serve`
+/// (`[[llm]]` "a" and "b", `stages = [{ any = ["a", "b"] }]`, every request escalated): answers come from "a"
+/// (listed first); with "a"'s server killed mid-run the requests move to "b" within their own budget and none
+/// is lost, "a"'s breaker opens; with "a" back, a probe after the cooldown closes it and answers come from "a"
+/// again.
+#[test]
+fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
+    let _one = one_upstream();
+    let (pa, pb) = (free_port(), free_port());
+    let mut up_a = Upstream::start(pa);
+    let _up_b = Upstream::start(pb);
+    let backend = |name: &str, port: u16| {
+        format!(
+            "{{ name = \"{name}\", engine = \"openai\", url = \"http://127.0.0.1:{port}/v1\", model = \"smollm2\", workers = 1 }}"
+        )
+    };
+    let llm = format!("llm=[{}, {}]", backend("a", pa), backend("b", pb));
+    let s = common::start(&[
+        "--set",
+        &llm,
+        "--set",
+        "routes=[{ name = \"classify\", kind = \"classify\", stages = [{ any = [\"a\", \"b\"] }] }]",
+        "--set",
+        "reranker.breaker_failures=2",
+        "--set",
+        "reranker.breaker_cooldown_ms=2000",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "routing.theta_min=0.0",
+    ]);
+    let ask = || -> (u16, String, String) {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(serde_json::json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}));
+        match r {
+            Ok(r) => (
+                r.status(),
+                format!(
+                    "{}{}",
+                    r.header("x-tiergate-tier").unwrap_or(""),
+                    r.header("x-tiergate-degraded")
+                        .map_or(String::new(), |d| format!(" ({d})"))
+                ),
+                r.header("x-tiergate-stage").unwrap_or("").to_string(),
+            ),
+            Err(ureq::Error::Status(code, _)) => (code, String::new(), String::new()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let run = |n: usize| -> Vec<(u16, String, String)> { (0..n).map(|_| ask()).collect() };
+    let by = |rs: &[(u16, String, String)], stage: &str| rs.iter().filter(|r| r.2 == stage).count();
+    // Both backends' workers up (each checks its upstream at start).
+    let live: serde_json::Value = ureq::get(&format!("{}/admin/console", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let t = Instant::now();
+    let mut live = live;
+    while live["backends"]
+        .as_array()
+        .is_none_or(|b| b.iter().any(|b| b["live_workers"] == 0))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "backends not up: {live}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        live = ureq::get(&format!("{}/admin/console", s.admin))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+    }
+    let before = run(5);
+    assert!(
+        before.iter().all(|r| r.0 == 200 && r.1 == "llm"),
+        "{before:?}"
+    );
+    assert_eq!(by(&before, "a"), 5, "{before:?}");
+    up_a.kill();
+    let during = run(8);
+    // None lost: every request answered by the LLM, by "b" now.
+    assert!(
+        during.iter().all(|r| r.0 == 200 && r.1 == "llm"),
+        "{during:?}"
+    );
+    assert_eq!(by(&during, "b"), 8, "{during:?}");
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("tiergate_llm_breaker_open{backend=\"a\"} 1"),
+        "a's breaker open"
+    );
+    // "a" back: after the cooldown a probe reaches it, and answers come from it again.
+    let _up_a = Upstream::start(pa);
+    let t = Instant::now();
+    loop {
+        let r = ask();
+        assert_eq!((r.0, r.1.as_str()), (200, "llm"), "{r:?}");
+        if r.2 == "a" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "never back on a");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = run(3);
+    assert_eq!(by(&after, "a"), 3, "{after:?}");
+}

@@ -251,6 +251,10 @@ pub(super) async fn escalate_rerank(
     let mut current = tier0_candidates(d);
     let mut answer: Option<Vec<(usize, f32)>> = None;
     for (k, stage) in route.stages.iter().enumerate() {
+        // Under brownout the cascade sheds its later (bigger) stages first: the first stage's answer stands.
+        if k > 0 && state.brownout() > crate::brownout::Step::Normal {
+            break;
+        }
         if let Some(a) = &answer {
             let ambiguity = 1.0 - f64::from(a.first().map_or(0.0, |(_, p)| *p));
             if ambiguity <= stage.theta {
