@@ -82,6 +82,8 @@ pub struct AppState {
     tenants: std::sync::RwLock<Arc<crate::tenants::Tenants>>,
     /// What each tenant got since start (the console).
     pub tenant_figures: Arc<crate::tenants::Figures>,
+    /// The console's time series.
+    pub history: crate::history::History,
     /// The brownout ladder (moved by the utilisation sampler) and its step, read on every request.
     brownout: std::sync::Mutex<crate::brownout::Ladder>,
     brownout_step: std::sync::atomic::AtomicU8,
@@ -145,6 +147,7 @@ impl AppState {
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
             tenant_figures: Arc::default(),
+            history: crate::history::History::default(),
             brownout: std::sync::Mutex::new(crate::brownout::Ladder::new(&config.brownout)),
             brownout_step: std::sync::atomic::AtomicU8::new(0),
             tenants: std::sync::RwLock::new(Arc::new(crate::tenants::Tenants::new(
@@ -240,6 +243,35 @@ impl AppState {
             .store(now as u8, std::sync::atomic::Ordering::Relaxed);
         metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(now as u8 as f64);
         metrics::gauge!(crate::metrics::BROWNOUT_PRESSURE).set(pressure);
+    }
+
+    /// Adds a point to the console's series when one is due.
+    pub fn sample_history(&self) {
+        let now = std::time::Instant::now();
+        if !self.history.due(now) {
+            return;
+        }
+        let live = self.policy.live_view(now);
+        let recent = self.decisions.recent();
+        let minute = Duration::from_secs(60);
+        let last: Vec<&crate::outcome::Decision> =
+            recent.iter().filter(|d| d.age(now) < minute).collect();
+        let degraded = last
+            .iter()
+            .filter(|d| d.channel == crate::outcome::Channel::Degraded.as_str())
+            .count() as f64
+            / last.len().max(1) as f64;
+        self.history.push(
+            now,
+            crate::history::Point {
+                t_ms: 0,
+                theta_eff: live.theta_eff,
+                escalated_share: live.escalated_share_60s,
+                degraded_share: degraded,
+                p95_ms: crate::history::p95_by_channel(&recent, now, minute),
+                brownout: self.brownout() as u8,
+            },
+        );
     }
 
     /// `server.admin_token`.

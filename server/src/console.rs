@@ -1,7 +1,7 @@
 //! `/console`: an operator's page embedded in the binary (no CDN, no build step), served on the admin
 //! listener, and the data it polls (`GET /admin/console`): the live policy view, the ambiguity histogram of the
-//! last 60 s, per-channel P95 of recent answers, per-tenant figures, and the last decisions (no request text is
-//! kept).
+//! last 60 s, per-channel P95 of recent answers, per-tenant figures, the backends, the last 15 minutes as time
+//! series ([`crate::history`]), and the last decisions (no request text is kept).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,14 +90,6 @@ pub async fn data(
         bins[i] += 1;
     }
     let recent: Vec<Decision> = state.decisions.recent();
-    let p95 = |channel: &str| {
-        let v: Vec<f64> = recent
-            .iter()
-            .filter(|d| d.channel == channel && d.age(now) < Duration::from_secs(60))
-            .map(|d| d.latency_ms)
-            .collect();
-        tiergate_core::stats::quantile(v, 0.95)
-    };
     let live = state.policy.live_view(now);
     let current = state.policy.current();
     let degraded = recent
@@ -114,10 +106,7 @@ pub async fn data(
         "escalated_share_60s": live.escalated_share_60s,
         "degraded_share_recent": degraded,
         "queue_depth": state.llm.as_ref().map_or(0, |l| l.client.in_flight()),
-        "p95_ms": Channel::ALL
-            .iter()
-            .map(|c| (c.as_str().to_string(), json!(p95(c.as_str()))))
-            .collect::<serde_json::Map<_, _>>(),
+        "p95_ms": crate::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
         "bands_ms": tiergate_core::bands::BANDS
             .iter()
             .map(|(_, key, max)| (key.to_string(), json!(max)))
@@ -128,6 +117,7 @@ pub async fn data(
         "brownout": state.brownout().as_str(),
         "breaker": state.llm.as_ref().map(|l| if l.breaker_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
+        "history": state.history.points(),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()

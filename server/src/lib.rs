@@ -15,6 +15,7 @@ pub mod extract;
 pub mod fair;
 pub mod fleet;
 pub mod fusion;
+pub mod history;
 pub mod judge;
 pub mod llm;
 pub mod metrics;

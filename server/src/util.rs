@@ -91,6 +91,7 @@ pub async fn sample_utilization(state: Weak<AppState>) {
             state.policy.set_utilization(smooth, "none");
         }
         state.observe_brownout(smooth);
+        state.sample_history();
     }
 }
 

@@ -116,11 +116,13 @@ def main():
         cdp.eval("document.getElementById('apply').click()")
         error = cdp.wait("document.getElementById('error').textContent", "the server's error")
         rows = cdp.eval("document.querySelectorAll('#decisions tr').length")
+        points = cdp.eval("Number(document.getElementById('series').dataset.points)")
         png = cdp.call("Page.captureScreenshot", format="png")["data"]
         with open(shot, "wb") as f:
             f.write(base64.b64decode(png))
         print(json.dumps({"v0": v0, "v1": v1, "ok": ok, "theta_before": theta_before,
-                          "theta_after": theta_after, "error": error, "decision_rows": rows}))
+                          "theta_after": theta_after, "error": error, "decision_rows": rows,
+                          "series_points": points}))
     finally:
         proc.kill()
         proc.wait()

@@ -61,6 +61,8 @@ fn the_console_shows_live_data_and_changes_the_policy_in_a_real_browser() {
         "{seen}"
     );
     assert!(seen["decision_rows"].as_u64().unwrap() >= 3, "{seen}");
+    // The time series: at least the point taken at start, drawn.
+    assert!(seen["series_points"].as_u64().unwrap() >= 1, "{seen}");
     // The server agrees: the page's change is the policy in force, the refused one is not.
     let r: Value = ureq::get(&format!("{}/admin/routing", s.admin))
         .call()
