@@ -195,15 +195,25 @@ pub async fn list_files(
 ) -> Response {
     let run = || {
         let b = api.batches()?;
-        let limit = page_limit(&q)?;
-        let rows = b
-            .store
-            .files(&tenant.0, q.get("after").map(String::as_str), limit + 1)
-            .map_err(internal)?;
-        let data: Vec<Value> = rows.iter().take(limit).map(|r| r.to_json()).collect();
-        Ok::<_, ApiError>(axum::Json(page(data, rows.len() > limit)).into_response())
+        listed(
+            &q,
+            |after, n| b.store.files(&tenant.0, after, n),
+            store::FileRow::to_json,
+        )
     };
     run().unwrap_or_else(IntoResponse::into_response)
+}
+
+/// One page of `fetch(after, limit + 1)` in OpenAI's list shape.
+fn listed<R>(
+    q: &std::collections::HashMap<String, String>,
+    fetch: impl FnOnce(Option<&str>, usize) -> anyhow::Result<Vec<R>>,
+    json: impl Fn(&R) -> Value,
+) -> Result<Response, ApiError> {
+    let limit = page_limit(q)?;
+    let rows = fetch(q.get("after").map(String::as_str), limit + 1).map_err(internal)?;
+    let data: Vec<Value> = rows.iter().take(limit).map(json).collect();
+    Ok(axum::Json(page(data, rows.len() > limit)).into_response())
 }
 
 /// `limit` of a list request: 20 unless given, 1–100.
@@ -440,13 +450,11 @@ pub async fn list(
 ) -> Response {
     let run = || {
         let b = api.batches()?;
-        let limit = page_limit(&q)?;
-        let rows = b
-            .store
-            .list(&tenant.0, q.get("after").map(String::as_str), limit + 1)
-            .map_err(internal)?;
-        let data: Vec<Value> = rows.iter().take(limit).map(|r| r.to_json()).collect();
-        Ok::<_, ApiError>(axum::Json(page(data, rows.len() > limit)).into_response())
+        listed(
+            &q,
+            |after, n| b.store.list(&tenant.0, after, n),
+            store::BatchRow::to_json,
+        )
     };
     run().unwrap_or_else(IntoResponse::into_response)
 }
