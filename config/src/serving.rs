@@ -730,9 +730,14 @@ pub struct StageTable {
     /// `bronze` (as listed — the last is the fallback —, 2 retries).
     #[serde(default)]
     pub grade: Option<Grade>,
-    /// The ambiguity above which a request goes on to this stage (stages after the first).
+    /// The ambiguity above which a request goes on to this stage (stages after the first): its policy's
+    /// `theta_base` when `policy` is unset.
     #[serde(default)]
     pub theta: Option<f64>,
+    /// This stage's own routing policy (stages after the first; a static θ = `theta` when unset), changed live
+    /// with `/admin/routing?route=…&stage=…`.
+    #[serde(default)]
+    pub policy: Option<RoutingConfig>,
 }
 
 /// How a stage chooses among its alternatives.
@@ -771,6 +776,20 @@ impl StageConfig {
         match self {
             StageConfig::Name(_) => None,
             StageConfig::Table(t) => t.theta,
+        }
+    }
+
+    /// Its routing policy: its own, else `global` as a static θ of `theta` (0 unset).
+    pub fn policy(&self, global: &RoutingConfig) -> RoutingConfig {
+        match self {
+            StageConfig::Table(StageTable {
+                policy: Some(p), ..
+            }) => p.clone(),
+            _ => RoutingConfig {
+                mode: RoutingMode::Static,
+                theta_base: self.theta().unwrap_or(0.0),
+                ..global.clone()
+            },
         }
     }
 

@@ -40,7 +40,7 @@ pub struct Route {
 }
 
 /// One stage of a route's cascade.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Stage {
     /// Its first backend's index ([`AppState::backend`]) and name (answer and generate routes use it).
     pub backend: usize,
@@ -52,6 +52,8 @@ pub struct Stage {
     /// A request goes on to this stage when the previous stage's fused ambiguity is above it (unused on the
     /// first stage: the routing policy decides that escalation).
     pub theta: f64,
+    /// Its own policy (stages after the first): θ_eff, modes, live changes (`/admin/routing?route=&stage=`).
+    pub policy: Option<Arc<Policy>>,
 }
 
 pub use crate::llm::Llm;
@@ -245,6 +247,28 @@ impl AppState {
         metrics::gauge!(crate::metrics::BROWNOUT_PRESSURE).set(pressure);
     }
 
+    /// The stage policy of `route`'s stage `stage` (after the first).
+    pub fn stage_policy(&self, route: &str, stage: &str) -> Option<&Arc<Policy>> {
+        self.routes
+            .get(route)?
+            .stages
+            .iter()
+            .filter(|s| s.name == stage)
+            .find_map(|s| s.policy.as_ref())
+    }
+
+    /// Every stage policy, with its route and stage names.
+    pub fn stage_policies(&self) -> impl Iterator<Item = (&str, &str, &Arc<Policy>)> {
+        self.route_order
+            .iter()
+            .filter_map(|n| self.routes.get(n))
+            .flat_map(|r| {
+                r.stages.iter().filter_map(move |s| {
+                    Some((r.name.as_str(), s.name.as_str(), s.policy.as_ref()?))
+                })
+            })
+    }
+
     /// Adds a point to the console's series when one is due.
     pub fn sample_history(&self) {
         let now = std::time::Instant::now();
@@ -382,7 +406,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 out_of_scope,
                 deadline: r.deadline_ms.map(Duration::from_millis),
                 max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
-                stages: stages_of(r, &backends),
+                stages: stages_of(r, &backends, &config.routing),
             },
         );
     }
@@ -390,12 +414,17 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
 }
 
 /// Route `r`'s cascade over `backends` (validated names): its `stages`, or the first backend.
-fn stages_of(r: &tiergate_config::RouteConfig, backends: &[String]) -> Vec<Stage> {
+fn stages_of(
+    r: &tiergate_config::RouteConfig,
+    backends: &[String],
+    global: &tiergate_config::RoutingConfig,
+) -> Vec<Stage> {
     let default = [tiergate_config::StageConfig::Name(backends[0].clone())];
     let listed: &[tiergate_config::StageConfig] = r.stages.as_deref().unwrap_or(&default);
     listed
         .iter()
-        .filter_map(|st| {
+        .enumerate()
+        .filter_map(|(k, st)| {
             let alternatives: Vec<(usize, String)> = st
                 .backends()
                 .into_iter()
@@ -409,6 +438,7 @@ fn stages_of(r: &tiergate_config::RouteConfig, backends: &[String]) -> Vec<Stage
                 prefer: st.prefer(),
                 retries: st.retries(),
                 theta: st.theta().unwrap_or(0.0),
+                policy: (k > 0).then(|| Arc::new(Policy::new(st.policy(global)))),
             })
         })
         .collect()

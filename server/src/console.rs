@@ -118,6 +118,10 @@ pub async fn data(
         "breaker": state.llm.as_ref().map(|l| if l.breaker_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
         "history": state.history.points(),
+        "stages": state.stage_policies().map(|(route, stage, p)| json!({
+            "route": route, "stage": stage, "theta_eff": p.theta_eff(now), "version": p.current().version,
+            "mode": p.current().cfg.mode,
+        })).collect::<Vec<_>>(),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()

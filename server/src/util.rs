@@ -87,6 +87,9 @@ pub async fn sample_utilization(state: Weak<AppState>) {
                 tiergate_core::stats::ewma(Some(smooth), u, ALPHA)
             };
             state.policy.set_utilization(smooth, source);
+            for (_, _, p) in state.stage_policies() {
+                p.set_utilization(smooth, source);
+            }
         } else {
             state.policy.set_utilization(smooth, "none");
         }

@@ -1360,6 +1360,47 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     let r = both(rig(1, cascade(1.0, "")));
     let (_, h, _) = call(&r.app, ask()).await;
     assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    // The big stage's own policy, changed live: θ 0 sends the next request on.
+    let stage_admin = |method: &str, query: &str, body: Option<Value>| {
+        let mut req = admin(method, body, true, None);
+        *req.uri_mut() = format!("/admin/routing{query}").parse().unwrap();
+        req
+    };
+    let (s, _, b) = call(
+        &r.admin,
+        stage_admin("GET", "?route=classify&stage=big", None),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (v["mode"].as_str(), v["theta_base"].as_f64()),
+        (Some("static"), Some(1.0))
+    );
+    let (s, _, b) = call(
+        &r.admin,
+        stage_admin(
+            "PATCH",
+            "?route=classify&stage=big",
+            Some(json!({"theta_base": 0.0})),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let (_, h, _) = call(&r.app, ask()).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    // The routing policy itself is untouched; a half-named or unknown stage is refused.
+    let (_, _, b) = call(&r.admin, stage_admin("GET", "", None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(v["mode"], "load");
+    let (s, _, b) = call(&r.admin, stage_admin("GET", "?route=classify", None)).await;
+    assert_openai_error(s, &b, 400);
+    let (s, _, b) = call(
+        &r.admin,
+        stage_admin("GET", "?route=classify&stage=small", None),
+    )
+    .await;
+    assert_openai_error(s, &b, 404);
     drop(r);
     // The big stage answers garbage: the small stage's answer stands, degraded.
     let r = both(rig(

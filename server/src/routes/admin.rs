@@ -17,9 +17,33 @@ use crate::extract::ApiJson;
 
 const FIELDS: &[&str] = RoutingConfig::FIELDS;
 
-fn view(state: &AppState) -> Value {
-    let p = state.policy.current();
-    let live = state.policy.live_view(Instant::now());
+/// Which policy an `/admin/routing` request is about: the routing policy, or a cascade stage's
+/// (`?route=R&stage=S`, the stage's backend name).
+fn target<'a>(
+    state: &'a AppState,
+    q: &std::collections::HashMap<String, String>,
+) -> Result<Option<&'a crate::policy::Policy>, ApiError> {
+    match (q.get("route"), q.get("stage")) {
+        (None, None) => Ok(None),
+        (Some(r), Some(st)) => state
+            .stage_policy(r, st)
+            .map(|p| Some(&**p))
+            .ok_or_else(|| {
+                ApiError::NotFound(format!(
+                    "route `{r}` has no stage `{st}` after its first (stages after the first have a policy)"
+                ))
+            }),
+        _ => Err(ApiError::invalid(
+            "stage",
+            "name both `route` and `stage` for a stage's policy, or neither",
+        )),
+    }
+}
+
+fn view(state: &AppState, stage: Option<&crate::policy::Policy>) -> Value {
+    let policy = stage.unwrap_or(&state.policy);
+    let p = policy.current();
+    let live = policy.live_view(Instant::now());
     let mut v = serde_json::to_value(&p.cfg).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
         o.insert("theta_eff".into(), json!(live.theta_eff));
@@ -100,24 +124,31 @@ fn merged_policy(
     Ok(cfg)
 }
 
-fn with_etag(state: &AppState, body: Value) -> Response {
+fn with_etag(state: &AppState, stage: Option<&crate::policy::Policy>, body: Value) -> Response {
     let mut resp = axum::Json(body).into_response();
-    if let Ok(v) = format!("\"{}\"", state.policy.current().version).parse() {
+    let version = stage.unwrap_or(&state.policy).current().version;
+    if let Ok(v) = format!("\"{version}\"").parse() {
         resp.headers_mut().insert("etag", v);
     }
     resp
 }
 
-/// `GET /admin/routing`.
+/// The query of `/admin/routing` (`route` and `stage` for a cascade stage's policy).
+type RoutingQuery = axum::extract::Query<std::collections::HashMap<String, String>>;
+
+/// `GET /admin/routing` (`?route=&stage=`: a cascade stage's policy).
 pub async fn get_routing(
     State(state): State<Arc<AppState>>,
     Peer(peer): Peer,
     headers: HeaderMap,
+    axum::extract::Query(q): RoutingQuery,
 ) -> Response {
-    if let Err(e) = authorize_admin(state.admin_token(), &headers, peer) {
-        return e.into_response();
-    }
-    with_etag(&state, view(&state))
+    let run = || {
+        authorize_admin(state.admin_token(), &headers, peer)?;
+        let stage = target(&state, &q)?;
+        Ok::<_, ApiError>(with_etag(&state, stage, view(&state, stage)))
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `PATCH /admin/routing`: any subset of the policy fields.
@@ -125,9 +156,10 @@ pub async fn patch_routing(
     State(state): State<Arc<AppState>>,
     Peer(peer): Peer,
     headers: HeaderMap,
+    axum::extract::Query(q): RoutingQuery,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
-    change(&state, peer, &headers, body, false)
+    change(&state, peer, &headers, &q, body, false)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -137,9 +169,10 @@ pub async fn put_routing(
     State(state): State<Arc<AppState>>,
     Peer(peer): Peer,
     headers: HeaderMap,
+    axum::extract::Query(q): RoutingQuery,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
-    change(&state, peer, &headers, body, true)
+    change(&state, peer, &headers, &q, body, true)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -148,10 +181,12 @@ async fn change(
     state: &AppState,
     peer: Option<SocketAddr>,
     headers: &HeaderMap,
+    q: &std::collections::HashMap<String, String>,
     body: Value,
     full: bool,
 ) -> Result<Response, ApiError> {
     authorize_admin(state.admin_token(), headers, peer)?;
+    let stage = target(state, q)?;
     let obj = body.as_object().ok_or_else(|| ApiError::Invalid {
         message: "expected a JSON object".into(),
         param: None,
@@ -193,16 +228,17 @@ async fn change(
     // Optimistic concurrency: merge onto the version read, replace only if it is still current, and merge
     // again onto a concurrent writer's version (without If-Match) instead of losing its change.
     let change = Value::Object(obj.clone()).to_string();
+    let policy = stage.unwrap_or(&state.policy);
     let (from, to) = loop {
-        let current = state.policy.current();
+        let current = policy.current();
         let cfg = merged_policy(&current.cfg, obj)?;
         let expected = if_match.unwrap_or(current.version);
-        let outcome = match &state.store {
-            None => state
-                .policy
+        // A stage's policy is this replica's (the shared store holds the routing policy).
+        let outcome = match (&state.store, stage) {
+            (Some(store), None) => store_change(state, store, expected, cfg, peer, &change).await?,
+            _ => policy
                 .replace(cfg, Some(expected))
                 .map(|(old, new)| (old.version, new.version)),
-            Some(store) => store_change(state, store, expected, cfg, peer, &change).await?,
         };
         match outcome {
             Ok(changed) => break changed,
@@ -220,9 +256,11 @@ async fn change(
         to_version = to,
         peer = ?peer,
         change = %change,
+        route = q.get("route").map(String::as_str),
+        stage = q.get("stage").map(String::as_str),
         "routing policy changed"
     );
-    Ok(with_etag(state, view(state)))
+    Ok(with_etag(state, stage, view(state, stage)))
 }
 
 /// `GET /admin/experiments`: the latency experiments in force.

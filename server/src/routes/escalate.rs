@@ -257,7 +257,16 @@ pub(super) async fn escalate_rerank(
         }
         if let Some(a) = &answer {
             let ambiguity = 1.0 - f64::from(a.first().map_or(0.0, |(_, p)| *p));
-            if ambiguity <= stage.theta {
+            let now = Instant::now();
+            let theta = stage
+                .policy
+                .as_ref()
+                .map_or(stage.theta, |p| p.theta_eff(now));
+            let go_on = ambiguity > theta;
+            if let Some(p) = &stage.policy {
+                p.record_decision(now, ambiguity, go_on);
+            }
+            if !go_on {
                 break;
             }
         }
