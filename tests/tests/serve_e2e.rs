@@ -552,3 +552,56 @@ fn the_brownout_ladder_steps_down_and_back_up() {
     wait_step(None);
     assert_eq!(ask("generate").0, 200);
 }
+
+/// Under brownout a cascade sheds its later stages first: with two stub backends and every request escalated,
+/// the answers come from the second stage at `normal`, from the first once the ladder is at `rerank_only`.
+#[test]
+fn under_brownout_a_cascade_sheds_its_later_stage_first() {
+    let s = start(&[
+        "--set",
+        "llm=[{ name = \"small\", engine = \"stub\", workers = 1 }, { name = \"big\", engine = \"stub\", workers = 1 }]",
+        "--set",
+        "routes=[{ name = \"classify\", kind = \"classify\", stages = [\"small\", { llm = \"big\", theta = 0.0 }] }]",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "routing.theta_min=0.0",
+        "--set",
+        "routing.utilization_source=\"manual\"",
+        "--set",
+        "routing.manual_utilization=0.0",
+        "--set",
+        "brownout={ enabled = true, enter = [0.3, 0.5, 0.7], leave = [0.2, 0.4, 0.6], hold_ms = 300, cool_ms = 300 }",
+    ]);
+    let stage = || -> (Option<String>, Option<String>) {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}))
+            .unwrap();
+        (
+            r.header("x-tiergate-stage").map(str::to_string),
+            r.header("x-tiergate-brownout").map(str::to_string),
+        )
+    };
+    let until = |want: (Option<&str>, Option<&str>)| {
+        let t = Instant::now();
+        loop {
+            let got = stage();
+            if (got.0.as_deref(), got.1.as_deref()) == want {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "still {got:?}, want {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Both backends up: the second stage answers.
+    until((Some("big"), None));
+    ureq::request("PATCH", &format!("{}/admin/routing", s.admin))
+        .send_json(json!({"manual_utilization": 0.35}))
+        .unwrap();
+    until((Some("small"), Some("rerank_only")));
+}
