@@ -106,19 +106,23 @@ impl ServiceTimes {
             .collect();
         (!v.is_empty()).then(|| mean_p95(v).1)
     }
+}
 
-    /// Predicted completion of a new job with `queued` jobs waiting before it for `capacity` slots, all of
-    /// them busy when `busy`: the wait for a slot ((queued + 1) ÷ capacity mean service times) plus its own
-    /// P95 service time.
-    pub fn predict(&self, queued: usize, busy: bool, capacity: usize) -> Duration {
-        let (mean, p95) = self.estimate();
-        let wait = if busy {
-            mean.mul_f64((queued + 1) as f64 / capacity.max(1) as f64)
-        } else {
-            Duration::ZERO
-        };
-        wait + p95
-    }
+/// A job's completion from a service estimate (`mean`, `p95`): the wait for a slot ((queued + 1) ÷ capacity
+/// mean service times, when all `capacity` slots are busy) plus its own P95 service time.
+pub fn completion(
+    mean: Duration,
+    p95: Duration,
+    queued: usize,
+    busy: bool,
+    capacity: usize,
+) -> Duration {
+    let wait = if busy {
+        mean.mul_f64((queued + 1) as f64 / capacity.max(1) as f64)
+    } else {
+        Duration::ZERO
+    };
+    wait + p95
 }
 
 /// (mean, P95) of a non-empty set of durations.
@@ -163,12 +167,18 @@ mod tests {
         assert!(e.to_string().contains("max_deadline_ms"), "{e}");
     }
 
+    /// The completion [`crate::llm::Llm::predict`] derives from `s`'s estimate.
+    fn predict(s: &ServiceTimes, queued: usize, busy: bool, capacity: usize) -> Duration {
+        let (mean, p95) = s.estimate();
+        completion(mean, p95, queued, busy, capacity)
+    }
+
     #[test]
     fn predictions_use_the_prior_then_the_window() {
         let s = ServiceTimes::new(Duration::from_millis(1000));
         // No samples: the prior for the mean and the P95.
-        assert_eq!(s.predict(0, false, 4), Duration::from_millis(1000));
-        assert_eq!(s.predict(3, true, 4), Duration::from_millis(2000));
+        assert_eq!(predict(&s, 0, false, 4), Duration::from_millis(1000));
+        assert_eq!(predict(&s, 3, true, 4), Duration::from_millis(2000));
         for ms in [100, 100, 100, 100, 100, 100, 100, 100, 100, 500] {
             s.record(Duration::from_millis(ms));
         }
@@ -176,8 +186,8 @@ mod tests {
         assert_eq!(mean, Duration::from_millis(140));
         assert_eq!(p95, Duration::from_millis(500));
         // A free slot: its own P95; four slots busy, seven waiting: two mean service times more.
-        assert_eq!(s.predict(0, false, 4), Duration::from_millis(500));
-        assert_eq!(s.predict(7, true, 4), Duration::from_millis(780));
+        assert_eq!(predict(&s, 0, false, 4), Duration::from_millis(500));
+        assert_eq!(predict(&s, 7, true, 4), Duration::from_millis(780));
         // The window slides: old samples leave.
         for _ in 0..WINDOW {
             s.record(Duration::from_millis(10));

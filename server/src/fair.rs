@@ -124,10 +124,9 @@ impl<T> Sfq<T> {
             .retain(|_, l| !l.jobs.is_empty() || l.finish > clock);
     }
 
-    /// Jobs dispatched before a new job of `tenant` (weight `weight`) would be: those waiting with an
-    /// earlier start tag than it would get.
-    pub fn ahead(&self, tenant: &str, weight: f64) -> usize {
-        let _ = weight;
+    /// Jobs dispatched before a new job of `tenant` would be: those waiting with an earlier start tag than it
+    /// would get.
+    pub fn ahead(&self, tenant: &str) -> usize {
         let start = self
             .lanes
             .get(tenant)
@@ -187,12 +186,12 @@ impl Share {
     }
 
     /// Jobs dispatched before a new job of `tenant` would be, itself included.
-    pub fn ahead(&self, tenant: &str, weight: f64) -> usize {
+    pub fn ahead(&self, tenant: &str) -> usize {
         self.state.lock().map_or(1, |s| {
             if s.running < self.capacity && s.lanes.is_empty() {
                 s.running + 1
             } else {
-                s.running + s.lanes.ahead(tenant, weight) + 1
+                s.running + s.lanes.ahead(tenant) + 1
             }
         })
     }
@@ -411,9 +410,9 @@ mod tests {
         assert_eq!(d.remove("a", 1), Some(1));
         assert_eq!(d.remove("a", 1), None);
         // A's next job would start after its own waiting one and B's...
-        assert_eq!(d.ahead("a", 1.0), 2);
+        assert_eq!(d.ahead("a"), 2);
         // ... a new tenant's at the clock, after B's job tagged at it.
-        assert_eq!(d.ahead("c", 1.0), 1);
+        assert_eq!(d.ahead("c"), 1);
         assert_eq!(d.remove("a", 2), Some(2));
         assert_eq!(d.waiting("a"), 0);
         assert_eq!(order(&mut d, 3), "b");

@@ -119,14 +119,16 @@ impl Llm {
             .map_or(true, |b| b.state() == crate::breaker::State::Closed)
     }
 
-    /// Predicted completion of a new job of `tenant` (weight `weight`): the wait for a slot behind the jobs
-    /// its lane and the others' put before it, plus its kind's P95 service time.
-    pub fn predict(&self, rerank: bool, tenant: &str, weight: f64) -> Duration {
+    /// Predicted completion of a new job of `tenant`: the wait for a slot behind the jobs its lane and the
+    /// others' put before it, plus its kind's P95 service time (also returned: the longest a job may wait
+    /// for a slot leaves room for it).
+    pub fn predict(&self, rerank: bool, tenant: &str) -> (Duration, Duration) {
         let (running, _) = self.share.load();
-        let before = self.share.ahead(tenant, weight).saturating_sub(running + 1);
+        let before = self.share.ahead(tenant).saturating_sub(running + 1);
         let busy = running >= self.limits.capacity;
-        self.times(rerank)
-            .predict(before, busy, self.limits.capacity)
+        let (mean, p95) = self.times(rerank).estimate();
+        let done = crate::deadline::completion(mean, p95, before, busy, self.limits.capacity);
+        (done, p95)
     }
 }
 
@@ -199,13 +201,13 @@ impl Llm {
             .tenant
             .unwrap_or_else(|| std::sync::Arc::from("default"));
         let weight = if ask.weight > 0.0 { ask.weight } else { 1.0 };
-        if self.predict(rerank, &tenant, weight) > crate::deadline::left(deadline) {
+        let (done, p95) = self.predict(rerank, &tenant);
+        if done > crate::deadline::left(deadline) {
             metrics::counter!(crate::metrics::UNREACHABLE_TOTAL).increment(1);
             return Err(Refused::Unreachable);
         }
         self.breaker_allows()?;
         // Wait for a slot no longer than leaves time for a P95 service.
-        let (_, p95) = self.times(rerank).estimate();
         let wait = crate::deadline::left(deadline).saturating_sub(p95);
         let mut slot = match self.share.acquire(&tenant, weight, wait).await {
             Ok(slot) => slot,

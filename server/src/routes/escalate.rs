@@ -11,7 +11,7 @@ use tiergate_config::{display_label, render, RouteKind};
 use tiergate_prefilter::Prediction;
 use tiergate_queue::{Job, Message, QueueError, Reply};
 
-use super::respond::{degrade, sampling, stream_or_collect, Meta};
+use super::respond::{degrade, fall_back, sampling, stream_or_collect, Meta};
 use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::llm::Refused;
@@ -137,13 +137,6 @@ fn refused(state: &AppState, meta: &mut Meta, r: Refused) -> Result<(), ApiError
             Ok(())
         }
     }
-}
-
-/// Tier-0 answers instead, for `reason`.
-fn fall_back(meta: &mut Meta, reason: DegradeReason) {
-    meta.tier = Tier::Tier0;
-    meta.degraded = Some(reason);
-    crate::trace::degraded(reason.as_str());
 }
 
 /// An answer route's escalation: the LLM writes the reply, grounded in the candidates' approved replies.
@@ -366,7 +359,7 @@ async fn attempt(
     let predicted: Vec<(usize, std::time::Duration)> = stage
         .alternatives
         .iter()
-        .filter_map(|(b, _)| Some((*b, state.backend(*b)?.predict(true, tenant, 1.0))))
+        .filter_map(|(b, _)| Some((*b, state.backend(*b)?.predict(true, tenant).0)))
         .collect();
     let left = v.deadline.map(crate::deadline::left);
     let order = crate::select::order(&predicted, stage.prefer, left);

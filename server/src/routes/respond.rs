@@ -135,11 +135,15 @@ pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Resu
     if state.config.server.on_escalation_failure == FailureMode::Reject {
         return Err(ApiError::from(e.clone()));
     }
+    fall_back(meta, queue_error_reason(e));
+    Ok(())
+}
+
+/// Tier-0 answers instead, for `reason`.
+pub(super) fn fall_back(meta: &mut Meta, reason: DegradeReason) {
     meta.tier = Tier::Tier0;
-    let reason = queue_error_reason(e);
     meta.degraded = Some(reason);
     crate::trace::degraded(reason.as_str());
-    Ok(())
 }
 
 pub(super) fn sampling(v: &ValidChat) -> Sampling {
