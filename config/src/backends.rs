@@ -61,6 +61,25 @@ pub fn backends(
         .collect()
 }
 
+/// The `[reranker]` fields set away from their defaults that no `[[llm]]` entry takes, because every entry
+/// sets its own: they have no effect (the server warns at start).
+pub fn shadowed(reranker: &RerankerConfig, entries: &[LlmEntry]) -> Vec<String> {
+    if entries.is_empty() {
+        return Vec::new();
+    }
+    let (Ok(set), Ok(default)) = (
+        toml::Table::try_from(reranker),
+        toml::Table::try_from(RerankerConfig::default()),
+    ) else {
+        return Vec::new();
+    };
+    set.iter()
+        .filter(|(k, v)| default.get(*k) != Some(*v))
+        .filter(|(k, _)| entries.iter().all(|e| e.fields.contains_key(*k)))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +117,16 @@ mod tests {
         );
         let e = backends(&r, &[entry("a", ""), entry("a", "")]).unwrap_err();
         assert!(e.to_string().contains("llm[1].name"), "{e}");
+        assert!(shadowed(&r, &[]).is_empty());
+        let entries = [
+            entry("a", "workers = 1"),
+            entry("b", "workers = 3\nslots = 4"),
+        ];
+        assert_eq!(
+            shadowed(&r, &entries),
+            vec!["workers".to_string()],
+            "slots: `a` takes it"
+        );
         let e = backends(&r, &[entry("a", "wrokers = 3")]).unwrap_err();
         assert!(e.to_string().contains("llm[0]"), "{e}");
     }

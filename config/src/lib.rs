@@ -78,6 +78,11 @@ impl Config {
         backends(&self.reranker, &self.llm)
     }
 
+    /// The `[reranker]` fields that have no effect because every `[[llm]]` entry sets its own.
+    pub fn shadowed_reranker_fields(&self) -> Vec<String> {
+        backends::shadowed(&self.reranker, &self.llm)
+    }
+
     /// The configured route names (the implicit `classify` route when none is configured).
     pub fn route_names(&self) -> Vec<&str> {
         if self.routes.is_empty() {

@@ -27,6 +27,8 @@ pub struct Classifier {
     pub examples: Vec<Vec<String>>,
     /// The fusion fitted for this head (`fusion.json` in a trained head's folder).
     pub fusion: Option<crate::heads::FittedFusion>,
+    /// The fits of cascade stages after the first (`fusion.STAGE.json`), by stage name.
+    pub stage_fusions: Vec<(String, crate::heads::FittedFusion)>,
     /// The examples with their embeddings, once [`Classifier::ground`] ran: predictions then carry the
     /// query's embedding so the examples nearest it can be shown to a judge.
     pub representatives: Option<std::sync::Arc<crate::grounding::Representatives>>,
@@ -80,6 +82,7 @@ impl Classifier {
                     replies: labels.iter().map(|l| l.reply.clone()).collect(),
                     examples: labels.iter().map(|l| l.examples.clone()).collect(),
                     fusion: None,
+                    stage_fusions: Vec::new(),
                     representatives: None,
                     out_of_scope: None,
                 })
@@ -150,6 +153,7 @@ impl Classifier {
             replies,
             examples,
             fusion: crate::heads::FittedFusion::load(dir)?,
+            stage_fusions: crate::heads::FittedFusion::load_stages(dir)?,
             representatives: None,
             out_of_scope: crate::out_of_scope::OutOfScope::load(
                 dir,
@@ -181,6 +185,7 @@ impl Classifier {
             replies,
             examples,
             fusion: None,
+            stage_fusions: Vec::new(),
             representatives: None,
             out_of_scope: None,
         })

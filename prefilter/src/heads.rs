@@ -243,15 +243,50 @@ pub struct FittedFusion {
     /// One-sided sign-test p-value of fixed vs broken.
     #[serde(default)]
     pub p_value: f64,
+    /// A cascade stage's fit (`fusion.STAGE.json`): the LLMs of the stages before it, in order, whose fused
+    /// distribution it fuses with (empty: the first stage, fused with Tier-0's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
 }
 
 impl FittedFusion {
     /// File name inside the head folder.
     pub const FILE: &'static str = "fusion.json";
 
+    /// The file of cascade stage `stage`'s fit (a stage after the first, by its backend's name).
+    pub fn stage_file(stage: &str) -> String {
+        format!("fusion.{stage}.json")
+    }
+
     /// Reads `dir/fusion.json` when present.
     pub fn load(dir: &Path) -> Result<Option<Self>> {
-        let path = dir.join(Self::FILE);
+        Self::load_file(dir, Self::FILE)
+    }
+
+    /// Every cascade stage's fit in `dir` (`fusion.STAGE.json`), by stage name.
+    pub fn load_stages(dir: &Path) -> Result<Vec<(String, Self)>> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(stage) = name
+                .strip_prefix("fusion.")
+                .and_then(|n| n.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            if let Some(f) = Self::load_file(dir, &name)? {
+                out.push((stage.to_string(), f));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    fn load_file(dir: &Path, file: &str) -> Result<Option<Self>> {
+        let path = dir.join(file);
         if !path.is_file() {
             return Ok(None);
         }
@@ -267,9 +302,9 @@ impl FittedFusion {
         Ok(Some(f))
     }
 
-    /// Writes `dir/fusion.json`.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        let path = dir.join(Self::FILE);
+    /// Writes `dir/fusion.json`, or a cascade stage's `dir/fusion.STAGE.json`.
+    pub fn save(&self, dir: &Path, stage: Option<&str>) -> Result<()> {
+        let path = dir.join(stage.map_or_else(|| Self::FILE.to_string(), Self::stage_file));
         let text =
             serde_json::to_string_pretty(self).map_err(|e| PrefilterError::corrupt(&path, e))?;
         std::fs::write(&path, text).map_err(|e| PrefilterError::file(&path, e))

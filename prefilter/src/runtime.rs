@@ -163,6 +163,7 @@ pub struct PrefilterHandle {
     examples: Arc<Vec<Vec<String>>>,
     representatives: Option<Arc<crate::grounding::Representatives>>,
     fusion: Option<crate::heads::FittedFusion>,
+    stage_fusions: Vec<(String, crate::heads::FittedFusion)>,
     oos: Option<(crate::oos::OosMethod, f32)>,
     capacity: usize,
 }
@@ -184,6 +185,7 @@ impl PrefilterHandle {
             examples: Arc::new(classifier.examples.clone()),
             representatives: classifier.representatives.clone(),
             fusion: classifier.fusion.clone(),
+            stage_fusions: classifier.stage_fusions.clone(),
             oos: classifier
                 .out_of_scope
                 .as_ref()
@@ -248,6 +250,14 @@ impl PrefilterHandle {
     /// The fusion fitted for this head, when its folder has one.
     pub fn fitted_fusion(&self) -> Option<&crate::heads::FittedFusion> {
         self.fusion.as_ref()
+    }
+
+    /// The fit of cascade stage `stage` (after the first), when the head's folder has one.
+    pub fn stage_fusion(&self, stage: &str) -> Option<&crate::heads::FittedFusion> {
+        self.stage_fusions
+            .iter()
+            .find(|(s, _)| s == stage)
+            .map(|(_, f)| f)
     }
 
     /// The out-of-scope score predictions carry and its fitted (or configured) threshold, when scored.

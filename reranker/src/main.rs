@@ -50,6 +50,9 @@ struct Args {
     /// Stub: job N never returns from the engine (the process and its heartbeat stay alive).
     #[arg(long)]
     stub_stuck_after: Option<u64>,
+    /// Stub: every generation fails after its first token (a stream broken mid-way).
+    #[arg(long)]
+    stub_fail_mid_stream: bool,
     /// Stub: milliseconds the "model load" takes before the worker is ready.
     #[arg(long, default_value_t = 0)]
     stub_load_ms: u64,
@@ -124,6 +127,7 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
                 hang_after: args.stub_hang_after,
                 garbage_every: args.stub_garbage_every,
                 stuck_after: args.stub_stuck_after,
+                fail_mid_stream: args.stub_fail_mid_stream,
             }))
         }
         EngineSpec::Mistralrs { .. } => load_llm(spec)?,

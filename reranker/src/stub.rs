@@ -22,6 +22,8 @@ pub struct StubKnobs {
     pub garbage_every: Option<u64>,
     /// Job number N never returns from the engine (only its thread blocks; the heartbeat goes on).
     pub stuck_after: Option<u64>,
+    /// Every generation fails after its first token.
+    pub fail_mid_stream: bool,
 }
 
 /// The stub engine.
@@ -210,6 +212,11 @@ impl Engine for StubEngine {
                 break;
             }
             sent += 1;
+            if self.knobs.fail_mid_stream {
+                return Err(EngineError::Failed(
+                    "the stub fails mid-stream, as configured".into(),
+                ));
+            }
         }
         Ok(Usage {
             prompt_tokens: messages

@@ -54,6 +54,21 @@ pub struct Stage {
     pub theta: f64,
     /// Its own policy (stages after the first): θ_eff, modes, live changes (`/admin/routing?route=&stage=`).
     pub policy: Option<Arc<Policy>>,
+    /// How each alternative's scores are fused with the distribution so far (Tier-0's for the first stage,
+    /// the previous stage's fused one after), in `alternatives` order: the head's fit, or the backend's values.
+    pub fusions: Vec<crate::fusion::Fusion>,
+}
+
+impl Stage {
+    /// The fusion of the alternative named `backend` (the first's when it is not one).
+    pub fn fusion_of(&self, backend: &str) -> &crate::fusion::Fusion {
+        let i = self
+            .alternatives
+            .iter()
+            .position(|(_, n)| n == backend)
+            .unwrap_or(0);
+        &self.fusions[i]
+    }
 }
 
 pub use crate::llm::Llm;
@@ -290,6 +305,10 @@ impl AppState {
             crate::history::Point {
                 t_ms: 0,
                 theta_eff: live.theta_eff,
+                stage_theta: self
+                    .stage_policies()
+                    .map(|(r, st, p)| (format!("{r}/{st}"), p.theta_eff(now)))
+                    .collect(),
                 escalated_share: live.escalated_share_60s,
                 degraded_share: degraded,
                 p95_ms: crate::history::p95_by_channel(&recent, now, minute),
@@ -351,7 +370,8 @@ impl AppState {
 /// The routes the config names (one `classify` route when it names none), in config order; routes with the
 /// same head share one prefilter.
 fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<String>)> {
-    let backends: Vec<String> = config.backends()?.into_iter().map(|(n, _)| n).collect();
+    let configs = config.backends()?;
+    let backends: Vec<String> = configs.iter().map(|(n, _)| n.clone()).collect();
     let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
     let mut routes = HashMap::new();
     let mut order = Vec::new();
@@ -374,14 +394,23 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             .prompts
             .clone()
             .unwrap_or_else(|| config.reranker.prompts.clone());
-        let grounded = crate::judge::grounded(config, &prompts);
+        let mut stages = stages_of(r, &backends, &config.routing);
+        // The first stage's judge decides how candidates are shown (grounded or not).
+        let first = stages
+            .first()
+            .map_or(&config.reranker, |s| &configs[s.backend].1);
+        let grounded = crate::judge::grounded(first, &prompts);
         let prefilter = if r.kind == RouteKind::Generate {
             None
         } else {
             Some(prefilter_for(config, r, grounded, &mut handles)?)
         };
         order.push(r.name.clone());
-        let fusion = crate::fusion::Fusion::resolve(config, &prompts, prefilter.as_ref());
+        resolve_fusions(&mut stages, &configs, &prompts, prefilter.as_ref());
+        let fusion = stages.first().map_or_else(
+            || crate::fusion::Fusion::resolve(&config.reranker, &prompts, None, &[]),
+            |s| s.fusions[0].clone(),
+        );
         fusion.log_for(&r.name);
         let out_of_scope = match (&r.out_of_scope, &prefilter) {
             (Some(o), Some(p)) => Some(crate::out_of_scope::OutOfScopeRoute::resolve(
@@ -406,7 +435,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 out_of_scope,
                 deadline: r.deadline_ms.map(Duration::from_millis),
                 max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
-                stages: stages_of(r, &backends, &config.routing),
+                stages,
             },
         );
     }
@@ -439,9 +468,39 @@ fn stages_of(
                 retries: st.retries(),
                 theta: st.theta().unwrap_or(0.0),
                 policy: (k > 0).then(|| Arc::new(Policy::new(st.policy(global)))),
+                fusions: Vec::new(),
             })
         })
         .collect()
+}
+
+/// Each stage alternative's fusion: the head's fit (`fusion.json` for the first stage, `fusion.BACKEND.json`
+/// after), valid only for its LLM after the same stages before it (each stage's first backend), else the
+/// backend's configured values.
+fn resolve_fusions(
+    stages: &mut [Stage],
+    configs: &[(String, tiergate_config::RerankerConfig)],
+    prompts: &tiergate_config::PromptConfig,
+    prefilter: Option<&PrefilterHandle>,
+) {
+    let mut after: Vec<String> = Vec::new();
+    for (k, stage) in stages.iter_mut().enumerate() {
+        stage.fusions = stage
+            .alternatives
+            .iter()
+            .map(|(b, name)| {
+                let fit = prefilter.and_then(|p| {
+                    if k == 0 {
+                        p.fitted_fusion()
+                    } else {
+                        p.stage_fusion(name)
+                    }
+                });
+                crate::fusion::Fusion::resolve(&configs[*b].1, prompts, fit, &after)
+            })
+            .collect();
+        after.push(crate::judge::llm_name(&configs[stage.backend].1, prompts));
+    }
 }
 
 /// The prefilter of route `r`'s head: one already started for the same head, else a new one.

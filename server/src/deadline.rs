@@ -55,6 +55,9 @@ pub fn budget(
 const WINDOW: usize = 128;
 /// Samples before the window replaces the prior.
 const MIN_SAMPLES: usize = 4;
+/// Samples older than this no longer count: a backend passed over for being slow (or idle a while) goes back
+/// to its prior, so selection tries it again instead of remembering a slowdown forever.
+pub const MAX_AGE: Duration = Duration::from_secs(60);
 
 /// One job kind's recent service times (the time a job held a worker slot), over a sliding window, with a
 /// stated prior until there are a few samples.
@@ -75,23 +78,38 @@ impl ServiceTimes {
 
     /// Records one job's service time.
     pub fn record(&self, d: Duration) {
+        self.record_at(Instant::now(), d);
+    }
+
+    /// Records one job's service time, ended at `at`.
+    pub fn record_at(&self, at: Instant, d: Duration) {
         if let Ok(mut w) = self.window.lock() {
             if w.len() == WINDOW {
                 w.pop_front();
             }
-            w.push_back((Instant::now(), d));
+            w.push_back((at, d));
         }
     }
 
-    /// (mean, P95) of the window, or the prior for both.
+    /// (mean, P95) of the window's samples younger than [`MAX_AGE`], or the prior for both while there are
+    /// fewer than [`MIN_SAMPLES`] of them.
     pub fn estimate(&self) -> (Duration, Duration) {
+        self.estimate_at(Instant::now())
+    }
+
+    /// [`ServiceTimes::estimate`] as of `now`.
+    pub fn estimate_at(&self, now: Instant) -> (Duration, Duration) {
         let Ok(w) = self.window.lock() else {
             return (self.prior, self.prior);
         };
-        if w.len() < MIN_SAMPLES {
+        let v: Vec<Duration> = w
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= MAX_AGE)
+            .map(|(_, d)| *d)
+            .collect();
+        if v.len() < MIN_SAMPLES {
             return (self.prior, self.prior);
         }
-        let v: Vec<Duration> = w.iter().map(|(_, d)| *d).collect();
         mean_p95(v)
     }
 
@@ -131,6 +149,22 @@ fn mean_p95(mut v: Vec<Duration>) -> (Duration, Duration) {
     let mean = v.iter().sum::<Duration>() / v.len().max(1) as u32;
     let p95 = v[((v.len() as f64 * 0.95).ceil() as usize).clamp(1, v.len()) - 1];
     (mean, p95)
+}
+
+/// A job's predicted completion for `tenant` on a backend whose workers' share is `share` (`capacity` slots)
+/// and whose service times of the job's kind are `times`, and that P95 service time: what selection and the
+/// deadline check use ([`crate::llm::Llm::predict`]).
+pub fn predict(
+    share: &crate::fair::Share,
+    times: &ServiceTimes,
+    capacity: usize,
+    tenant: &str,
+) -> (Duration, Duration) {
+    let (running, _) = share.load();
+    let before = share.ahead(tenant).saturating_sub(running + 1);
+    let busy = running >= capacity;
+    let (mean, p95) = times.estimate();
+    (completion(mean, p95, before, busy, capacity), p95)
 }
 
 /// Time left until `deadline` (zero once passed).
@@ -203,6 +237,31 @@ mod tests {
         assert_eq!(
             ServiceTimes::new(Duration::ZERO).recent_p95(Duration::from_secs(1)),
             None
+        );
+    }
+
+    /// A slowdown is not remembered forever: samples older than a minute leave the estimate, and with too few
+    /// recent ones the prior stands again (so a backend passed over for being slow is tried again).
+    #[test]
+    fn old_samples_age_out_of_the_estimate() {
+        let s = ServiceTimes::new(Duration::from_millis(300));
+        let t0 = Instant::now();
+        for _ in 0..8 {
+            s.record_at(t0, Duration::from_secs(5));
+        }
+        assert_eq!(s.estimate_at(t0).1, Duration::from_secs(5));
+        let later = t0 + MAX_AGE + Duration::from_secs(1);
+        assert_eq!(
+            s.estimate_at(later),
+            (Duration::from_millis(300), Duration::from_millis(300))
+        );
+        for _ in 0..4 {
+            s.record_at(later, Duration::from_millis(100));
+        }
+        assert_eq!(
+            s.estimate_at(later).1,
+            Duration::from_millis(100),
+            "only the recent ones"
         );
     }
 }

@@ -41,6 +41,9 @@ pub enum ApiError {
     /// `If-Match` does not match the current version (412).
     #[error("{0}")]
     PreconditionFailed(String),
+    /// The shared store holds a state this replica may not overwrite (409), e.g. a newer format's policy.
+    #[error("{0}")]
+    Conflict(String),
     /// Too many requests (429), with a retry hint in seconds.
     #[error("{message}")]
     Overloaded { message: String, retry_after_s: u64 },
@@ -116,6 +119,7 @@ impl ApiError {
                 "invalid_request_error",
                 "version_mismatch",
             ),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "invalid_request_error", "conflict"),
             ApiError::Overloaded { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",

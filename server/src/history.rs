@@ -1,4 +1,5 @@
-//! The console's time series: every 5 s the server keeps what an operator watches while tuning — θ_eff, the
+//! The console's time series: every 5 s the server keeps what an operator watches while tuning — θ_eff (each
+//! cascade stage's too), the
 //! escalated and degraded shares, each channel's P95 of the last minute, the brownout step — for the last
 //! 15 minutes (180 points), served with `/admin/console` and drawn by the page.
 
@@ -21,6 +22,8 @@ pub struct Point {
     /// Unix time, milliseconds.
     pub t_ms: u64,
     pub theta_eff: f64,
+    /// Each cascade stage's θ_eff (stages after the first), by `route/stage`.
+    pub stage_theta: BTreeMap<String, f64>,
     pub escalated_share: f64,
     /// Degraded answers among the decisions of the last minute.
     pub degraded_share: f64,
@@ -96,6 +99,7 @@ mod tests {
         Point {
             t_ms: 0,
             theta_eff: theta,
+            stage_theta: BTreeMap::new(),
             escalated_share: 0.0,
             degraded_share: 0.0,
             p95_ms: BTreeMap::new(),

@@ -3,13 +3,12 @@
 //! and `fusion.json`.
 
 use crate::out_of_scope::{OutOfScopeRoute, NONE};
-use tiergate_config::{Config, EngineKind, PromptConfig, ScoringMethod};
+use tiergate_config::{EngineKind, PromptConfig, RerankerConfig, ScoringMethod};
 use tiergate_queue::Candidate;
 
 /// The formulation the worker will use for these templates and the examples per candidate it shows
 /// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
-pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, usize) {
-    let r = &config.reranker;
+pub fn formulation(r: &RerankerConfig, prompts: &PromptConfig) -> (ScoringMethod, usize) {
     let Ok(profile) = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile) else {
         return (prompts.method, prompts.choice_examples);
     };
@@ -23,14 +22,13 @@ pub fn formulation(config: &Config, prompts: &PromptConfig) -> (ScoringMethod, u
 
 /// Whether candidates' examples should be ranked by nearness to the query: the choice formulation shows
 /// a few per candidate, and they may differ per query (the channel form's fixed examples are its cache key).
-pub fn grounded(config: &Config, prompts: &PromptConfig) -> bool {
-    matches!(formulation(config, prompts), (ScoringMethod::Choice, k) if k > 0)
+pub fn grounded(r: &RerankerConfig, prompts: &PromptConfig) -> bool {
+    matches!(formulation(r, prompts), (ScoringMethod::Choice, k) if k > 0)
 }
 
 /// The LLM's name for reports and `fusion.json`: the model file and the formulation it scores with (under
 /// `method = "auto"`, the one its profile picks), e.g. `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (choice)`.
-pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
-    let r = &config.reranker;
+pub fn llm_name(r: &RerankerConfig, prompts: &PromptConfig) -> String {
     let model = if r.engine == EngineKind::Stub {
         "stub".to_string()
     } else {
@@ -38,7 +36,7 @@ pub fn llm_name(config: &Config, prompts: &PromptConfig) -> String {
             .file_name()
             .map_or_else(|| "llm".into(), |f| f.to_string_lossy().into_owned())
     };
-    let (method, examples) = formulation(config, prompts);
+    let (method, examples) = formulation(r, prompts);
     let grounding = if method == ScoringMethod::Choice && examples > 0 {
         format!(", {examples} nearest examples")
     } else {

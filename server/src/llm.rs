@@ -123,12 +123,12 @@ impl Llm {
     /// others' put before it, plus its kind's P95 service time (also returned: the longest a job may wait
     /// for a slot leaves room for it).
     pub fn predict(&self, rerank: bool, tenant: &str) -> (Duration, Duration) {
-        let (running, _) = self.share.load();
-        let before = self.share.ahead(tenant).saturating_sub(running + 1);
-        let busy = running >= self.limits.capacity;
-        let (mean, p95) = self.times(rerank).estimate();
-        let done = crate::deadline::completion(mean, p95, before, busy, self.limits.capacity);
-        (done, p95)
+        crate::deadline::predict(
+            &self.share,
+            self.times(rerank),
+            self.limits.capacity,
+            tenant,
+        )
     }
 }
 

@@ -88,6 +88,13 @@ pub async fn run_with(
             "no server.admin_token: every loopback client of the admin listener is admin"
         );
     }
+    let shadowed = config.shadowed_reranker_fields();
+    if !shadowed.is_empty() {
+        tracing::warn!(
+            fields = ?shadowed,
+            "[reranker] sets fields every [[llm]] entry sets too: the entries' values win, these have no effect"
+        );
+    }
     if state.tenants().is_empty() && !addr.ip().is_loopback() {
         tracing::warn!(
             %addr,
@@ -164,8 +171,16 @@ fn start_background(
     if let Some(store) = &state.store {
         tokio::spawn(crate::store::sync_policy(
             store.clone(),
+            store.routing_key().to_string(),
             Arc::downgrade(&state.policy),
         ));
+        for (route, stage, policy) in state.stage_policies() {
+            tokio::spawn(crate::store::sync_policy(
+                store.clone(),
+                store.stage_key(route, stage),
+                Arc::downgrade(policy),
+            ));
+        }
         tokio::spawn(crate::tenant_sync::sync_tenants(
             store.clone(),
             Arc::downgrade(state),

@@ -4,6 +4,13 @@
 //! Every replica reads the hash every `sync_ms` and installs a newer version, so a change through any replica
 //! reaches all of them within about `sync_ms`. A replica that loses Redis keeps serving its last policy, says so
 //! in `/ready` and in `tiergate_policy_store_up`, and refuses policy changes (503) until Redis is back.
+//!
+//! Each cascade stage's policy (a route's stage after the first) has a hash of its own,
+//! `{key}:stage:{route}:{stage}`, kept in step the same way. Every hash carries the `format` it was written in
+//! ([`FORMAT`]; none: 1, the replicas before stages). A replica never installs a policy written in a newer
+//! format (it could misread it) and the store refuses its writes over one (it would drop what it does not
+//! know), so during a rollout replicas of two versions neither misread nor lose each other's changes; replicas
+//! of the version before stages read and write only the routing policy's hash, which keeps its shape.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -14,15 +21,21 @@ use tiergate_config::{PolicyStoreConfig, RoutingConfig};
 
 use crate::policy::Policy;
 
+/// The format this replica writes and reads: 1 is the policy as `RoutingConfig`'s JSON (the routing policy's
+/// hash and the stages' have the same shape).
+pub const FORMAT: u64 = 1;
+
 const CAS: &str = r"
+local fmt = tonumber(redis.call('HGET', KEYS[1], 'format') or '1')
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-if cur ~= tonumber(ARGV[1]) then return {0, cur} end
+if fmt > tonumber(ARGV[4]) then return {2, cur, fmt} end
+if cur ~= tonumber(ARGV[1]) then return {0, cur, fmt} end
 local new = cur + 1
-redis.call('HSET', KEYS[1], 'version', new, 'policy', ARGV[2])
+redis.call('HSET', KEYS[1], 'version', new, 'policy', ARGV[2], 'format', ARGV[4])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('LTRIM', KEYS[2], -100000, -1)
 redis.call('PUBLISH', KEYS[3], new)
-return {1, new}
+return {1, new, tonumber(ARGV[4])}
 ";
 
 /// A Redis-backed policy store.
@@ -40,6 +53,20 @@ pub enum Cas {
     Stored(u64),
     /// The store is at this other version.
     Conflict(u64),
+    /// The stored policy was written in this newer format: not overwritten.
+    Newer(u64),
+}
+
+/// A stored policy as this replica reads it.
+pub enum Stored {
+    /// Nothing stored yet.
+    Empty,
+    /// The policy and its version.
+    Policy(RoutingConfig, u64),
+    /// Written in this newer format (by a newer replica): not read.
+    Newer(u64),
+    /// Its JSON does not parse as a policy (a hand edit): not read.
+    Unreadable(u64),
 }
 
 impl RedisStore {
@@ -117,15 +144,27 @@ impl RedisStore {
         r
     }
 
-    /// The shared policy and its version, if one is stored.
-    pub async fn fetch(&self) -> redis::RedisResult<Option<(RoutingConfig, u64)>> {
+    /// The routing policy's hash.
+    pub fn routing_key(&self) -> &str {
+        &self.key
+    }
+
+    /// The hash of `route`'s stage `stage`'s policy.
+    pub fn stage_key(&self, route: &str, stage: &str) -> String {
+        format!("{}:stage:{route}:{stage}", self.key)
+    }
+
+    /// The policy stored in the hash `key`.
+    pub async fn fetch(&self, key: &str) -> redis::RedisResult<Stored> {
         let r = async {
             let mut c = self.connection().await?;
-            let (version, policy): (Option<u64>, Option<String>) =
-                c.hget(&self.key, &["version", "policy"]).await?;
-            Ok(match (version, policy) {
-                (Some(v), Some(p)) => serde_json::from_str(&p).ok().map(|cfg| (cfg, v)),
-                _ => None,
+            let (version, policy, format): (Option<u64>, Option<String>, Option<u64>) =
+                c.hget(key, &["version", "policy", "format"]).await?;
+            Ok(match (version, policy, format.unwrap_or(1)) {
+                (Some(_), Some(_), f) if f > FORMAT => Stored::Newer(f),
+                (Some(v), Some(p), _) => serde_json::from_str(&p)
+                    .map_or(Stored::Unreadable(v), |cfg| Stored::Policy(cfg, v)),
+                _ => Stored::Empty,
             })
         }
         .await;
@@ -133,9 +172,10 @@ impl RedisStore {
     }
 
     /// Stores `cfg` as the version after `expected`, appending `audit` to the shared audit log, if the store
-    /// is still at `expected` (0: nothing stored yet).
+    /// is still at `expected` (0: nothing stored yet) and was not written in a newer format.
     pub async fn compare_and_set(
         &self,
+        key: &str,
         expected: u64,
         cfg: &RoutingConfig,
         audit: &str,
@@ -143,19 +183,20 @@ impl RedisStore {
         let r = async {
             let mut c = self.connection().await?;
             let policy = serde_json::to_string(cfg).unwrap_or_default();
-            let (stored, version): (u8, u64) = redis::Script::new(CAS)
-                .key(&self.key)
+            let (stored, version, format): (u8, u64, u64) = redis::Script::new(CAS)
+                .key(key)
                 .key(format!("{}:audit", self.key))
                 .key(format!("{}:changes", self.key))
                 .arg(expected)
                 .arg(policy)
                 .arg(audit)
+                .arg(FORMAT)
                 .invoke_async(&mut c)
                 .await?;
-            Ok(if stored == 1 {
-                Cas::Stored(version)
-            } else {
-                Cas::Conflict(version)
+            Ok(match stored {
+                1 => Cas::Stored(version),
+                2 => Cas::Newer(format),
+                _ => Cas::Conflict(version),
             })
         }
         .await;
@@ -163,36 +204,67 @@ impl RedisStore {
     }
 }
 
-/// Keeps this replica's `policy` in step with the store until the policy is dropped (with the server's
+/// Keeps this replica's `policy` in step with the hash `key` until the policy is dropped (with the server's
 /// state): at start the stored policy wins (or this replica's config is stored as the first version), then
-/// every `sync_ms` a newer stored version is installed.
-pub async fn sync_policy(store: Arc<RedisStore>, policy: Weak<Policy>) {
+/// every `sync_ms` a newer stored version is installed. A policy in a newer format or one that does not parse
+/// is not installed (said once in the log; the policy in force stays).
+pub async fn sync_policy(store: Arc<RedisStore>, key: String, policy: Weak<Policy>) {
     let mut seeded = false;
+    let mut refused: Option<String> = None;
     loop {
         let Some(policy) = policy.upgrade() else {
             return;
         };
-        match store.fetch().await {
-            Ok(Some((cfg, version))) => {
+        match store.fetch(&key).await {
+            Ok(Stored::Policy(cfg, version)) => {
                 let adopt = !seeded;
                 seeded = true;
+                refused = None;
                 if policy.install(cfg, version, adopt) {
-                    tracing::info!(version, "routing policy from the shared store installed");
+                    tracing::info!(
+                        key,
+                        version,
+                        "routing policy from the shared store installed"
+                    );
                 }
             }
-            Ok(None) if !seeded => {
+            Ok(Stored::Empty) if !seeded => {
                 // Nothing stored yet: this replica's policy becomes version 1 of the shared one.
                 let local = policy.current();
-                let line = serde_json::json!({"event": "seeded", "version": 1}).to_string();
-                if let Ok(Cas::Stored(v)) = store.compare_and_set(0, &local.cfg, &line).await {
+                let line =
+                    serde_json::json!({"event": "seeded", "version": 1, "key": key}).to_string();
+                if let Ok(Cas::Stored(v)) = store.compare_and_set(&key, 0, &local.cfg, &line).await
+                {
                     policy.install(local.cfg.clone(), v, true);
                     seeded = true;
                 }
+            }
+            Ok(Stored::Newer(f)) => {
+                let why = format!("written in format {f} (this replica reads up to {FORMAT}): upgrade this replica");
+                warn_once(&mut refused, &key, why);
+            }
+            Ok(Stored::Unreadable(v)) => {
+                warn_once(
+                    &mut refused,
+                    &key,
+                    format!("version {v} does not parse as a policy"),
+                );
             }
             _ => {}
         }
         let period = store.sync;
         drop(policy);
         tokio::time::sleep(period).await;
+    }
+}
+
+/// Logs why the shared policy in `key` is not installed, once per reason.
+fn warn_once(said: &mut Option<String>, key: &str, why: String) {
+    if said.as_deref() != Some(why.as_str()) {
+        tracing::warn!(
+            key,
+            "the shared policy is not installed (the policy in force stays): {why}"
+        );
+        *said = Some(why);
     }
 }

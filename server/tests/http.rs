@@ -1528,3 +1528,117 @@ async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
         assert!(h.get("x-tiergate-degraded").is_none());
     }
 }
+
+/// Generations (generate and answer routes) choose and retry like reranks, but only before their first byte:
+/// a broken alternative falls back to the next, a flaky one is retried (silver: 1 retry), and a stream that
+/// breaks after its first token is this backend's answer — the client gets the error in the stream, no
+/// second generation is started on the same or another backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
+    let entry = |name: &str, fields: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!("engine = \"stub\"\nworkers = 1\n{fields}")).unwrap(),
+    };
+    let with_stage = |llm: Vec<tiergate_config::LlmEntry>, stage: &str| {
+        let stage: tiergate_config::StageTable = toml::from_str(stage).unwrap();
+        move |c: &mut Config| {
+            c.llm = llm;
+            for r in c.routes.iter_mut().filter(|r| r.name != "classify") {
+                r.stages = Some(vec![tiergate_config::StageConfig::Table(stage.clone())]);
+            }
+        }
+    };
+    let all_live = |r: Rig| {
+        let t = Instant::now();
+        while (0..r.state.backend_names.len()).any(|i| {
+            r.state
+                .backend(i)
+                .is_none_or(|b| b.client.live_workers() == 0)
+        }) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "a backend never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        r
+    };
+    let ask = |model: &str, stream: bool| {
+        let mut body = chat(model, "card lost");
+        body["stream"] = json!(stream);
+        let mut req = post("/v1/chat/completions", body);
+        force(&mut req, "0");
+        req
+    };
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let broken = "extra_args = [\"--stub-garbage-every\", \"1\"]";
+    let fast = "extra_args = [\"--stub-delay-ms\", \"20\"]";
+    // A broken first alternative: both routes' generations come from the next one.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("broken", broken), entry("fast", fast)],
+            "any = [\"broken\", \"fast\"]",
+        ),
+    ));
+    for model in ["generate", "answer"] {
+        let (s, h, b) = call(&r.app, ask(model, false)).await;
+        assert_eq!(
+            s,
+            StatusCode::OK,
+            "{model}: {}",
+            String::from_utf8_lossy(&b)
+        );
+        assert_eq!(
+            header(&h, "x-tiergate-stage").as_deref(),
+            Some("fast"),
+            "{model}"
+        );
+        assert_eq!(
+            header(&h, "x-tiergate-tier").as_deref(),
+            Some("llm"),
+            "{model}"
+        );
+    }
+    drop(r);
+    // Every second job fails before its first token: one retry answers every generation.
+    let flaky = "extra_args = [\"--stub-garbage-every\", \"2\"]";
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("flaky", flaky)],
+            "llm = \"flaky\"\ngrade = \"silver\"",
+        ),
+    ));
+    for _ in 0..4 {
+        let (s, _, b) = call(&r.app, ask("generate", false)).await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    }
+    drop(r);
+    // A stream that breaks after its first token: no retry, no switch (2 retries and a healthy alternative
+    // are there): one generation's tokens, then the error, in the one stream.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![
+                entry("midway", "extra_args = [\"--stub-fail-mid-stream\"]"),
+                entry("fast", fast),
+            ],
+            "any = [\"midway\", \"fast\"]\nretries = 2",
+        ),
+    ));
+    let (s, h, b) = call(&r.app, ask("generate", true)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("midway"));
+    let body = String::from_utf8_lossy(&b);
+    assert_eq!(
+        body.matches("stub:").count(),
+        1,
+        "one generation only: {body}"
+    );
+    assert!(
+        body.contains("error"),
+        "the failure is in the stream: {body}"
+    );
+}

@@ -561,3 +561,166 @@ fn eval_hybrid_offers_none_of_these_and_scores_it() {
         "{llm_right} {fused_right}"
     );
 }
+
+/// A cascade offline: the first stage's rows (`stub (channel)`) fitted into `fusion.json`, a second stage
+/// (`stub (likelihood)`, another LLM name for the same stub) fitted with `fit-fusion --stage big` on what the
+/// first leaves, written as `fusion.big.json` naming the chain, loaded with the head; `eval --stage-rows`
+/// measures the cascade, whose θ2 = 1 points are the first stage alone. A stage whose earlier stage has no fit
+/// is refused.
+#[test]
+fn a_stage_fit_starts_from_the_earlier_stage_and_the_cascade_is_measured() {
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rows.jsonl");
+    // Every third copy of a text carries another label: Tier-0 stays unsure, so there is something to escalate.
+    let mut body = String::new();
+    let labels = ["label0", "label1", "label2"];
+    for copy in 0..6 {
+        for (k, (t, l)) in rows().into_iter().enumerate() {
+            let l = if copy % 3 == 0 {
+                labels[(k + copy) % 3]
+            } else {
+                l
+            };
+            body.push_str(&format!("{}\n", serde_json::json!({"text": t, "label": l})));
+        }
+    }
+    std::fs::write(&data, body).unwrap();
+    let head = dir.path().join("head");
+    let out = Command::new(binary("tiergate"))
+        .args(["train", "--encoder"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&head)
+        .args(["--dev-fraction", "0.3", "--epochs", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = |args: &[&str], method: &str| {
+        let out = Command::new(binary("tiergate"))
+            .args(args)
+            .arg("--classifier")
+            .arg(&head)
+            .arg("--data")
+            .arg(&data)
+            .args([
+                "--split",
+                "all",
+                "--set",
+                "reranker.engine=\"stub\"",
+                "--set",
+                "reranker.candidates=3",
+            ])
+            .args(["--set", &format!("reranker.prompts.method=\"{method}\"")])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let (small, big) = (path("small.jsonl"), path("big.jsonl"));
+    for (file, method) in [(&small, "channel"), (&big, "likelihood")] {
+        let (ok, _, err) = run(
+            &[
+                "eval",
+                "--hybrid",
+                "--json",
+                "--max-escalated",
+                "0.5",
+                "--rows",
+                file,
+            ],
+            method,
+        );
+        assert!(ok, "{err}");
+    }
+    // The second stage before the first is fitted: refused, naming what to do.
+    let stage = [
+        "fit-fusion",
+        "--stage",
+        "big",
+        "--prior-rows",
+        &small,
+        "--from-rows",
+        &big,
+    ];
+    let (ok, _, err) = run(&stage, "channel");
+    assert!(!ok && err.contains("has no fit"), "{err}");
+    let (ok, _, err) = run(&["fit-fusion", "--from-rows", &small], "channel");
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&stage, "channel");
+    assert!(ok, "{err}");
+    assert!(out.contains("fusion.big.json"), "{out}");
+    let c = Classifier::from_dir(&head, 64, Precision::F32).unwrap();
+    let first = c.fusion.clone().unwrap();
+    let (name, f) = c.stage_fusions.first().expect("fusion.big.json loaded");
+    assert_eq!(name, "big");
+    assert_eq!(f.llm, "stub (likelihood)");
+    assert_eq!(f.after, vec!["stub (channel)".to_string()]);
+    assert_eq!(f.rows, first.rows, "every row the first stage scored");
+    // The cascade, measured: at θ2 = 1 nothing goes on and the accuracy is the first stage's hybrid.
+    let (ok, out, err) = run(
+        &[
+            "eval",
+            "--hybrid",
+            "--json",
+            "--from-rows",
+            &small,
+            "--stage-rows",
+            &big,
+        ],
+        "channel",
+    );
+    assert!(ok, "{err}");
+    let cascade: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        cascade["fusion_sources"],
+        serde_json::json!(["fitted", "fitted"])
+    );
+    assert_eq!(
+        cascade["llms"],
+        serde_json::json!(["stub (channel)", "stub (likelihood)"])
+    );
+    let (ok, out, err) = run(
+        &["eval", "--hybrid", "--json", "--from-rows", &small],
+        "channel",
+    );
+    assert!(ok, "{err}");
+    let single: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let points = cascade["cascade"].as_array().unwrap();
+    assert!(!points.is_empty(), "{cascade}");
+    let mut compared = 0;
+    for p in points.iter().filter(|p| p["second_theta"] == 1.0) {
+        assert_eq!(p["second_rows"], 0, "{p}");
+        let theta = p["first_theta"].as_f64().unwrap();
+        let same = single["grid"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| (g["theta"].as_f64().unwrap() - theta).abs() < 1e-9);
+        if let Some(g) = same {
+            assert_eq!(g["hybrid_accuracy"], p["accuracy"], "{g} {p}");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 1, "the 10% point is on both grids: {cascade}");
+    // Lower θ2 sends more rows on, never more than the first stage scored.
+    let most = points
+        .iter()
+        .map(|p| p["second_rows"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(most > 0, "{cascade}");
+    assert!(points
+        .iter()
+        .all(|p| p["second_rows"].as_u64() <= p["first_rows"].as_u64()));
+}

@@ -471,3 +471,131 @@ fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
     let after = run(3);
     assert_eq!(by(&after, "a"), 3, "{after:?}");
 }
+
+/// A TCP proxy on a free loopback port in front of `upstream`, holding each request from the client for the
+/// current `delay` (milliseconds) before passing it on: a slowed-down upstream, set live. A read that comes
+/// more than 50 ms after the connection's previous one starts a new request (a request's head and body,
+/// written back to back, are held once).
+fn delay_proxy(upstream: u16, delay: Arc<std::sync::atomic::AtomicU64>) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_in, mut c_out) = (server, client);
+            let delay = delay.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut last: Option<Instant> = None;
+                while let Ok(n) = c_in.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if last.is_none_or(|t| t.elapsed() > Duration::from_millis(50)) {
+                        std::thread::sleep(Duration::from_millis(delay.load(Ordering::Relaxed)));
+                    }
+                    last = Some(Instant::now());
+                    if s_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = s_out.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s_in, &mut c_out);
+                let _ = c_out.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+/// Latency-graded selection follows a slowed-down upstream: one real llama.cpp server behind two delay
+/// proxies, the two `openai` backends of one stage (`prefer = "latency"`, a 500 ms prior). "b" slowed by 3 s:
+/// each is tried until measured (4 jobs, "a" first as listed, then "b" whose prior beats "a"'s measured time),
+/// then answers come from "a", the faster. Then "a" slowed by 9 s and "b" back to full speed: one slow answer
+/// from "a" (the one that measures it), then from "b", none lost.
+#[test]
+fn selection_follows_a_slowed_down_llama_cpp_server() {
+    let _one = one_upstream();
+    let port = free_port();
+    let _up = Upstream::start(port);
+    let slow_a = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let slow_b = Arc::new(std::sync::atomic::AtomicU64::new(3000));
+    let (pa, pb) = (
+        delay_proxy(port, slow_a.clone()),
+        delay_proxy(port, slow_b.clone()),
+    );
+    let backend = |name: &str, port: u16| {
+        format!(
+            "{{ name = \"{name}\", engine = \"openai\", url = \"http://127.0.0.1:{port}/v1\", model = \"smollm2\", workers = 1, rerank_prior_ms = 500 }}"
+        )
+    };
+    let llm = format!("llm=[{}, {}]", backend("a", pa), backend("b", pb));
+    let s = common::start(&[
+        "--set",
+        &llm,
+        "--set",
+        "routes=[{ name = \"classify\", kind = \"classify\", stages = [{ any = [\"a\", \"b\"], prefer = \"latency\" }] }]",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "routing.theta_min=0.0",
+    ]);
+    let ask = || -> (String, String, f64) {
+        let t = Instant::now();
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(serde_json::json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}))
+            .unwrap();
+        (
+            r.header("x-tiergate-tier").unwrap_or("").to_string(),
+            r.header("x-tiergate-stage").unwrap_or("").to_string(),
+            t.elapsed().as_secs_f64(),
+        )
+    };
+    let t = Instant::now();
+    loop {
+        let live: serde_json::Value = ureq::get(&format!("{}/admin/console", s.admin))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        if live["backends"]
+            .as_array()
+            .is_some_and(|b| b.iter().all(|b| b["live_workers"] != 0))
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "backends not up: {live}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let first: Vec<_> = (0..10).map(|_| ask()).collect();
+    assert!(first.iter().all(|r| r.0 == "llm"), "none lost: {first:?}");
+    let by: Vec<&str> = first.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(
+        by[..8],
+        ["a", "a", "a", "a", "b", "b", "b", "b"],
+        "{first:?}"
+    );
+    assert_eq!(
+        by[8..],
+        ["a", "a"],
+        "the faster once both are measured: {first:?}"
+    );
+    slow_a.store(9000, Ordering::Relaxed);
+    slow_b.store(0, Ordering::Relaxed);
+    let slowed: Vec<_> = (0..5).map(|_| ask()).collect();
+    assert!(slowed.iter().all(|r| r.0 == "llm"), "none lost: {slowed:?}");
+    // One slow answer from "a" (the one that measured it), then "b".
+    assert!(slowed[0].1 == "a" && slowed[0].2 > 9.0, "{slowed:?}");
+    assert!(slowed[1..].iter().all(|r| r.1 == "b"), "{slowed:?}");
+}

@@ -272,3 +272,123 @@ fn a_tenants_rate_holds_across_two_replicas() {
     let alone = paced(a.base.clone(), "sk-shared", 8.0, 2.0);
     assert!(alone.0 >= 4, "{alone:?}");
 }
+
+/// `GET` (body `None`) or `PATCH` the policy at `path` under `admin`; the status on failure.
+fn at(admin: &str, path: &str, body: Option<Value>) -> Result<Value, u16> {
+    let url = format!("{admin}{path}");
+    let r = match body {
+        None => ureq::get(&url).call(),
+        Some(b) => ureq::request("PATCH", &url).send_json(b),
+    };
+    match r {
+        Ok(resp) => Ok(resp.into_json().unwrap()),
+        Err(ureq::Error::Status(code, _)) => Err(code),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Waits (≤ 2 s) until the policy at `path` under `admin` satisfies `ok`; returns the view.
+fn until_2s(admin: &str, path: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let v = at(admin, path, None).unwrap();
+        if ok(&v) {
+            return v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "not seen in 2 s: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A cascade stage's policy is shared like the routing policy (its own Redis hash, its own versions), and the
+/// format each hash carries keeps replicas of two versions apart during a rollout: a policy written without a
+/// format (the replicas before stages) is read as format 1; one written in a newer format is neither
+/// installed (the stage keeps its policy in force) nor overwritten (409, the stored one stays).
+#[test]
+fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritten() {
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("policy_store.url=\"redis://127.0.0.1:{port}\"");
+    let args = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "policy_store.sync_ms=200",
+        "--set",
+        "llm=[{ name = \"small\", engine = \"stub\", workers = 0 }, { name = \"big\", engine = \"stub\", workers = 0 }]",
+        "--set",
+        "routes=[{ name = \"classify\", kind = \"classify\", stages = [\"small\", { llm = \"big\", theta = 0.3 }] }]",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let stage = "/admin/routing?route=classify&stage=big";
+    let key = "tiergate:policy:stage:classify:big";
+    let v0 = until_2s(&a.admin, stage, |v| v["version"].as_u64() >= Some(1))["version"]
+        .as_u64()
+        .unwrap();
+    until_2s(&b.admin, stage, |v| v["version"].as_u64() == Some(v0));
+    let routing_before = routing(&a.admin)["version"].as_u64();
+
+    // A stage change through A reaches B; the routing policy's version does not move.
+    let changed = at(&a.admin, stage, Some(json!({"theta_base": 0.33}))).unwrap();
+    assert_eq!(changed["version"].as_u64(), Some(v0 + 1));
+    let seen = until_2s(&b.admin, stage, |v| v["version"].as_u64() == Some(v0 + 1));
+    assert_eq!(seen["theta_base"].as_f64(), Some(0.33));
+    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "1");
+    assert_eq!(routing(&b.admin)["version"].as_u64(), routing_before);
+
+    // Written without a format, as the replicas before this one write the routing policy: read as format 1.
+    let mut policy: Value =
+        serde_json::from_str(&redis_cli(port, &["HGET", key, "policy"])).unwrap();
+    policy["theta_base"] = json!(0.44);
+    redis_cli(port, &["HDEL", key, "format"]);
+    redis_cli(
+        port,
+        &[
+            "HSET",
+            key,
+            "version",
+            &(v0 + 2).to_string(),
+            "policy",
+            &policy.to_string(),
+        ],
+    );
+    for s in [&a, &b] {
+        let v = until_2s(&s.admin, stage, |v| v["version"].as_u64() == Some(v0 + 2));
+        assert_eq!(v["theta_base"].as_f64(), Some(0.44));
+    }
+
+    // A newer format (a field this replica does not know): not installed, not overwritten.
+    policy["a_field_from_the_future"] = json!(true);
+    redis_cli(
+        port,
+        &[
+            "HSET",
+            key,
+            "version",
+            &(v0 + 3).to_string(),
+            "policy",
+            &policy.to_string(),
+            "format",
+            "2",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    for s in [&a, &b] {
+        let v = at(&s.admin, stage, None).unwrap();
+        assert_eq!(v["version"].as_u64(), Some(v0 + 2), "{v}");
+        assert_eq!(
+            at(&s.admin, stage, Some(json!({"theta_base": 0.5}))),
+            Err(409)
+        );
+    }
+    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "2");
+    assert_eq!(
+        redis_cli(port, &["HGET", key, "version"]),
+        (v0 + 3).to_string()
+    );
+    // The routing policy is unaffected and still changes.
+    assert!(patch(&a.admin, json!({"k": 0.2}), None).is_ok());
+}

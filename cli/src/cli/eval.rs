@@ -7,7 +7,7 @@ use clap::Args;
 use tiergate_prefilter::Classifier;
 use tiergate_train::eval::{evaluate, EvalOptions, EvalReport};
 
-use super::{hybrid, ConfigArgs, DataArgs};
+use super::{cascade, hybrid, ConfigArgs, DataArgs};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -45,6 +45,11 @@ pub struct EvalArgs {
     /// the LLM (Tier-0 is run again and must agree with the file).
     #[arg(long)]
     pub from_rows: Option<PathBuf>,
+    /// With --hybrid --from-rows FIRST: a second LLM stage's rows file over the same rows; reports the
+    /// cascade Tier-0 → FIRST → this per first-stage escalation share and second-stage θ (each stage fused
+    /// with its fit in the head folder: `fusion.json`, then the `fit-fusion --stage` one).
+    #[arg(long, requires = "from_rows")]
+    pub stage_rows: Option<PathBuf>,
     /// Score out-of-scope detection instead: rows whose label the head does not know (or `--oos-label`) are out
     /// of scope; prints accuracy over all classes (unknown as one), macro-F1 over the known labels and unknown,
     /// out-of-scope recall and precision, and in-scope accuracy.
@@ -179,6 +184,9 @@ fn run_hybrid(
     classifier: &Classifier,
     rows: &[tiergate_train::data::Example],
 ) -> anyhow::Result<()> {
+    if let (Some(first), Some(second)) = (&args.from_rows, &args.stage_rows) {
+        return run_cascade(args, cfg, classifier, rows, [first.clone(), second.clone()]);
+    }
     let quiet = args.json;
     let (scored, llm) = match &args.from_rows {
         Some(path) => {
@@ -220,14 +228,15 @@ fn run_hybrid(
             (scored, llm)
         }
     };
-    let (w, t, source) = match tiergate_server::fusion::fit_for(classifier.fusion.as_ref(), &llm) {
-        Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
-        None => (
-            cfg.reranker.llm_weight,
-            cfg.reranker.llm_temperature,
-            "config",
-        ),
-    };
+    let (w, t, source) =
+        match tiergate_server::fusion::fit_for(classifier.fusion.as_ref(), &llm, &[]) {
+            Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
+            None => (
+                cfg.reranker.llm_weight,
+                cfg.reranker.llm_temperature,
+                "config",
+            ),
+        };
     let mut thetas: Vec<f64> = (1..20).map(|i| f64::from(i) * 0.05).collect();
     thetas.push(hybrid::theta_for_share(&scored, 0.1));
     thetas.sort_by(f64::total_cmp);
@@ -251,6 +260,82 @@ fn run_hybrid(
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_hybrid(&report);
+    }
+    Ok(())
+}
+
+/// `--hybrid --json --from-rows FIRST --stage-rows SECOND` output.
+#[derive(Debug, serde::Serialize)]
+pub struct CascadeReport {
+    /// Rows evaluated.
+    pub n: usize,
+    /// The two stages' LLMs.
+    pub llms: [String; 2],
+    /// Each stage's fusion (weight, temperature) and where it comes from (`fitted` or `config`).
+    pub fusions: cascade::Fusions,
+    pub fusion_sources: [&'static str; 2],
+    /// Tier-0 alone over all rows.
+    pub tier0_accuracy: f64,
+    /// Per first-stage share (ascending) and second-stage θ (descending: 1 is the first stage alone).
+    pub cascade: Vec<cascade::CascadePoint>,
+}
+
+fn run_cascade(
+    args: &EvalArgs,
+    cfg: &tiergate_config::Config,
+    classifier: &Classifier,
+    rows: &[tiergate_train::data::Example],
+    files: [PathBuf; 2],
+) -> anyhow::Result<()> {
+    let stages = cascade::read(&files, cfg, classifier, rows)?;
+    let r = &cfg.reranker;
+    let fit = |k: usize, after: &[String]| {
+        cascade::stage_fit(classifier, k, &stages[k].llm, after)
+            .map_or(((r.llm_weight, r.llm_temperature), "config"), |f| {
+                ((f.llm_weight, f.llm_temperature), "fitted")
+            })
+    };
+    let (first, s1) = fit(0, &[]);
+    let (second, s2) = fit(1, std::slice::from_ref(&stages[0].llm));
+    let fusions = cascade::Fusions { first, second };
+    let shares = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3];
+    let thetas: Vec<f64> = (0..=20).rev().map(|i| f64::from(i) * 0.05).collect();
+    let n = stages[0].rows.len().max(1) as f64;
+    let report = CascadeReport {
+        n: stages[0].rows.len(),
+        llms: [stages[0].llm.clone(), stages[1].llm.clone()],
+        fusions,
+        fusion_sources: [s1, s2],
+        tier0_accuracy: stages[0].rows.iter().filter(|r| r.tier0_right()).count() as f64 / n,
+        cascade: cascade::grid(&stages[0].rows, &stages[1].rows, fusions, &shares, &thetas),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "n {}  Tier-0 {:.4}  stage 1 {} (w {} T {}, {s1})  stage 2 {} (w {} T {}, {s2})",
+        report.n,
+        report.tier0_accuracy,
+        report.llms[0],
+        first.0,
+        first.1,
+        report.llms[1],
+        second.0,
+        second.1
+    );
+    println!("share1  θ1      θ2     stage-1 rows  stage-2 rows  accuracy  LLM s/row");
+    for p in &report.cascade {
+        println!(
+            "{:.2}    {:.4}  {:.2}   {:>12}  {:>12}  {:.4}    {:.3}",
+            p.first_share,
+            p.first_theta,
+            p.second_theta,
+            p.first_rows,
+            p.second_rows,
+            p.accuracy,
+            p.llm_seconds_per_row
+        );
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::eval::{select_rows, Split};
-use super::{hybrid, ConfigArgs, DataArgs};
+use super::{cascade, hybrid, ConfigArgs, DataArgs};
 
 #[derive(Debug, Args)]
 pub struct FitArgs {
@@ -27,6 +27,15 @@ pub struct FitArgs {
     /// running the LLM again (Tier-0 is run again and must agree with the file).
     #[arg(long)]
     pub from_rows: Option<PathBuf>,
+    /// Fit a cascade stage after the first (its backend's name; written as `fusion.STAGE.json`): its LLM's
+    /// scores come from --from-rows, and it fuses with what the stages before it leave, given in cascade order
+    /// by --prior-rows (each already fitted: the first in `fusion.json`, later ones by `--stage`). The fit
+    /// sees every row the previous stage scored, not only those a θ would send on.
+    #[arg(long, requires_all = ["from_rows", "prior_rows"])]
+    pub stage: Option<String>,
+    /// With --stage: the rows files of the stages before it (`eval --hybrid --rows`), in cascade order.
+    #[arg(long)]
+    pub prior_rows: Vec<PathBuf>,
     /// The LLM runs on (and the fit sees) this share of the rows, the most ambiguous: the escalations of the
     /// operating range.
     #[arg(long, default_value_t = 0.3)]
@@ -45,6 +54,9 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
     let data = tiergate_train::data::read(&args.data.spec())?;
     let classifier = hybrid::load_classifier(&args.classifier, &cfg)?;
     let rows = select_rows(data.examples, args.split, args.dev_fraction, args.seed);
+    if let Some(stage) = &args.stage {
+        return fit_stage(args, stage, &cfg, &classifier, &rows);
+    }
     let (scored, llm) = match &args.from_rows {
         Some(path) => {
             let (scored, llm, _) = hybrid::rows_from_file(path, &cfg, &classifier, &rows)?;
@@ -62,7 +74,41 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
             hybrid::llm_name(&cfg),
         ),
     };
-    let f = hybrid::save_fit(&args.classifier, &llm, &scored)?;
+    let f = hybrid::save_fit(&args.classifier, &llm, &scored, None)?;
+    report(args, &f, None);
+    Ok(())
+}
+
+/// `--stage`: the stages before it chained with their fits, then this stage's fit on what they leave.
+fn fit_stage(
+    args: &FitArgs,
+    stage: &str,
+    cfg: &tiergate_config::Config,
+    classifier: &tiergate_prefilter::Classifier,
+    rows: &[tiergate_train::data::Example],
+) -> anyhow::Result<()> {
+    let mut files = args.prior_rows.clone();
+    files.extend(args.from_rows.clone());
+    let stages = cascade::read(&files, cfg, classifier, rows)?;
+    let seen = cascade::chain(classifier, &stages)?;
+    let after: Vec<String> = stages[..stages.len() - 1]
+        .iter()
+        .map(|s| s.llm.clone())
+        .collect();
+    let llm = stages[stages.len() - 1].llm.clone();
+    let f = hybrid::save_fit(&args.classifier, &llm, &seen, Some((stage, &after)))?;
+    report(args, &f, Some(stage));
+    Ok(())
+}
+
+fn report(args: &FitArgs, f: &tiergate_prefilter::heads::FittedFusion, stage: Option<&str>) {
+    if !f.after.is_empty() {
+        println!(
+            "stage {} after {}",
+            stage.unwrap_or(""),
+            f.after.join(" → ")
+        );
+    }
     println!(
         "fit on {} escalated rows with {}: llm_weight {} llm_temperature {}; accuracy on them: Tier-0 {:.4}, fused {:.4}",
         f.rows, f.llm, f.llm_weight, f.llm_temperature, f.tier0_accuracy, f.fused_accuracy
@@ -74,11 +120,9 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
     if f.llm_weight == 0.0 {
         println!("escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended");
     }
-    println!(
-        "wrote {}",
-        args.classifier
-            .join(tiergate_prefilter::heads::FittedFusion::FILE)
-            .display()
+    let file = stage.map_or_else(
+        || tiergate_prefilter::heads::FittedFusion::FILE.to_string(),
+        tiergate_prefilter::heads::FittedFusion::stage_file,
     );
-    Ok(())
+    println!("wrote {}", args.classifier.join(file).display());
 }

@@ -185,7 +185,7 @@ pub fn tier0_rows(
 pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier> {
     let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
         .with_context(|| format!("loading classifier {}", dir.display()))?;
-    if tiergate_server::judge::grounded(config, &route_prompts(config)) {
+    if tiergate_server::judge::grounded(&config.reranker, &route_prompts(config)) {
         c.ground()?;
     }
     Ok(c)
@@ -301,7 +301,7 @@ fn route_prompts(config: &Config) -> tiergate_config::PromptConfig {
 
 /// The LLM's name for reports and `fusion.json` (see [`tiergate_server::judge::llm_name`]).
 pub fn llm_name(config: &Config) -> String {
-    tiergate_server::judge::llm_name(config, &route_prompts(config))
+    tiergate_server::judge::llm_name(&config.reranker, &route_prompts(config))
 }
 
 /// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.
@@ -400,8 +400,14 @@ fn read_row_line<'a>(
     Ok(())
 }
 
-/// Writes the fit, made with the LLM named `llm`, into the head folder.
-pub fn save_fit(dir: &Path, llm: &str, rows: &[Row]) -> anyhow::Result<FittedFusion> {
+/// Writes the fit, made with the LLM named `llm` after the stages `after` (a cascade stage's fit, saved as
+/// `fusion.STAGE.json`; none: the head's `fusion.json`), into the head folder.
+pub fn save_fit(
+    dir: &Path,
+    llm: &str,
+    rows: &[Row],
+    stage: Option<(&str, &[String])>,
+) -> anyhow::Result<FittedFusion> {
     let fit = fit(rows);
     let seen = rows.iter().filter(|r| r.llm.is_some()).count();
     let n = seen.max(1) as f64;
@@ -417,8 +423,9 @@ pub fn save_fit(dir: &Path, llm: &str, rows: &[Row]) -> anyhow::Result<FittedFus
         rows_fixed: fit.fixed,
         rows_broken: fit.broken,
         p_value: fit.p_value,
+        after: stage.map(|(_, a)| a.to_vec()).unwrap_or_default(),
     };
-    f.save(dir)?;
+    f.save(dir, stage.map(|(s, _)| s))?;
     Ok(f)
 }
 

@@ -1,6 +1,7 @@
 //! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`,
 //! `tiergate distill`.
 
+mod cascade;
 mod distill;
 mod eval;
 mod fit;

@@ -59,6 +59,33 @@ impl Row {
     }
 }
 
+/// A cascade's next stage sees a row as the previous stage left it: its candidates with the fused mass (at
+/// weight `w`, temperature `t`), most likely first, as that stage's prior; `None` for a row the previous
+/// stage's LLM did not score (the cascade stopped before it). With it, the order of the candidates
+/// (`order[j]`: the index in `row.top` of the new `j`-th), to line up the next LLM's scores with
+/// [`Row::reordered`].
+pub fn after_stage(row: &Row, w: f32, t: f32) -> Option<(Row, Vec<usize>)> {
+    let scores = row.llm.as_ref()?;
+    let p0: Vec<f32> = row.top.iter().map(|x| x.1).collect();
+    let fused = fuse(&p0, &llm_probs(scores, t), w);
+    let mut order: Vec<usize> = (0..fused.len()).collect();
+    order.sort_by(|a, b| fused[*b].total_cmp(&fused[*a]));
+    let top = order.iter().map(|&i| (row.top[i].0, fused[i])).collect();
+    let mut next = Row::scored(row.gold, top, None);
+    next.embedding.clone_from(&row.embedding);
+    Some((next, order))
+}
+
+impl Row {
+    /// `scores` (over the candidates in their earlier order) in the order `order` of [`after_stage`].
+    pub fn reordered(scores: &[f32], order: &[usize]) -> Vec<f32> {
+        order
+            .iter()
+            .map(|&i| scores.get(i).copied().unwrap_or(f32::NEG_INFINITY))
+            .collect()
+    }
+}
+
 /// Weights and temperatures tried by the fit (weight 0 first: it wins every tie).
 pub const FIT_WEIGHTS: [f32; 21] = [
     0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
@@ -183,6 +210,26 @@ mod tests {
         }
         let f = fit(&rows);
         assert_eq!((f.w, f.t, f.correct, f.tier0), (0.0, 1.0, 30, 30));
+    }
+
+    /// The next stage's prior is the fused distribution, most likely first, with the gold kept and the next
+    /// LLM's scores following their candidates; rows the stage did not score go no further.
+    #[test]
+    fn a_later_stage_starts_from_the_fused_distribution() {
+        // Tier-0 0.6 / 0.4 on labels 7 / 9; the LLM is sure of label 9: at w = 0.5 the fusion flips the order.
+        let r = row(9, &[(7, 0.6), (9, 0.4)], Some(&[0.0, 10.0]));
+        let (next, order) = after_stage(&r, 0.5, 1.0).unwrap();
+        assert_eq!(order, vec![1, 0]);
+        assert_eq!(next.top[0].0, 9);
+        assert!(next.tier0_right(), "the prior's answer is now the gold");
+        assert!((next.top[0].1 - 0.7).abs() < 1e-3, "{:?}", next.top);
+        assert!((next.ambiguity - 0.3).abs() < 1e-3);
+        // The next LLM's scores (over 7, 9 as the earlier stage saw them) follow their candidates.
+        assert_eq!(Row::reordered(&[1.0, 2.0], &order), vec![2.0, 1.0]);
+        assert!(after_stage(&row(9, &[(7, 0.6), (9, 0.4)], None), 0.5, 1.0).is_none());
+        // At weight 0 the order is the earlier one.
+        let (same, order) = after_stage(&r, 0.0, 1.0).unwrap();
+        assert_eq!((same.top[0].0, order), (7, vec![0, 1]));
     }
 
     #[test]

@@ -4,12 +4,11 @@
 
 pub mod fit;
 
-use tiergate_config::{Config, PromptConfig};
+use tiergate_config::{PromptConfig, RerankerConfig};
 use tiergate_prefilter::heads::FittedFusion;
-use tiergate_prefilter::PrefilterHandle;
 
 /// The fusion in force for a route, and where it comes from.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Fusion {
     /// Weight of the LLM's distribution.
     pub llm_weight: f32,
@@ -22,17 +21,24 @@ pub struct Fusion {
     pub fit: Option<FittedFusion>,
 }
 
-/// A head's fit, if it was made with the LLM named `running`; a fit made with another LLM is refused, and
-/// the refusal logged.
-pub fn fit_for<'a>(fit: Option<&'a FittedFusion>, running: &str) -> Option<&'a FittedFusion> {
+/// A head's fit, if it was made with the LLM named `running` after the stages `after` (the LLMs before it in
+/// the cascade; empty for the first stage); a fit made with another LLM or another chain is refused, and the
+/// refusal logged.
+pub fn fit_for<'a>(
+    fit: Option<&'a FittedFusion>,
+    running: &str,
+    after: &[String],
+) -> Option<&'a FittedFusion> {
     let f = fit?;
-    if f.llm == running {
+    if f.llm == running && f.after == after {
         return Some(f);
     }
     tracing::warn!(
         fitted_with = %f.llm,
+        fitted_after = ?f.after,
         running = %running,
-        "the head's fusion.json was fitted with another LLM: not used (run tiergate fit-fusion with this one)"
+        after = ?after,
+        "the head's fusion fit was made with another LLM or cascade: not used (run tiergate fit-fusion with this one)"
     );
     None
 }
@@ -46,15 +52,17 @@ impl Fusion {
         (llm, fused)
     }
 
-    /// The head's fitted fusion when it was fitted with the LLM this server runs, else the config's values
-    /// (a fit made with another judge says nothing about this one).
+    /// The fusion of a stage whose backend is `backend`: `fit` (the head's `fusion.json` for the first stage,
+    /// its `fusion.STAGE.json` after) when it was fitted with this LLM after the same stages `after`, else the
+    /// backend's configured values (a fit made with another judge says nothing about this one).
     pub fn resolve(
-        config: &Config,
+        backend: &RerankerConfig,
         prompts: &PromptConfig,
-        prefilter: Option<&PrefilterHandle>,
+        fit: Option<&FittedFusion>,
+        after: &[String],
     ) -> Self {
-        let running = crate::judge::llm_name(config, prompts);
-        match fit_for(prefilter.and_then(|p| p.fitted_fusion()), &running) {
+        let running = crate::judge::llm_name(backend, prompts);
+        match fit_for(fit, &running, after) {
             Some(f) => Self {
                 llm_weight: f.llm_weight,
                 llm_temperature: f.llm_temperature,
@@ -62,8 +70,8 @@ impl Fusion {
                 fit: Some(f.clone()),
             },
             None => Self {
-                llm_weight: config.reranker.llm_weight,
-                llm_temperature: config.reranker.llm_temperature,
+                llm_weight: backend.llm_weight,
+                llm_temperature: backend.llm_temperature,
                 source: "config",
                 fit: None,
             },
@@ -149,6 +157,42 @@ pub fn normalise(p: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fit is used only with its LLM after the same stages; otherwise the backend's values stand.
+    #[test]
+    fn a_fit_holds_for_its_llm_and_its_place_in_the_cascade() {
+        let fit = FittedFusion {
+            llm_weight: 0.4,
+            llm_temperature: 2.0,
+            llm: "stub (channel)".into(),
+            rows: 10,
+            tier0_accuracy: 0.5,
+            fused_accuracy: 0.7,
+            best_weight: 0.4,
+            best_temperature: 2.0,
+            rows_fixed: 3,
+            rows_broken: 1,
+            p_value: 0.3,
+            after: vec!["small (channel)".into()],
+        };
+        let backend = RerankerConfig {
+            engine: tiergate_config::EngineKind::Stub,
+            llm_weight: 0.1,
+            ..RerankerConfig::default()
+        };
+        let prompts = PromptConfig {
+            method: tiergate_config::ScoringMethod::Channel,
+            ..PromptConfig::default()
+        };
+        let after = ["small (channel)".to_string()];
+        let f = Fusion::resolve(&backend, &prompts, Some(&fit), &after);
+        assert_eq!((f.source, f.llm_weight), ("fitted", 0.4));
+        // As a first stage, or after another stage: the backend's own value.
+        let f = Fusion::resolve(&backend, &prompts, Some(&fit), &[]);
+        assert_eq!((f.source, f.llm_weight), ("config", 0.1));
+        let f = Fusion::resolve(&backend, &prompts, Some(&fit), &["other".to_string()]);
+        assert_eq!(f.source, "config");
+    }
 
     #[test]
     fn fusion_weights_and_normalises() {

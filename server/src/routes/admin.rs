@@ -66,39 +66,42 @@ fn view(state: &AppState, stage: Option<&crate::policy::Policy>) -> Value {
     v
 }
 
-/// A change through the shared store: compare-and-set on the version there (the audit line goes to the shared
-/// log in the same step); on a conflict this replica installs the stored version and reports it. Redis
-/// unreachable: 503, the policy in force stays.
+/// A change of `policy` (stored in the hash `key`) through the shared store: compare-and-set on the version
+/// there (the audit line goes to the shared log in the same step); on a conflict this replica installs the
+/// stored version and reports it. Redis unreachable: 503, the policy in force stays; a policy there written in
+/// a newer format: 409 (this replica would drop what it does not know).
 async fn store_change(
-    state: &AppState,
+    policy: &crate::policy::Policy,
     store: &crate::store::RedisStore,
+    key: &str,
     expected: u64,
     cfg: RoutingConfig,
-    peer: Option<SocketAddr>,
-    change: &str,
+    audit: Value,
 ) -> Result<Result<(u64, u64), u64>, ApiError> {
-    use crate::store::Cas;
+    use crate::store::{Cas, Stored};
     let unreachable = |e: redis::RedisError| {
         ApiError::Unavailable(format!("the shared policy store is unreachable: {e}"))
     };
-    let line =
-        json!({"from_version": expected, "peer": peer.map(|p| p.to_string()), "change": change})
-            .to_string();
     match store
-        .compare_and_set(expected, &cfg, &line)
+        .compare_and_set(key, expected, &cfg, &audit.to_string())
         .await
         .map_err(unreachable)?
     {
         Cas::Stored(v) => {
-            state.policy.install(cfg, v, false);
+            policy.install(cfg, v, false);
             Ok(Ok((expected, v)))
         }
         Cas::Conflict(v) => {
-            if let Some((stored, version)) = store.fetch().await.map_err(unreachable)? {
-                state.policy.install(stored, version, false);
+            if let Stored::Policy(stored, version) = store.fetch(key).await.map_err(unreachable)? {
+                policy.install(stored, version, false);
             }
             Ok(Err(v))
         }
+        Cas::Newer(f) => Err(ApiError::Conflict(format!(
+            "the shared policy was written in format {f} by a newer replica; this one writes format {} \
+             and would drop what it does not know: change it through an upgraded replica",
+            crate::store::FORMAT
+        ))),
     }
 }
 
@@ -233,10 +236,17 @@ async fn change(
         let current = policy.current();
         let cfg = merged_policy(&current.cfg, obj)?;
         let expected = if_match.unwrap_or(current.version);
-        // A stage's policy is this replica's (the shared store holds the routing policy).
-        let outcome = match (&state.store, stage) {
-            (Some(store), None) => store_change(state, store, expected, cfg, peer, &change).await?,
-            _ => policy
+        let outcome = match &state.store {
+            Some(store) => {
+                let key = match (q.get("route"), q.get("stage")) {
+                    (Some(r), Some(st)) => store.stage_key(r, st),
+                    _ => store.routing_key().to_string(),
+                };
+                let audit = json!({"from_version": expected, "peer": peer.map(|p| p.to_string()),
+                    "change": change, "route": q.get("route"), "stage": q.get("stage")});
+                store_change(policy, store, &key, expected, cfg, audit).await?
+            }
+            None => policy
                 .replace(cfg, Some(expected))
                 .map(|(old, new)| (old.version, new.version)),
         };

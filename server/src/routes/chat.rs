@@ -23,8 +23,9 @@ use crate::validate::{validate, ValidChat};
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
+use super::attempt::{attempt, first_event};
 use super::escalate::{decide, escalate_answer, escalate_rerank};
-use super::respond::{respond_text, sampling, stream_or_collect, Meta};
+use super::respond::{respond_started, respond_text, sampling, Meta};
 
 /// The handler.
 pub async fn chat(
@@ -265,51 +266,46 @@ async fn generate(
         messages,
         sampling: sampling(&v),
     };
-    // A generate route's first stage generates.
-    let backend = state
-        .routes
-        .get(&v.route)
-        .and_then(|r| r.stages.first())
-        .map_or(0, |s| s.backend);
-    let submitted = match state
-        .submit(&job, backend, &v.tenant, v.batch.as_ref(), v.deadline)
-        .await
-    {
-        Ok(s) => s,
-        Err(Refused::NoLlm) => {
-            return Err(ApiError::Unavailable(
-                "this server runs no LLM workers".into(),
-            ))
-        }
-        Err(Refused::Queue(e)) => return Err(ApiError::from(e)),
-        // A generation has no Tier-0 answer to degrade to.
-        Err(Refused::BreakerOpen(wait)) => {
-            return Err(ApiError::Unavailable(format!(
-                "the LLM backend keeps failing (circuit breaker open, {} ms until a probe): retry later",
-                wait.as_millis()
-            )))
-        }
-        Err(Refused::Unreachable) => {
-            return Err(ApiError::Timeout(format!(
-                "the LLM is predicted not to finish within this request's budget ({})",
-                crate::deadline::HEADER
-            )))
-        }
-        Err(Refused::Budget(wait)) => {
-            return Err(ApiError::RateLimited {
-                message: format!(
-                    "tenant `{}` has spent its LLM budget: retry after the Retry-After seconds",
-                    v.tenant.0
-                ),
-                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
-            })
-        }
+    // A generate route's first stage generates: its alternatives in selection order, each retried while no
+    // byte has come.
+    let Some(stage) = state.routes.get(&v.route).and_then(|r| r.stages.first()) else {
+        return Err(ApiError::Internal(format!(
+            "route `{}` has no stage",
+            v.route
+        )));
     };
+    let (gen, by) = attempt(state, stage, &v, &job, first_event)
+        .await
+        .map_err(|r| refusal(r, &v))?;
     let meta = Meta {
         tier: Tier::Llm,
+        stage: Some(by),
         ..Meta::default()
     };
     let outcome = meta.outcome(None);
-    let resp = stream_or_collect(state, &v, submitted, meta, 0, started).await?;
+    let resp = respond_started(state, &v, gen, meta, 0, started).await?;
     Ok((resp, outcome))
+}
+
+/// The error of a generation no backend took: a generation has no Tier-0 answer to degrade to.
+fn refusal(r: Refused, v: &ValidChat) -> ApiError {
+    match r {
+        Refused::NoLlm => ApiError::Unavailable("this server runs no LLM workers".into()),
+        Refused::Queue(e) => ApiError::from(e),
+        Refused::BreakerOpen(wait) => ApiError::Unavailable(format!(
+            "the LLM backend keeps failing (circuit breaker open, {} ms until a probe): retry later",
+            wait.as_millis()
+        )),
+        Refused::Unreachable => ApiError::Timeout(format!(
+            "the LLM is predicted not to finish within this request's budget ({})",
+            crate::deadline::HEADER
+        )),
+        Refused::Budget(wait) => ApiError::RateLimited {
+            message: format!(
+                "tenant `{}` has spent its LLM budget: retry after the Retry-After seconds",
+                v.tenant.0
+            ),
+            retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+        },
+    }
 }

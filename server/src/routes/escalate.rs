@@ -9,9 +9,10 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use tiergate_config::{display_label, render, RouteKind};
 use tiergate_prefilter::Prediction;
-use tiergate_queue::{Job, Message, QueueError, Reply};
+use tiergate_queue::{Job, Message};
 
-use super::respond::{degrade, fall_back, sampling, stream_or_collect, Meta};
+use super::attempt::{attempt, first_event, scores as rerank_scores};
+use super::respond::{degrade, fall_back, respond_started, sampling, Meta};
 use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::llm::Refused;
@@ -193,24 +194,16 @@ pub(super) async fn escalate_answer(
         messages,
         sampling: sampling(v),
     };
-    // An answer route's reply is written by its first stage.
-    let first = route.stages.first();
-    match state
-        .submit(
-            &job,
-            first.map_or(0, |s| s.backend),
-            &v.tenant,
-            v.batch.as_ref(),
-            v.deadline,
-        )
-        .await
-    {
-        Ok(submitted) => {
+    // An answer route's reply is written by its first stage (its alternatives, retried before a byte).
+    let Some(first) = route.stages.first() else {
+        return Ok(None);
+    };
+    match attempt(state, first, v, &job, first_event).await {
+        Ok((gen, by)) => {
             meta.tier = Tier::Llm;
-            meta.stage = first.map(|s| s.name.clone());
+            meta.stage = Some(by);
             let prompt_tokens = d.pred.tokens as u32;
-            let resp = stream_or_collect(state, v, submitted, meta.clone(), prompt_tokens, started)
-                .await?;
+            let resp = respond_started(state, v, gen, meta.clone(), prompt_tokens, started).await?;
             Ok(Some(resp))
         }
         Err(r) => {
@@ -313,11 +306,9 @@ async fn rerank_stage(
     let Some(stage) = route.stages.get(k) else {
         return Ok(None);
     };
-    let scores = match attempt(state, stage, v, &job, prior.len()).await {
-        Ok((scores, by)) => {
-            meta.stage = Some(by);
-            scores
-        }
+    let n = prior.len();
+    let (scores, by) = match attempt(state, stage, v, &job, |s| rerank_scores(s, n)).await {
+        Ok(answered) => answered,
         Err(r) if k == 0 => {
             refused(state, meta, r)?;
             return Ok(None);
@@ -331,7 +322,8 @@ async fn rerank_stage(
     metrics::histogram!(m::RERANK_SECONDS, "stage" => stage.name.clone())
         .record(t.elapsed().as_secs_f64());
     let prior_p: Vec<f32> = prior.iter().map(|(_, p)| *p).collect();
-    let (llm_p, fused_p) = route.fusion.apply(&prior_p, &scores);
+    let (llm_p, fused_p) = stage.fusion_of(&by).apply(&prior_p, &scores);
+    meta.stage = Some(by);
     if k == 0 {
         record(state, route, v, d, prior, &llm_p, &fused_p);
     }
@@ -342,70 +334,6 @@ async fn rerank_stage(
         .collect();
     fused.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(Some(fused))
-}
-
-/// Runs a rerank `job` of `n` candidates on `stage`: its alternatives predicted to finish in time, in its
-/// preferred order ([`crate::select`]), each up to `retries` more times after an engine error while time is
-/// left; the scores and the backend that gave them, or why no alternative answered (the last refusal or
-/// failure).
-async fn attempt(
-    state: &Arc<AppState>,
-    stage: &crate::app::Stage,
-    v: &ValidChat,
-    job: &Job,
-    n: usize,
-) -> Result<(Vec<f32>, String), Refused> {
-    let tenant = &v.tenant.0;
-    let predicted: Vec<(usize, std::time::Duration)> = stage
-        .alternatives
-        .iter()
-        .filter_map(|(b, _)| Some((*b, state.backend(*b)?.predict(true, tenant).0)))
-        .collect();
-    let left = v.deadline.map(crate::deadline::left);
-    let order = crate::select::order(&predicted, stage.prefer, left);
-    if order.is_empty() && !predicted.is_empty() {
-        metrics::counter!(m::UNREACHABLE_TOTAL).increment(1);
-    }
-    let mut last = if predicted.is_empty() {
-        Refused::NoLlm
-    } else {
-        Refused::Unreachable
-    };
-    for b in order {
-        for tried in 0..=stage.retries {
-            let submitted = match state
-                .submit(job, b, &v.tenant, v.batch.as_ref(), v.deadline)
-                .await
-            {
-                Ok(s) => s,
-                Err(r) => {
-                    last = r;
-                    break;
-                }
-            };
-            let reply = submitted.handle.reply().await;
-            let unexpected = QueueError::Protocol("unexpected reply".into());
-            let scores = match &reply {
-                Ok(Reply::Rerank(r)) if r.scores.len() == n => Ok(r.scores.clone()),
-                Ok(_) => Err(unexpected),
-                Err(e) => Err(e.clone()),
-            };
-            submitted.llm.record_outcome(scores.as_ref().map(|_| ()));
-            match scores {
-                Ok(s) => return Ok((s, submitted.llm.name.clone())),
-                Err(e) => {
-                    let again = crate::select::retry_same(&e) && tried < stage.retries;
-                    last = Refused::Queue(e);
-                    if !again {
-                        break;
-                    }
-                    metrics::counter!(m::RETRIES_TOTAL, "backend" => submitted.llm.name.clone())
-                        .increment(1);
-                }
-            }
-        }
-    }
-    Err(last)
 }
 
 /// The candidates the LLM reranks with Tier-0's mass on each: its top labels, and on a route with an

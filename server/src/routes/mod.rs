@@ -1,6 +1,7 @@
 //! HTTP endpoints, one file each, and the router that ties them together.
 
 pub mod admin;
+mod attempt;
 pub mod chat;
 mod escalate;
 pub mod ops;

@@ -128,8 +128,32 @@ pub async fn info(
             (r.name.clone(), json!(names))
         })
         .collect();
+    // Each stage's fusion per alternative backend (where its values come from: a fit or the config).
+    let stage_fusion: serde_json::Map<String, serde_json::Value> = state
+        .route_order
+        .iter()
+        .filter_map(|n| state.routes.get(n))
+        .filter(|r| r.prefilter.is_some())
+        .map(|r| {
+            let per_stage: Vec<serde_json::Value> = r
+                .stages
+                .iter()
+                .map(|s| {
+                    let by: serde_json::Map<String, serde_json::Value> = s
+                        .alternatives
+                        .iter()
+                        .zip(&s.fusions)
+                        .map(|((_, n), f)| (n.clone(), serde_json::to_value(f).unwrap_or_default()))
+                        .collect();
+                    json!(by)
+                })
+                .collect();
+            (r.name.clone(), json!(per_stage))
+        })
+        .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
                       "segment": state.llm.as_ref().map(|l| l.segment.clone()), "fusion": fusion,
-                      "backends": state.backend_names, "stages": stages}))
+                      "backends": state.backend_names, "stages": stages,
+                      "stage_fusion": stage_fusion}))
         .into_response()
 }

@@ -239,32 +239,25 @@ struct Running {
     slot: crate::fair::Slot,
 }
 
-pub(super) async fn stream_or_collect(
+/// Answers with a generation that has produced its first event ([`super::attempt::first_event`]): streamed,
+/// or collected into one body.
+pub(super) async fn respond_started(
     state: &Arc<AppState>,
     v: &ValidChat,
-    submitted: crate::llm::Submitted<'_>,
+    gen: super::attempt::Started<'_>,
     mut meta: Meta,
     extra_prompt_tokens: u32,
     started: Instant,
 ) -> Result<Response, ApiError> {
-    let llm = submitted.llm;
-    let (handle, slot, _turn) = submitted.split();
-    // Wait for the first event before answering, so errors before any token still get a proper status.
-    let t = Instant::now();
-    let first = next_event(&handle).await;
-    // The backend answered, or failed before its first token (what the breaker counts).
-    let failed = match &first {
-        Ok(Event::Error(e)) => Some(e.clone()),
-        Err(_) => Some(QueueError::Protocol("the job's channel closed".into())),
-        Ok(_) => None,
-    };
-    llm.record_outcome(failed.as_ref().map_or(Ok(()), Err));
-    let first = first?;
-    meta.queue_ms = t.elapsed().as_secs_f64() * 1e3;
-    metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(t.elapsed().as_secs_f64());
-    if let Event::Error(e) = first {
-        return Err(ApiError::from(e));
-    }
+    let super::attempt::Started {
+        handle,
+        slot,
+        held: _held,
+        first,
+        waited,
+    } = gen;
+    meta.queue_ms = waited.as_secs_f64() * 1e3;
+    metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
     if matches!(first, Event::Chunk(_)) {
         metrics::histogram!(m::TTFT_SECONDS).record(started.elapsed().as_secs_f64());
     }
@@ -274,11 +267,12 @@ pub(super) async fn stream_or_collect(
         route: v.route.clone(),
         extra_prompt_tokens,
     };
+    let t = Instant::now();
     let mut resp = if v.stream {
         stream(out, Running { handle, slot }, first, v.include_usage)
     } else {
         let resp = collect(out, &handle, first).await?;
-        meta.generation_ms = t.elapsed().as_secs_f64() * 1e3;
+        meta.generation_ms = (waited + t.elapsed()).as_secs_f64() * 1e3;
         resp
     };
     apply_headers(&mut resp, state, &meta);
