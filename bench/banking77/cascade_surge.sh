@@ -26,7 +26,7 @@ big=models/qwen2.5-coder-1.5b-instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
   --set "llm=[{ name = \"small\", model = \"$small\", workers = 1 }, { name = \"big\", model = \"$big\", workers = 1 }]" \
   --set "routes=[{ name = \"classify\", kind = \"classify\", stages = [\"small\", { llm = \"big\", theta = $theta2 }] }]" \
   --set 'routing.mode="static"' --set "routing.theta_base=$theta1" --set "routing.theta_min=$theta1" \
-  --set 'brownout={ enabled = true, hold_ms = 2000, cool_ms = 10000 }' >$out/serve.log 2>&1 &
+  --set 'brownout={ enabled = true, hold_ms = 2000, cool_ms = 10000, p95_limit_ms = 6000 }' >$out/serve.log 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 600); do

@@ -242,10 +242,13 @@ impl AppState {
             (waiting, room, p95.unwrap_or_default())
         });
         let limit = Duration::from_millis(cfg.p95_limit_ms);
-        let pressure = crate::brownout::pressure(waiting, room, p95, limit, u);
+        let llm = crate::brownout::pressure(waiting, room, p95, limit, u);
+        let max = self.config.server.max_in_flight.max(1);
+        let own = max.saturating_sub(self.admission.available_permits()) as f64 / max as f64;
         let Ok(mut ladder) = self.brownout.lock() else {
             return;
         };
+        let pressure = ladder.fed(llm, own);
         let before = ladder.step();
         let now = ladder.observe(pressure, std::time::Instant::now());
         if now != before {

@@ -5,6 +5,10 @@
 //! waiting ÷ the room to wait), its P95 service time ÷ `p95_limit_ms`, and the utilisation the policy uses: it
 //! goes up one step once the pressure has stayed at or above that step's `enter` for `hold_ms`, and down one
 //! once it has stayed below the current step's `leave` for `cool_ms` (hysteresis: `leave` < `enter`).
+//! Shedding is for the server's own overload: from `tier0_only` on nothing new reaches the LLM, so its queue
+//! and P95 can hold the ladder at `tier0_only` but not push it to `shed` (429 for requests Tier-0 could
+//! answer); `shed` is entered and left on the server's own load, its requests in flight ÷
+//! `server.max_in_flight` ([`Ladder::fed`]).
 //! Every answer carries `x-tiergate-brownout` while the ladder is above `normal`; `tiergate_brownout_step`
 //! and the console show the step.
 
@@ -78,6 +82,18 @@ impl Ladder {
     /// The step in force.
     pub fn step(&self) -> Step {
         self.step
+    }
+
+    /// The pressure the ladder reads at its current step from the LLM side's (`llm`: queue, P95, utilisation)
+    /// and the server's own (`own`: requests in flight ÷ the admission limit): below `tier0_only` the larger;
+    /// at `tier0_only` the LLM side can keep the step (up to just below `shed`'s `enter`) but only the server's
+    /// own load can go on to `shed`; at `shed`, the server's own load alone.
+    pub fn fed(&self, llm: f64, own: f64) -> f64 {
+        match self.step {
+            Step::Normal | Step::RerankOnly => llm.max(own),
+            Step::Tier0Only => own.max(llm.min(self.enter[2] * (1.0 - 1e-9))),
+            Step::Shed => own,
+        }
     }
 
     /// Takes one pressure reading at `now`; returns the step in force after it.
@@ -207,6 +223,30 @@ mod tests {
         l.observe(0.3, at(t0, 12_500));
         assert_eq!(l.observe(0.3, at(t0, 15_000)), Step::RerankOnly);
         assert_eq!(l.observe(0.3, at(t0, 15_500)), Step::Normal);
+    }
+
+    #[test]
+    fn only_the_servers_own_load_sheds() {
+        let t0 = Instant::now();
+        let mut l = ladder();
+        // The LLM side far past every threshold, the server itself idle: up to tier0_only, never to shed.
+        for ms in (0..20_000).step_by(100) {
+            let p = l.fed(5.0, 0.1);
+            l.observe(p, at(t0, ms));
+        }
+        assert_eq!(l.step(), Step::Tier0Only);
+        // The server's own load past shed's enter: shed; then its own load down: back to tier0_only even
+        // though the LLM side is still pressed.
+        for ms in (20_000..22_000).step_by(100) {
+            let p = l.fed(5.0, 2.0);
+            l.observe(p, at(t0, ms));
+        }
+        assert_eq!(l.step(), Step::Shed);
+        for ms in (22_000..30_000).step_by(100) {
+            let p = l.fed(5.0, 0.1);
+            l.observe(p, at(t0, ms));
+        }
+        assert_eq!(l.step(), Step::Tier0Only);
     }
 
     #[test]

@@ -65,7 +65,13 @@ pub const MAX_AGE: Duration = Duration::from_secs(60);
 pub struct ServiceTimes {
     prior: Duration,
     window: Mutex<VecDeque<(Instant, Duration)>>,
+    /// The last estimate and when it was made: reused for [`REUSE`] (a new sample drops it), so a prediction
+    /// per alternative per escalation does not copy the window each time.
+    cached: Mutex<Option<(Instant, (Duration, Duration))>>,
 }
+
+/// How long an estimate is reused while no sample comes.
+const REUSE: Duration = Duration::from_millis(100);
 
 impl ServiceTimes {
     /// An empty window; `prior` stands for the mean and the P95 until [`MIN_SAMPLES`] samples.
@@ -73,6 +79,7 @@ impl ServiceTimes {
         Self {
             prior,
             window: Mutex::new(VecDeque::with_capacity(WINDOW)),
+            cached: Mutex::new(None),
         }
     }
 
@@ -89,6 +96,9 @@ impl ServiceTimes {
             }
             w.push_back((at, d));
         }
+        if let Ok(mut c) = self.cached.lock() {
+            *c = None;
+        }
     }
 
     /// (mean, P95) of the window's samples younger than [`MAX_AGE`], or the prior for both while there are
@@ -99,6 +109,21 @@ impl ServiceTimes {
 
     /// [`ServiceTimes::estimate`] as of `now`.
     pub fn estimate_at(&self, now: Instant) -> (Duration, Duration) {
+        if let Ok(c) = self.cached.lock() {
+            if let Some((at, e)) = *c {
+                if now >= at && now - at < REUSE {
+                    return e;
+                }
+            }
+        }
+        let e = self.compute(now);
+        if let Ok(mut c) = self.cached.lock() {
+            *c = Some((now, e));
+        }
+        e
+    }
+
+    fn compute(&self, now: Instant) -> (Duration, Duration) {
         let Ok(w) = self.window.lock() else {
             return (self.prior, self.prior);
         };
@@ -145,10 +170,14 @@ pub fn completion(
 
 /// (mean, P95) of a non-empty set of durations.
 fn mean_p95(mut v: Vec<Duration>) -> (Duration, Duration) {
-    v.sort_unstable();
-    let mean = v.iter().sum::<Duration>() / v.len().max(1) as u32;
-    let p95 = v[((v.len() as f64 * 0.95).ceil() as usize).clamp(1, v.len()) - 1];
-    (mean, p95)
+    if v.is_empty() {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    let mean = v.iter().sum::<Duration>() / v.len() as u32;
+    // The nearest-rank P95 by selection (linear), not a sort: this runs per alternative per escalation.
+    let rank = ((v.len() as f64 * 0.95).ceil() as usize).clamp(1, v.len()) - 1;
+    let (_, p95, _) = v.select_nth_unstable(rank);
+    (mean, *p95)
 }
 
 /// A job's predicted completion for `tenant` on a backend whose workers' share is `share` (`capacity` slots)
