@@ -1260,6 +1260,38 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
     assert_openai_error(s, &b, 504);
 }
 
+/// Waits (≤ 10 s) until every backend of `r` has a live worker.
+fn all_live(r: Rig) -> Rig {
+    let t = Instant::now();
+    while (0..r.state.backend_names.len()).any(|i| {
+        r.state
+            .backend(i)
+            .is_none_or(|b| b.client.live_workers() == 0)
+    }) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a backend never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    r
+}
+
+/// A config tweak: the backends `llm`, and one stage (`stage`, a TOML stage table) on the routes `which` names.
+fn with_stage(
+    llm: Vec<tiergate_config::LlmEntry>,
+    stage: &str,
+    which: impl Fn(&str) -> bool,
+) -> impl FnOnce(&mut Config) {
+    let stage: tiergate_config::StageTable = toml::from_str(stage).unwrap();
+    move |c: &mut Config| {
+        c.llm = llm;
+        for r in c.routes.iter_mut().filter(|r| which(&r.name)) {
+            r.stages = Some(vec![tiergate_config::StageConfig::Table(stage.clone())]);
+        }
+    }
+}
+
 /// The circuit breaker: a backend whose every job fails (the stub answers garbage) opens it after
 /// `breaker_failures` in a row; then escalations degrade at once (`breaker_open`) and generations get 503,
 /// until after the cooldown one probe goes through (here it fails again: open again). `/ready` stays 200.
@@ -1429,30 +1461,7 @@ async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
         ))
         .unwrap(),
     };
-    let with_stage = |llm: Vec<tiergate_config::LlmEntry>, stage: &str| {
-        let stage: tiergate_config::StageTable = toml::from_str(stage).unwrap();
-        move |c: &mut Config| {
-            c.llm = llm;
-            for r in c.routes.iter_mut().filter(|r| r.name == "classify") {
-                r.stages = Some(vec![tiergate_config::StageConfig::Table(stage.clone())]);
-            }
-        }
-    };
-    let all_live = |r: Rig| {
-        let t = Instant::now();
-        while (0..r.state.backend_names.len()).any(|i| {
-            r.state
-                .backend(i)
-                .is_none_or(|b| b.client.live_workers() == 0)
-        }) {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "a backend never started"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        r
-    };
+    let with_stage = |llm, stage: &str| with_stage(llm, stage, |r| r == "classify");
     let ask = |budget: Option<&str>| {
         let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
         force(&mut req, "0");
@@ -1539,30 +1548,7 @@ async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
         name: name.into(),
         fields: toml::from_str(&format!("engine = \"stub\"\nworkers = 1\n{fields}")).unwrap(),
     };
-    let with_stage = |llm: Vec<tiergate_config::LlmEntry>, stage: &str| {
-        let stage: tiergate_config::StageTable = toml::from_str(stage).unwrap();
-        move |c: &mut Config| {
-            c.llm = llm;
-            for r in c.routes.iter_mut().filter(|r| r.name != "classify") {
-                r.stages = Some(vec![tiergate_config::StageConfig::Table(stage.clone())]);
-            }
-        }
-    };
-    let all_live = |r: Rig| {
-        let t = Instant::now();
-        while (0..r.state.backend_names.len()).any(|i| {
-            r.state
-                .backend(i)
-                .is_none_or(|b| b.client.live_workers() == 0)
-        }) {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "a backend never started"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        r
-    };
+    let with_stage = |llm, stage: &str| with_stage(llm, stage, |r| r != "classify");
     let ask = |model: &str, stream: bool| {
         let mut body = chat(model, "card lost");
         body["stream"] = json!(stream);

@@ -39,6 +39,35 @@ fn stub_score(text: &str, label: &str) -> f64 {
     (1.0 + 3.0 * shared as f64).ln()
 }
 
+/// A head trained by `tiergate train` on `rows` (written as `dir/rows.jsonl`) over the tiny encoder, 30% held
+/// out, with `extra` arguments: the data file and the head folder.
+fn train_head(
+    tiny: &TinyModel,
+    dir: &std::path::Path,
+    rows: &[(&str, &str)],
+    extra: &[&str],
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = write_rows(dir, rows);
+    let head = dir.join("head");
+    let out = Command::new(binary("tiergate"))
+        .args(["train", "--encoder"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&head)
+        .args(["--dev-fraction", "0.3"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "train: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (data, head)
+}
+
 /// `rows` as a JSONL data file in `dir`.
 fn write_rows(dir: &std::path::Path, rows: &[(&str, &str)]) -> std::path::PathBuf {
     let data = dir.join("rows.jsonl");
@@ -227,30 +256,8 @@ fn fit_fusion_writes_a_fit_the_classifier_loads() {
     let tiny = TinyModel::create(3).unwrap();
     // fit-fusion wants a `tiergate train` folder: train a head on the tiny encoder.
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("rows.jsonl");
-    let mut body = String::new();
-    for _ in 0..6 {
-        for (t, l) in rows() {
-            body.push_str(&format!("{}\n", serde_json::json!({"text": t, "label": l})));
-        }
-    }
-    std::fs::write(&data, body).unwrap();
-    let head = dir.path().join("head");
-    let out = Command::new(binary("tiergate"))
-        .args(["train", "--encoder"])
-        .arg(tiny.dir.path())
-        .arg("--data")
-        .arg(&data)
-        .arg("--out")
-        .arg(&head)
-        .args(["--dev-fraction", "0.3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "train: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let copies: Vec<(&str, &str)> = (0..6).flat_map(|_| rows()).collect();
+    let (data, head) = train_head(&tiny, dir.path(), &copies, &[]);
     let out = Command::new(binary("tiergate"))
         .args(["fit-fusion", "--classifier"])
         .arg(&head)
@@ -571,37 +578,23 @@ fn eval_hybrid_offers_none_of_these_and_scores_it() {
 fn a_stage_fit_starts_from_the_earlier_stage_and_the_cascade_is_measured() {
     let tiny = TinyModel::create(3).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("rows.jsonl");
     // Every third copy of a text carries another label: Tier-0 stays unsure, so there is something to escalate.
-    let mut body = String::new();
     let labels = ["label0", "label1", "label2"];
-    for copy in 0..6 {
-        for (k, (t, l)) in rows().into_iter().enumerate() {
-            let l = if copy % 3 == 0 {
-                labels[(k + copy) % 3]
-            } else {
-                l
-            };
-            body.push_str(&format!("{}\n", serde_json::json!({"text": t, "label": l})));
-        }
-    }
-    std::fs::write(&data, body).unwrap();
-    let head = dir.path().join("head");
-    let out = Command::new(binary("tiergate"))
-        .args(["train", "--encoder"])
-        .arg(tiny.dir.path())
-        .arg("--data")
-        .arg(&data)
-        .arg("--out")
-        .arg(&head)
-        .args(["--dev-fraction", "0.3", "--epochs", "1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let copies: Vec<(&str, &str)> = (0..6)
+        .flat_map(|copy| {
+            rows().into_iter().enumerate().map(move |(k, (t, l))| {
+                (
+                    t,
+                    if copy % 3 == 0 {
+                        labels[(k + copy) % 3]
+                    } else {
+                        l
+                    },
+                )
+            })
+        })
+        .collect();
+    let (data, head) = train_head(&tiny, dir.path(), &copies, &["--epochs", "1"]);
     let run = |args: &[&str], method: &str| {
         let out = Command::new(binary("tiergate"))
             .args(args)
