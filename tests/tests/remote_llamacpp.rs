@@ -472,10 +472,11 @@ fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
     assert_eq!(by(&after, "a"), 3, "{after:?}");
 }
 
-/// A TCP proxy on a free loopback port in front of `upstream`, holding each request from the client for the
-/// current `delay` (milliseconds) before passing it on: a slowed-down upstream, set live. A read that comes
-/// more than 50 ms after the connection's previous one starts a new request (a request's head and body,
-/// written back to back, are held once).
+/// A TCP proxy on a free loopback port in front of `upstream`, holding each response for the current `delay`
+/// (milliseconds) before passing it on: a slowed-down upstream, set live. Requests pass at once (holding them
+/// instead makes the upstream close the kept-alive connection as idle after 5 s: a dropped connection, not a
+/// slow one); a read from the upstream more than 50 ms after the connection's previous one starts a new
+/// response (its later chunks pass at once).
 fn delay_proxy(upstream: u16, delay: Arc<std::sync::atomic::AtomicU64>) -> u16 {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -489,24 +490,24 @@ fn delay_proxy(upstream: u16, delay: Arc<std::sync::atomic::AtomicU64>) -> u16 {
             let (mut s_in, mut c_out) = (server, client);
             let delay = delay.clone();
             std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut s_out);
+                let _ = s_out.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
                 let mut buf = vec![0u8; 64 * 1024];
                 let mut last: Option<Instant> = None;
-                while let Ok(n) = c_in.read(&mut buf) {
+                while let Ok(n) = s_in.read(&mut buf) {
                     if n == 0 {
                         break;
                     }
                     if last.is_none_or(|t| t.elapsed() > Duration::from_millis(50)) {
                         std::thread::sleep(Duration::from_millis(delay.load(Ordering::Relaxed)));
                     }
-                    last = Some(Instant::now());
-                    if s_out.write_all(&buf[..n]).is_err() {
+                    if c_out.write_all(&buf[..n]).is_err() {
                         break;
                     }
+                    last = Some(Instant::now());
                 }
-                let _ = s_out.shutdown(std::net::Shutdown::Write);
-            });
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut s_in, &mut c_out);
                 let _ = c_out.shutdown(std::net::Shutdown::Write);
             });
         }
@@ -516,8 +517,8 @@ fn delay_proxy(upstream: u16, delay: Arc<std::sync::atomic::AtomicU64>) -> u16 {
 
 /// Latency-graded selection follows a slowed-down upstream: one real llama.cpp server behind two delay
 /// proxies, the two `openai` backends of one stage (`prefer = "latency"`). "a" (prior 0.5 s) is measured and
-/// answers while its measured time beats "b"'s stated prior (8 s); slowed down by 9 s, its first jobs fail over to
-/// "b" (answered, none lost; why they fail on "a" was not pinned down), and then the next go to "b" directly.
+/// answers while its measured P95 beats "b"'s stated prior (5 s); its responses held 6 s longer, the slow answers
+/// that measure it put "a"'s P95 behind that prior, and the next answers come from "b", none lost.
 #[test]
 fn selection_follows_a_slowed_down_llama_cpp_server() {
     let _one = one_upstream();
@@ -536,7 +537,7 @@ fn selection_follows_a_slowed_down_llama_cpp_server() {
     let llm = format!(
         "llm=[{}, {}]",
         backend("a", pa, 500),
-        backend("b", pb, 8000)
+        backend("b", pb, 5000)
     );
     let s = common::start(&[
         "--set",
@@ -585,15 +586,15 @@ fn selection_follows_a_slowed_down_llama_cpp_server() {
         first.iter().all(|r| r.0 == "llm" && r.1 == "a"),
         "{first:?}"
     );
-    slow_a.store(9000, Ordering::Relaxed);
+    slow_a.store(6000, Ordering::Relaxed);
     let slowed: Vec<_> = (0..5).map(|_| ask()).collect();
     assert!(slowed.iter().all(|r| r.0 == "llm"), "none lost: {slowed:?}");
-    // The first slowed jobs on "a" fail over to "b" (none lost, "b" answers them); then the next go to "b"
-    // directly, at "b"'s own speed.
-    assert!(slowed.iter().all(|r| r.1 == "b"), "{slowed:?}");
-    let direct = slowed[2..].iter().map(|r| r.2).fold(0.0, f64::max);
+    // A slow answer or two from "a" (those that measure it), then "b" at its own speed.
+    assert!(slowed[0].1 == "a" && slowed[0].2 > 6.0, "{slowed:?}");
+    let moved = slowed.iter().position(|r| r.1 == "b").expect("moved to b");
+    assert!(moved <= 2, "{slowed:?}");
     assert!(
-        direct < slowed[0].2,
-        "direct answers are faster: {slowed:?}"
+        slowed[moved..].iter().all(|r| r.1 == "b" && r.2 < 6.0),
+        "{slowed:?}"
     );
 }
