@@ -3,4 +3,5 @@
 
 pub mod bands;
 pub mod outcome;
+pub mod risk;
 pub mod stats;

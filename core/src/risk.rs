@@ -1,0 +1,322 @@
+//! The error bound of Tier-0's lone answers: exact binomial tails, Clopper–Pearson intervals, and the choice
+//! of θ by Learn-then-Test with fixed-sequence testing (Angelopoulos, Bates, Candès, Jordan, Lei 2021,
+//! "Learn then Test: Calibrating Predictive Algorithms to Achieve Risk Control", §4 and their fixed-sequence
+//! procedure).
+//!
+//! The guarantee. Calibration rows `(a, wrong)` are exchangeable with the traffic the policy will answer.
+//! For each θ on a grid fixed before the rows are seen, H_θ says "the error of the answers with ambiguity
+//! ≤ θ is above ε". Conditional on the number n_θ of rows with `a ≤ θ`, those rows are an i.i.d. sample of
+//! that conditional distribution, so the errors among them are Binomial(n_θ, R(θ)) and
+//! `p_θ = P(Binomial(n_θ, ε) ≤ k_θ)` is a valid p-value for H_θ. Testing the grid in a fixed order, each at
+//! level δ, and stopping at the first p-value above δ controls the family-wise error at δ; the chosen θ is
+//! the last one rejected, so P(R(θ̂) > ε) ≤ δ. θ = 0 (escalate everything: Tier-0 answers nothing alone)
+//! satisfies every ε and is the answer when no H_θ can be rejected.
+//!
+//! The order. Fixed-sequence testing loses its power when its first hypotheses have too few rows to reject
+//! anything, so the grid comes from rows the test never sees (the half of the dev split that fitted the
+//! temperature): θ_j are that half's ambiguity quantiles, and testing starts at the quantile where that
+//! half's own p-value is smallest. Only the independent half fixes the grid, never the calibration rows, so
+//! the proof above holds (LTT §5 learns the order on a split of its own the same way).
+
+/// `ln P(Binomial(n, p) = i)` terms are summed in log space up to `k`: `P(Binomial(n, p) ≤ k)`.
+pub fn binomial_cdf(k: u64, n: u64, p: f64) -> f64 {
+    if k >= n || p <= 0.0 {
+        return 1.0;
+    }
+    if p >= 1.0 {
+        return 0.0;
+    }
+    let (lp, lq) = (p.ln(), (-p).ln_1p());
+    let mut term = n as f64 * lq;
+    let mut acc = term;
+    for i in 0..k {
+        term += ((n - i) as f64).ln() - ((i + 1) as f64).ln() + lp - lq;
+        let (hi, lo) = if acc > term { (acc, term) } else { (term, acc) };
+        acc = hi + (lo - hi).exp().ln_1p();
+    }
+    acc.exp().min(1.0)
+}
+
+/// One-sided Clopper–Pearson upper bound at confidence `1 − delta` on a rate with `k` events in `n` trials:
+/// the largest p with `P(Binomial(n, p) ≤ k) ≥ delta` (1 when `n` = 0 or `k` = `n`).
+pub fn clopper_pearson_upper(k: u64, n: u64, delta: f64) -> f64 {
+    if n == 0 || k >= n {
+        return 1.0;
+    }
+    let (mut lo, mut hi) = (k as f64 / n as f64, 1.0);
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if binomial_cdf(k, n, mid) >= delta {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// One-sided Clopper–Pearson lower bound at confidence `1 − delta` (0 when `k` = 0).
+pub fn clopper_pearson_lower(k: u64, n: u64, delta: f64) -> f64 {
+    if n == 0 || k == 0 {
+        return 0.0;
+    }
+    // P(X ≥ k; p) = 1 − P(X ≤ k − 1; p), increasing in p.
+    let (mut lo, mut hi) = (0.0, k as f64 / n as f64);
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if 1.0 - binomial_cdf(k - 1, n, mid) >= delta {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+/// The two-sided Clopper–Pearson interval at confidence `confidence` on `k` events in `n` trials.
+pub fn clopper_pearson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
+    let tail = (1.0 - confidence) / 2.0;
+    (
+        clopper_pearson_lower(k, n, tail),
+        clopper_pearson_upper(k, n, tail),
+    )
+}
+
+/// One labelled calibration row: Tier-0's ambiguity and whether its answer was wrong.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Row {
+    /// Ambiguity `1 − max p`.
+    pub ambiguity: f64,
+    /// Tier-0's top label was not the true one.
+    pub wrong: bool,
+}
+
+/// What the θ choice found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// The largest θ whose bound held (0: escalate everything).
+    pub theta: f64,
+    /// Calibration rows with ambiguity ≤ θ.
+    pub accepted: u64,
+    /// Of those, wrong.
+    pub errors: u64,
+    /// Clopper–Pearson upper bound (at the stated confidence) on their error.
+    pub upper_bound: f64,
+    /// Hypotheses tested (grid points, in order, up to the first not rejected).
+    pub tested: usize,
+    /// Why θ is 0, when it is.
+    pub reason: Option<&'static str>,
+}
+
+/// `n_min`: the fewest rows that can show an error rate ≤ `eps` at level `delta` when none of them is wrong.
+pub fn min_rows(eps: f64, delta: f64) -> u64 {
+    if eps <= 0.0 || eps >= 1.0 || delta <= 0.0 || delta >= 1.0 {
+        return u64::MAX;
+    }
+    (delta.ln() / (-eps).ln_1p()).ceil() as u64
+}
+
+/// The θ grid, in testing order (ascending): the ambiguity quantiles of `order_rows` (rows the test never
+/// sees) at levels 1%, 2%, …, 100%, from the level where those rows' own p-value is smallest (the hypothesis
+/// most likely to be rejected first); without ordering rows, θ = 0.01, 0.02, …, 1. Duplicates are dropped.
+pub fn grid(order_rows: &[Row], eps: f64) -> Vec<f64> {
+    let mut sorted: Vec<f64> = order_rows
+        .iter()
+        .map(|r| r.ambiguity)
+        .filter(|a| a.is_finite())
+        .collect();
+    if sorted.is_empty() {
+        return (1..=100).map(|j| f64::from(j) / 100.0).collect();
+    }
+    sorted.sort_by(f64::total_cmp);
+    let mut out: Vec<f64> = (1..=100u32)
+        .filter_map(|l| crate::stats::quantile_sorted(&sorted, f64::from(l) / 100.0))
+        .collect();
+    out.dedup_by(|a, b| (*a - *b).abs() < 1e-12);
+    let start = out
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            let (n, k) = counts(order_rows, t);
+            (i, binomial_cdf(k, n, eps))
+        })
+        .fold((0, f64::INFINITY), |best, (i, p)| if p <= best.1 { (i, p) } else { best })
+        .0;
+    out.split_off(start)
+}
+
+fn counts(rows: &[Row], theta: f64) -> (u64, u64) {
+    rows.iter()
+        .filter(|r| r.ambiguity <= theta)
+        .fold((0, 0), |(n, k), r| (n + 1, k + u64::from(r.wrong)))
+}
+
+/// Learn-then-Test with fixed-sequence testing: the largest θ on [`grid`] (tested in order, stopping at the
+/// first hypothesis not rejected) for which the error of answers with ambiguity ≤ θ is ≤ `eps` with
+/// confidence `1 − delta`. See the module documentation for the proof.
+pub fn choose(order_rows: &[Row], rows: &[Row], eps: f64, delta: f64) -> Choice {
+    let mut best = Choice {
+        theta: 0.0,
+        accepted: 0,
+        errors: 0,
+        upper_bound: 0.0,
+        tested: 0,
+        reason: Some("no θ on the grid could be shown to hold the bound: every request escalates"),
+    };
+    if !(eps > 0.0 && eps < 1.0 && delta > 0.0 && delta < 1.0) {
+        best.reason = Some("max_error and 1 − confidence must be in (0, 1)");
+        return best;
+    }
+    let n = rows.len() as u64;
+    if n < min_rows(eps, delta) {
+        best.reason = Some("too few calibration rows for this max_error and confidence");
+        return best;
+    }
+    for (i, theta) in grid(order_rows, eps).into_iter().enumerate() {
+        let (accepted, errors) = counts(rows, theta);
+        if binomial_cdf(errors, accepted, eps) > delta {
+            best.tested = i + 1;
+            break;
+        }
+        best = Choice {
+            theta,
+            accepted,
+            errors,
+            upper_bound: clopper_pearson_upper(errors, accepted, delta),
+            tested: i + 1,
+            reason: None,
+        };
+    }
+    best
+}
+
+/// The naive choice, for comparison only (no guarantee): the largest θ on the grid whose empirical error on
+/// the calibration rows is ≤ `eps`.
+pub fn choose_naive(rows: &[Row], eps: f64) -> f64 {
+    grid(&[], eps)
+        .into_iter()
+        .filter(|&t| {
+            let (n, k) = counts(rows, t);
+            n > 0 && k as f64 <= eps * n as f64
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (SplitMix64), so the coverage test needs no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn uniform(&mut self) -> f64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        }
+        /// A calibrated head's row: ambiguity `u³` (most answers confident) and wrong with probability `a`,
+        /// so the error of answers with ambiguity ≤ θ is exactly θ / 4 (E[u³ | u³ ≤ θ]).
+        fn row(&mut self) -> Row {
+            let a = self.uniform().powi(3);
+            Row {
+                ambiguity: a,
+                wrong: self.uniform() < a,
+            }
+        }
+    }
+
+    #[test]
+    fn binomial_tails_match_exact_sums() {
+        // P(Bin(10, 0.3) ≤ 2) = 0.3827827864
+        assert!((binomial_cdf(2, 10, 0.3) - 0.382_782_786_4).abs() < 1e-9);
+        assert_eq!(binomial_cdf(10, 10, 0.3), 1.0);
+        assert!((binomial_cdf(0, 5, 0.5) - 1.0 / 32.0).abs() < 1e-12);
+        // Large n stays finite (log space): P(Bin(10000, 0.1) ≤ 1000) ≈ 0.5 + a small continuity term.
+        let mid = binomial_cdf(1000, 10_000, 0.1);
+        assert!(mid > 0.5 && mid < 0.53, "{mid}");
+    }
+
+    #[test]
+    fn clopper_pearson_bounds_match_reference_values() {
+        // k = 0: the upper bound solves (1 − p)^n = δ.
+        let u = clopper_pearson_upper(0, 100, 0.05);
+        assert!((u - (1.0 - 0.05f64.powf(0.01))).abs() < 1e-9, "{u}");
+        // Two-sided 95% for 5 of 100: (0.01643, 0.11284) (the Beta quantiles).
+        let (lo, hi) = clopper_pearson(5, 100, 0.95);
+        assert!((lo - 0.016_431).abs() < 1e-5 && (hi - 0.112_835).abs() < 1e-5, "{lo} {hi}");
+        assert_eq!(clopper_pearson(0, 0, 0.95), (0.0, 1.0));
+        assert_eq!(clopper_pearson(7, 7, 0.95).1, 1.0);
+    }
+
+    #[test]
+    fn min_rows_is_the_zero_error_sample_size() {
+        assert_eq!(min_rows(0.05, 0.05), 59);
+        assert_eq!(min_rows(0.02, 0.05), 149);
+        assert!(0.95f64.powi(59) <= 0.05 && 0.95f64.powi(58) > 0.05);
+    }
+
+    /// Over many independent calibration sets with a known error curve, the chosen θ breaks the bound in at
+    /// most about δ of them (binomial slack), while the naive choice breaks it about half the time.
+    #[test]
+    fn the_bound_holds_with_the_stated_confidence_over_many_seeds() {
+        let (eps, delta, seeds) = (0.05, 0.1, 400);
+        let (mut broken, mut naive_broken, mut thetas) = (0, 0, 0.0);
+        for seed in 0..seeds {
+            let mut rng = Rng(seed);
+            let order: Vec<Row> = (0..500).map(|_| rng.row()).collect();
+            let rows: Vec<Row> = (0..1000).map(|_| rng.row()).collect();
+            let c = choose(&order, &rows, eps, delta);
+            // The true error of the accepted answers is θ / 4; the best θ is 0.2.
+            broken += usize::from(c.theta / 4.0 > eps);
+            naive_broken += usize::from(choose_naive(&rows, eps) / 4.0 > eps);
+            thetas += c.theta;
+            if c.theta > 0.0 {
+                assert!(c.upper_bound <= eps + 1e-9, "{c:?}");
+            }
+        }
+        // δ · seeds = 40 expected at most; 58 is the 99.8% point of Binomial(400, 0.1).
+        assert!(broken <= 58, "the bound broke in {broken} of {seeds}");
+        assert!(naive_broken > 120, "the naive choice broke in only {naive_broken}");
+        let mean = thetas / f64::from(seeds as u32);
+        eprintln!("bound broken {broken}/{seeds}, naive broken {naive_broken}/{seeds}, mean θ {mean:.3}");
+        assert!(mean > 0.1 && mean < 0.2, "mean θ {mean} (best 0.2): the test has power");
+    }
+
+    #[test]
+    fn too_small_an_error_for_the_rows_escalates_everything() {
+        let mut rng = Rng(7);
+        let rows: Vec<Row> = (0..100).map(|_| rng.row()).collect();
+        let c = choose(&[], &rows, 0.01, 0.05);
+        assert_eq!(c.theta, 0.0);
+        assert!(c.reason.is_some_and(|r| r.contains("too few")));
+        // Enough rows but a head wrong on every row: nothing is rejected.
+        let bad: Vec<Row> = (0..1000)
+            .map(|i| Row {
+                ambiguity: f64::from(i) / 1000.0,
+                wrong: true,
+            })
+            .collect();
+        let c = choose(&[], &bad, 0.05, 0.05);
+        assert_eq!((c.theta, c.tested), (0.0, 1));
+        assert!(c.reason.is_some());
+    }
+
+    #[test]
+    fn grid_starts_where_the_ordering_rows_are_surest() {
+        // Ordering rows wrong only above ambiguity 0.5: the p-value at ε = 5% is smallest at the last quantile
+        // before the errors start.
+        let order: Vec<Row> = (0..100)
+            .map(|i| Row {
+                ambiguity: f64::from(i) / 100.0,
+                wrong: i >= 50,
+            })
+            .collect();
+        let g = grid(&order, 0.05);
+        assert_eq!(g.first().copied(), Some(0.49), "{g:?}");
+        assert_eq!(g.last().copied(), Some(0.99));
+        assert!(g.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(grid(&[], 0.05).len(), 100);
+    }
+}
