@@ -28,7 +28,7 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use serving::{
-    BrownoutConfig, EngineKind, FailureMode, Grade, OtlpProtocol, OutOfScopeConfig,
+    BrownoutConfig, EngineKind, FailureMode, Grade, OnBreach, OtlpProtocol, OutOfScopeConfig,
     PolicyStoreConfig, Prefer, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode,
     ServerConfig, StageConfig, StageTable, StoreKind, UtilizationConfig, UtilizationSource,
 };

@@ -163,6 +163,19 @@ pub enum RoutingMode {
     Target,
     /// A bounded controller keeps the escalated channel's p95 under `slo_p95_ms`.
     Slo,
+    /// θ is the largest one whose error bound on Tier-0's lone answers holds: error ≤ `max_error` with
+    /// confidence `confidence`, chosen by Learn-then-Test on the head's labelled calibration rows.
+    Risk,
+}
+
+/// What the server does when an answer must escalate to hold the error bound and the LLM cannot take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBreach {
+    /// Tier-0 answers, flagged `x-tiergate-degraded: risk_bound`.
+    Degrade,
+    /// 503 in the OpenAI error shape (`risk_bound`): the client may retry.
+    Reject,
 }
 
 /// Where the utilisation u comes from.
@@ -398,6 +411,13 @@ pub struct RoutingConfig {
     /// Out-of-scope scores within this of the threshold are uncertain calls, escalated to the LLM (which
     /// may answer "none of these"); 0: Tier-0's call stands.
     pub oos_margin: f64,
+    /// The largest error allowed among the answers Tier-0 gives alone (ε, in (0, 1)); required by `risk`
+    /// mode. Set in another mode, it caps that mode's θ: under load θ_eff never rises above the risk θ.
+    pub max_error: Option<f64>,
+    /// The confidence 1 − δ with which the error stays ≤ `max_error`.
+    pub confidence: f64,
+    /// When a request must escalate to hold the bound and the LLM cannot take it: `degrade` or `reject`.
+    pub on_breach: OnBreach,
 }
 
 impl Default for RoutingConfig {
@@ -415,6 +435,9 @@ impl Default for RoutingConfig {
             allow_header_override: false,
             oos_threshold: None,
             oos_margin: 0.0,
+            max_error: None,
+            confidence: 0.95,
+            on_breach: OnBreach::Degrade,
         }
     }
 }
@@ -435,6 +458,9 @@ impl RoutingConfig {
         "allow_header_override",
         "oos_threshold",
         "oos_margin",
+        "max_error",
+        "confidence",
+        "on_breach",
     ];
 
     /// Checks the policy; errors name the field.
@@ -482,6 +508,32 @@ impl RoutingConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.slo_p95_ms"),
                 "must be a positive number",
+            ));
+        }
+        self.validate_risk(at)
+    }
+
+    fn validate_risk(&self, at: &str) -> Result<(), ConfigError> {
+        let open = |v: f64| v.is_finite() && v > 0.0 && v < 1.0;
+        match self.max_error {
+            Some(e) if !open(e) => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.max_error"),
+                    format!("{e} is outside (0, 1)"),
+                ))
+            }
+            None if self.mode == RoutingMode::Risk => {
+                return Err(ConfigError::invalid(
+                    format!("{at}.max_error"),
+                    "mode \"risk\" needs max_error (the error allowed among Tier-0's lone answers)",
+                ))
+            }
+            _ => {}
+        }
+        if !open(self.confidence) {
+            return Err(ConfigError::invalid(
+                format!("{at}.confidence"),
+                format!("{} is outside (0, 1)", self.confidence),
             ));
         }
         Ok(())

@@ -94,11 +94,14 @@ pub enum DegradeReason {
     Brownout,
     /// The LLM backend's circuit breaker is open (it kept failing).
     BreakerOpen,
+    /// The request had to escalate to hold the error bound (`routing.max_error`) and the LLM could not take
+    /// it: Tier-0's answer is outside the bound.
+    RiskBound,
 }
 
 impl DegradeReason {
     /// Every reason.
-    pub const ALL: [DegradeReason; 9] = [
+    pub const ALL: [DegradeReason; 10] = [
         DegradeReason::NoLlm,
         DegradeReason::QueueFull,
         DegradeReason::WorkerDown,
@@ -108,6 +111,7 @@ impl DegradeReason {
         DegradeReason::DeadlineUnreachable,
         DegradeReason::Brownout,
         DegradeReason::BreakerOpen,
+        DegradeReason::RiskBound,
     ];
 
     /// The `x-tiergate-degraded` value and trace attribute.
@@ -122,6 +126,7 @@ impl DegradeReason {
             DegradeReason::DeadlineUnreachable => "deadline_unreachable",
             DegradeReason::Brownout => "brownout",
             DegradeReason::BreakerOpen => "breaker_open",
+            DegradeReason::RiskBound => "risk_bound",
         }
     }
 }

@@ -140,7 +140,10 @@ pub fn grid(order_rows: &[Row], eps: f64) -> Vec<f64> {
             let (n, k) = counts(order_rows, t);
             (i, binomial_cdf(k, n, eps))
         })
-        .fold((0, f64::INFINITY), |best, (i, p)| if p <= best.1 { (i, p) } else { best })
+        .fold(
+            (0, f64::INFINITY),
+            |best, (i, p)| if p <= best.1 { (i, p) } else { best },
+        )
         .0;
     out.split_off(start)
 }
@@ -245,7 +248,10 @@ mod tests {
         assert!((u - (1.0 - 0.05f64.powf(0.01))).abs() < 1e-9, "{u}");
         // Two-sided 95% for 5 of 100: (0.01643, 0.11284) (the Beta quantiles).
         let (lo, hi) = clopper_pearson(5, 100, 0.95);
-        assert!((lo - 0.016_431).abs() < 1e-5 && (hi - 0.112_835).abs() < 1e-5, "{lo} {hi}");
+        assert!(
+            (lo - 0.016_431).abs() < 1e-5 && (hi - 0.112_835).abs() < 1e-5,
+            "{lo} {hi}"
+        );
         assert_eq!(clopper_pearson(0, 0, 0.95), (0.0, 1.0));
         assert_eq!(clopper_pearson(7, 7, 0.95).1, 1.0);
     }
@@ -278,10 +284,18 @@ mod tests {
         }
         // δ · seeds = 40 expected at most; 58 is the 99.8% point of Binomial(400, 0.1).
         assert!(broken <= 58, "the bound broke in {broken} of {seeds}");
-        assert!(naive_broken > 120, "the naive choice broke in only {naive_broken}");
+        assert!(
+            naive_broken > 120,
+            "the naive choice broke in only {naive_broken}"
+        );
         let mean = thetas / f64::from(seeds as u32);
-        eprintln!("bound broken {broken}/{seeds}, naive broken {naive_broken}/{seeds}, mean θ {mean:.3}");
-        assert!(mean > 0.1 && mean < 0.2, "mean θ {mean} (best 0.2): the test has power");
+        eprintln!(
+            "bound broken {broken}/{seeds}, naive broken {naive_broken}/{seeds}, mean θ {mean:.3}"
+        );
+        assert!(
+            mean > 0.1 && mean < 0.2,
+            "mean θ {mean} (best 0.2): the test has power"
+        );
     }
 
     #[test]

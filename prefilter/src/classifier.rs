@@ -29,6 +29,9 @@ pub struct Classifier {
     pub fusion: Option<crate::heads::FittedFusion>,
     /// The fits of cascade stages after the first (`fusion.STAGE.json`), by stage name.
     pub stage_fusions: Vec<(String, crate::heads::FittedFusion)>,
+    /// The held-out labelled rows `mode = "risk"` bounds Tier-0's error with (`calibration.json` in a
+    /// trained head's folder).
+    pub calibration: Option<crate::risk_rows::CalibrationRows>,
     /// The examples with their embeddings, once [`Classifier::ground`] ran: predictions then carry the
     /// query's embedding so the examples nearest it can be shown to a judge.
     pub representatives: Option<std::sync::Arc<crate::grounding::Representatives>>,
@@ -83,6 +86,7 @@ impl Classifier {
                     examples: labels.iter().map(|l| l.examples.clone()).collect(),
                     fusion: None,
                     stage_fusions: Vec::new(),
+                    calibration: None,
                     representatives: None,
                     out_of_scope: None,
                 })
@@ -154,6 +158,7 @@ impl Classifier {
             examples,
             fusion: crate::heads::FittedFusion::load(dir)?,
             stage_fusions: crate::heads::FittedFusion::load_stages(dir)?,
+            calibration: crate::risk_rows::CalibrationRows::load(dir)?,
             representatives: None,
             out_of_scope: crate::out_of_scope::OutOfScope::load(
                 dir,
@@ -186,6 +191,7 @@ impl Classifier {
             examples,
             fusion: None,
             stage_fusions: Vec::new(),
+            calibration: None,
             representatives: None,
             out_of_scope: None,
         })

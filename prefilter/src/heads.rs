@@ -243,6 +243,11 @@ pub struct FittedFusion {
     /// One-sided sign-test p-value of fixed vs broken.
     #[serde(default)]
     pub p_value: f64,
+    /// `rows_fixed`, `rows_broken` and `p_value` are measured on the half of the rows the choice of weight did
+    /// not see; these are the rows that weight fixes and breaks on the half it was chosen on (in-sample).
+    /// Absent in fits made before the split (their figures are in-sample).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chosen_on: Option<(usize, usize)>,
     /// A cascade stage's fit (`fusion.STAGE.json`): the LLMs of the stages before it, in order, whose fused
     /// distribution it fuses with (empty: the first stage, fused with Tier-0's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -311,11 +316,12 @@ impl FittedFusion {
     }
 }
 
-/// Figures measured on the dev split when the head was trained.
+/// Figures measured when the head was trained, on the half of the dev split the temperature was not fitted
+/// on (heads trained before the split: on the whole dev split, in-sample, `temperature_rows` = 0).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DevReport {
-    /// Rows in the dev split.
+    /// Rows measured (the held-out half of the dev split).
     pub n: usize,
     /// Top-1 accuracy.
     pub accuracy: f64,
@@ -323,6 +329,9 @@ pub struct DevReport {
     pub ece_uncalibrated: f64,
     /// Expected calibration error after temperature scaling.
     pub ece: f64,
+    /// Dev rows the temperature was fitted on (the other half).
+    #[serde(default)]
+    pub temperature_rows: usize,
 }
 
 /// Current `head.json` format.

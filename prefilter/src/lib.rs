@@ -16,6 +16,7 @@ pub mod grounding;
 pub mod heads;
 pub mod oos;
 pub mod out_of_scope;
+pub mod risk_rows;
 pub mod runtime;
 pub mod testing;
 pub mod tokenize;

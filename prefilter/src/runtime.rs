@@ -164,6 +164,7 @@ pub struct PrefilterHandle {
     representatives: Option<Arc<crate::grounding::Representatives>>,
     fusion: Option<crate::heads::FittedFusion>,
     stage_fusions: Vec<(String, crate::heads::FittedFusion)>,
+    calibration: Option<Arc<crate::risk_rows::CalibrationRows>>,
     oos: Option<(crate::oos::OosMethod, f32)>,
     capacity: usize,
 }
@@ -186,6 +187,7 @@ impl PrefilterHandle {
             representatives: classifier.representatives.clone(),
             fusion: classifier.fusion.clone(),
             stage_fusions: classifier.stage_fusions.clone(),
+            calibration: classifier.calibration.clone().map(Arc::new),
             oos: classifier
                 .out_of_scope
                 .as_ref()
@@ -258,6 +260,11 @@ impl PrefilterHandle {
             .iter()
             .find(|(s, _)| s == stage)
             .map(|(_, f)| f)
+    }
+
+    /// The head's held-out calibration rows (`calibration.json`), when its folder has them.
+    pub fn calibration(&self) -> Option<&crate::risk_rows::CalibrationRows> {
+        self.calibration.as_deref()
     }
 
     /// The out-of-scope score predictions carry and its fitted (or configured) threshold, when scored.

@@ -37,6 +37,8 @@ pub struct Route {
     pub max_deadline: Duration,
     /// Its cascade of LLM backends (at least one: the first backend by default).
     pub stages: Vec<Stage>,
+    /// Its head's calibration rows and the θ the error bound allows (`routing.max_error`).
+    pub risk: Arc<crate::risk::RouteRisk>,
 }
 
 /// One stage of a route's cascade.
@@ -426,6 +428,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
         if let Some(o) = &out_of_scope {
             tracing::info!(route = %r.name, method = o.method.name(), threshold = o.threshold, "out-of-scope outcome");
         }
+        let risk = Arc::new(crate::risk::RouteRisk::of_head(prefilter.as_ref()));
         routes.insert(
             r.name.clone(),
             Route {
@@ -439,6 +442,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 deadline: r.deadline_ms.map(Duration::from_millis),
                 max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
                 stages,
+                risk,
             },
         );
     }

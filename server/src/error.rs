@@ -57,6 +57,10 @@ pub enum ApiError {
     /// The LLM side cannot serve this request now (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The error bound needs the LLM for this request and it cannot take it (503 `risk_bound`,
+    /// `routing.on_breach = "reject"`).
+    #[error("{0}")]
+    RiskBound(String),
     /// The answer did not come in time (504).
     #[error("{0}")]
     Timeout(String),
@@ -140,6 +144,11 @@ impl ApiError {
                 "server_error",
                 "llm_unavailable",
             ),
+            ApiError::RiskBound(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "risk_bound",
+            ),
             ApiError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout"),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -172,7 +181,7 @@ impl IntoResponse for ApiError {
                 resp.headers_mut().insert("retry-after", v);
             }
         }
-        if matches!(self, ApiError::Unavailable(_)) {
+        if matches!(self, ApiError::Unavailable(_) | ApiError::RiskBound(_)) {
             resp.headers_mut()
                 .insert("retry-after", HeaderValue::from_static("1"));
         }

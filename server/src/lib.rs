@@ -27,6 +27,7 @@ pub mod preflight;
 pub mod priority;
 pub mod product;
 pub mod record;
+pub mod risk;
 pub mod routes;
 pub mod select;
 pub mod serve;

@@ -70,6 +70,14 @@ pub const TENANT_LIMITS_SHARED: &str = "tiergate_tenant_limits_shared";
 /// Reloads of the tenants that failed (the keys in force stayed).
 pub const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failures_total";
 
+/// Escalations the error bound needed that Tier-0 answered (or that were rejected), by route and action
+/// (`degrade`, `reject`); each is logged with its cause.
+pub const RISK_BREACHES_TOTAL: &str = "tiergate_risk_breaches_total";
+/// The θ the error bound allows per route (`routing.max_error` set).
+pub const RISK_THETA: &str = "tiergate_risk_theta_ratio";
+/// The upper confidence bound on the calibration rows' error at that θ, per route.
+pub const RISK_UPPER_BOUND: &str = "tiergate_risk_error_upper_bound_ratio";
+
 /// Tier-0's out-of-scope score per request, on routes with an out-of-scope outcome (what the threshold is
 /// tuned against).
 pub const OOS_SCORE: &str = "tiergate_oos_score";
@@ -169,6 +177,18 @@ fn describe() {
     describe_counter!(
         TENANTS_RELOAD_FAILURES_TOTAL,
         "Tenant reloads that failed (the keys in force stayed)"
+    );
+    describe_counter!(
+        RISK_BREACHES_TOTAL,
+        "Requests the error bound needed the LLM for that it could not take, by route and action"
+    );
+    describe_gauge!(
+        RISK_THETA,
+        "The theta the error bound (routing.max_error) allows, by route"
+    );
+    describe_gauge!(
+        RISK_UPPER_BOUND,
+        "Clopper-Pearson upper bound on the calibration rows' error at the bound's theta, by route"
     );
     describe_histogram!(
         OOS_SCORE,

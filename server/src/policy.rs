@@ -168,6 +168,8 @@ impl Policy {
                 theta
             }
             RoutingMode::Slo => clamp(*live.slo_theta.get_or_insert(c.theta_base)),
+            // The route caps it with the bound's θ (`crate::risk::cap`): the fewest escalations that hold it.
+            RoutingMode::Risk => c.theta_max,
         }
     }
 

@@ -80,6 +80,7 @@ pub async fn run_with(
             .await??,
     );
     reload_tenants_on_sighup(&state);
+    crate::risk::zero_counters(&state.routes);
     let (stop_products, products_stopped) = tokio::sync::watch::channel(false);
     let tasks = start_background(&state, &products, products_stopped);
     if config.server.admin_token.is_none() {

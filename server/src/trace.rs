@@ -138,6 +138,7 @@ pub fn mode_name(m: tiergate_config::RoutingMode) -> &'static str {
         Load => "load",
         Target => "target",
         Slo => "slo",
+        Risk => "risk",
     }
 }
 

@@ -1628,3 +1628,63 @@ async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
         "the failure is in the stream: {body}"
     );
 }
+
+/// The error bound (`routing.max_error`) on a head without calibration rows allows θ = 0: every request must
+/// escalate to hold it. With no LLM to take them, `on_breach` decides: `degrade` answers from Tier-0 flagged
+/// `risk_bound`, `reject` is 503 `risk_bound`; the admin view says why θ is 0; `mode = "risk"` without
+/// `max_error` is refused naming the field; without a bound the same request is Tier-0's, unflagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_bound_escalates_what_it_needs_and_a_breach_degrades_or_rejects() {
+    let r = rig(0, |c| {
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+    });
+    let ask = || post("/v1/chat/completions", chat("classify", "card lost"));
+    let (s, h, _) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        h.get("x-tiergate-degraded").is_none(),
+        "θ = 1: Tier-0 alone"
+    );
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+
+    let (s, _, b) = call(
+        &r.admin,
+        admin("PATCH", Some(json!({"mode": "risk"})), true, None),
+    )
+    .await;
+    let e = assert_openai_error(s, &b, 400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_error"),
+        "{e}"
+    );
+
+    patch_routing(&r, json!({"mode": "risk", "max_error": 0.05})).await;
+    let (s, h, _) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["x-tiergate-degraded"], "risk_bound");
+    assert_eq!(h["x-tiergate-threshold"], "0.0000");
+    let (_, _, b) = call(&r.admin, admin("GET", None, true, None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let risk = &v["risk"]["classify"];
+    assert_eq!(risk["theta"], 0.0, "{v}");
+    assert_eq!(risk["n_calibration"], 0);
+    assert!(risk["note"].as_str().unwrap().contains("too few"), "{risk}");
+
+    patch_routing(&r, json!({"on_breach": "reject"})).await;
+    let (s, h, b) = call(&r.app, ask()).await;
+    let e = assert_openai_error(s, &b, 503);
+    assert_eq!(e["error"]["code"], "risk_bound");
+    assert!(h.get("retry-after").is_some());
+
+    // A forced θ is the operator's own: not capped by the bound.
+    let mut req = ask();
+    force(&mut req, "1");
+    let (s, h, _) = call(&r.app, req).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+    assert!(h.get("x-tiergate-degraded").is_none());
+}

@@ -336,7 +336,7 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
     assert_eq!(changed["version"].as_u64(), Some(v0 + 1));
     let seen = until_2s(&b.admin, stage, |v| v["version"].as_u64() == Some(v0 + 1));
     assert_eq!(seen["theta_base"].as_f64(), Some(0.33));
-    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "1");
+    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "2");
     assert_eq!(routing(&b.admin)["version"].as_u64(), routing_before);
 
     // Written without a format, as the replicas before this one write the routing policy: read as format 1.
@@ -372,7 +372,7 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
             "policy",
             &policy.to_string(),
             "format",
-            "2",
+            "3",
         ],
     );
     std::thread::sleep(Duration::from_millis(800));
@@ -384,7 +384,7 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
             Err(409)
         );
     }
-    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "2");
+    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "3");
     assert_eq!(
         redis_cli(port, &["HGET", key, "version"]),
         (v0 + 3).to_string()

@@ -113,6 +113,29 @@ pub fn evaluate(
     Ok(report)
 }
 
+/// Each row's ambiguity (`1 − max p`, what the router compares with θ) and whether Tier-0's top label is
+/// wrong (a label the head does not know is wrong): the rows `tiergate eval --risk` measures θ on.
+pub fn risk_rows(
+    classifier: Classifier,
+    rows: &[Example],
+    cfg: &PrefilterConfig,
+) -> Result<Vec<tiergate_core::risk::Row>> {
+    if rows.is_empty() {
+        return Err(PrefilterError::InvalidInput("no rows to evaluate".into()));
+    }
+    let handle = PrefilterHandle::start(classifier, cfg)?;
+    let preds = predict_all(&handle, rows, cfg)?;
+    let labels = handle.labels();
+    Ok(preds
+        .iter()
+        .zip(rows)
+        .map(|(p, r)| tiergate_core::risk::Row {
+            ambiguity: (1.0 - f64::from(p.confidence)).clamp(0.0, 1.0),
+            wrong: labels.get(p.label) != Some(&r.label),
+        })
+        .collect())
+}
+
 /// Every row's prediction through the batching thread, with a window of requests in flight so it always has a
 /// full batch to take.
 fn predict_all(

@@ -7,4 +7,5 @@ pub mod data;
 pub mod distill;
 pub mod eval;
 pub mod open_intent;
+pub mod risk;
 pub mod train;

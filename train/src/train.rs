@@ -17,6 +17,7 @@ use tiergate_prefilter::encoder::Encoder;
 use tiergate_prefilter::error::{PrefilterError, Result};
 use tiergate_prefilter::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
 use tiergate_prefilter::out_of_scope::{OosMeta, OutOfScope, OOS_FORMAT};
+use tiergate_prefilter::risk_rows::{CalibrationRows, CALIBRATION_FORMAT};
 use tiergate_prefilter::tokenize::{TextTokenizer, Tokens};
 
 /// Everything `tiergate train` needs.
@@ -199,19 +200,18 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         }
     };
     let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
-    let temperature = fit_temperature(&dev_logits, &y_dev);
+    let halves = DevHalves::of(&y_dev);
+    let temperature = fit_temperature(
+        &halves
+            .fit
+            .iter()
+            .map(|&i| dev_logits[i].clone())
+            .collect::<Vec<_>>(),
+        &halves.fit.iter().map(|&i| y_dev[i]).collect::<Vec<_>>(),
+    );
     let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
-    let correct = cal
-        .iter()
-        .zip(&y_dev)
-        .filter(|(p, &y)| argmax(p).0 == y)
-        .count();
-    let dev = DevReport {
-        n: y_dev.len(),
-        accuracy: correct as f64 / y_dev.len() as f64,
-        ece_uncalibrated: ece(&raw, &y_dev, 15),
-        ece: ece(&cal, &y_dev, 15),
-    };
+    let dev = halves.report(&raw, &cal, &y_dev);
+    let calibration = halves.calibration_rows(&cal, &y_dev, temperature);
     let meta = TrainedHeadMeta {
         format: HEAD_FORMAT,
         labels: labels.clone(),
@@ -223,6 +223,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         examples,
     };
     save_trained(&opts.out, &meta, &head_w, &head_b)?;
+    calibration.save(&opts.out)?;
     // The out-of-scope rows' calibrated distributions (which labels' rows their k-NN searches).
     let oos_probs = match &x_oos {
         Some(x) => {
@@ -261,6 +262,69 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         oos,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The dev split in two halves, every other row of each label: `fit` fits the temperature and orders the
+/// risk grid, `held` (rows neither the head nor the temperature saw) gives the dev figures and the risk
+/// calibration rows. A dev split of one row is both halves (and says so: `temperature_rows` = `n`).
+struct DevHalves {
+    fit: Vec<usize>,
+    held: Vec<usize>,
+}
+
+impl DevHalves {
+    fn of(y: &[usize]) -> Self {
+        let mut seen = std::collections::HashMap::new();
+        let (mut fit, mut held) = (Vec::new(), Vec::new());
+        for (i, label) in y.iter().enumerate() {
+            let k = seen.entry(*label).or_insert(0usize);
+            if *k % 2 == 0 {
+                fit.push(i)
+            } else {
+                held.push(i)
+            }
+            *k += 1;
+        }
+        if held.is_empty() {
+            held.clone_from(&fit);
+        }
+        Self { fit, held }
+    }
+
+    fn report(&self, raw: &[Vec<f32>], cal: &[Vec<f32>], y: &[usize]) -> DevReport {
+        let pick = |v: &[Vec<f32>]| self.held.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
+        let y_held: Vec<usize> = self.held.iter().map(|&i| y[i]).collect();
+        let cal_held = pick(cal);
+        let correct = cal_held
+            .iter()
+            .zip(&y_held)
+            .filter(|(p, &g)| argmax(p).0 == g)
+            .count();
+        DevReport {
+            n: y_held.len(),
+            accuracy: correct as f64 / y_held.len().max(1) as f64,
+            ece_uncalibrated: ece(&pick(raw), &y_held, 15),
+            ece: ece(&cal_held, &y_held, 15),
+            temperature_rows: self.fit.len(),
+        }
+    }
+
+    fn calibration_rows(&self, cal: &[Vec<f32>], y: &[usize], temperature: f64) -> CalibrationRows {
+        let rows = |idx: &[usize]| {
+            idx.iter()
+                .map(|&i| {
+                    let (top, p) = argmax(&cal[i]);
+                    ((1.0 - f64::from(p)).clamp(0.0, 1.0), top != y[i])
+                })
+                .collect()
+        };
+        CalibrationRows {
+            format: CALIBRATION_FORMAT,
+            temperature,
+            ordering: rows(&self.fit),
+            rows: rows(&self.held),
+        }
+    }
 }
 
 /// The top-label k-NN out-of-scope scorer over the training embeddings (`train`: rows, labels, label count), its

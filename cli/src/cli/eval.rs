@@ -61,6 +61,17 @@ pub struct EvalArgs {
     /// With --oos: scores above this are called out of scope (default: the head's fitted threshold).
     #[arg(long)]
     pub oos_threshold: Option<f32>,
+    /// Report the θ `mode = "risk"` chooses on the head's calibration rows (`calibration.json`) for ε = 1%,
+    /// 2%, 5%, 10%, and on these rows the escalated share and the realised error of Tier-0's lone answers.
+    #[arg(long)]
+    pub risk: bool,
+    /// With --risk: the confidence 1 − δ of the bound.
+    #[arg(long, default_value_t = 0.95, requires = "risk")]
+    pub confidence: f64,
+    /// With --risk: also pool the calibration rows with these rows, re-split them this many times (same
+    /// sizes), choose θ each time and count how often the realised error stayed ≤ ε (and the naive choice's).
+    #[arg(long, requires = "risk")]
+    pub coverage: Option<usize>,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
@@ -90,11 +101,98 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
     if args.oos {
         return run_oos(args, &cfg, classifier, &rows);
     }
+    if args.risk {
+        return run_risk(args, &cfg, classifier, &rows);
+    }
     let report = evaluate(classifier, &rows, &opts)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_table(&report, data.skipped);
+    }
+    Ok(())
+}
+
+fn run_risk(
+    args: &EvalArgs,
+    cfg: &tiergate_config::Config,
+    classifier: Classifier,
+    rows: &[tiergate_train::data::Example],
+) -> anyhow::Result<()> {
+    use tiergate_prefilter::risk_rows::CalibrationRows;
+    anyhow::ensure!(
+        args.confidence > 0.0 && args.confidence < 1.0,
+        "--confidence {} must be in (0, 1)",
+        args.confidence
+    );
+    let cal = CalibrationRows::load(&args.classifier)?.with_context(|| {
+        format!(
+            "{} has no {}: train the head with `tiergate train` (checkpoint and few-shot heads have no \
+             calibration rows)",
+            args.classifier.display(),
+            CalibrationRows::FILE
+        )
+    })?;
+    let test = tiergate_train::eval::risk_rows(classifier, rows, &cfg.prefilter)?;
+    let (ordering, calibration) = (cal.ordering_rows(), cal.calibration_rows());
+    let risk = tiergate_train::risk::report(&ordering, &calibration, &test, args.confidence);
+    let coverage: Vec<_> = args.coverage.map_or_else(Vec::new, |n| {
+        tiergate_train::risk::MAX_ERRORS
+            .iter()
+            .map(|&eps| {
+                tiergate_train::risk::coverage(
+                    &ordering,
+                    &calibration,
+                    &test,
+                    eps,
+                    args.confidence,
+                    n,
+                    args.seed,
+                )
+            })
+            .collect()
+    });
+    if args.json {
+        let mut out = serde_json::json!({ "rows": test.len(), "risk": risk });
+        if args.coverage.is_some() {
+            out["coverage"] = serde_json::to_value(&coverage)?;
+        }
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "θ chosen on {} calibration rows at confidence {}; measured on {} rows",
+        calibration.len(),
+        args.confidence,
+        test.len()
+    );
+    println!("max_error  theta   upper_bound  escalated  realised_error");
+    for r in &risk {
+        let realised = r
+            .realised_error
+            .map_or("-".to_string(), |e| format!("{:.2}%", e * 100.0));
+        println!(
+            "{:>8.0}%  {:.4}  {:>10.2}%  {:>8.1}%  {:>14}{}",
+            r.max_error * 100.0,
+            r.theta,
+            r.upper_bound * 100.0,
+            r.escalated_share * 100.0,
+            realised,
+            r.note.map_or(String::new(), |n| format!("  ({n})"))
+        );
+    }
+    for c in &coverage {
+        println!(
+            "coverage ε={:.0}%: held {}/{} (escalated {:.1}%, mean θ {:.3}); naive held {}/{} (escalated {:.1}%)",
+            c.max_error * 100.0,
+            c.held,
+            c.splits,
+            c.escalated_share * 100.0,
+            c.mean_theta,
+            c.naive_held,
+            c.splits,
+            c.naive_escalated_share * 100.0
+        );
     }
     Ok(())
 }

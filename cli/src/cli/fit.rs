@@ -113,8 +113,11 @@ fn report(args: &FitArgs, f: &tiergate_prefilter::heads::FittedFusion, stage: Op
         "fit on {} escalated rows with {}: llm_weight {} llm_temperature {}; accuracy on them: Tier-0 {:.4}, fused {:.4}",
         f.rows, f.llm, f.llm_weight, f.llm_temperature, f.tier0_accuracy, f.fused_accuracy
     );
+    let chosen = f.chosen_on.map_or(String::new(), |(fx, br)| {
+        format!(" on the half it was chosen on: fixes {fx}, breaks {br};")
+    });
     println!(
-        "best on the grid: weight {} temperature {}: fixes {} rows, breaks {} (sign test p = {:.3}; the LLM gets weight only at p <= {})",
+        "best on the grid: weight {} temperature {}:{chosen} on the other half: fixes {} rows, breaks {} (sign test p = {:.3}; the LLM gets weight only at p <= {})",
         f.best_weight, f.best_temperature, f.rows_fixed, f.rows_broken, f.p_value, tiergate_server::fusion::fit::FIT_ALPHA
     );
     if f.llm_weight == 0.0 {

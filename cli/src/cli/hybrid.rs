@@ -423,6 +423,7 @@ pub fn save_fit(
         rows_fixed: fit.fixed,
         rows_broken: fit.broken,
         p_value: fit.p_value,
+        chosen_on: Some(fit.chosen_on),
         after: stage.map(|(_, a)| a.to_vec()).unwrap_or_default(),
     };
     f.save(dir, stage.map(|(s, _)| s))?;

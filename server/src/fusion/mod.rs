@@ -173,6 +173,7 @@ mod tests {
             rows_fixed: 3,
             rows_broken: 1,
             p_value: 0.3,
+            chosen_on: None,
             after: vec!["small (channel)".into()],
         };
         let backend = RerankerConfig {

@@ -62,8 +62,27 @@ fn view(state: &AppState, stage: Option<&crate::policy::Policy>) -> Value {
             json!(state.llm.as_ref().map_or(0, |l| l.client.in_flight())),
         );
         o.insert("version".into(), json!(p.version));
+        if stage.is_none() && p.cfg.max_error.is_some() {
+            o.insert("risk".into(), risk_view(state, &p.cfg, live.theta_eff));
+        }
     }
     v
+}
+
+/// Per route, the error bound's θ, its evidence, and the θ in force once the bound caps the policy's.
+fn risk_view(state: &AppState, cfg: &tiergate_config::RoutingConfig, theta_eff: f64) -> Value {
+    state
+        .routes
+        .iter()
+        .filter(|(_, r)| r.prefilter.is_some())
+        .filter_map(|(name, r)| {
+            let v = r.risk.view(cfg)?;
+            let mut j = serde_json::to_value(&v).ok()?;
+            j["theta_eff"] = json!(crate::risk::cap(theta_eff, Some(v.theta)));
+            Some((name.clone(), j))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// A change of `policy` (stored in the hash `key`) through the shared store: compare-and-set on the version

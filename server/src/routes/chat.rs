@@ -143,6 +143,7 @@ async fn classified(
         if let Some(fused) = reranked {
             final_probs = fused;
         }
+        super::escalate::hold_bound(state, route, &d, &mut meta)?;
         if !meta.forced {
             state
                 .policy

@@ -29,6 +29,8 @@ pub(super) struct Decided {
     /// Tier-0's out-of-scope call (routes with an out-of-scope outcome).
     pub(super) call: Option<Call>,
     pub(super) verdict: Verdict,
+    /// The θ the error bound allows, when one is set (`routing.max_error`) and θ was not forced.
+    pub(super) bound: Option<f64>,
 }
 
 impl Decided {
@@ -63,7 +65,13 @@ pub(super) fn decide(
     let allowed = policy.cfg.allow_header_override;
     let override_theta = crate::auth::threshold_override(state.admin_token(), allowed, headers)?;
     let now = Instant::now();
-    let theta = override_theta.unwrap_or_else(|| state.policy.theta_eff(now));
+    // The error bound caps the policy's θ (a forced θ is the operator's own and is not capped).
+    let bound = override_theta
+        .is_none()
+        .then(|| route.risk.theta(&policy.cfg))
+        .flatten();
+    let theta =
+        override_theta.unwrap_or_else(|| crate::risk::cap(state.policy.theta_eff(now), bound));
     let call = route.out_of_scope.as_ref().map(|o| Call {
         score: pred.oos_score.unwrap_or(1.0 - pred.confidence),
         threshold: policy.cfg.oos_threshold.unwrap_or(o.threshold),
@@ -101,7 +109,45 @@ pub(super) fn decide(
         top,
         call,
         verdict,
+        bound,
     })
+}
+
+/// After an escalation: when Tier-0 answers one whose ambiguity is above the bound's θ (the LLM was full,
+/// shed, broken or late), the bound is breached; `routing.on_breach` degrades (`risk_bound`) or rejects.
+pub(super) fn hold_bound(
+    state: &AppState,
+    route: &Route,
+    d: &Decided,
+    meta: &mut Meta,
+) -> Result<(), ApiError> {
+    let (Some(bound), Some(cause)) = (d.bound, meta.degraded) else {
+        return Ok(());
+    };
+    if meta.tier != Tier::Tier0 || 1.0 - f64::from(d.pred.confidence) <= bound {
+        return Ok(());
+    }
+    let on_breach = state.policy.current().cfg.on_breach;
+    metrics::counter!(m::RISK_BREACHES_TOTAL, "route" => route.name.clone(), "action" => on_breach_name(on_breach)).increment(1);
+    tracing::warn!(route = %route.name, cause = cause.as_str(), "the error bound needed the LLM and it could not take the request");
+    match on_breach {
+        tiergate_config::OnBreach::Degrade => {
+            fall_back(meta, DegradeReason::RiskBound);
+            Ok(())
+        }
+        tiergate_config::OnBreach::Reject => Err(ApiError::RiskBound(format!(
+            "the error bound (routing.max_error) needs the LLM for this request and it cannot take it \
+             now ({}): retry later",
+            cause.as_str()
+        ))),
+    }
+}
+
+fn on_breach_name(o: tiergate_config::OnBreach) -> &'static str {
+    match o {
+        tiergate_config::OnBreach::Degrade => "degrade",
+        tiergate_config::OnBreach::Reject => "reject",
+    }
 }
 
 /// Why a refused submission degrades.

@@ -47,7 +47,14 @@ pub fn refresh_gauges(state: &AppState) {
     metrics::gauge!(m::THETA_EFF).set(view.theta_eff);
     metrics::gauge!(m::UTILIZATION).set(view.utilization);
     metrics::gauge!(m::ESCALATION_SHARE).set(view.escalated_share_60s);
-    metrics::gauge!(m::POLICY_VERSION).set(state.policy.current().version as f64);
+    let policy = state.policy.current();
+    metrics::gauge!(m::POLICY_VERSION).set(policy.version as f64);
+    for (name, route) in state.routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
+        if let Some(v) = route.risk.view(&policy.cfg) {
+            metrics::gauge!(m::RISK_THETA, "route" => name.clone()).set(v.theta);
+            metrics::gauge!(m::RISK_UPPER_BOUND, "route" => name.clone()).set(v.upper_bound);
+        }
+    }
     if let Some(llm) = &state.llm {
         metrics::gauge!(m::QUEUE_DEPTH).set(llm.client.in_flight() as f64);
         let seg = llm.client.segment();

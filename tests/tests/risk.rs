@@ -1,0 +1,195 @@
+//! The error bound end to end on the real MiniLM and the project's own workload: `tiergate train` stores the
+//! held-out calibration rows with the head (no text), `tiergate eval --risk` reports the θ Learn-then-Test
+//! chooses on them (recomputed here from the file with `tiergate_core::risk`) and what it does on the data,
+//! and the server caps a load-raised θ at the same bound: every answer's `x-tiergate-threshold` is the bound's
+//! θ, and requests above it escalate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+use tiergate_core::risk::{choose, Row};
+use tiergate_tests::{binary, minilm_dir, root};
+
+mod common;
+use common::start;
+
+fn rows(v: &Value) -> Vec<Row> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| Row {
+            ambiguity: r[0].as_f64().unwrap(),
+            wrong: r[1].as_bool().unwrap(),
+        })
+        .collect()
+}
+
+#[test]
+fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_with_it() {
+    let work = tempfile::tempdir().unwrap();
+    let data = root().join("bench/workloads/bank24.jsonl");
+    let head = work.path().join("head");
+    let train = Command::new(binary("tiergate"))
+        .args(["train", "--encoder"])
+        .arg(minilm_dir())
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&head)
+        .args(["--dev-fraction", "0.5", "--precision", "f32"])
+        .output()
+        .unwrap();
+    assert!(
+        train.status.success(),
+        "{}",
+        String::from_utf8_lossy(&train.stderr)
+    );
+
+    // The dev split in two halves of each label: the temperature's and the held-out calibration rows.
+    let text = std::fs::read_to_string(head.join("calibration.json")).unwrap();
+    let cal: Value = serde_json::from_str(&text).unwrap();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(head.join("head.json")).unwrap()).unwrap();
+    let (ordering, calibration) = (rows(&cal["ordering"]), rows(&cal["rows"]));
+    assert_eq!(meta["dev"]["n"].as_u64(), Some(calibration.len() as u64));
+    assert_eq!(
+        meta["dev"]["temperature_rows"].as_u64(),
+        Some(ordering.len() as u64)
+    );
+    assert!(
+        ordering.len().abs_diff(calibration.len()) <= 24,
+        "one row per label at most apart"
+    );
+    let first_text = std::fs::read_to_string(&data).unwrap();
+    let first: Value = serde_json::from_str(first_text.lines().next().unwrap()).unwrap();
+    assert!(
+        !text.contains(first["text"].as_str().unwrap()),
+        "no request text"
+    );
+
+    let out = Command::new(binary("tiergate"))
+        .args(["eval", "--classifier"])
+        .arg(&head)
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "--risk",
+            "--confidence",
+            "0.9",
+            "--json",
+            "--coverage",
+            "20",
+        ])
+        .args(["--set", "prefilter.precision=\"f32\""])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let risk = report["risk"].as_array().unwrap();
+    let eps: Vec<f64> = risk
+        .iter()
+        .map(|r| r["max_error"].as_f64().unwrap())
+        .collect();
+    assert_eq!(eps, [0.01, 0.02, 0.05, 0.10]);
+    for r in risk {
+        let want = choose(
+            &ordering,
+            &calibration,
+            r["max_error"].as_f64().unwrap(),
+            0.1,
+        );
+        assert_eq!(r["theta"].as_f64(), Some(want.theta), "{r}");
+        assert_eq!(r["n_calibration"].as_u64(), Some(calibration.len() as u64));
+        assert_eq!(r["confidence"].as_f64(), Some(0.9));
+        if want.theta == 0.0 {
+            assert!(r["note"].is_string(), "θ = 0 says why: {r}");
+        } else {
+            assert!(r["upper_bound"].as_f64().unwrap() <= r["max_error"].as_f64().unwrap());
+        }
+        let share = r["escalated_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{r}");
+    }
+    // 1% on a few dozen rows cannot be shown: θ = 0, escalate everything.
+    assert_eq!(risk[0]["theta"].as_f64(), Some(0.0));
+    assert_eq!(risk[0]["escalated_share"].as_f64(), Some(1.0));
+    assert_eq!(report["coverage"].as_array().unwrap().len(), 4);
+
+    // Served under `load` with the LLM fully busy (θ would be 1): the bound caps θ at the ε = 10% choice.
+    let theta = risk[3]["theta"].as_f64().unwrap();
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "routing.mode=\"load\"",
+        "--set",
+        "routing.theta_base=0.9",
+        "--set",
+        "routing.utilization_source=\"manual\"",
+        "--set",
+        "routing.manual_utilization=1.0",
+        "--set",
+        "routing.max_error=0.1",
+        "--set",
+        "routing.confidence=0.9",
+        "--set",
+        "prefilter.precision=\"f32\"",
+        "--set",
+        &format!(
+            "prefilter.head={{kind=\"trained\", dir=\"{}\"}}",
+            head.display()
+        ),
+    ]);
+    let admin: Value = ureq::get(&format!("{}/admin/routing", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(admin["theta_eff"].as_f64(), Some(1.0), "{admin}");
+    assert_eq!(
+        admin["risk"]["classify"]["theta"].as_f64(),
+        Some(theta),
+        "{admin}"
+    );
+    assert_eq!(admin["risk"]["classify"]["theta_eff"].as_f64(), Some(theta));
+    let (mut escalated, mut alone) = (0, 0);
+    for line in first_text.lines().take(60) {
+        let t: Value = serde_json::from_str(line).unwrap();
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(
+                json!({"model": "classify", "messages": [{"role": "user", "content": t["text"]}]}),
+            )
+            .unwrap();
+        assert_eq!(
+            r.header("x-tiergate-threshold"),
+            Some(format!("{theta:.4}").as_str())
+        );
+        let confidence: f64 = r.header("x-tiergate-confidence").unwrap().parse().unwrap();
+        match r.header("x-tiergate-tier") {
+            Some("llm") => escalated += 1,
+            Some("tier0") => {
+                alone += 1;
+                assert!(
+                    1.0 - confidence <= theta + 1e-4,
+                    "a Tier-0 answer above the bound's θ"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(escalated + alone, 60);
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("tiergate_risk_theta_ratio{route=\"classify\"}"),
+        "{metrics}"
+    );
+}
