@@ -246,7 +246,7 @@ async fn run_line(
     let mut backoff = Duration::from_millis(100);
     let mut preempted = 0;
     loop {
-        let line = BatchLine::new(preempted < MAX_PREEMPTIONS);
+        let line = BatchLine::new(preempted < MAX_PREEMPTIONS).with_alias(batch, &l.custom_id);
         let req = Request::post("/v1/chat/completions")
             .header("content-type", "application/json")
             .header("x-request-id", &request_id)

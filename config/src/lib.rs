@@ -8,6 +8,7 @@ mod backends;
 mod batch;
 mod error;
 mod experiments;
+mod feedback;
 mod load;
 mod models;
 mod prefilter;
@@ -21,6 +22,7 @@ pub use backends::{backends, LlmEntry, DEFAULT_BACKEND};
 pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
+pub use feedback::{FeedbackConfig, FeedbackTrust};
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
 pub use models::{profile_for, profiles, template, ChatTemplate, Formulation, ModelProfile};
 pub use prefilter::{
@@ -70,6 +72,8 @@ pub struct Config {
     /// A keys file with more `[[tenants]]`, read at start and again on SIGHUP or `POST /admin/tenants/reload`
     /// (a file that fails to load keeps the keys in force).
     pub tenants_file: Option<std::path::PathBuf>,
+    /// Decision records, feedback and audits.
+    pub feedback: FeedbackConfig,
 }
 
 impl Config {
@@ -108,6 +112,7 @@ impl Config {
         self.utilization.validate("utilization")?;
         self.policy_store.validate("policy_store")?;
         self.batch.validate("batch")?;
+        self.feedback.validate("feedback")?;
         self.brownout.validate("brownout")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()

@@ -54,6 +54,9 @@ pub struct ServerConfig {
     pub record_escalations: Option<std::path::PathBuf>,
     /// Size of the record file before it rotates to `FILE.1`, bytes.
     pub record_max_bytes: u64,
+    /// Keep the request's text in its decision record (`[feedback]`); off by default: records hold the
+    /// decision, not what users wrote (audited requests keep theirs until labelled).
+    pub record_text: bool,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +80,7 @@ impl Default for ServerConfig {
             trace_sample_ratio: 1.0,
             record_escalations: None,
             record_max_bytes: 64 << 20,
+            record_text: false,
         }
     }
 }
@@ -418,6 +422,9 @@ pub struct RoutingConfig {
     pub confidence: f64,
     /// When a request must escalate to hold the bound and the LLM cannot take it: `degrade` or `reject`.
     pub on_breach: OnBreach,
+    /// Share of the answers Tier-0 gives alone (degraded ones included) kept with their text in the audit
+    /// queue for labelling (`/admin/audits`), drawn at random: an unbiased sample of Tier-0's silent error.
+    pub audit_rate: f64,
 }
 
 impl Default for RoutingConfig {
@@ -438,6 +445,7 @@ impl Default for RoutingConfig {
             max_error: None,
             confidence: 0.95,
             on_breach: OnBreach::Degrade,
+            audit_rate: 0.0,
         }
     }
 }
@@ -461,6 +469,7 @@ impl RoutingConfig {
         "max_error",
         "confidence",
         "on_breach",
+        "audit_rate",
     ];
 
     /// Checks the policy; errors name the field.
@@ -480,6 +489,7 @@ impl RoutingConfig {
         unit("theta_max", self.theta_max)?;
         unit("target_share", self.target_share)?;
         unit("manual_utilization", self.manual_utilization)?;
+        unit("audit_rate", self.audit_rate)?;
         if !(self.k.is_finite() && (-1.0..=1.0).contains(&self.k)) {
             return Err(ConfigError::invalid(
                 format!("{at}.k"),

@@ -36,6 +36,10 @@ pub struct TenantConfig {
     /// Bytes its stored files may take together; `[batch] max_total_bytes` alone when unset.
     #[serde(default)]
     pub max_stored_bytes: Option<u64>,
+    /// `trusted`: its feedback counts as evidence about Tier-0's error; `untrusted` (default): recorded and
+    /// reported apart, never used for the bound.
+    #[serde(default)]
+    pub feedback: crate::FeedbackTrust,
 }
 
 impl TenantConfig {

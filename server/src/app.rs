@@ -39,6 +39,8 @@ pub struct Route {
     pub stages: Vec<Stage>,
     /// Its head's calibration rows and the θ the error bound allows (`routing.max_error`).
     pub risk: Arc<crate::risk::RouteRisk>,
+    /// Its head's version in decision records (a fingerprint of labels and temperature).
+    pub head_version: String,
 }
 
 /// One stage of a route's cascade.
@@ -114,6 +116,8 @@ pub struct AppState {
     pub draining: std::sync::atomic::AtomicBool,
     /// Where escalations are recorded for distillation (`server.record_escalations`).
     pub recorder: Option<crate::record::Recorder>,
+    /// Decision records, feedback and audits (`[feedback]`).
+    pub ledger: Option<Arc<crate::ledger::Ledger>>,
     /// Latency-injection experiments in force.
     pub experiments: crate::experiments::Experiments,
     /// Start time.
@@ -163,6 +167,7 @@ impl AppState {
                     config.server.record_max_bytes,
                 )?),
             },
+            ledger: crate::ledger::open(&config)?,
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
             tenant_figures: Arc::default(),
@@ -429,6 +434,10 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             tracing::info!(route = %r.name, method = o.method.name(), threshold = o.threshold, "out-of-scope outcome");
         }
         let risk = Arc::new(crate::risk::RouteRisk::of_head(prefilter.as_ref()));
+        let head_version = prefilter.as_ref().map_or_else(String::new, |p| {
+            let t = p.calibration().map_or(0.0, |c| c.temperature);
+            crate::ledger::head_version(p.labels(), t)
+        });
         routes.insert(
             r.name.clone(),
             Route {
@@ -443,6 +452,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
                 stages,
                 risk,
+                head_version,
             },
         );
     }

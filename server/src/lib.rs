@@ -17,6 +17,7 @@ pub mod fleet;
 pub mod fusion;
 pub mod history;
 pub mod judge;
+pub mod ledger;
 pub mod llm;
 pub mod metrics;
 pub mod openai;

@@ -78,6 +78,17 @@ pub const RISK_THETA: &str = "tiergate_risk_theta_ratio";
 /// The upper confidence bound on the calibration rows' error at that θ, per route.
 pub const RISK_UPPER_BOUND: &str = "tiergate_risk_error_upper_bound_ratio";
 
+/// Decision records dropped (the writer's queue was full, or the store failed).
+pub const LEDGER_DROPPED_TOTAL: &str = "tiergate_decision_records_dropped_total";
+/// Feedback given, by route, channel, trusted and correct.
+pub const FEEDBACK_TOTAL: &str = "tiergate_feedback_total";
+/// Tier-0's silent error from labelled audits per route: `estimate`, and the 95% interval's `lower`, `upper`.
+pub const SILENT_ERROR: &str = "tiergate_tier0_silent_error_ratio";
+/// Audit items per route and state (`pending`, `labelled`).
+pub const AUDITS: &str = "tiergate_audits";
+/// Accuracy by feedback per route and channel.
+pub const FEEDBACK_ACCURACY: &str = "tiergate_feedback_accuracy_ratio";
+
 /// Tier-0's out-of-scope score per request, on routes with an out-of-scope outcome (what the threshold is
 /// tuned against).
 pub const OOS_SCORE: &str = "tiergate_oos_score";
@@ -189,6 +200,23 @@ fn describe() {
     describe_gauge!(
         RISK_UPPER_BOUND,
         "Clopper-Pearson upper bound on the calibration rows' error at the bound's theta, by route"
+    );
+    describe_counter!(
+        LEDGER_DROPPED_TOTAL,
+        "Decision records dropped: the writer's queue was full or the store failed"
+    );
+    describe_counter!(
+        FEEDBACK_TOTAL,
+        "Feedback given, by route, channel, trusted and correct"
+    );
+    describe_gauge!(
+        SILENT_ERROR,
+        "Tier-0's silent error from labelled audits, by route and bound (estimate, lower, upper of a 95% Clopper-Pearson interval)"
+    );
+    describe_gauge!(AUDITS, "Audit items by route and state (pending, labelled)");
+    describe_gauge!(
+        FEEDBACK_ACCURACY,
+        "Accuracy of the answers by feedback, by route and channel (self-selected: not an estimate of error)"
     );
     describe_histogram!(
         OOS_SCORE,

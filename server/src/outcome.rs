@@ -29,6 +29,12 @@ pub struct Outcome {
     pub out_of_scope: bool,
     /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
     pub oos_score: Option<f32>,
+    /// Tier-0's ambiguity (classified routes).
+    pub ambiguity: Option<f64>,
+    /// Tier-0's top candidates by label (classified routes).
+    pub top: Vec<(String, f32)>,
+    /// The cascade stage (backend) that answered, when an LLM did.
+    pub stage: Option<String>,
 }
 
 impl Outcome {

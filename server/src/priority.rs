@@ -16,6 +16,8 @@ pub struct BatchLine {
     /// An interactive escalation may cancel this line's LLM job (it is run again later); false after a few
     /// preemptions, so a batch always progresses.
     preemptible: bool,
+    /// `batch_id/custom_id`: what feedback on the line may name instead of its completion id.
+    pub alias: Option<Arc<str>>,
 }
 
 impl PartialEq for BatchLine {
@@ -30,7 +32,14 @@ impl BatchLine {
         Self {
             holds_llm: Arc::default(),
             preemptible,
+            alias: None,
         }
+    }
+
+    /// The line `custom_id` of batch `batch`, for feedback that names it.
+    pub fn with_alias(mut self, batch: &str, custom_id: &str) -> Self {
+        self.alias = Some(Arc::from(format!("{batch}/{custom_id}").as_str()));
+        self
     }
 
     /// Its LLM job is running and may be cancelled for an interactive one.

@@ -23,7 +23,7 @@ use crate::policy::Policy;
 
 /// The format this replica writes and reads: the policy as `RoutingConfig`'s JSON (the routing policy's hash and
 /// the stages' have the same shape). 1: the replicas before the error bound; 2 adds `mode = "risk"`,
-/// `max_error`, `confidence` and `on_breach`, which a format-1 replica would refuse to parse.
+/// `max_error`, `confidence`, `on_breach` and `audit_rate`, which a format-1 replica would refuse to parse.
 pub const FORMAT: u64 = 2;
 
 const CAS: &str = r"

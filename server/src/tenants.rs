@@ -162,6 +162,8 @@ pub struct Tenant {
     pub weight: f64,
     /// Its batch quotas.
     pub quotas: Quotas,
+    /// Its feedback counts as evidence (`feedback = "trusted"`).
+    pub trusted_feedback: bool,
 }
 
 /// A tenant's batch quotas (`None`: no quota of its own).
@@ -252,6 +254,7 @@ impl Tenants {
                     max_active_batches: c.max_active_batches,
                     max_stored_bytes: c.max_stored_bytes,
                 },
+                trusted_feedback: c.feedback == tiergate_config::FeedbackTrust::Trusted,
             });
             t.by_digest.insert(digest, tenant.clone());
             t.by_name.insert(c.name.clone(), tenant);

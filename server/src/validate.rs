@@ -62,6 +62,8 @@ pub struct ValidChat {
     pub tenant: crate::tenants::TenantId,
     /// When its budget ends (set by the handler from `x-tiergate-deadline-ms` or the route's default).
     pub deadline: Option<std::time::Instant>,
+    /// The completion id its answer carries (what feedback names).
+    pub id: String,
 }
 
 /// Validates `req` against the route table (`kind_of` maps a route name to its kind).
@@ -123,7 +125,28 @@ pub fn validate(
         batch: None,
         tenant: crate::tenants::TenantId::anonymous(),
         deadline: None,
+        id: completion_id(),
     })
+}
+
+/// A completion id unique across replicas: the time, a per-process random salt and a counter.
+pub fn completion_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static N: AtomicU64 = AtomicU64::new(0);
+    static SALT: OnceLock<u64> = OnceLock::new();
+    let salt = SALT.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    });
+    format!(
+        "chatcmpl-{:x}{:08x}{:06x}",
+        crate::util::unix_now_s(),
+        salt & 0xffff_ffff,
+        N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+    )
 }
 
 /// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last

@@ -1688,3 +1688,275 @@ async fn the_error_bound_escalates_what_it_needs_and_a_breach_degrades_or_reject
     assert_eq!(h["x-tiergate-tier"], "tier0");
     assert!(h.get("x-tiergate-degraded").is_none());
 }
+
+fn tenant_chat(key: &str, text: &str) -> Request<Body> {
+    with_key(
+        post("/v1/chat/completions", chat("classify", text)),
+        Some(&format!("Bearer {key}")),
+    )
+}
+
+async fn give_feedback(r: &Rig, key: &str, body: Value) -> (StatusCode, Value) {
+    let req = with_key(post("/v1/feedback", body), Some(&format!("Bearer {key}")));
+    let (s, _, b) = call(&r.app, req).await;
+    (s, serde_json::from_slice(&b).unwrap())
+}
+
+/// Feedback joins the decision behind an answer: right or wrong from the true label, the first of repeated
+/// feedback stands (and the reply says so), another tenant's answer reads as unknown, and bad input is a 400
+/// naming the field; trusted and untrusted feedback are counted apart. The records live in a SQLite file that
+/// a second server on the same file (a restart) still joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_joins_its_answer_once_for_its_own_tenant_and_survives_a_restart() {
+    let trust = |c: &mut Config| {
+        tenants(c);
+        // Feedback is an API request like any other: tenant a's rate would refuse this test's own.
+        (c.tenants[0].rate_per_s, c.tenants[0].burst) = (None, None);
+        c.tenants[1].feedback = tiergate_config::FeedbackTrust::Trusted;
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+    };
+    let r = rig(0, trust);
+    let (s, _, b) = call(&r.app, tenant_chat("key-b", "card lost")).await;
+    assert_eq!(s, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&b).unwrap();
+    let id = answer["id"].as_str().unwrap().to_string();
+    assert_eq!(answer["choices"][0]["message"]["content"], "card_lost");
+
+    let (s, v) = give_feedback(&r, "key-b", json!({"id": id, "label": "pay_bill"})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            v["correct"].as_bool(),
+            v["trusted"].as_bool(),
+            v["duplicate"].as_bool()
+        ),
+        (Some(false), Some(true), Some(false))
+    );
+    assert_eq!(v["channel"], "tier0");
+    let (s, v) = give_feedback(&r, "key-b", json!({"id": id, "correct": true})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        (v["correct"].as_bool(), v["duplicate"].as_bool()),
+        (Some(false), Some(true)),
+        "the first stands: {v}"
+    );
+    assert!(v["note"].as_str().unwrap().contains("first stands"));
+
+    // Tenant a may not learn of, nor give feedback on, b's answer.
+    let (s, v) = give_feedback(&r, "key-a", json!({"id": id, "correct": true})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    for (body, param) in [
+        (json!({"id": "chatcmpl-none", "correct": true}), None),
+        (json!({"id": id, "label": "no_such_label"}), Some("label")),
+        (
+            json!({"id": id, "label": "pay_bill", "correct": true}),
+            Some("label"),
+        ),
+        (json!({"correct": true}), Some("id")),
+        (json!({"id": id, "correct": "yes"}), None),
+        (json!({"id": id, "rating": 5}), None),
+    ] {
+        let (s, v) = give_feedback(&r, "key-b", body.clone()).await;
+        let want = if body["id"] == "chatcmpl-none" {
+            404
+        } else {
+            400
+        };
+        let e = assert_openai_error(s, v.to_string().as_bytes(), want);
+        if let Some(p) = param {
+            assert_eq!(e["error"]["param"], p, "{body}: {e}");
+        }
+    }
+    // An untrusted tenant's feedback is recorded apart.
+    let (_, _, b) = call(&r.app, tenant_chat("key-a", "card stolen")).await;
+    let id_a = serde_json::from_slice::<Value>(&b).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, v) = give_feedback(&r, "key-a", json!({"id": id_a, "correct": true})).await;
+    assert_eq!(
+        (s, v["trusted"].as_bool()),
+        (StatusCode::OK, Some(false)),
+        "{v}"
+    );
+    let (_, _, b) = call(
+        &r.admin,
+        Request::get("/admin/feedback")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    let sum: Value = serde_json::from_slice(&b).unwrap();
+    let fb = &sum["routes"]["classify"]["feedback"]["tier0"];
+    assert_eq!(
+        (fb["trusted_n"].as_u64(), fb["trusted_correct"].as_u64()),
+        (Some(1), Some(0)),
+        "{sum}"
+    );
+    assert_eq!(
+        (fb["untrusted_n"].as_u64(), fb["untrusted_correct"].as_u64()),
+        (Some(1), Some(1))
+    );
+
+    // A second server on the same file (as after a restart) joins the first one's answers.
+    let path = r.state.config.feedback.path.clone();
+    let again = rig(0, |c| {
+        trust(c);
+        c.feedback.path = path.clone();
+    });
+    let (s, v) = give_feedback(&again, "key-b", json!({"id": id, "correct": true})).await;
+    assert_eq!(
+        (s, v["duplicate"].as_bool()),
+        (StatusCode::OK, Some(true)),
+        "{v}"
+    );
+}
+
+/// `routing.audit_rate = 1`: every label answer Tier-0 gives alone is queued with its text (an escalation the
+/// LLM answered is not); a label closes it (the first stands, the text goes) and the silent error is the
+/// share wrong, with its Clopper–Pearson interval, in `/admin/feedback` and `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audits_sample_tier0_alone_and_their_labels_estimate_its_silent_error() {
+    let r = rig(1, |c| {
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+        c.routing.audit_rate = 1.0;
+    });
+    let admin_req = |method: &str, uri: &str, body: Option<Value>| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+            .unwrap()
+    };
+    for text in ["card lost", "hello hi"] {
+        let (s, _, _) = call(&r.app, post("/v1/chat/completions", chat("classify", text))).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let mut req = post("/v1/chat/completions", chat("classify", "pay bill"));
+    force(&mut req, "0");
+    let (_, h, _) = call(&r.app, req).await;
+    assert_eq!(h["x-tiergate-tier"], "llm");
+    let t = Instant::now();
+    let items = loop {
+        let (_, _, b) = call(
+            &r.admin,
+            admin_req("GET", "/admin/audits?route=classify", None),
+        )
+        .await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        let items = v["data"].as_array().unwrap().clone();
+        if items.len() >= 2 || t.elapsed() > Duration::from_secs(5) {
+            break items;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let texts: Vec<&str> = items.iter().map(|i| i["text"].as_str().unwrap()).collect();
+    assert_eq!(
+        texts,
+        ["card lost", "hello hi"],
+        "the escalated request is not audited"
+    );
+    assert!(items
+        .iter()
+        .all(|i| i["probability"] == 1.0 && i["channel"] == "tier0"));
+
+    let first = items[0]["id"].as_str().unwrap();
+    let second = items[1]["id"].as_str().unwrap();
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{first}"),
+            Some(json!({"label": "card_lost"})),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let (_, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{second}"),
+            Some(json!({"label": "pay_bill"})),
+        ),
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (v["wrong"].as_bool(), v["duplicate"].as_bool()),
+        (Some(true), Some(false)),
+        "{v}"
+    );
+    let (_, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{second}"),
+            Some(json!({"label": "greeting"})),
+        ),
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (v["label"].as_str(), v["duplicate"].as_bool()),
+        (Some("pay_bill"), Some(true)),
+        "{v}"
+    );
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{second}"),
+            Some(json!({"label": "nope"})),
+        ),
+    )
+    .await;
+    assert_openai_error(s, &b, 400);
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            "/admin/audits/unknown",
+            Some(json!({"label": "greeting"})),
+        ),
+    )
+    .await;
+    assert_openai_error(s, &b, 404);
+    let (s, _, b) = call(
+        &r.admin,
+        Request::get("/admin/audits").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_openai_error(s, &b, 401);
+
+    let (_, _, b) = call(&r.admin, admin_req("GET", "/admin/feedback", None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let c = &v["routes"]["classify"];
+    assert_eq!(
+        (
+            c["audits"]["pending"].as_u64(),
+            c["audits"]["labelled"].as_u64(),
+            c["audits"]["wrong"].as_u64()
+        ),
+        (Some(0), Some(2), Some(1)),
+        "{v}"
+    );
+    let e = &c["silent_error"];
+    let (lo, hi) = tiergate_core::risk::clopper_pearson(1, 2, 0.95);
+    assert_eq!(e["estimate"].as_f64(), Some(0.5));
+    assert!(
+        (e["lower"].as_f64().unwrap() - lo).abs() < 1e-9
+            && (e["upper"].as_f64().unwrap() - hi).abs() < 1e-9,
+        "{e}"
+    );
+    let (_, _, b) = call(&r.admin, admin_req("GET", "/admin/audits", None)).await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&b).unwrap()["data"],
+        json!([])
+    );
+}

@@ -59,6 +59,7 @@ pub async fn chat(
         return crate::brownout::mark(e.into_response(), step);
     }
     let route = valid.route.clone();
+    let asked = super::record::Asked::of(&state, &valid);
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let variant = state
         .experiments
@@ -81,6 +82,7 @@ pub async fn chat(
                 .record(started.elapsed().as_secs_f64());
             state.decisions.record(&route, &outcome, started.elapsed());
             state.tenant_figures.answered(&tenant, &outcome);
+            super::record::answered(&state, asked, &outcome);
             resp
         }
         Err(e) => {
@@ -127,6 +129,12 @@ async fn classified(
         ..Meta::default()
     };
     let d = decide(state, route, pred, headers, &mut meta)?;
+    meta.ambiguity = Some(1.0 - f64::from(d.pred.confidence));
+    meta.top = d
+        .top
+        .iter()
+        .filter_map(|(i, p)| Some((prefilter.labels().get(*i)?.clone(), *p)))
+        .collect();
     // Tier-0's answer (a label, or out of scope) is also the degraded fallback.
     let mut final_probs = d.tier0_answer();
     if d.escalate() {

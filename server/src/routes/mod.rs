@@ -2,9 +2,12 @@
 
 pub mod admin;
 mod attempt;
+pub mod audits;
 pub mod chat;
 mod escalate;
+pub mod feedback;
 pub mod ops;
+mod record;
 mod respond;
 
 use std::sync::Arc;
@@ -30,6 +33,7 @@ pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Pro
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/models", get(ops::models))
+        .route("/v1/feedback", post(feedback::feedback))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admission,
@@ -131,6 +135,9 @@ pub fn admin_router_with(
             get(admin::get_experiments).put(admin::put_experiments),
         )
         .route("/admin/tenants", get(admin::get_tenants))
+        .route("/admin/audits", get(audits::list))
+        .route("/admin/audits/{id}", post(audits::label))
+        .route("/admin/feedback", get(audits::summary))
         .route("/admin/tenants/reload", post(admin::reload_tenants))
         .route("/info", get(ops::info))
         .route("/admin/console", get(crate::console::data))

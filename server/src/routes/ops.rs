@@ -49,6 +49,9 @@ pub fn refresh_gauges(state: &AppState) {
     metrics::gauge!(m::ESCALATION_SHARE).set(view.escalated_share_60s);
     let policy = state.policy.current();
     metrics::gauge!(m::POLICY_VERSION).set(policy.version as f64);
+    if let Some(ledger) = &state.ledger {
+        ledger_gauges(&ledger.summary());
+    }
     for (name, route) in state.routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
         if let Some(v) = route.risk.view(&policy.cfg) {
             metrics::gauge!(m::RISK_THETA, "route" => name.clone()).set(v.theta);
@@ -163,4 +166,28 @@ pub async fn info(
                       "backends": state.backend_names, "stages": stages,
                       "stage_fusion": stage_fusion}))
         .into_response()
+}
+
+/// The ledger's gauges: silent error with its interval, audits, feedback accuracy.
+fn ledger_gauges(s: &crate::ledger::Summary) {
+    for (route, r) in &s.routes {
+        metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "pending")
+            .set(r.audits_pending as f64);
+        metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "labelled")
+            .set(r.audits_labelled as f64);
+        if let Some(e) = r.silent_error() {
+            for (bound, v) in [
+                ("estimate", e.estimate),
+                ("lower", e.lower),
+                ("upper", e.upper),
+            ] {
+                metrics::gauge!(m::SILENT_ERROR, "route" => route.clone(), "bound" => bound).set(v);
+            }
+        }
+        for (channel, c) in &r.feedback {
+            if let Some(a) = c.accuracy() {
+                metrics::gauge!(m::FEEDBACK_ACCURACY, "route" => route.clone(), "channel" => channel.clone()).set(a);
+            }
+        }
+    }
 }

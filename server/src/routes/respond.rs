@@ -45,6 +45,10 @@ pub(super) struct Meta {
     pub(super) oos_score: Option<f32>,
     /// The cascade stage (backend) whose answer the client got, when an LLM answered.
     pub(super) stage: Option<String>,
+    /// Tier-0's ambiguity (classified routes).
+    pub(super) ambiguity: Option<f64>,
+    /// Tier-0's top candidates by label (classified routes).
+    pub(super) top: Vec<(String, f32)>,
 }
 
 impl Meta {
@@ -58,6 +62,9 @@ impl Meta {
             label,
             out_of_scope: self.out_of_scope,
             oos_score: self.oos_score,
+            ambiguity: self.ambiguity,
+            top: self.top.clone(),
+            stage: self.stage.clone(),
         }
     }
 
@@ -66,16 +73,6 @@ impl Meta {
     fn model_ms(&self) -> f64 {
         self.infer_ms + self.rerank_ms + self.generation_ms
     }
-}
-
-pub(super) fn completion_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "chatcmpl-{:x}{:06x}",
-        crate::util::unix_now_s(),
-        N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
-    )
 }
 
 pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
@@ -165,7 +162,7 @@ pub(super) fn respond_text(
     usage: Usage,
     meta: Meta,
 ) -> Response {
-    let id = completion_id();
+    let id = v.id.clone();
     let created = crate::util::unix_now_s();
     let mut resp = if v.stream {
         let mut events = vec![
@@ -262,7 +259,7 @@ pub(super) async fn respond_started(
         metrics::histogram!(m::TTFT_SECONDS).record(started.elapsed().as_secs_f64());
     }
     let out = Generation {
-        id: completion_id(),
+        id: v.id.clone(),
         created: crate::util::unix_now_s(),
         route: v.route.clone(),
         extra_prompt_tokens,

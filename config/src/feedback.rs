@@ -1,0 +1,78 @@
+//! `[feedback]`: the decision behind every answer, kept for a window so that clients' feedback and labelled
+//! audits can be joined to it (`POST /v1/feedback`, `/admin/audits`): in a local SQLite file, or in Redis
+//! when the policy store is Redis (every replica then joins feedback that reaches any of them).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+/// The decision records and audits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FeedbackConfig {
+    /// Keep decision records and take feedback (off: `/v1/feedback` and `/admin/audits` answer 404).
+    pub enabled: bool,
+    /// How long a decision stays joinable, seconds (7 days by default).
+    pub window_s: u64,
+    /// Largest size of the kept records together, bytes: past it the oldest go first (SQLite; in Redis the
+    /// window's TTL and Redis's own `maxmemory` bound them).
+    pub max_bytes: u64,
+    /// The SQLite file (used when the policy store is not Redis).
+    pub path: PathBuf,
+    /// Records waiting for the background writer at most; beyond, a record is dropped and counted (the
+    /// response never waits for a write).
+    pub queue: usize,
+}
+
+impl Default for FeedbackConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window_s: 7 * 24 * 3600,
+            max_bytes: 256 << 20,
+            path: PathBuf::from("data/feedback.sqlite"),
+            queue: 10_000,
+        }
+    }
+}
+
+impl FeedbackConfig {
+    /// Checks the section; errors name the field.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if self.window_s == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.window_s"),
+                "must be at least 1",
+            ));
+        }
+        if self.max_bytes < 1 << 16 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_bytes"),
+                "must be at least 65536",
+            ));
+        }
+        if self.queue == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.queue"),
+                "must be at least 1",
+            ));
+        }
+        if self.enabled && self.path.as_os_str().is_empty() {
+            return Err(ConfigError::invalid(format!("{at}.path"), "must be set"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a tenant's feedback may move the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedbackTrust {
+    /// Recorded and reported, never used for the bound (the default).
+    #[default]
+    Untrusted,
+    /// Recorded, reported, and counted as evidence.
+    Trusted,
+}

@@ -1,0 +1,359 @@
+//! The ledger: the decision behind every answer, kept for `[feedback] window_s` so that a client's feedback
+//! (`POST /v1/feedback`) and an operator's audit labels (`/admin/audits`) can be joined to it, and what they
+//! say about Tier-0's silent error. Records are written off the response path: the handler hands a record to
+//! a bounded channel ([`Ledger::record`], never blocking; a full channel drops and counts it) and one
+//! background thread writes them in batches to the store — a local SQLite file ([`sqlite`]), or Redis with a
+//! TTL when the policy store is Redis ([`redis`]), so feedback reaching any replica joins.
+
+pub mod redis;
+pub mod sqlite;
+pub mod summary;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A decision record: what the server decided and answered, without the request's text unless
+/// `server.record_text` is on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The completion id the client got (`chatcmpl-…`).
+    pub id: String,
+    /// `batch_id/custom_id` for a batch line (feedback may name the line instead of the id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// Unix time, milliseconds.
+    pub at_ms: u64,
+    /// The tenant that asked.
+    pub tenant: String,
+    /// The route (`model`).
+    pub route: String,
+    /// `tier0`, `escalated`, `degraded` or `out_of_scope`.
+    pub channel: String,
+    /// The tier whose answer the client got.
+    pub tier: String,
+    /// Why an escalation fell back, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+    /// The cascade stage (backend) that answered, when an LLM did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// The label answered (classified routes; none for a written answer or a generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Tier-0's ambiguity 1 − max p.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ambiguity: Option<f64>,
+    /// Tier-0's top candidates, most likely first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<(String, f32)>,
+    /// θ_eff the decision used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub theta: Option<f64>,
+    /// The routing policy's version.
+    pub policy_version: u64,
+    /// The head's version (a fingerprint of its labels and temperature).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub head: String,
+    /// The request's text (`server.record_text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl Record {
+    /// Tier-0 gave this answer alone (not escalated, or escalated and degraded back to Tier-0).
+    pub fn tier0_alone(&self) -> bool {
+        self.tier == "tier0" && self.label.is_some()
+    }
+}
+
+/// Feedback on one answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Feedback {
+    /// The true label, when the client gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Whether the answer was right (given, or from `label` against the answered label).
+    pub correct: bool,
+    /// The tenant's feedback is trusted (`feedback = "trusted"`).
+    pub trusted: bool,
+    /// Unix time, milliseconds.
+    pub at_ms: u64,
+}
+
+/// An answer drawn for audit, with its text, until it is labelled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditItem {
+    /// The completion id.
+    pub id: String,
+    pub route: String,
+    /// Unix time, milliseconds.
+    pub at_ms: u64,
+    /// The probability it was drawn with (`routing.audit_rate` then).
+    pub probability: f64,
+    /// Tier-0's ambiguity.
+    pub ambiguity: f64,
+    /// The label Tier-0 answered.
+    pub answered: String,
+    /// `tier0` or `degraded`.
+    pub channel: String,
+    /// The request's text (dropped once labelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The true label, once labelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// What the background writer stores.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Decision(Box<Record>),
+    Audit(Box<AuditItem>),
+}
+
+/// A first write, or the one that was there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum First<T> {
+    /// Written now.
+    Written(T),
+    /// Already given: the first stands.
+    Already(T),
+}
+
+/// Per route, what feedback and audits say (see [`summary`]).
+pub use summary::{RouteSummary, Summary};
+
+/// A store failure (logged; the request path never sees one).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self(format!("sqlite: {e}"))
+    }
+}
+
+impl From<::redis::RedisError> for StoreError {
+    fn from(e: ::redis::RedisError) -> Self {
+        Self(format!("redis: {e}"))
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        Self(format!("json: {e}"))
+    }
+}
+
+/// Where records, feedback and audits live. Synchronous: the writer thread and `spawn_blocking` call it.
+pub trait Store: Send + Sync {
+    /// Writes a batch of records and audit items.
+    fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError>;
+    /// The record of completion `id` (or of the batch line `batch_id/custom_id`), unless expired.
+    fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>, StoreError>;
+    /// Feedback on `id`'s record; the first stands.
+    fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError>;
+    /// Audit items waiting for a label, oldest first.
+    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError>;
+    /// One audit item, pending or labelled.
+    fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError>;
+    /// Labels an audit item (its text dropped); the first label stands.
+    fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError>;
+    /// Per route counts of audits and feedback.
+    fn summary(&self, now_ms: u64) -> Result<Summary, StoreError>;
+}
+
+/// The handle: the store and the writer's channel.
+pub struct Ledger {
+    tx: flume::Sender<Entry>,
+    store: Arc<dyn Store>,
+    window_ms: u64,
+    /// The last summary the writer computed (every few seconds), for `/metrics` and the console.
+    summary: Arc<std::sync::Mutex<Summary>>,
+}
+
+/// Unix time, milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Ledger {
+    /// Starts the writer thread over `store`, with `queue` entries waiting at most.
+    pub fn start(store: Arc<dyn Store>, queue: usize, window_s: u64) -> Arc<Self> {
+        let (tx, rx) = flume::bounded::<Entry>(queue);
+        let writer = store.clone();
+        let summary = Arc::new(std::sync::Mutex::new(Summary::default()));
+        let shown = summary.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tiergate-ledger".into())
+            .spawn(move || write_loop(&rx, &*writer, &shown));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the ledger writer: no decision is recorded");
+        }
+        Arc::new(Self {
+            tx,
+            store,
+            window_ms: window_s.saturating_mul(1000),
+            summary,
+        })
+    }
+
+    /// The summary as of the writer's last refresh (at most a few seconds old).
+    pub fn summary(&self) -> Summary {
+        self.summary.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Hands `entry` to the writer without waiting; a full queue drops it (counted).
+    pub fn record(&self, entry: Entry) {
+        if self.tx.try_send(entry).is_err() {
+            metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(1);
+        }
+    }
+
+    /// The store (call it off the async runtime).
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    /// How long a record stays joinable, milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// Records waiting for the writer.
+    pub fn waiting(&self) -> usize {
+        self.tx.len()
+    }
+}
+
+/// How often the writer refreshes the summary.
+const SUMMARY_EVERY: Duration = Duration::from_secs(2);
+
+/// Takes what is waiting (up to 512 entries, or what came within 20 ms of the first) and writes it at once;
+/// refreshes the summary every [`SUMMARY_EVERY`].
+fn write_loop(rx: &flume::Receiver<Entry>, store: &dyn Store, shown: &std::sync::Mutex<Summary>) {
+    let mut refreshed: Option<std::time::Instant> = None;
+    loop {
+        if refreshed.is_none_or(|t| t.elapsed() >= SUMMARY_EVERY) {
+            match store.summary(now_ms()) {
+                Ok(s) => {
+                    if let Ok(mut g) = shown.lock() {
+                        *g = s;
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "ledger summary not refreshed"),
+            }
+            refreshed = Some(std::time::Instant::now());
+        }
+        let first = match rx.recv_timeout(SUMMARY_EVERY) {
+            Ok(e) => e,
+            Err(flume::RecvTimeoutError::Timeout) => continue,
+            Err(flume::RecvTimeoutError::Disconnected) => return,
+        };
+        let mut batch = vec![first];
+        let until = std::time::Instant::now() + Duration::from_millis(20);
+        while batch.len() < 512 {
+            match rx.recv_deadline(until) {
+                Ok(e) => batch.push(e),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = store.put(&batch, now_ms()) {
+            metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(batch.len() as u64);
+            tracing::warn!(error = %e, records = batch.len(), "decision records not written");
+        }
+    }
+}
+
+/// The ledger `config` asks for: none when `[feedback]` is off; in Redis (under the policy store's key) when
+/// the policy store is Redis; else in the local SQLite file.
+pub fn open(config: &tiergate_config::Config) -> anyhow::Result<Option<Arc<Ledger>>> {
+    let f = &config.feedback;
+    if !f.enabled {
+        return Ok(None);
+    }
+    let store: Arc<dyn Store> = match config.policy_store.kind {
+        tiergate_config::StoreKind::Redis => Arc::new(redis::RedisLedger::new(
+            &config.policy_store.url,
+            &config.policy_store.key,
+            f.window_s,
+        )?),
+        tiergate_config::StoreKind::Memory => Arc::new(
+            sqlite::SqliteStore::open(&f.path, f.max_bytes, f.window_s)
+                .map_err(|e| anyhow::anyhow!("feedback.path {}: {e}", f.path.display()))?,
+        ),
+    };
+    Ok(Some(Ledger::start(store, f.queue, f.window_s)))
+}
+
+/// A head's version: FNV-1a of its labels and temperature, hex.
+pub fn head_version(labels: &[String], temperature: f64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: &[u8]| {
+        for x in b {
+            h ^= u64::from(*x);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for l in labels {
+        eat(l.as_bytes());
+        eat(&[0]);
+    }
+    eat(&temperature.to_bits().to_le_bytes());
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn record(id: &str, tenant: &str, at_ms: u64) -> Record {
+        Record {
+            id: id.into(),
+            alias: None,
+            at_ms,
+            tenant: tenant.into(),
+            route: "classify".into(),
+            channel: "tier0".into(),
+            tier: "tier0".into(),
+            degraded: None,
+            stage: None,
+            label: Some("card_lost".into()),
+            ambiguity: Some(0.1),
+            top: vec![("card_lost".into(), 0.9)],
+            theta: Some(0.5),
+            policy_version: 1,
+            head: head_version(&["a".into()], 1.0),
+            text: None,
+        }
+    }
+
+    #[test]
+    fn records_written_through_the_channel_are_joinable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(sqlite::SqliteStore::open(&dir.path().join("f.sqlite"), 1 << 20, 60).unwrap());
+        let ledger = Ledger::start(store, 16, 60);
+        let now = now_ms();
+        ledger.record(Entry::Decision(Box::new(record("chatcmpl-1", "acme", now))));
+        let t = std::time::Instant::now();
+        while ledger
+            .store()
+            .decision("chatcmpl-1", now)
+            .unwrap()
+            .is_none()
+        {
+            assert!(t.elapsed() < Duration::from_secs(5), "not written");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_ne!(
+            head_version(&["a".into()], 1.0),
+            head_version(&["a".into()], 2.0)
+        );
+    }
+}

@@ -1,0 +1,258 @@
+//! The ledger in Redis, under the policy store's key (`{key}:ledger:…`), so that every replica joins feedback
+//! that reaches any of them. Records and pending audits carry the window as their TTL; a labelled audit is
+//! kept (without its text). Feedback and labels are first-write-wins (`SET … NX`). Counts for the summary are
+//! hashes updated with each feedback and label. Synchronous (the writer thread and `spawn_blocking` call it);
+//! with Redis gone, writes fail (counted, logged) and lookups answer 503.
+
+use std::sync::Mutex;
+
+use redis::Commands;
+
+use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
+
+/// The store.
+pub struct RedisLedger {
+    client: redis::Client,
+    conn: Mutex<Option<redis::Connection>>,
+    prefix: String,
+    window_s: u64,
+}
+
+impl RedisLedger {
+    /// A ledger at `url` under `{key}:ledger:`; connects on first use.
+    pub fn new(url: &str, key: &str, window_s: u64) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: redis::Client::open(url)?,
+            conn: Mutex::new(None),
+            prefix: format!("{key}:ledger:"),
+            window_s,
+        })
+    }
+
+    fn k(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    /// Runs `f` on the connection (opened, or opened again after an error).
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            let c = self
+                .client
+                .get_connection_with_timeout(std::time::Duration::from_secs(2))?;
+            *guard = Some(c);
+        }
+        let Some(conn) = guard.as_mut() else {
+            return Err(StoreError("redis: no connection".into()));
+        };
+        let r = f(conn);
+        if r.is_err() {
+            *guard = None;
+        }
+        r
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>, StoreError> {
+    Ok(match v {
+        Some(t) => Some(serde_json::from_str(&t)?),
+        None => None,
+    })
+}
+
+impl Store for RedisLedger {
+    fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError> {
+        let ttl = self.window_s;
+        let expired = now_ms.saturating_sub(ttl * 1000) as f64;
+        self.with(|c| {
+            let mut p = redis::pipe();
+            for e in entries {
+                match e {
+                    Entry::Decision(r) => {
+                        p.set_ex(
+                            self.k(&format!("d:{}", r.id)),
+                            serde_json::to_string(r)?,
+                            ttl,
+                        )
+                        .ignore();
+                        if let Some(a) = &r.alias {
+                            p.set_ex(self.k(&format!("alias:{a}")), &r.id, ttl).ignore();
+                        }
+                        let seen = self.k(&format!("decisions:{}", r.route));
+                        p.zadd(&seen, &r.id, r.at_ms as f64).ignore();
+                        p.zrembyscore(&seen, 0.0, expired).ignore();
+                        p.sadd(self.k("routes"), &r.route).ignore();
+                    }
+                    Entry::Audit(a) => {
+                        p.set_ex(
+                            self.k(&format!("audit:{}", a.id)),
+                            serde_json::to_string(a)?,
+                            ttl,
+                        )
+                        .ignore();
+                        let pending = self.k(&format!("pending:{}", a.route));
+                        p.zadd(&pending, &a.id, a.at_ms as f64).ignore();
+                        p.zrembyscore(&pending, 0.0, expired).ignore();
+                        p.sadd(self.k("routes"), &a.route).ignore();
+                    }
+                }
+            }
+            p.query::<()>(c)?;
+            Ok(())
+        })
+    }
+
+    fn decision(&self, id: &str, _now_ms: u64) -> Result<Option<Record>, StoreError> {
+        self.with(|c| {
+            let direct: Option<String> = c.get(self.k(&format!("d:{id}")))?;
+            if direct.is_some() {
+                return parse(direct);
+            }
+            let via: Option<String> = c.get(self.k(&format!("alias:{id}")))?;
+            match via {
+                Some(real) => parse(c.get(self.k(&format!("d:{real}")))?),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError> {
+        let rec = self
+            .decision(id, 0)?
+            .ok_or_else(|| StoreError(format!("no decision {id}")))?;
+        self.with(|c| {
+            let key = self.k(&format!("fb:{}", rec.id));
+            let set: bool = redis::cmd("SET")
+                .arg(&key)
+                .arg(serde_json::to_string(fb)?)
+                .arg("NX")
+                .arg("EX")
+                .arg(self.window_s)
+                .query::<Option<String>>(c)?
+                .is_some();
+            if !set {
+                let first: Option<Feedback> = parse(c.get(&key)?)?;
+                return first
+                    .map(First::Already)
+                    .ok_or_else(|| StoreError("feedback vanished".into()));
+            }
+            let stats = self.k(&format!("stats:{}", rec.route));
+            let who = if fb.trusted { "t" } else { "u" };
+            let _: () = redis::pipe()
+                .hincr(&stats, format!("fb:{}:{who}:n", rec.channel), 1)
+                .hincr(
+                    &stats,
+                    format!("fb:{}:{who}:correct", rec.channel),
+                    i64::from(fb.correct),
+                )
+                .query(c)?;
+            Ok(First::Written(fb.clone()))
+        })
+    }
+
+    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError> {
+        self.with(|c| {
+            let routes: Vec<String> = match route {
+                Some(r) => vec![r.to_string()],
+                None => c.smembers(self.k("routes"))?,
+            };
+            let mut out: Vec<AuditItem> = Vec::new();
+            for r in routes {
+                let ids: Vec<String> =
+                    c.zrange(self.k(&format!("pending:{r}")), 0, limit as isize)?;
+                for id in ids {
+                    let item: Option<AuditItem> = parse(c.get(self.k(&format!("audit:{id}")))?)?;
+                    match item {
+                        Some(a) if a.label.is_none() => out.push(a),
+                        _ => {
+                            let _: () = c.zrem(self.k(&format!("pending:{r}")), &id)?;
+                        }
+                    }
+                }
+            }
+            out.sort_by_key(|a| a.at_ms);
+            out.truncate(limit);
+            Ok(out)
+        })
+    }
+
+    fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError> {
+        self.with(|c| parse(c.get(self.k(&format!("audit:{id}")))?))
+    }
+
+    fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError> {
+        self.with(|c| {
+            let key = self.k(&format!("audit:{id}"));
+            let item: Option<AuditItem> = parse(c.get(&key)?)?;
+            let Some(mut a) = item else {
+                return Err(StoreError(format!("no audit {id}")));
+            };
+            let set: bool = redis::cmd("SET")
+                .arg(self.k(&format!("label:{id}")))
+                .arg(label)
+                .arg("NX")
+                .query::<Option<String>>(c)?
+                .is_some();
+            if !set {
+                let first: String = c.get(self.k(&format!("label:{id}")))?;
+                return Ok(First::Already(first));
+            }
+            a.label = Some(label.to_string());
+            a.text = None;
+            let stats = self.k(&format!("stats:{}", a.route));
+            let _: () = redis::pipe()
+                .set(&key, serde_json::to_string(&a)?)
+                .zrem(self.k(&format!("pending:{}", a.route)), id)
+                .hincr(&stats, "audits_labelled", 1)
+                .hincr(&stats, "audits_wrong", i64::from(a.answered != label))
+                .query(c)?;
+            Ok(First::Written(label.to_string()))
+        })
+    }
+
+    fn summary(&self, now_ms: u64) -> Result<Summary, StoreError> {
+        let expired = now_ms.saturating_sub(self.window_s * 1000) as f64;
+        self.with(|c| {
+            let mut s = Summary::default();
+            let routes: Vec<String> = c.smembers(self.k("routes"))?;
+            for r in routes {
+                let pending = self.k(&format!("pending:{r}"));
+                let decisions = self.k(&format!("decisions:{r}"));
+                let (_, _, n_pending, n_decisions, stats): (
+                    (),
+                    (),
+                    u64,
+                    u64,
+                    std::collections::HashMap<String, i64>,
+                ) = redis::pipe()
+                    .zrembyscore(&pending, 0.0, expired)
+                    .zrembyscore(&decisions, 0.0, expired)
+                    .zcard(&pending)
+                    .zcard(&decisions)
+                    .hgetall(self.k(&format!("stats:{r}")))
+                    .query(c)?;
+                let e = s.route(&r);
+                e.audits_pending = n_pending;
+                e.decisions = n_decisions;
+                let get = |f: &str| stats.get(f).copied().unwrap_or(0).max(0) as u64;
+                e.audits_labelled = get("audits_labelled");
+                e.audits_wrong = get("audits_wrong");
+                for field in stats.keys().filter(|f| f.ends_with(":n")) {
+                    let mut parts = field.split(':');
+                    let (Some("fb"), Some(ch), Some(who)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        continue;
+                    };
+                    let n = get(field);
+                    let correct = get(&format!("fb:{ch}:{who}:correct"));
+                    e.add_feedback(ch, who == "t", n, correct);
+                }
+            }
+            Ok(s)
+        })
+    }
+}

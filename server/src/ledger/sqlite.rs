@@ -1,0 +1,395 @@
+//! The ledger in one local SQLite file (`[feedback] path`): decisions expire after the window and the oldest
+//! go first past `max_bytes`; labelled audits are kept (without their text) as the evidence they are.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
+
+/// The store.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+    max_bytes: u64,
+    window_ms: u64,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS decisions (
+  id TEXT PRIMARY KEY, alias TEXT, tenant TEXT NOT NULL, route TEXT NOT NULL, channel TEXT NOT NULL,
+  at_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL, bytes INTEGER NOT NULL, record TEXT NOT NULL,
+  feedback TEXT, fb_correct INTEGER, fb_trusted INTEGER, fb_tier0 INTEGER);
+CREATE INDEX IF NOT EXISTS decisions_alias ON decisions(alias);
+CREATE INDEX IF NOT EXISTS decisions_at ON decisions(at_ms);
+CREATE TABLE IF NOT EXISTS audits (
+  id TEXT PRIMARY KEY, route TEXT NOT NULL, at_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
+  item TEXT NOT NULL, label TEXT, wrong INTEGER, ambiguity REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS audits_pending ON audits(route, at_ms) WHERE label IS NULL;
+";
+
+impl SqliteStore {
+    /// Opens (creating) the file and its folder.
+    pub fn open(path: &Path, max_bytes: u64, window_s: u64) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError(format!("{}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path)?;
+        // Several servers may share one file (each waits for the other's write).
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            max_bytes,
+            window_ms: window_s.saturating_mul(1000),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Deletes expired decisions and pending audits, then the oldest decisions while over `max_bytes`.
+fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<(), StoreError> {
+    tx.execute(
+        "DELETE FROM decisions WHERE expires_ms <= ?1",
+        params![now_ms as i64],
+    )?;
+    tx.execute(
+        "DELETE FROM audits WHERE label IS NULL AND expires_ms <= ?1",
+        params![now_ms as i64],
+    )?;
+    let total: i64 = tx.query_row("SELECT COALESCE(SUM(bytes), 0) FROM decisions", [], |r| {
+        r.get(0)
+    })?;
+    if total as u64 > max_bytes {
+        // Down to 90% of the cap, oldest first, so that pruning does not run on every batch.
+        let excess = total - (max_bytes as i64 * 9 / 10);
+        tx.execute(
+            "DELETE FROM decisions WHERE id IN (SELECT id FROM (SELECT id, bytes, \
+             SUM(bytes) OVER (ORDER BY at_ms, id) AS run FROM decisions) WHERE run - bytes < ?1)",
+            params![excess],
+        )?;
+    }
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let expires = (now_ms + self.window_ms) as i64;
+        for e in entries {
+            match e {
+                Entry::Decision(r) => {
+                    let text = serde_json::to_string(r)?;
+                    tx.execute(
+                        "INSERT OR IGNORE INTO decisions (id, alias, tenant, route, channel, at_ms, expires_ms, bytes, record) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        params![r.id, r.alias, r.tenant, r.route, r.channel, r.at_ms as i64, expires, text.len() as i64, text],
+                    )?;
+                }
+                Entry::Audit(a) => {
+                    tx.execute(
+                        "INSERT OR IGNORE INTO audits (id, route, at_ms, expires_ms, item, ambiguity) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![a.id, a.route, a.at_ms as i64, expires, serde_json::to_string(a)?, a.ambiguity],
+                    )?;
+                }
+            }
+        }
+        prune(&tx, now_ms, self.max_bytes)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        let conn = self.conn();
+        let text: Option<String> = conn
+            .query_row(
+                "SELECT record FROM decisions WHERE (id = ?1 OR alias = ?1) AND expires_ms > ?2 LIMIT 1",
+                params![id, now_ms as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(match text {
+            Some(t) => Some(serde_json::from_str(&t)?),
+            None => None,
+        })
+    }
+
+    fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let row: Option<(String, Option<String>)> = tx
+            .query_row(
+                "SELECT record, feedback FROM decisions WHERE id = ?1 OR alias = ?1 LIMIT 1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((record, existing)) = row else {
+            return Err(StoreError(format!("no decision {id}")));
+        };
+        if let Some(e) = existing {
+            return Ok(First::Already(serde_json::from_str(&e)?));
+        }
+        let rec: Record = serde_json::from_str(&record)?;
+        tx.execute(
+            "UPDATE decisions SET feedback = ?2, fb_correct = ?3, fb_trusted = ?4, fb_tier0 = ?5 WHERE id = ?1",
+            params![rec.id, serde_json::to_string(fb)?, fb.correct, fb.trusted, rec.tier0_alone()],
+        )?;
+        tx.commit()?;
+        Ok(First::Written(fb.clone()))
+    }
+
+    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT item FROM audits WHERE label IS NULL AND (?1 IS NULL OR route = ?1) ORDER BY at_ms LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![route, limit as i64], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for t in rows {
+            out.push(serde_json::from_str(&t?)?);
+        }
+        Ok(out)
+    }
+
+    fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError> {
+        let conn = self.conn();
+        let text: Option<String> = conn
+            .query_row("SELECT item FROM audits WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(match text {
+            Some(t) => Some(serde_json::from_str(&t)?),
+            None => None,
+        })
+    }
+
+    fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let item: Option<String> = tx
+            .query_row("SELECT item FROM audits WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let Some(item) = item else {
+            return Err(StoreError(format!("no audit {id}")));
+        };
+        let mut a: AuditItem = serde_json::from_str(&item)?;
+        if let Some(l) = a.label {
+            return Ok(First::Already(l));
+        }
+        a.label = Some(label.to_string());
+        a.text = None;
+        tx.execute(
+            "UPDATE audits SET item = ?2, label = ?3, wrong = ?4 WHERE id = ?1",
+            params![id, serde_json::to_string(&a)?, label, a.answered != label],
+        )?;
+        tx.commit()?;
+        Ok(First::Written(label.to_string()))
+    }
+
+    fn summary(&self, now_ms: u64) -> Result<Summary, StoreError> {
+        let conn = self.conn();
+        let mut s = Summary::default();
+        let mut stmt = conn.prepare(
+            "SELECT route, COUNT(*) FILTER (WHERE label IS NULL AND expires_ms > ?1), \
+             COUNT(label), COALESCE(SUM(wrong), 0) FROM audits GROUP BY route",
+        )?;
+        let rows = stmt.query_map(params![now_ms as i64], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?;
+        for row in rows {
+            let (route, pending, labelled, wrong) = row?;
+            let e = s.route(&route);
+            e.audits_pending = pending as u64;
+            e.audits_labelled = labelled as u64;
+            e.audits_wrong = wrong as u64;
+        }
+        let mut stmt = conn.prepare(
+            "SELECT route, channel, fb_trusted, COUNT(*), COALESCE(SUM(fb_correct), 0) FROM decisions \
+             WHERE feedback IS NOT NULL GROUP BY route, channel, fb_trusted",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, bool>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })?;
+        for row in rows {
+            let (route, channel, trusted, n, correct) = row?;
+            s.route(&route)
+                .add_feedback(&channel, trusted, n as u64, correct as u64);
+        }
+        let mut stmt = conn.prepare(
+            "SELECT route, COUNT(*) FROM decisions WHERE expires_ms > ?1 GROUP BY route",
+        )?;
+        let rows = stmt.query_map(params![now_ms as i64], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+        })?;
+        for row in rows {
+            let (route, n) = row?;
+            s.route(&route).decisions = n as u64;
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::record;
+    use super::*;
+
+    fn store(dir: &Path, max_bytes: u64) -> SqliteStore {
+        SqliteStore::open(&dir.join("ledger/f.sqlite"), max_bytes, 60).unwrap()
+    }
+
+    #[test]
+    fn feedback_joins_once_expires_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20);
+        let t0 = 1_000_000;
+        let mut r = record("chatcmpl-a", "acme", t0);
+        r.alias = Some("batch_1/line-7".into());
+        s.put(&[Entry::Decision(Box::new(r.clone()))], t0).unwrap();
+        assert_eq!(s.decision("chatcmpl-a", t0).unwrap(), Some(r.clone()));
+        assert_eq!(
+            s.decision("batch_1/line-7", t0).unwrap(),
+            Some(r.clone()),
+            "by batch line"
+        );
+        let fb = Feedback {
+            label: Some("card_lost".into()),
+            correct: true,
+            trusted: true,
+            at_ms: t0,
+        };
+        assert_eq!(
+            s.feedback("chatcmpl-a", &fb).unwrap(),
+            First::Written(fb.clone())
+        );
+        let other = Feedback {
+            correct: false,
+            ..fb.clone()
+        };
+        assert_eq!(
+            s.feedback("chatcmpl-a", &other).unwrap(),
+            First::Already(fb.clone()),
+            "the first stands"
+        );
+        drop(s);
+        // A restart keeps records and feedback.
+        let s = store(dir.path(), 1 << 20);
+        assert_eq!(
+            s.feedback("batch_1/line-7", &other).unwrap(),
+            First::Already(fb)
+        );
+        let sum = s.summary(t0).unwrap();
+        let c = &sum.routes["classify"];
+        assert_eq!(
+            (
+                c.decisions,
+                c.feedback["tier0"].trusted_n,
+                c.feedback["tier0"].trusted_correct
+            ),
+            (1, 1, 1)
+        );
+        // Past the window (60 s) it is gone.
+        assert_eq!(s.decision("chatcmpl-a", t0 + 61_000).unwrap(), None);
+    }
+
+    #[test]
+    fn the_oldest_records_go_first_past_the_byte_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 4_000);
+        for i in 0..40u64 {
+            s.put(
+                &[Entry::Decision(Box::new(record(
+                    &format!("c-{i}"),
+                    "t",
+                    1_000 + i,
+                )))],
+                1_000 + i,
+            )
+            .unwrap();
+        }
+        let total: i64 = s
+            .conn()
+            .query_row("SELECT SUM(bytes) FROM decisions", [], |r| r.get(0))
+            .unwrap();
+        assert!(total <= 4_000, "{total}");
+        assert!(
+            s.decision("c-39", 1_040).unwrap().is_some(),
+            "the newest stays"
+        );
+        assert!(
+            s.decision("c-0", 1_040).unwrap().is_none(),
+            "the oldest went"
+        );
+    }
+
+    #[test]
+    fn audits_are_listed_labelled_once_and_lose_their_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20);
+        let item = |id: &str, at: u64| AuditItem {
+            id: id.into(),
+            route: "classify".into(),
+            at_ms: at,
+            probability: 0.5,
+            ambiguity: 0.2,
+            answered: "card_lost".into(),
+            channel: "tier0".into(),
+            text: Some("my card is gone".into()),
+            label: None,
+        };
+        s.put(
+            &[
+                Entry::Audit(Box::new(item("a1", 10))),
+                Entry::Audit(Box::new(item("a2", 20))),
+            ],
+            20,
+        )
+        .unwrap();
+        let p = s.pending(Some("classify"), 10).unwrap();
+        assert_eq!(
+            p.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+            ["a1", "a2"]
+        );
+        assert!(s.pending(Some("other"), 10).unwrap().is_empty());
+        assert_eq!(
+            s.label("a1", "card_stolen").unwrap(),
+            First::Written("card_stolen".into())
+        );
+        assert_eq!(
+            s.label("a1", "card_lost").unwrap(),
+            First::Already("card_stolen".into())
+        );
+        let a = s.audit("a1").unwrap().unwrap();
+        assert_eq!((a.label.as_deref(), a.text), (Some("card_stolen"), None));
+        assert_eq!(s.pending(None, 10).unwrap().len(), 1);
+        let sum = s.summary(20).unwrap();
+        let c = &sum.routes["classify"];
+        assert_eq!(
+            (c.audits_pending, c.audits_labelled, c.audits_wrong),
+            (1, 1, 1)
+        );
+        assert!(s.label("nope", "x").is_err());
+    }
+}

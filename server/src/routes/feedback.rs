@@ -1,0 +1,172 @@
+//! `POST /v1/feedback`: a client says whether an answer was right (`correct`) or what it should have been
+//! (`label`), naming the answer by its completion id (or a batch line by `batch_id` + `custom_id`). A tenant
+//! may only give feedback on its own requests; repeated feedback on one answer is idempotent (the first
+//! stands, and the reply says so). Feedback is self-selected: it is reported per channel, apart from the
+//! labelled audits that estimate Tier-0's silent error, and only trusted tenants' counts as evidence.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::ledger::{now_ms, Feedback, First, Record};
+use crate::tenants::TenantId;
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackRequest {
+    /// The completion id the server returned.
+    pub id: Option<String>,
+    /// A batch line instead: its batch id …
+    pub batch_id: Option<String>,
+    /// … and its `custom_id`.
+    pub custom_id: Option<String>,
+    /// The true label.
+    pub label: Option<String>,
+    /// Whether the answer was right.
+    pub correct: Option<bool>,
+}
+
+/// The key the request names: a completion id, or `batch_id/custom_id`.
+fn key_of(r: &FeedbackRequest) -> Result<String, ApiError> {
+    match (&r.id, &r.batch_id, &r.custom_id) {
+        (Some(id), None, None) if !id.is_empty() => Ok(id.clone()),
+        (None, Some(b), Some(c)) if !b.is_empty() && !c.is_empty() => Ok(format!("{b}/{c}")),
+        _ => Err(ApiError::invalid(
+            "id",
+            "name the answer by `id` (its completion id), or a batch line by `batch_id` and `custom_id`",
+        )),
+    }
+}
+
+/// Whether the answer was right, from `label` (checked against the route's labels) or `correct`.
+fn verdict(state: &AppState, rec: &Record, r: &FeedbackRequest) -> Result<bool, ApiError> {
+    match (&r.label, r.correct) {
+        (Some(label), None) => {
+            let Some(answered) = &rec.label else {
+                return Err(ApiError::invalid(
+                    "label",
+                    "this answer has no label (a written answer or a generation): send `correct`",
+                ));
+            };
+            let route = state.routes.get(&rec.route);
+            let known = route
+                .and_then(|r| r.prefilter.as_ref())
+                .is_some_and(|p| p.labels().iter().any(|l| l == label))
+                || route
+                    .and_then(|r| r.out_of_scope.as_ref())
+                    .is_some_and(|o| &o.label == label);
+            if !known {
+                return Err(ApiError::invalid(
+                    "label",
+                    format!("`{label}` is not a label of route `{}`", rec.route),
+                ));
+            }
+            Ok(answered == label)
+        }
+        (None, Some(c)) => Ok(c),
+        _ => Err(ApiError::invalid(
+            "label",
+            "give exactly one of `label` (the true label) and `correct` (true or false)",
+        )),
+    }
+}
+
+/// The handler.
+pub async fn feedback(
+    State(state): State<Arc<AppState>>,
+    tenant: Option<axum::Extension<TenantId>>,
+    ApiJson(req): ApiJson<FeedbackRequest>,
+) -> Response {
+    match give(&state, tenant.map(|t| t.0), req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn give(
+    state: &Arc<AppState>,
+    tenant: Option<TenantId>,
+    req: FeedbackRequest,
+) -> Result<Response, ApiError> {
+    let ledger = state.ledger.clone().ok_or_else(|| {
+        ApiError::NotFound("feedback is off on this server ([feedback] enabled)".into())
+    })?;
+    let key = key_of(&req)?;
+    let tenant = tenant.unwrap_or_else(TenantId::anonymous);
+    let rec = lookup(&ledger, &key).await?;
+    let missing = || {
+        ApiError::NotFound(format!(
+            "no answer `{key}` of this key within the feedback window ({} s)",
+            ledger.window_ms() / 1000
+        ))
+    };
+    // Another tenant's answer reads as missing: its existence is not this tenant's to learn.
+    let rec = rec.filter(|r| *r.tenant == *tenant.0).ok_or_else(missing)?;
+    let correct = verdict(state, &rec, &req)?;
+    let trusted = state
+        .tenants()
+        .named(&tenant.0)
+        .is_some_and(|t| t.trusted_feedback);
+    let fb = Feedback {
+        label: req.label.clone(),
+        correct,
+        trusted,
+        at_ms: now_ms(),
+    };
+    let store = ledger.store();
+    let id = rec.id.clone();
+    let given = fb.clone();
+    let first = blocking(move || store.feedback(&id, &given)).await?;
+    let (stored, duplicate) = match first {
+        First::Written(f) => (f, false),
+        First::Already(f) => (f, true),
+    };
+    if !duplicate {
+        metrics::counter!(crate::metrics::FEEDBACK_TOTAL, "route" => rec.route.clone(), "channel" => rec.channel.clone(),
+            "trusted" => if trusted { "true" } else { "false" }, "correct" => if correct { "true" } else { "false" })
+        .increment(1);
+    }
+    let mut body = json!({
+        "object": "feedback", "id": rec.id, "route": rec.route, "channel": rec.channel,
+        "answered": rec.label, "label": stored.label, "correct": stored.correct, "trusted": stored.trusted,
+        "duplicate": duplicate,
+    });
+    if duplicate {
+        body["note"] = json!("feedback on this answer was already given: the first stands");
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+/// The record of `key`; while records wait for the writer (an answer a moment old may not be written yet),
+/// looks again for up to 200 ms before saying it is not there.
+async fn lookup(ledger: &crate::ledger::Ledger, key: &str) -> Result<Option<Record>, ApiError> {
+    for attempt in 0..5 {
+        let store = ledger.store();
+        let k = key.to_string();
+        if let Some(r) = blocking(move || store.decision(&k, now_ms())).await? {
+            return Ok(Some(r));
+        }
+        if attempt == 4 || (ledger.waiting() == 0 && attempt > 0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(None)
+}
+
+/// Runs a store call off the async runtime; a store failure is 503.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::ledger::StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Unavailable(format!("the feedback store cannot be reached: {e}")))
+}
