@@ -392,3 +392,97 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
     // The routing policy is unaffected and still changes.
     assert!(patch(&a.admin, json!({"k": 0.2}), None).is_ok());
 }
+
+/// With the policy store in Redis, decision records live there too: an answer from replica A takes feedback
+/// through replica B (the first stands on either), an audit drawn on A is listed and labelled on B, and both
+/// report the same silent error; a record's TTL is the feedback window.
+#[test]
+fn feedback_and_audits_join_across_replicas_through_redis() {
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("policy_store.url=\"redis://127.0.0.1:{port}\"");
+    let args = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        "--set",
+        "routing.audit_rate=1.0",
+        "--set",
+        "feedback.window_s=3600",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let answer: Value = ureq::post(&format!("{}/v1/chat/completions", a.base))
+        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "I lost my card"}]}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let id = answer["id"].as_str().unwrap().to_string();
+    let answered = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let feedback = |base: &str, body: Value| -> Value {
+        match ureq::post(&format!("{base}/v1/feedback")).send_json(body) {
+            Ok(r) => r.into_json().unwrap(),
+            Err(ureq::Error::Status(code, r)) => panic!("{code}: {}", r.into_string().unwrap()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let v = feedback(&b.base, json!({"id": id, "label": answered}));
+    assert_eq!(
+        (v["correct"].as_bool(), v["duplicate"].as_bool()),
+        (Some(true), Some(false)),
+        "{v}"
+    );
+    let v = feedback(&a.base, json!({"id": id, "correct": false}));
+    assert_eq!(
+        (v["correct"].as_bool(), v["duplicate"].as_bool()),
+        (Some(true), Some(true)),
+        "{v}"
+    );
+    let ttl: i64 = redis_cli(port, &["TTL", &format!("tiergate:policy:ledger:d:{id}")])
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 3500 && ttl <= 3600,
+        "the record's TTL is the window: {ttl}"
+    );
+
+    // The audit drawn on A, labelled on B.
+    let items: Value = ureq::get(&format!("{}/admin/audits?route=classify", b.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let item = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{items}"))
+        .clone();
+    assert_eq!(item["text"], "I lost my card");
+    let v: Value = ureq::post(&format!("{}/admin/audits/{id}", b.admin))
+        .send_json(json!({"label": answered}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(v["wrong"].as_bool(), Some(false), "{v}");
+    for s in [&a, &b] {
+        let sum: Value = ureq::get(&format!("{}/admin/feedback", s.admin))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let c = &sum["routes"]["classify"];
+        assert_eq!(c["audits"]["labelled"].as_u64(), Some(1), "{sum}");
+        assert_eq!(c["silent_error"]["estimate"].as_f64(), Some(0.0));
+        assert_eq!(c["feedback"]["tier0"]["n"].as_u64(), Some(1));
+    }
+}

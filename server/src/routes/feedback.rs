@@ -144,19 +144,18 @@ async fn give(
     Ok(axum::Json(body).into_response())
 }
 
-/// The record of `key`; while records wait for the writer (an answer a moment old may not be written yet),
-/// looks again for up to 200 ms before saying it is not there.
+/// The record of `key`. An answer a moment old may not be written yet (its replica's writer batches for up to
+/// 20 ms, and that replica may be another one): look again for up to 250 ms before saying it is not there.
 async fn lookup(ledger: &crate::ledger::Ledger, key: &str) -> Result<Option<Record>, ApiError> {
-    for attempt in 0..5 {
+    for attempt in 0..6 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         let store = ledger.store();
         let k = key.to_string();
         if let Some(r) = blocking(move || store.decision(&k, now_ms())).await? {
             return Ok(Some(r));
         }
-        if attempt == 4 || (ledger.waiting() == 0 && attempt > 0) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     Ok(None)
 }
