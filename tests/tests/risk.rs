@@ -77,7 +77,7 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
         .args([
             "--risk",
             "--confidence",
-            "0.9",
+            "0.8",
             "--json",
             "--coverage",
             "20",
@@ -106,7 +106,7 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
         );
         assert_eq!(r["theta"].as_f64(), Some(want.theta), "{r}");
         assert_eq!(r["n_calibration"].as_u64(), Some(calibration.len() as u64));
-        assert_eq!(r["confidence"].as_f64(), Some(0.9));
+        assert_eq!(r["confidence"].as_f64(), Some(0.8));
         if want.theta == 0.0 {
             assert!(r["note"].is_string(), "θ = 0 says why: {r}");
         } else {
@@ -136,7 +136,7 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
         "--set",
         "routing.max_error=0.1",
         "--set",
-        "routing.confidence=0.9",
+        "routing.confidence=0.8",
         "--set",
         "prefilter.precision=\"f32\"",
         "--set",
@@ -145,11 +145,19 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
             head.display()
         ),
     ]);
-    let admin: Value = ureq::get(&format!("{}/admin/routing", s.admin))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
+    // Until the sampler has read the manual utilisation, θ_eff is θ_base.
+    let t = std::time::Instant::now();
+    let admin = loop {
+        let admin: Value = ureq::get(&format!("{}/admin/routing", s.admin))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        if admin["utilization_in_use"] == "manual" || t.elapsed().as_secs() > 10 {
+            break admin;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(admin["theta_eff"].as_f64(), Some(1.0), "{admin}");
     assert_eq!(
         admin["risk"]["classify"]["theta"].as_f64(),
@@ -183,6 +191,10 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
         }
     }
     assert_eq!(escalated + alone, 60);
+    if theta == 0.0 {
+        // A bound the rows cannot show (a few dozen of them here): every request escalates, none is Tier-0's.
+        assert_eq!(escalated, 60);
+    }
     let metrics = ureq::get(&format!("{}/metrics", s.base))
         .call()
         .unwrap()
