@@ -122,7 +122,30 @@ pub async fn data(
             "route": route, "stage": stage, "theta_eff": p.theta_eff(now), "version": p.current().version,
             "mode": p.current().cfg.mode,
         })).collect::<Vec<_>>(),
+        "quality": quality(&state),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()
+}
+
+/// Per classified route: the ledger's figures (silent error, audits, feedback) and the error bound in force.
+fn quality(state: &AppState) -> Vec<serde_json::Value> {
+    let summary = state
+        .ledger
+        .as_ref()
+        .map(|l| l.summary())
+        .unwrap_or_default();
+    let cfg = state.policy.current().cfg.clone();
+    state
+        .route_order
+        .iter()
+        .filter_map(|name| Some((name, state.routes.get(name)?)))
+        .filter(|(_, r)| r.prefilter.is_some())
+        .map(|(name, r)| {
+            let mut v = summary.routes.get(name).cloned().unwrap_or_default().view();
+            v["route"] = json!(name);
+            v["risk"] = json!(r.risk.view(&cfg));
+            v
+        })
+        .collect()
 }

@@ -13,6 +13,9 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     max_bytes: u64,
     window_ms: u64,
+    /// When expired and over-cap rows were last deleted: at most once a second (the sum over the table is not
+    /// free on every batch).
+    pruned: Mutex<Option<std::time::Instant>>,
 }
 
 const SCHEMA: &str = "
@@ -22,6 +25,7 @@ CREATE TABLE IF NOT EXISTS decisions (
   feedback TEXT, fb_correct INTEGER, fb_trusted INTEGER, fb_tier0 INTEGER);
 CREATE INDEX IF NOT EXISTS decisions_alias ON decisions(alias);
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions(at_ms);
+CREATE INDEX IF NOT EXISTS decisions_expires ON decisions(expires_ms);
 CREATE TABLE IF NOT EXISTS audits (
   id TEXT PRIMARY KEY, route TEXT NOT NULL, at_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
   item TEXT NOT NULL, label TEXT, wrong INTEGER, ambiguity REAL NOT NULL);
@@ -45,6 +49,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             max_bytes,
             window_ms: window_s.saturating_mul(1000),
+            pruned: Mutex::new(None),
         })
     }
 
@@ -101,7 +106,11 @@ impl Store for SqliteStore {
                 }
             }
         }
-        prune(&tx, now_ms, self.max_bytes)?;
+        let mut pruned = self.pruned.lock().unwrap_or_else(|p| p.into_inner());
+        if pruned.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
+            prune(&tx, now_ms, self.max_bytes)?;
+            *pruned = Some(std::time::Instant::now());
+        }
         tx.commit()?;
         Ok(())
     }
@@ -319,6 +328,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path(), 4_000);
         for i in 0..40u64 {
+            // Pruning runs at most once a second; the test asks for it on every batch.
+            *s.pruned.lock().unwrap() = None;
             s.put(
                 &[Entry::Decision(Box::new(record(
                     &format!("c-{i}"),
