@@ -83,7 +83,7 @@ pub async fn label(
             .routes
             .get(&item.route)
             .and_then(|r| r.prefilter.as_ref())
-            .is_some_and(|p| p.labels().iter().any(|l| *l == req.label));
+            .is_some_and(|p| p.labels().contains(&req.label));
         if !known {
             return Err(ApiError::invalid(
                 "label",

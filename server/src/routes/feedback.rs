@@ -58,7 +58,7 @@ fn verdict(state: &AppState, rec: &Record, r: &FeedbackRequest) -> Result<bool, 
             let route = state.routes.get(&rec.route);
             let known = route
                 .and_then(|r| r.prefilter.as_ref())
-                .is_some_and(|p| p.labels().iter().any(|l| l == label))
+                .is_some_and(|p| p.labels().contains(label))
                 || route
                     .and_then(|r| r.out_of_scope.as_ref())
                     .is_some_and(|o| &o.label == label);
