@@ -488,9 +488,18 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
 
     // `mode = "risk"` is a policy like the others: set on A, in force on B (format 2 in the hash).
     let before = routing(&b.admin)["version"].as_u64().unwrap();
-    patch(&a.admin, json!({"mode": "risk", "max_error": 0.05, "on_breach": "reject"}), None).unwrap();
+    patch(
+        &a.admin,
+        json!({"mode": "risk", "max_error": 0.05, "on_breach": "reject"}),
+        None,
+    )
+    .unwrap();
     let v = seen_within_2s(&b.admin, before + 1);
-    assert_eq!((v["mode"].as_str(), v["max_error"].as_f64()), (Some("risk"), Some(0.05)), "{v}");
+    assert_eq!(
+        (v["mode"].as_str(), v["max_error"].as_f64()),
+        (Some("risk"), Some(0.05)),
+        "{v}"
+    );
     assert!(v["risk"]["classify"]["theta"].is_number(), "{v}");
     assert_eq!(redis_cli(port, &["HGET", "tiergate:policy", "format"]), "2");
 }

@@ -110,6 +110,63 @@ const REPRESENTATIVES: usize = 8;
 const TEST_SHARE: f64 = 0.2;
 const DEV_SHARE: f64 = 0.1;
 
+/// The protocol's split of one setting: which labels are known (renumbered `0..n_known`), and the rows.
+pub struct Split {
+    /// Each label's number among the known ones (`None`: unknown).
+    pub known: Vec<Option<usize>>,
+    pub n_known: usize,
+    /// The known labels' train and dev rows, and every label's test rows.
+    pub train: Vec<usize>,
+    pub dev: Vec<usize>,
+    pub test: Vec<usize>,
+}
+
+/// Draws `known_share` of the labels as known and splits each label's rows 70/10/20 (seeded by `rng`, the
+/// same draws [`run`] makes).
+pub fn split(
+    labels: &[usize],
+    n_labels: usize,
+    known_share: f64,
+    rng: &mut rand::rngs::StdRng,
+) -> Split {
+    let mut all: Vec<usize> = (0..n_labels).collect();
+    all.shuffle(rng);
+    let n_known = ((n_labels as f64 * known_share).round() as usize).clamp(2, n_labels);
+    let mut known = vec![None; n_labels];
+    for (new, &old) in all[..n_known].iter().enumerate() {
+        known[old] = Some(new);
+    }
+    let (mut train, mut dev, mut test) = (Vec::new(), Vec::new(), Vec::new());
+    for (l, k) in known.iter().enumerate() {
+        let mut rows: Vec<usize> = (0..labels.len()).filter(|&i| labels[i] == l).collect();
+        rows.shuffle(rng);
+        let n_test = (rows.len() as f64 * TEST_SHARE).round() as usize;
+        let n_dev = (rows.len() as f64 * DEV_SHARE).round() as usize;
+        test.extend(rows[..n_test].iter().copied());
+        if k.is_some() {
+            dev.extend(rows[n_test..n_test + n_dev].iter().copied());
+            train.extend(rows[n_test + n_dev..].iter().copied());
+        }
+    }
+    Split {
+        known,
+        n_known,
+        train,
+        dev,
+        test,
+    }
+}
+
+/// The split of (`known_share`, `seed`) as [`run`] draws it.
+pub fn split_of(labels: &[usize], n_labels: usize, known_share: f64, seed: u64) -> Split {
+    split(
+        labels,
+        n_labels,
+        known_share,
+        &mut rand::rngs::StdRng::seed_from_u64(seed),
+    )
+}
+
 /// Runs the protocol on pooled embeddings `x` (`labels[i]` of `n_labels`): per label, a seeded 70/10/20
 /// train/dev/test split; `known_share` of the labels drawn as known; a frozen head trained and calibrated on
 /// their train and dev rows; each method's threshold fitted on the dev rows for `recall`; figures on the whole
@@ -123,26 +180,13 @@ pub fn run(
     recall: f64,
 ) -> Result<ProtocolRun> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut all: Vec<usize> = (0..n_labels).collect();
-    all.shuffle(&mut rng);
-    let n_known = ((n_labels as f64 * known_share).round() as usize).clamp(2, n_labels);
-    // Known labels are renumbered 0..n_known.
-    let mut known = vec![None; n_labels];
-    for (new, &old) in all[..n_known].iter().enumerate() {
-        known[old] = Some(new);
-    }
-    let (mut train, mut dev, mut test) = (Vec::new(), Vec::new(), Vec::new());
-    for (l, k) in known.iter().enumerate() {
-        let mut rows: Vec<usize> = (0..labels.len()).filter(|&i| labels[i] == l).collect();
-        rows.shuffle(&mut rng);
-        let n_test = (rows.len() as f64 * TEST_SHARE).round() as usize;
-        let n_dev = (rows.len() as f64 * DEV_SHARE).round() as usize;
-        test.extend(rows[..n_test].iter().copied());
-        if k.is_some() {
-            dev.extend(rows[n_test..n_test + n_dev].iter().copied());
-            train.extend(rows[n_test + n_dev..].iter().copied());
-        }
-    }
+    let Split {
+        known,
+        n_known,
+        train,
+        dev,
+        test,
+    } = split(labels, n_labels, known_share, &mut rng);
     let tensor = |rows: &[usize]| -> Result<Tensor> {
         let flat: Vec<f32> = rows.iter().flat_map(|&i| x[i].iter().copied()).collect();
         Ok(Tensor::from_vec(
