@@ -169,6 +169,12 @@ impl Config {
                         ),
                     ));
                 }
+                if let StageConfig::Table(StageTable {
+                    policy: Some(p), ..
+                }) = st
+                {
+                    p.validate_stage(&format!("routes[{i}].stages[{k}].policy"))?;
+                }
                 if st.theta().is_some_and(|t| !(0.0..=1.0).contains(&t))
                     || (k == 0 && st.theta().is_some())
                 {

@@ -523,6 +523,20 @@ impl RoutingConfig {
         self.validate_risk(at)
     }
 
+    /// Checks a cascade stage's policy: the error bound and the audits are about the answers Tier-0 gives
+    /// alone, decided by the routing policy, not by a later stage's.
+    pub fn validate_stage(&self, at: &str) -> Result<(), ConfigError> {
+        self.validate(at)?;
+        if self.mode == RoutingMode::Risk || self.max_error.is_some() || self.audit_rate > 0.0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_error"),
+                "mode \"risk\", max_error and audit_rate belong to the routing policy (Tier-0's lone answers), \
+                 not to a later stage's",
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_risk(&self, at: &str) -> Result<(), ConfigError> {
         let open = |v: f64| v.is_finite() && v > 0.0 && v < 1.0;
         match self.max_error {
@@ -850,6 +864,8 @@ impl StageConfig {
             _ => RoutingConfig {
                 mode: RoutingMode::Static,
                 theta_base: self.theta().unwrap_or(0.0),
+                max_error: None,
+                audit_rate: 0.0,
                 ..global.clone()
             },
         }
@@ -1033,7 +1049,33 @@ impl RerankerConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::{RerankerConfig, RoutingConfig, ServerConfig};
+    use super::{RerankerConfig, RoutingConfig, RoutingMode, ServerConfig};
+
+    #[test]
+    fn the_error_bound_is_checked_and_kept_to_the_routing_policy() {
+        let with = |f: &dyn Fn(&mut RoutingConfig)| {
+            let mut c = RoutingConfig::default();
+            f(&mut c);
+            c
+        };
+        let err = |c: RoutingConfig| c.validate("routing").unwrap_err().to_string();
+        assert!(err(with(&|c| c.mode = RoutingMode::Risk)).contains("routing.max_error"));
+        assert!(err(with(&|c| c.max_error = Some(0.0))).contains("routing.max_error"));
+        assert!(err(with(&|c| c.max_error = Some(1.0))).contains("routing.max_error"));
+        assert!(err(with(&|c| c.confidence = 1.0)).contains("routing.confidence"));
+        assert!(err(with(&|c| c.audit_rate = 1.5)).contains("routing.audit_rate"));
+        let risk = with(&|c| {
+            c.mode = RoutingMode::Risk;
+            c.max_error = Some(0.05);
+        });
+        assert!(risk.validate("routing").is_ok());
+        // A later stage's policy may not carry them.
+        assert!(risk.validate_stage("stage").is_err());
+        assert!(with(&|c| c.audit_rate = 0.1)
+            .validate_stage("stage")
+            .is_err());
+        assert!(RoutingConfig::default().validate_stage("stage").is_ok());
+    }
 
     #[test]
     fn server_and_reranker_sections_refuse_zero_and_unsafe_values() {

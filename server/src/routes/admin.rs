@@ -254,6 +254,13 @@ async fn change(
     let (from, to) = loop {
         let current = policy.current();
         let cfg = merged_policy(&current.cfg, obj)?;
+        if stage.is_some() {
+            cfg.validate_stage("routing")
+                .map_err(|e| ApiError::Invalid {
+                    message: e.to_string(),
+                    param: Some("max_error".into()),
+                })?;
+        }
         let expected = if_match.unwrap_or(current.version);
         let outcome = match &state.store {
             Some(store) => {
