@@ -131,6 +131,7 @@ fn mock() -> (SocketAddr, Mock) {
             "target_share": 0.1, "slo_p95_ms": 4500.0, "utilization_source": "auto",
             "manual_utilization": null, "allow_header_override": true,
             "oos_threshold": null, "oos_margin": 0.0,
+            "max_error": null, "confidence": 0.95, "on_breach": "degrade", "audit_rate": 0.0,
         }))),
         patches: Arc::new(Mutex::new(Vec::new())),
     };
