@@ -154,10 +154,47 @@ fn counts(rows: &[Row], theta: f64) -> (u64, u64) {
         .fold((0, 0), |(n, k), r| (n + 1, k + u64::from(r.wrong)))
 }
 
+/// A labelled audit of live traffic: the row, and the θ in force when it was drawn (only answers with
+/// ambiguity ≤ that θ could be drawn, so it is evidence about hypotheses at or below it only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Audited {
+    pub row: Row,
+    /// θ_eff at the draw.
+    pub drawn_at: f64,
+}
+
+/// Counts for H_θ among audits: those drawn with θ_eff ≥ θ (an i.i.d. sample of the traffic's answers with
+/// ambiguity ≤ θ once restricted to them) with ambiguity ≤ θ.
+fn audit_counts(rows: &[Audited], theta: f64) -> (u64, u64) {
+    rows.iter()
+        .filter(|a| a.drawn_at >= theta && a.row.ambiguity <= theta)
+        .fold((0, 0), |(n, k), a| (n + 1, k + u64::from(a.row.wrong)))
+}
+
 /// Learn-then-Test with fixed-sequence testing: the largest θ on [`grid`] (tested in order, stopping at the
 /// first hypothesis not rejected) for which the error of answers with ambiguity ≤ θ is ≤ `eps` with
 /// confidence `1 − delta`. See the module documentation for the proof.
 pub fn choose(order_rows: &[Row], rows: &[Row], eps: f64, delta: f64) -> Choice {
+    fixed_sequence(order_rows, rows.len() as u64, eps, delta, |t| {
+        counts(rows, t)
+    })
+}
+
+/// [`choose`] on labelled audits of live traffic: the same grid and test, each hypothesis on the audits that
+/// could have been drawn under it ([`Audited`]). Its guarantee is about the traffic the audits sampled.
+pub fn choose_audited(order_rows: &[Row], rows: &[Audited], eps: f64, delta: f64) -> Choice {
+    fixed_sequence(order_rows, rows.len() as u64, eps, delta, |t| {
+        audit_counts(rows, t)
+    })
+}
+
+fn fixed_sequence(
+    order_rows: &[Row],
+    n: u64,
+    eps: f64,
+    delta: f64,
+    counts: impl Fn(f64) -> (u64, u64),
+) -> Choice {
     let mut best = Choice {
         theta: 0.0,
         accepted: 0,
@@ -170,13 +207,12 @@ pub fn choose(order_rows: &[Row], rows: &[Row], eps: f64, delta: f64) -> Choice 
         best.reason = Some("max_error and 1 − confidence must be in (0, 1)");
         return best;
     }
-    let n = rows.len() as u64;
     if n < min_rows(eps, delta) {
         best.reason = Some("too few calibration rows for this max_error and confidence");
         return best;
     }
     for (i, theta) in grid(order_rows, eps).into_iter().enumerate() {
-        let (accepted, errors) = counts(rows, theta);
+        let (accepted, errors) = counts(theta);
         if binomial_cdf(errors, accepted, eps) > delta {
             best.tested = i + 1;
             break;
@@ -296,6 +332,34 @@ mod tests {
             mean > 0.1 && mean < 0.2,
             "mean θ {mean} (best 0.2): the test has power"
         );
+    }
+
+    /// Audits drawn under θ = 0.3 say nothing about θ above it: the choice on them never passes 0.3, and on
+    /// audits of a traffic worse than the calibration rows it is lower.
+    #[test]
+    fn audits_bound_only_the_thetas_they_were_drawn_under() {
+        let mut rng = Rng(11);
+        let order: Vec<Row> = (0..500).map(|_| rng.row()).collect();
+        let drawn = |rng: &mut Rng, worse: bool| -> Vec<Audited> {
+            let mut out = Vec::new();
+            for _ in 0..4000 {
+                let mut r = rng.row();
+                if r.ambiguity > 0.3 {
+                    continue;
+                }
+                // The worse traffic: 5 points more errors at every ambiguity.
+                r.wrong |= worse && rng.uniform() < 0.05;
+                out.push(Audited {
+                    row: r,
+                    drawn_at: 0.3,
+                });
+            }
+            out
+        };
+        let same = choose_audited(&order, &drawn(&mut rng, false), 0.05, 0.1);
+        assert!(same.theta <= 0.3 && same.theta > 0.1, "{same:?}");
+        let worse = choose_audited(&order, &drawn(&mut rng, true), 0.05, 0.1);
+        assert!(worse.theta < same.theta, "{worse:?} vs {same:?}");
     }
 
     #[test]

@@ -132,6 +132,16 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
         worker_program: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
+        Self::build_with(config, metrics, worker_program, None)
+    }
+
+    /// [`AppState::build`] with the durable store of decision records a product provides.
+    pub fn build_with(
+        config: Config,
+        metrics: Option<PrometheusHandle>,
+        worker_program: Option<PathBuf>,
+        ledger_store: Option<Arc<dyn crate::ledger::Store>>,
+    ) -> anyhow::Result<Self> {
         let (routes, order) = build_routes(&config)?;
         let gate = Arc::new(crate::priority::Gate::new(Duration::from_millis(
             config.batch.max_llm_wait_ms,
@@ -167,7 +177,7 @@ impl AppState {
                     config.server.record_max_bytes,
                 )?),
             },
-            ledger: crate::ledger::open(&config)?,
+            ledger: crate::ledger::open(&config, ledger_store)?,
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
             tenant_figures: Arc::default(),

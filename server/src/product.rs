@@ -19,6 +19,15 @@ pub trait Product: Send + Sync {
         axum::Router::new()
     }
 
+    /// The durable store of decision records it provides (the `[feedback]` ledger when the policy store is
+    /// not Redis); none by default.
+    fn ledger_store(
+        &self,
+        _config: &tiergate_config::Config,
+    ) -> anyhow::Result<Option<Arc<dyn crate::ledger::Store>>> {
+        Ok(None)
+    }
+
     /// Starts its background task once the state is built; `stop` turns true after the drain (in-flight
     /// requests have finished), and the server waits a few seconds for the task to end.
     fn start(&self, state: Weak<AppState>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>>;

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 use tiergate_config::{RoutingConfig, RoutingMode};
-use tiergate_core::risk::{choose, Choice, Row};
+use tiergate_core::risk::{choose, choose_audited, min_rows, Audited, Choice, Row};
 use tiergate_prefilter::PrefilterHandle;
 
 /// A route's calibration rows and its cached choice.
@@ -14,7 +14,30 @@ use tiergate_prefilter::PrefilterHandle;
 pub struct RouteRisk {
     ordering: Vec<Row>,
     rows: Vec<Row>,
-    cache: Mutex<Option<((u64, u64), Choice)>>,
+    /// Labelled audits of this route's live traffic within the feedback window (refreshed every few
+    /// seconds from the ledger).
+    audits: Mutex<Vec<Audited>>,
+    cache: Mutex<Option<((u64, u64), Bound)>>,
+}
+
+/// The bound's θ and its two sources of evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bound {
+    /// On the head's calibration rows.
+    pub calibration: Choice,
+    /// On labelled audits of live traffic, once there are enough of them to show anything.
+    pub audits: Option<Choice>,
+    /// Audits it had.
+    pub n_audits: usize,
+}
+
+impl Bound {
+    /// θ in force: the smaller of the two (the audits can only lower it).
+    pub fn theta(&self) -> f64 {
+        self.audits.as_ref().map_or(self.calibration.theta, |a| {
+            a.theta.min(self.calibration.theta)
+        })
+    }
 }
 
 /// What `/admin/routing` and `/info` show of a route's bound.
@@ -24,8 +47,15 @@ pub struct RiskView {
     pub max_error: f64,
     /// 1 − δ.
     pub confidence: f64,
-    /// θ the bound allows (0: every request escalates).
+    /// θ the bound allows (0: every request escalates): the smaller of `theta_calibration` and
+    /// `theta_audits`.
     pub theta: f64,
+    /// θ on the head's calibration rows.
+    pub theta_calibration: f64,
+    /// θ on the labelled audits of live traffic (`None`: too few of them to show anything yet).
+    pub theta_audits: Option<f64>,
+    /// Labelled audits within the feedback window.
+    pub n_audits: usize,
     /// Calibration rows the choice was made on.
     pub n_calibration: usize,
     /// Of them, rows with ambiguity ≤ θ, and their errors.
@@ -44,7 +74,18 @@ impl RouteRisk {
         Self {
             ordering: cal.map(|c| c.ordering_rows()).unwrap_or_default(),
             rows: cal.map(|c| c.calibration_rows()).unwrap_or_default(),
+            audits: Mutex::new(Vec::new()),
             cache: Mutex::new(None),
+        }
+    }
+
+    /// Installs the labelled audits in the window (the cached choice is made again when they changed).
+    pub fn set_audits(&self, audits: Vec<Audited>) {
+        let mut held = self.audits.lock().unwrap_or_else(|p| p.into_inner());
+        if *held != audits {
+            *held = audits;
+            drop(held);
+            *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
     }
 
@@ -53,59 +94,67 @@ impl RouteRisk {
         self.rows.len()
     }
 
-    /// The choice for (`eps`, `confidence`), computed once per pair.
-    pub fn choice(&self, eps: f64, confidence: f64) -> Choice {
+    /// The bound for (`eps`, `confidence`), computed once per pair and set of audits.
+    pub fn choice(&self, eps: f64, confidence: f64) -> Bound {
         let key = (eps.to_bits(), confidence.to_bits());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        match &*cache {
-            Some((k, c)) if *k == key => c.clone(),
-            _ => {
-                let c = choose(&self.ordering, &self.rows, eps, 1.0 - confidence);
-                if c.reason.is_some() {
-                    tracing::warn!(
-                        eps,
-                        confidence,
-                        rows = self.rows.len(),
-                        reason = c.reason,
-                        "risk bound: every request escalates"
-                    );
-                }
-                *cache = Some((key, c.clone()));
-                c
+        if let Some((k, b)) = &*cache {
+            if *k == key {
+                return b.clone();
             }
         }
+        let delta = 1.0 - confidence;
+        let calibration = choose(&self.ordering, &self.rows, eps, delta);
+        let audits = self.audits.lock().map(|a| a.clone()).unwrap_or_default();
+        let live = (audits.len() as u64 >= min_rows(eps, delta))
+            .then(|| choose_audited(&self.ordering, &audits, eps, delta));
+        let b = Bound {
+            calibration,
+            audits: live,
+            n_audits: audits.len(),
+        };
+        if b.theta() == 0.0 {
+            tracing::warn!(
+                eps,
+                confidence,
+                rows = self.rows.len(),
+                audits = b.n_audits,
+                reason = b.calibration.reason,
+                "risk bound: every request escalates"
+            );
+        }
+        *cache = Some((key, b.clone()));
+        b
     }
 
     /// The θ the bound allows under `cfg`, when it sets one (`max_error`).
     pub fn theta(&self, cfg: &RoutingConfig) -> Option<f64> {
-        cfg.max_error.map(|e| self.choice(e, cfg.confidence).theta)
+        cfg.max_error
+            .map(|e| self.choice(e, cfg.confidence).theta())
     }
 
     /// The view of the bound under `cfg`, when it sets one.
     pub fn view(&self, cfg: &RoutingConfig) -> Option<RiskView> {
         let eps = cfg.max_error?;
-        let c = self.choice(eps, cfg.confidence);
+        let b = self.choice(eps, cfg.confidence);
+        let c = &b.calibration;
         Some(RiskView {
             max_error: eps,
             confidence: cfg.confidence,
-            theta: c.theta,
+            theta: b.theta(),
+            theta_calibration: c.theta,
+            theta_audits: b.audits.as_ref().map(|a| a.theta),
+            n_audits: b.n_audits,
             n_calibration: self.rows.len(),
             accepted: c.accepted,
             errors: c.errors,
             upper_bound: c.upper_bound,
-            note: c.reason,
+            note: if b.theta() == 0.0 && c.theta > 0.0 {
+                Some("the labelled audits of live traffic do not show the bound at any θ: every request escalates")
+            } else {
+                c.reason
+            },
         })
-    }
-}
-
-/// Starts each classified route's breach counter at 0 for both actions, so that a rate over it (the alert in
-/// deploy/prometheus/rules.yml) has data before the first breach.
-pub fn zero_counters(routes: &std::collections::HashMap<String, crate::app::Route>) {
-    for (name, _) in routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
-        for action in ["degrade", "reject"] {
-            metrics::counter!(crate::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)
-                .increment(0);
-        }
     }
 }
 
@@ -128,6 +177,7 @@ mod tests {
         RouteRisk {
             ordering: rows.clone(),
             rows,
+            audits: Mutex::new(Vec::new()),
             cache: Mutex::new(None),
         }
     }
@@ -162,6 +212,24 @@ mod tests {
         );
         let v = r.view(&cfg).unwrap();
         assert!(v.upper_bound <= 0.05 && v.note.is_none(), "{v:?}");
+        // Audits of a live traffic that is worse than the calibration rows lower θ; audits agreeing do not
+        // raise it.
+        let worse: Vec<Audited> = (0..2000)
+            .map(|i| Audited {
+                row: Row {
+                    ambiguity: f64::from(i) / 4000.0,
+                    wrong: i % 8 == 0,
+                },
+                drawn_at: t,
+            })
+            .collect();
+        r.set_audits(worse);
+        let v = r.view(&cfg).unwrap();
+        assert!(
+            v.theta < t && v.theta_audits.is_some() && v.n_audits == 2000,
+            "{v:?}"
+        );
+        assert_eq!(v.theta_calibration, t);
         // No max_error: no bound.
         assert_eq!(r.theta(&RoutingConfig::default()), None);
         // A head without calibration rows escalates everything under a bound, and says why.

@@ -76,11 +76,22 @@ pub async fn run_with(
     let admin_addr = admin_listener.local_addr()?;
     let cfg = config.clone();
     let state = Arc::new(
-        tokio::task::spawn_blocking(move || AppState::build(cfg, metrics, worker_program))
-            .await??,
+        tokio::task::spawn_blocking({
+            let products = products.clone();
+            move || {
+                let mut store = None;
+                for p in &products {
+                    if store.is_none() {
+                        store = p.ledger_store(&cfg)?;
+                    }
+                }
+                AppState::build_with(cfg, metrics, worker_program, store)
+            }
+        })
+        .await??,
     );
     reload_tenants_on_sighup(&state);
-    crate::risk::zero_counters(&state.routes);
+    zero_breach_counters(&state.routes);
     let (stop_products, products_stopped) = tokio::sync::watch::channel(false);
     let tasks = start_background(&state, &products, products_stopped);
     if config.server.admin_token.is_none() {
@@ -155,6 +166,10 @@ pub async fn run_with(
     // The products' tasks stop (the batch runner between lines: a line cut short runs again at the next start).
     let _ = stop_products.send(true);
     stop_tasks(tasks).await;
+    // The answers' records still waiting for the writer are written before the process goes.
+    if let Some(ledger) = state.ledger.clone() {
+        let _ = tokio::task::spawn_blocking(move || ledger.drain(Duration::from_secs(5))).await;
+    }
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");
     // Dropping the last state reference stops the supervisor (workers exit) and unlinks the segment.
     tokio::task::spawn_blocking(move || drop(state)).await?;
@@ -169,6 +184,7 @@ fn start_background(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     tokio::spawn(sample_utilization(Arc::downgrade(state)));
+    tokio::spawn(follow_audits(Arc::downgrade(state)));
     if let Some(store) = &state.store {
         tokio::spawn(crate::store::sync_policy(
             store.clone(),
@@ -197,6 +213,57 @@ fn start_background(
         .iter()
         .filter_map(|p| p.start(Arc::downgrade(state), stop.clone()))
         .collect()
+}
+
+/// How often each route's labelled audits are read again from the ledger.
+const AUDITS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps each classified route's audits (labelled within the feedback window) in step with the ledger, so
+/// that the bound follows what the labels say of the live traffic (on any replica, with the Redis ledger).
+async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
+    loop {
+        tokio::time::sleep(AUDITS_EVERY).await;
+        let Some(s) = state.upgrade() else { return };
+        let Some(ledger) = s.ledger.clone() else {
+            return;
+        };
+        let since = crate::ledger::now_ms().saturating_sub(ledger.window_ms());
+        let routes: Vec<String> = s
+            .routes
+            .iter()
+            .filter(|(_, r)| r.prefilter.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        drop(s);
+        for name in routes {
+            let store = ledger.store();
+            let route = name.clone();
+            let read = tokio::task::spawn_blocking(move || store.labelled(&route, since)).await;
+            let Some(s) = state.upgrade() else { return };
+            match read {
+                Ok(Ok(audits)) => {
+                    if let Some(r) = s.routes.get(&name) {
+                        r.risk.set_audits(audits);
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, route = %name, "labelled audits not read")
+                }
+                Err(e) => tracing::debug!(error = %e, "labelled audits not read"),
+            }
+        }
+    }
+}
+
+/// Starts each classified route's breach counter at 0 for both actions, so that a rate over it (the alert in
+/// deploy/prometheus/rules.yml) has data before the first breach.
+fn zero_breach_counters(routes: &std::collections::HashMap<String, crate::app::Route>) {
+    for (name, _) in routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
+        for action in ["degrade", "reject"] {
+            metrics::counter!(crate::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)
+                .increment(0);
+        }
+    }
 }
 
 /// Waits up to 5 s for each stopped task.

@@ -1704,10 +1704,10 @@ async fn give_feedback(r: &Rig, key: &str, body: Value) -> (StatusCode, Value) {
 
 /// Feedback joins the decision behind an answer: right or wrong from the true label, the first of repeated
 /// feedback stands (and the reply says so), another tenant's answer reads as unknown, and bad input is a 400
-/// naming the field; trusted and untrusted feedback are counted apart. The records live in a SQLite file that
-/// a second server on the same file (a restart) still joins.
+/// naming the field; trusted and untrusted feedback are counted apart. (This server keeps its records in
+/// memory; the SQLite ledger's restart is `tests/tests/risk.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn feedback_joins_its_answer_once_for_its_own_tenant_and_survives_a_restart() {
+async fn feedback_joins_its_answer_once_for_its_own_tenant() {
     let trust = |c: &mut Config| {
         tenants(c);
         // Feedback is an API request like any other: tenant a's rate would refuse this test's own.
@@ -1798,19 +1798,6 @@ async fn feedback_joins_its_answer_once_for_its_own_tenant_and_survives_a_restar
     assert_eq!(
         (fb["untrusted_n"].as_u64(), fb["untrusted_correct"].as_u64()),
         (Some(1), Some(1))
-    );
-
-    // A second server on the same file (as after a restart) joins the first one's answers.
-    let path = r.state.config.feedback.path.clone();
-    let again = rig(0, |c| {
-        trust(c);
-        c.feedback.path = path.clone();
-    });
-    let (s, v) = give_feedback(&again, "key-b", json!({"id": id, "correct": true})).await;
-    assert_eq!(
-        (s, v["duplicate"].as_bool()),
-        (StatusCode::OK, Some(true)),
-        "{v}"
     );
 }
 

@@ -205,3 +205,49 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
         "{metrics}"
     );
 }
+
+/// The local ledger is a SQLite file: an answer given just before a shutdown still takes feedback after the
+/// restart (the records waiting for the writer are written before the process goes), the first feedback still
+/// stands after a second restart, and an id from before the window is unknown.
+#[test]
+fn feedback_joins_an_answer_from_before_a_restart() {
+    let work = tempfile::tempdir().unwrap();
+    let path = work.path().join("ledger/feedback.sqlite");
+    let args = [
+        "--set".to_string(),
+        format!("feedback.path=\"{}\"", path.display()),
+        "--set".to_string(),
+        "feedback.window_s=3600".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = start(&args);
+    let answer: Value = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "my card has not arrived"}]}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let id = answer["id"].as_str().unwrap().to_string();
+    drop(s);
+    assert!(path.is_file(), "the ledger is a file");
+    let give = |base: &str, body: Value| -> (u16, Value) {
+        match ureq::post(&format!("{base}/v1/feedback")).send_json(body) {
+            Ok(r) => (r.status(), r.into_json().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let s = start(&args);
+    let (code, v) = give(&s.base, json!({"id": id, "correct": false}));
+    assert_eq!((code, v["duplicate"].as_bool()), (200, Some(false)), "{v}");
+    drop(s);
+    let s = start(&args);
+    let (code, v) = give(&s.base, json!({"id": id, "correct": true}));
+    assert_eq!(
+        (code, v["correct"].as_bool(), v["duplicate"].as_bool()),
+        (200, Some(false), Some(true)),
+        "{v}"
+    );
+    let (code, v) = give(&s.base, json!({"id": "chatcmpl-never", "correct": true}));
+    assert_eq!(code, 404, "{v}");
+    assert_eq!(v["error"]["code"], "not_found");
+}

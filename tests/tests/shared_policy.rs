@@ -502,4 +502,14 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
     );
     assert!(v["risk"]["classify"]["theta"].is_number(), "{v}");
     assert_eq!(redis_cli(port, &["HGET", "tiergate:policy", "format"]), "2");
+    // The audit labelled on B is live evidence for the bound on A too (read from Redis every 2 s).
+    let t = Instant::now();
+    loop {
+        let v = routing(&a.admin);
+        if v["risk"]["classify"]["n_audits"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(6), "{v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -58,7 +58,14 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     assert_eq!(report.oos.method, "knn_top_labels");
     assert_eq!((report.oos.dev_rows, report.oos.dev_oos_rows), (20, 2));
     assert!(report.oos.threshold.is_finite() && report.oos.dev_oos_recall.is_some());
-    assert_eq!(report.dev.n, 20);
+    // The 20 dev rows (5 a label) in two halves of each label: 12 fit the temperature, the other 8 are measured
+    // and stored as the calibration rows of the error bound.
+    assert_eq!((report.dev.n, report.dev.temperature_rows), (8, 12));
+    let cal = tiergate_prefilter::risk_rows::CalibrationRows::load(&out)
+        .unwrap()
+        .unwrap();
+    assert_eq!((cal.rows.len(), cal.ordering.len()), (8, 12));
+    assert!((cal.temperature - report.temperature).abs() < 1e-12);
     assert!(
         report.dev.accuracy >= 0.9,
         "dev accuracy {}",

@@ -66,7 +66,11 @@ pub fn run(
         let result = tiergate_server::serve::run_with(
             cfg,
             worker_program(),
-            vec![std::sync::Arc::new(batch)],
+            // The Batch API, and the durable (SQLite) ledger of decisions that feedback and audits join.
+            vec![
+                std::sync::Arc::new(batch),
+                std::sync::Arc::new(tiergate_feedback::LocalLedger),
+            ],
             tiergate_server::serve::shutdown_signal(),
             Some(tx),
         )

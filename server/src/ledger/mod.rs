@@ -2,11 +2,12 @@
 //! (`POST /v1/feedback`) and an operator's audit labels (`/admin/audits`) can be joined to it, and what they
 //! say about Tier-0's silent error. Records are written off the response path: the handler hands a record to
 //! a bounded channel ([`Ledger::record`], never blocking; a full channel drops and counts it) and one
-//! background thread writes them in batches to the store — a local SQLite file ([`sqlite`]), or Redis with a
-//! TTL when the policy store is Redis ([`redis`]), so feedback reaching any replica joins.
+//! background thread writes them in batches to the store — a local SQLite file (the `tiergate-feedback`
+//! product the `tiergate` binary mounts), or Redis with a TTL when the policy store is Redis ([`redis`]), so
+//! feedback reaching any replica joins; a server built without either keeps them in memory ([`memory`]).
 
+pub mod memory;
 pub mod redis;
-pub mod sqlite;
 pub mod summary;
 
 use std::sync::Arc;
@@ -92,6 +93,9 @@ pub struct AuditItem {
     pub at_ms: u64,
     /// The probability it was drawn with (`routing.audit_rate` then).
     pub probability: f64,
+    /// θ_eff when it was drawn: only answers with ambiguity ≤ it could be drawn.
+    #[serde(default)]
+    pub theta: f64,
     /// Tier-0's ambiguity.
     pub ambiguity: f64,
     /// The label Tier-0 answered.
@@ -130,12 +134,6 @@ pub use summary::{RouteSummary, Summary};
 #[error("{0}")]
 pub struct StoreError(pub String);
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        Self(format!("sqlite: {e}"))
-    }
-}
-
 impl From<::redis::RedisError> for StoreError {
     fn from(e: ::redis::RedisError) -> Self {
         Self(format!("redis: {e}"))
@@ -164,6 +162,12 @@ pub trait Store: Send + Sync {
     fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError>;
     /// Per route counts of audits and feedback.
     fn summary(&self, now_ms: u64) -> Result<Summary, StoreError>;
+    /// Route `route`'s labelled audits drawn since `since_ms`: the live evidence of the error bound.
+    fn labelled(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError>;
 }
 
 /// The handle: the store and the writer's channel.
@@ -173,6 +177,9 @@ pub struct Ledger {
     window_ms: u64,
     /// The last summary the writer computed (every few seconds), for `/metrics` and the console.
     summary: Arc<std::sync::Mutex<Summary>>,
+    /// Entries handed to the writer, and those it has finished with (stored, or failed and counted).
+    sent: std::sync::atomic::AtomicU64,
+    done: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Unix time, milliseconds.
@@ -189,9 +196,11 @@ impl Ledger {
         let writer = store.clone();
         let summary = Arc::new(std::sync::Mutex::new(Summary::default()));
         let shown = summary.clone();
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let flag = done.clone();
         let spawned = std::thread::Builder::new()
             .name("tiergate-ledger".into())
-            .spawn(move || write_loop(&rx, &*writer, &shown));
+            .spawn(move || write_loop(&rx, &*writer, &shown, &flag));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the ledger writer: no decision is recorded");
         }
@@ -200,7 +209,20 @@ impl Ledger {
             store,
             window_ms: window_s.saturating_mul(1000),
             summary,
+            sent: std::sync::atomic::AtomicU64::new(0),
+            done,
         })
+    }
+
+    /// Waits (up to `max`) until every record handed over so far is stored: at shutdown, so that answers
+    /// given just before it can still take feedback after a restart.
+    pub fn drain(&self, max: Duration) {
+        let until = std::time::Instant::now() + max;
+        use std::sync::atomic::Ordering::Acquire;
+        while self.done.load(Acquire) < self.sent.load(Acquire) && std::time::Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// The summary as of the writer's last refresh (at most a few seconds old).
@@ -210,8 +232,11 @@ impl Ledger {
 
     /// Hands `entry` to the writer without waiting; a full queue drops it (counted).
     pub fn record(&self, entry: Entry) {
-        if self.tx.try_send(entry).is_err() {
-            metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(1);
+        match self.tx.try_send(entry) {
+            Ok(()) => {
+                self.sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            Err(_) => metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(1),
         }
     }
 
@@ -236,7 +261,12 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(2);
 
 /// Takes what is waiting (up to 512 entries, or what came within 20 ms of the first) and writes it at once;
 /// refreshes the summary every [`SUMMARY_EVERY`].
-fn write_loop(rx: &flume::Receiver<Entry>, store: &dyn Store, shown: &std::sync::Mutex<Summary>) {
+fn write_loop(
+    rx: &flume::Receiver<Entry>,
+    store: &dyn Store,
+    shown: &std::sync::Mutex<Summary>,
+    done: &std::sync::atomic::AtomicU64,
+) {
     let mut refreshed: Option<std::time::Instant> = None;
     loop {
         if refreshed.is_none_or(|t| t.elapsed() >= SUMMARY_EVERY) {
@@ -267,28 +297,50 @@ fn write_loop(rx: &flume::Receiver<Entry>, store: &dyn Store, shown: &std::sync:
             metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(batch.len() as u64);
             tracing::warn!(error = %e, records = batch.len(), "decision records not written");
         }
+        done.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
 /// The ledger `config` asks for: none when `[feedback]` is off; in Redis (under the policy store's key) when
-/// the policy store is Redis; else in the local SQLite file.
-pub fn open(config: &tiergate_config::Config) -> anyhow::Result<Option<Arc<Ledger>>> {
+/// the policy store is Redis; else in `local` (the SQLite file a product provides), or in memory without one
+/// (not durable: said at start).
+pub fn open(
+    config: &tiergate_config::Config,
+    local: Option<Arc<dyn Store>>,
+) -> anyhow::Result<Option<Arc<Ledger>>> {
     let f = &config.feedback;
     if !f.enabled {
         return Ok(None);
     }
-    let store: Arc<dyn Store> = match config.policy_store.kind {
-        tiergate_config::StoreKind::Redis => Arc::new(redis::RedisLedger::new(
+    let store: Arc<dyn Store> = match (config.policy_store.kind, local) {
+        (tiergate_config::StoreKind::Redis, _) => Arc::new(redis::RedisLedger::new(
             &config.policy_store.url,
             &config.policy_store.key,
             f.window_s,
         )?),
-        tiergate_config::StoreKind::Memory => Arc::new(
-            sqlite::SqliteStore::open(&f.path, f.max_bytes, f.window_s)
-                .map_err(|e| anyhow::anyhow!("feedback.path {}: {e}", f.path.display()))?,
-        ),
+        (tiergate_config::StoreKind::Memory, Some(store)) => store,
+        (tiergate_config::StoreKind::Memory, None) => {
+            tracing::info!(
+                "decision records kept in memory (no durable ledger mounted): lost at exit"
+            );
+            Arc::new(memory::MemoryStore::new(f.max_bytes, f.window_s))
+        }
     };
     Ok(Some(Ledger::start(store, f.queue, f.window_s)))
+}
+
+impl AuditItem {
+    /// As evidence for the bound, once labelled.
+    pub fn audited(&self) -> Option<tiergate_core::risk::Audited> {
+        let label = self.label.as_ref()?;
+        Some(tiergate_core::risk::Audited {
+            row: tiergate_core::risk::Row {
+                ambiguity: self.ambiguity,
+                wrong: *label != self.answered,
+            },
+            drawn_at: self.theta,
+        })
+    }
 }
 
 /// A head's version: FNV-1a of its labels and temperature, hex.
@@ -335,9 +387,7 @@ mod tests {
 
     #[test]
     fn records_written_through_the_channel_are_joinable() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> =
-            Arc::new(sqlite::SqliteStore::open(&dir.path().join("f.sqlite"), 1 << 20, 60).unwrap());
+        let store: Arc<dyn Store> = Arc::new(memory::MemoryStore::new(1 << 20, 60));
         let ledger = Ledger::start(store, 16, 60);
         let now = now_ms();
         ledger.record(Entry::Decision(Box::new(record("chatcmpl-1", "acme", now))));

@@ -64,6 +64,24 @@ fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>,
 }
 
 impl Store for RedisLedger {
+    fn labelled(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        self.with(|c| {
+            let key = self.k(&format!("labelled:{route}"));
+            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0)?;
+            let items: Vec<String> = c.zrange(&key, 0, -1)?;
+            let mut out = Vec::new();
+            for t in items {
+                let item: AuditItem = serde_json::from_str(&t)?;
+                out.extend(item.audited());
+            }
+            Ok(out)
+        })
+    }
+
     fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError> {
         let ttl = self.window_s;
         let expired = now_ms.saturating_sub(ttl * 1000) as f64;
@@ -203,8 +221,14 @@ impl Store for RedisLedger {
             a.label = Some(label.to_string());
             a.text = None;
             let stats = self.k(&format!("stats:{}", a.route));
+            let labelled = serde_json::to_string(&a)?;
             let _: () = redis::pipe()
-                .set(&key, serde_json::to_string(&a)?)
+                .set(&key, &labelled)
+                .zadd(
+                    self.k(&format!("labelled:{}", a.route)),
+                    &labelled,
+                    a.at_ms as f64,
+                )
                 .zrem(self.k(&format!("pending:{}", a.route)), id)
                 .hincr(&stats, "audits_labelled", 1)
                 .hincr(&stats, "audits_wrong", i64::from(a.answered != label))

@@ -74,6 +74,7 @@ pub(super) fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
             route: rec.route.clone(),
             at_ms: rec.at_ms,
             probability: rate,
+            theta: o.threshold.unwrap_or(0.0),
             ambiguity: rec.ambiguity.unwrap_or(1.0),
             answered: rec.label.clone().unwrap_or_default(),
             channel: rec.channel.clone(),

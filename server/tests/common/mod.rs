@@ -30,7 +30,7 @@ pub fn config(tiny: &TinyModel) -> Config {
     cfg.prefilter.max_tokens = 16;
     // Each test server keeps its batches in its own directory.
     cfg.batch.data_dir = tiny.dir.path().join("batches");
-    // … and its decision records.
+    // … and its decision records (in memory here: no durable ledger is mounted in-process).
     cfg.feedback.path = tiny.dir.path().join("feedback.sqlite");
     cfg.prefilter.head = HeadConfig::FewShot {
         labels: vec![

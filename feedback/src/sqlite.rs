@@ -5,8 +5,28 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
+use tiergate_server::ledger::{
+    AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary,
+};
 
-use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
+/// What can go wrong here; the server sees it as a [`StoreError`].
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<LocalError> for StoreError {
+    fn from(e: LocalError) -> Self {
+        StoreError(e.to_string())
+    }
+}
+
+type Result<T> = std::result::Result<T, LocalError>;
 
 /// The store.
 pub struct SqliteStore {
@@ -34,10 +54,10 @@ CREATE INDEX IF NOT EXISTS audits_pending ON audits(route, at_ms) WHERE label IS
 
 impl SqliteStore {
     /// Opens (creating) the file and its folder.
-    pub fn open(path: &Path, max_bytes: u64, window_s: u64) -> Result<Self, StoreError> {
+    pub fn open(path: &Path, max_bytes: u64, window_s: u64) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError(format!("{}: {e}", dir.display())))?;
+                .map_err(|e| LocalError::Other(format!("{}: {e}", dir.display())))?;
         }
         let conn = Connection::open(path)?;
         // Several servers may share one file (each waits for the other's write).
@@ -59,7 +79,7 @@ impl SqliteStore {
 }
 
 /// Deletes expired decisions and pending audits, then the oldest decisions while over `max_bytes`.
-fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<(), StoreError> {
+fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<()> {
     tx.execute(
         "DELETE FROM decisions WHERE expires_ms <= ?1",
         params![now_ms as i64],
@@ -83,8 +103,28 @@ fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<
     Ok(())
 }
 
-impl Store for SqliteStore {
-    fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError> {
+impl SqliteStore {
+    /// Labelled audits of `route` drawn since `since_ms`.
+    pub fn labelled(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT item FROM audits WHERE route = ?1 AND label IS NOT NULL AND at_ms >= ?2",
+        )?;
+        let rows = stmt.query_map(params![route, since_ms as i64], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for t in rows {
+            let item: AuditItem = serde_json::from_str(&t?)?;
+            out.extend(item.audited());
+        }
+        Ok(out)
+    }
+
+    /// See [`Store::put`].
+    pub fn put(&self, entries: &[Entry], now_ms: u64) -> Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let expires = (now_ms + self.window_ms) as i64;
@@ -115,7 +155,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>, StoreError> {
+    /// See [`Store::decision`].
+    pub fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>> {
         let conn = self.conn();
         let text: Option<String> = conn
             .query_row(
@@ -130,7 +171,8 @@ impl Store for SqliteStore {
         })
     }
 
-    fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError> {
+    /// See [`Store::feedback`].
+    pub fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let row: Option<(String, Option<String>)> = tx
@@ -141,7 +183,7 @@ impl Store for SqliteStore {
             )
             .optional()?;
         let Some((record, existing)) = row else {
-            return Err(StoreError(format!("no decision {id}")));
+            return Err(LocalError::Other(format!("no decision {id}")));
         };
         if let Some(e) = existing {
             return Ok(First::Already(serde_json::from_str(&e)?));
@@ -155,7 +197,8 @@ impl Store for SqliteStore {
         Ok(First::Written(fb.clone()))
     }
 
-    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError> {
+    /// See [`Store::pending`].
+    pub fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT item FROM audits WHERE label IS NULL AND (?1 IS NULL OR route = ?1) ORDER BY at_ms LIMIT ?2",
@@ -168,7 +211,8 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError> {
+    /// See [`Store::audit`].
+    pub fn audit(&self, id: &str) -> Result<Option<AuditItem>> {
         let conn = self.conn();
         let text: Option<String> = conn
             .query_row("SELECT item FROM audits WHERE id = ?1", params![id], |r| {
@@ -181,7 +225,8 @@ impl Store for SqliteStore {
         })
     }
 
-    fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError> {
+    /// See [`Store::label`].
+    pub fn label(&self, id: &str, label: &str) -> Result<First<String>> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let item: Option<String> = tx
@@ -190,7 +235,7 @@ impl Store for SqliteStore {
             })
             .optional()?;
         let Some(item) = item else {
-            return Err(StoreError(format!("no audit {id}")));
+            return Err(LocalError::Other(format!("no audit {id}")));
         };
         let mut a: AuditItem = serde_json::from_str(&item)?;
         if let Some(l) = a.label {
@@ -206,7 +251,8 @@ impl Store for SqliteStore {
         Ok(First::Written(label.to_string()))
     }
 
-    fn summary(&self, now_ms: u64) -> Result<Summary, StoreError> {
+    /// See [`Store::summary`].
+    pub fn summary(&self, now_ms: u64) -> Result<Summary> {
         let conn = self.conn();
         let mut s = Summary::default();
         let mut stmt = conn.prepare(
@@ -260,10 +306,69 @@ impl Store for SqliteStore {
     }
 }
 
+impl Store for SqliteStore {
+    fn put(&self, entries: &[Entry], now_ms: u64) -> std::result::Result<(), StoreError> {
+        Self::put(self, entries, now_ms).map_err(Into::into)
+    }
+    fn decision(&self, id: &str, now_ms: u64) -> std::result::Result<Option<Record>, StoreError> {
+        Self::decision(self, id, now_ms).map_err(Into::into)
+    }
+    fn feedback(
+        &self,
+        id: &str,
+        fb: &Feedback,
+    ) -> std::result::Result<First<Feedback>, StoreError> {
+        Self::feedback(self, id, fb).map_err(Into::into)
+    }
+    fn pending(
+        &self,
+        route: Option<&str>,
+        limit: usize,
+    ) -> std::result::Result<Vec<AuditItem>, StoreError> {
+        Self::pending(self, route, limit).map_err(Into::into)
+    }
+    fn audit(&self, id: &str) -> std::result::Result<Option<AuditItem>, StoreError> {
+        Self::audit(self, id).map_err(Into::into)
+    }
+    fn label(&self, id: &str, label: &str) -> std::result::Result<First<String>, StoreError> {
+        Self::label(self, id, label).map_err(Into::into)
+    }
+    fn summary(&self, now_ms: u64) -> std::result::Result<Summary, StoreError> {
+        Self::summary(self, now_ms).map_err(Into::into)
+    }
+    fn labelled(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> std::result::Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        Self::labelled(self, route, since_ms).map_err(Into::into)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::tests::record;
     use super::*;
+
+    fn record(id: &str, tenant: &str, at_ms: u64) -> Record {
+        Record {
+            id: id.into(),
+            alias: None,
+            at_ms,
+            tenant: tenant.into(),
+            route: "classify".into(),
+            channel: "tier0".into(),
+            tier: "tier0".into(),
+            degraded: None,
+            stage: None,
+            label: Some("card_lost".into()),
+            ambiguity: Some(0.1),
+            top: vec![("card_lost".into(), 0.9)],
+            theta: Some(0.5),
+            policy_version: 1,
+            head: String::new(),
+            text: None,
+        }
+    }
 
     fn store(dir: &Path, max_bytes: u64) -> SqliteStore {
         SqliteStore::open(&dir.join("ledger/f.sqlite"), max_bytes, 60).unwrap()
@@ -364,6 +469,7 @@ mod tests {
             route: "classify".into(),
             at_ms: at,
             probability: 0.5,
+            theta: 0.4,
             ambiguity: 0.2,
             answered: "card_lost".into(),
             channel: "tier0".into(),
@@ -395,6 +501,14 @@ mod tests {
         let a = s.audit("a1").unwrap().unwrap();
         assert_eq!((a.label.as_deref(), a.text), (Some("card_stolen"), None));
         assert_eq!(s.pending(None, 10).unwrap().len(), 1);
+        // The labelled one is live evidence for the bound: wrong, drawn under θ = 0.4.
+        let live = s.labelled("classify", 0).unwrap();
+        assert_eq!(live.len(), 1);
+        assert!(live[0].row.wrong && (live[0].drawn_at - 0.4).abs() < 1e-12);
+        assert!(
+            s.labelled("classify", 11).unwrap().is_empty(),
+            "drawn before `since`"
+        );
         let sum = s.summary(20).unwrap();
         let c = &sum.routes["classify"];
         assert_eq!(

@@ -3,14 +3,15 @@
 //! channel), against building them alone (the peer in the same run), then the time until the SQLite writer has
 //! stored them all.
 //!
-//! usage: cargo run --example ledger_cost -p tiergate-server [N]   (default 100000)
+//! usage: cargo run --example ledger_cost -p tiergate-feedback [N]   (default 100000)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tiergate_server::ledger::{now_ms, sqlite::SqliteStore, Entry, Ledger, Record, Store};
+use tiergate_feedback::sqlite::SqliteStore;
+use tiergate_server::ledger::{now_ms, Entry, Ledger, Record, Store};
 
 fn record(i: usize, at: u64) -> Record {
     Record {

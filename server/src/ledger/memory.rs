@@ -1,0 +1,179 @@
+//! The ledger in this process's memory: what a server built without a durable store keeps (the in-process
+//! tests; `tiergate serve` mounts the SQLite one, `tiergate-feedback`). Same rules as the durable stores —
+//! the window, the first feedback and label standing — bounded by `max_bytes` (oldest decisions first), and
+//! gone at exit.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+
+use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
+
+#[derive(Default)]
+struct Held {
+    /// Decisions by id with their feedback, oldest first in `order`.
+    decisions: HashMap<String, (Record, u64, Option<Feedback>)>,
+    order: VecDeque<String>,
+    aliases: HashMap<String, String>,
+    bytes: u64,
+    audits: BTreeMap<String, AuditItem>,
+}
+
+/// The store.
+pub struct MemoryStore {
+    held: Mutex<Held>,
+    max_bytes: u64,
+    window_ms: u64,
+}
+
+impl MemoryStore {
+    /// An empty ledger holding at most `max_bytes` of decisions for `window_s`.
+    pub fn new(max_bytes: u64, window_s: u64) -> Self {
+        Self {
+            held: Mutex::new(Held::default()),
+            max_bytes,
+            window_ms: window_s.saturating_mul(1000),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn size(r: &Record) -> u64 {
+    serde_json::to_string(r).map_or(256, |s| s.len() as u64)
+}
+
+impl Store for MemoryStore {
+    fn put(&self, entries: &[Entry], _now_ms: u64) -> Result<(), StoreError> {
+        let mut h = self.held();
+        for e in entries {
+            match e {
+                Entry::Decision(r) => {
+                    if h.decisions.contains_key(&r.id) {
+                        continue;
+                    }
+                    let n = size(r);
+                    if let Some(a) = &r.alias {
+                        h.aliases.insert(a.clone(), r.id.clone());
+                    }
+                    h.bytes += n;
+                    h.order.push_back(r.id.clone());
+                    h.decisions.insert(r.id.clone(), ((**r).clone(), n, None));
+                    while h.bytes > self.max_bytes {
+                        let Some(old) = h.order.pop_front() else {
+                            break;
+                        };
+                        if let Some((rec, n, _)) = h.decisions.remove(&old) {
+                            h.bytes -= n;
+                            if let Some(a) = rec.alias {
+                                h.aliases.remove(&a);
+                            }
+                        }
+                    }
+                }
+                Entry::Audit(a) => {
+                    h.audits
+                        .entry(a.id.clone())
+                        .or_insert_with(|| (**a).clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>, StoreError> {
+        let h = self.held();
+        let id = h.aliases.get(id).map_or(id, String::as_str);
+        Ok(h.decisions
+            .get(id)
+            .filter(|(r, _, _)| r.at_ms + self.window_ms > now_ms)
+            .map(|(r, _, _)| r.clone()))
+    }
+
+    fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError> {
+        let mut h = self.held();
+        let id = h.aliases.get(id).cloned().unwrap_or_else(|| id.to_string());
+        let Some((_, _, given)) = h.decisions.get_mut(&id) else {
+            return Err(StoreError(format!("no decision {id}")));
+        };
+        match given {
+            Some(first) => Ok(First::Already(first.clone())),
+            None => {
+                *given = Some(fb.clone());
+                Ok(First::Written(fb.clone()))
+            }
+        }
+    }
+
+    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError> {
+        let mut out: Vec<AuditItem> = self
+            .held()
+            .audits
+            .values()
+            .filter(|a| a.label.is_none() && route.is_none_or(|r| a.route == r))
+            .cloned()
+            .collect();
+        out.sort_by_key(|a| a.at_ms);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError> {
+        Ok(self.held().audits.get(id).cloned())
+    }
+
+    fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError> {
+        let mut h = self.held();
+        let Some(a) = h.audits.get_mut(id) else {
+            return Err(StoreError(format!("no audit {id}")));
+        };
+        if let Some(l) = &a.label {
+            return Ok(First::Already(l.clone()));
+        }
+        a.label = Some(label.to_string());
+        a.text = None;
+        Ok(First::Written(label.to_string()))
+    }
+
+    fn summary(&self, now_ms: u64) -> Result<Summary, StoreError> {
+        let h = self.held();
+        let mut s = Summary::default();
+        for (r, _, fb) in h.decisions.values() {
+            if r.at_ms + self.window_ms <= now_ms {
+                continue;
+            }
+            let e = s.route(&r.route);
+            e.decisions += 1;
+            if let Some(f) = fb {
+                e.add_feedback(&r.channel, f.trusted, 1, u64::from(f.correct));
+            }
+        }
+        for a in h.audits.values() {
+            let e = s.route(&a.route);
+            match &a.label {
+                None if a.at_ms + self.window_ms > now_ms => e.audits_pending += 1,
+                None => {}
+                Some(l) => {
+                    e.audits_labelled += 1;
+                    e.audits_wrong += u64::from(*l != a.answered);
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    fn labelled(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        Ok(self
+            .held()
+            .audits
+            .values()
+            .filter(|a| a.route == route && a.at_ms >= since_ms)
+            .filter_map(AuditItem::audited)
+            .collect())
+    }
+}
