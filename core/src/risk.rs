@@ -165,7 +165,7 @@ pub struct Audited {
 
 /// Counts for H_θ among audits: those drawn with θ_eff ≥ θ (an i.i.d. sample of the traffic's answers with
 /// ambiguity ≤ θ once restricted to them) with ambiguity ≤ θ.
-fn audit_counts(rows: &[Audited], theta: f64) -> (u64, u64) {
+pub fn audit_counts(rows: &[Audited], theta: f64) -> (u64, u64) {
     rows.iter()
         .filter(|a| a.drawn_at >= theta && a.row.ambiguity <= theta)
         .fold((0, 0), |(n, k), a| (n + 1, k + u64::from(a.row.wrong)))
@@ -178,6 +178,19 @@ pub fn choose(order_rows: &[Row], rows: &[Row], eps: f64, delta: f64) -> Choice 
     fixed_sequence(order_rows, rows.len() as u64, eps, delta, |t| {
         counts(rows, t)
     })
+}
+
+/// Whether the audits show the bound broken at `theta` on the traffic they sampled: the one-sided p-value of
+/// "the error of answers with ambiguity ≤ θ is at most ε", `P(Binomial(n, ε) ≥ k)` over the audits that
+/// could have been drawn under θ ([`audit_counts`]), with `n` and `k`.
+pub fn breach(rows: &[Audited], theta: f64, eps: f64) -> (u64, u64, f64) {
+    let (n, k) = audit_counts(rows, theta);
+    let p = if k == 0 {
+        1.0
+    } else {
+        1.0 - binomial_cdf(k - 1, n, eps)
+    };
+    (n, k, p)
 }
 
 /// [`choose`] on labelled audits of live traffic: the same grid and test, each hypothesis on the audits that
@@ -356,10 +369,20 @@ mod tests {
             }
             out
         };
-        let same = choose_audited(&order, &drawn(&mut rng, false), 0.05, 0.1);
+        let (clean, worse) = (drawn(&mut rng, false), drawn(&mut rng, true));
+        let same = choose_audited(&order, &clean, 0.05, 0.1);
         assert!(same.theta <= 0.3 && same.theta > 0.1, "{same:?}");
-        let worse = choose_audited(&order, &drawn(&mut rng, true), 0.05, 0.1);
-        assert!(worse.theta < same.theta, "{worse:?} vs {same:?}");
+        let lower = choose_audited(&order, &worse, 0.05, 0.1);
+        assert!(lower.theta < same.theta, "{lower:?} vs {same:?}");
+        // At θ = 0.2 the clean traffic's error is 5%: no breach; 5 points more is one, clearly.
+        assert!(breach(&clean, 0.2, 0.05).2 > 0.1);
+        let (n, k, p) = breach(&worse, 0.2, 0.05);
+        assert!(p < 0.001 && k as f64 > 0.08 * n as f64, "{n} {k} {p}");
+        assert_eq!(
+            breach(&worse, 0.35, 0.05).0,
+            0,
+            "nothing was drawn under θ = 0.35"
+        );
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failure
 pub const RISK_BREACHES_TOTAL: &str = "tiergate_risk_breaches_total";
 /// The θ the error bound allows per route (`routing.max_error` set).
 pub const RISK_THETA: &str = "tiergate_risk_theta_ratio";
+/// 1 while a route's labelled audits show the error bound broken on live traffic at the calibration rows' θ
+/// (then θ is chosen on the audits), else 0 (also without a bound).
+pub const RISK_AUDIT_BREACH: &str = "tiergate_risk_audit_breach";
 /// The upper confidence bound on the calibration rows' error at that θ, per route.
 pub const RISK_UPPER_BOUND: &str = "tiergate_risk_error_upper_bound_ratio";
 
@@ -196,6 +199,10 @@ fn describe() {
     describe_gauge!(
         RISK_THETA,
         "The theta the error bound (routing.max_error) allows, by route"
+    );
+    describe_gauge!(
+        RISK_AUDIT_BREACH,
+        "1 while the labelled audits show the error bound broken on live traffic, by route"
     );
     describe_gauge!(
         RISK_UPPER_BOUND,

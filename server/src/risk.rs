@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 use tiergate_config::{RoutingConfig, RoutingMode};
-use tiergate_core::risk::{choose, choose_audited, min_rows, Audited, Choice, Row};
+use tiergate_core::risk::{breach, choose, choose_audited, Audited, Choice, Row};
 use tiergate_prefilter::PrefilterHandle;
 
 /// A route's calibration rows and its cached choice.
@@ -25,9 +25,12 @@ pub struct RouteRisk {
 pub struct Bound {
     /// On the head's calibration rows.
     pub calibration: Choice,
-    /// On labelled audits of live traffic, once there are enough of them to show anything.
+    /// Of the audits that could be drawn under the calibration rows' θ: how many, how many wrong, and the
+    /// p-value of "their error is at most ε" (small: the live traffic breaks the bound there).
+    pub check: (u64, u64, f64),
+    /// θ chosen on the audits, when they show the bound broken at the calibration rows' θ.
     pub audits: Option<Choice>,
-    /// Audits it had.
+    /// Labelled audits in the window.
     pub n_audits: usize,
 }
 
@@ -56,6 +59,11 @@ pub struct RiskView {
     pub theta_audits: Option<f64>,
     /// Labelled audits within the feedback window.
     pub n_audits: usize,
+    /// Of them, those drawn under θ ≥ `theta_calibration` with ambiguity at or below it, and the wrong ones.
+    pub audits_at_theta: u64,
+    pub audits_wrong_at_theta: u64,
+    /// The p-value of "the live error at `theta_calibration` is at most ε" on those audits.
+    pub audits_p_value: f64,
     /// Calibration rows the choice was made on.
     pub n_calibration: usize,
     /// Of them, rows with ambiguity ≤ θ, and their errors.
@@ -106,10 +114,14 @@ impl RouteRisk {
         let delta = 1.0 - confidence;
         let calibration = choose(&self.ordering, &self.rows, eps, delta);
         let audits = self.audits.lock().map(|a| a.clone()).unwrap_or_default();
-        let live = (audits.len() as u64 >= min_rows(eps, delta))
+        // The audits check the calibration rows' θ on live traffic; only a breach they show at level δ
+        // re-chooses θ on them (a re-choice on few audits would lower θ for lack of power, not of accuracy).
+        let check = breach(&audits, calibration.theta, eps);
+        let live = (calibration.theta > 0.0 && check.2 <= delta)
             .then(|| choose_audited(&self.ordering, &audits, eps, delta));
         let b = Bound {
             calibration,
+            check,
             audits: live,
             n_audits: audits.len(),
         };
@@ -145,6 +157,9 @@ impl RouteRisk {
             theta_calibration: c.theta,
             theta_audits: b.audits.as_ref().map(|a| a.theta),
             n_audits: b.n_audits,
+            audits_at_theta: b.check.0,
+            audits_wrong_at_theta: b.check.1,
+            audits_p_value: b.check.2,
             n_calibration: self.rows.len(),
             accepted: c.accepted,
             errors: c.errors,

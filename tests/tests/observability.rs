@@ -115,7 +115,7 @@ fn rules_and_dashboard_queries_return_data_from_a_real_prometheus() {
             .iter()
             .flat_map(|g| g["rules"].as_array().unwrap().clone())
             .collect();
-        let evaluated = all.len() == 20
+        let evaluated = all.len() == 21
             && all.iter().all(|r| {
                 r["lastEvaluation"]
                     .as_str()
@@ -126,7 +126,7 @@ fn rules_and_dashboard_queries_return_data_from_a_real_prometheus() {
         }
         std::thread::sleep(Duration::from_millis(500));
     };
-    assert_eq!(rules_state.len(), 20, "rules loaded: {rules_state:?}");
+    assert_eq!(rules_state.len(), 21, "rules loaded: {rules_state:?}");
     for r in &rules_state {
         assert_eq!(r["health"], "ok", "{r}");
     }

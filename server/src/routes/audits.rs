@@ -79,11 +79,14 @@ pub async fn label(
         let item = blocking(move || store.audit(&lookup))
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("no audit item `{id}`")))?;
-        let known = state
-            .routes
-            .get(&item.route)
+        let route = state.routes.get(&item.route);
+        // A label of the route, or its out-of-scope label (the query was one no label covers).
+        let known = route
             .and_then(|r| r.prefilter.as_ref())
-            .is_some_and(|p| p.labels().contains(&req.label));
+            .is_some_and(|p| p.labels().contains(&req.label))
+            || route
+                .and_then(|r| r.out_of_scope.as_ref())
+                .is_some_and(|o| o.label == req.label);
         if !known {
             return Err(ApiError::invalid(
                 "label",

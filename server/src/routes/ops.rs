@@ -53,7 +53,11 @@ pub fn refresh_gauges(state: &AppState) {
         ledger_gauges(&ledger.summary());
     }
     for (name, route) in state.routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
-        if let Some(v) = route.risk.view(&policy.cfg) {
+        let view = route.risk.view(&policy.cfg);
+        let broken = view.as_ref().is_some_and(|v| v.theta_audits.is_some());
+        metrics::gauge!(m::RISK_AUDIT_BREACH, "route" => name.clone())
+            .set(f64::from(u8::from(broken)));
+        if let Some(v) = view {
             metrics::gauge!(m::RISK_THETA, "route" => name.clone()).set(v.theta);
             metrics::gauge!(m::RISK_UPPER_BOUND, "route" => name.clone()).set(v.upper_bound);
         }
