@@ -104,6 +104,30 @@ fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<
 }
 
 impl SqliteStore {
+    /// Trusted feedback on `route`'s Tier-0-alone answers since `since_ms`, as evidence rows.
+    pub fn trusted_feedback(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT record, feedback FROM decisions WHERE route = ?1 AND at_ms >= ?2 AND fb_trusted = 1 \
+             AND fb_tier0 = 1",
+        )?;
+        let rows = stmt.query_map(params![route, since_ms as i64], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (rec, fb) = row?;
+            let rec: Record = serde_json::from_str(&rec)?;
+            let fb: Feedback = serde_json::from_str(&fb)?;
+            out.extend(rec.as_evidence(&fb));
+        }
+        Ok(out)
+    }
+
     /// Labelled audits of `route` drawn since `since_ms`.
     pub fn labelled(
         &self,
@@ -343,6 +367,13 @@ impl Store for SqliteStore {
     ) -> std::result::Result<Vec<tiergate_core::risk::Audited>, StoreError> {
         Self::labelled(self, route, since_ms).map_err(Into::into)
     }
+    fn trusted_feedback(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> std::result::Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        Self::trusted_feedback(self, route, since_ms).map_err(Into::into)
+    }
 }
 
 #[cfg(test)]
@@ -398,6 +429,10 @@ mod tests {
             s.feedback("chatcmpl-a", &fb).unwrap(),
             First::Written(fb.clone())
         );
+        // Trusted feedback on a Tier-0 answer is evidence for the bound: right, decided under θ = 0.5.
+        let ev = s.trusted_feedback("classify", 0).unwrap();
+        assert_eq!(ev.len(), 1);
+        assert!(!ev[0].row.wrong && (ev[0].drawn_at - 0.5).abs() < 1e-12);
         let other = Feedback {
             correct: false,
             ..fb.clone()

@@ -17,6 +17,8 @@ pub struct RouteRisk {
     /// Labelled audits of this route's live traffic within the feedback window (refreshed every few
     /// seconds from the ledger).
     audits: Mutex<Vec<Audited>>,
+    /// Trusted tenants' feedback on Tier-0's lone answers within the window (the same refresh).
+    feedback: Mutex<Vec<Audited>>,
     cache: Mutex<Option<((u64, u64), Bound)>>,
 }
 
@@ -32,14 +34,18 @@ pub struct Bound {
     pub audits: Option<Choice>,
     /// Labelled audits in the window.
     pub n_audits: usize,
+    /// The same check and re-choice on trusted feedback (self-selected: it may only lower θ).
+    pub feedback_check: (u64, u64, f64),
+    pub feedback: Option<Choice>,
 }
 
 impl Bound {
-    /// θ in force: the smaller of the two (the audits can only lower it).
+    /// θ in force: the smallest of the three (the audits and the trusted feedback can only lower it).
     pub fn theta(&self) -> f64 {
-        self.audits.as_ref().map_or(self.calibration.theta, |a| {
-            a.theta.min(self.calibration.theta)
-        })
+        [&self.audits, &self.feedback]
+            .into_iter()
+            .flatten()
+            .fold(self.calibration.theta, |t, c| t.min(c.theta))
     }
 }
 
@@ -64,6 +70,12 @@ pub struct RiskView {
     pub audits_wrong_at_theta: u64,
     /// The p-value of "the live error at `theta_calibration` is at most ε" on those audits.
     pub audits_p_value: f64,
+    /// θ chosen on trusted feedback while it shows the bound broken (`None` otherwise).
+    pub theta_feedback: Option<f64>,
+    /// Trusted feedback rows under `theta_calibration`, the wrong ones, and the same p-value on them.
+    pub feedback_at_theta: u64,
+    pub feedback_wrong_at_theta: u64,
+    pub feedback_p_value: f64,
     /// Calibration rows the choice was made on.
     pub n_calibration: usize,
     /// Of them, rows with ambiguity ≤ θ, and their errors.
@@ -83,15 +95,25 @@ impl RouteRisk {
             ordering: cal.map(|c| c.ordering_rows()).unwrap_or_default(),
             rows: cal.map(|c| c.calibration_rows()).unwrap_or_default(),
             audits: Mutex::new(Vec::new()),
+            feedback: Mutex::new(Vec::new()),
             cache: Mutex::new(None),
         }
     }
 
     /// Installs the labelled audits in the window (the cached choice is made again when they changed).
     pub fn set_audits(&self, audits: Vec<Audited>) {
-        let mut held = self.audits.lock().unwrap_or_else(|p| p.into_inner());
-        if *held != audits {
-            *held = audits;
+        self.set(&self.audits, audits);
+    }
+
+    /// Installs the trusted feedback in the window.
+    pub fn set_feedback(&self, feedback: Vec<Audited>) {
+        self.set(&self.feedback, feedback);
+    }
+
+    fn set(&self, slot: &Mutex<Vec<Audited>>, rows: Vec<Audited>) {
+        let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if *held != rows {
+            *held = rows;
             drop(held);
             *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
@@ -116,14 +138,22 @@ impl RouteRisk {
         let audits = self.audits.lock().map(|a| a.clone()).unwrap_or_default();
         // The audits check the calibration rows' θ on live traffic; only a breach they show at level δ
         // re-chooses θ on them (a re-choice on few audits would lower θ for lack of power, not of accuracy).
-        let check = breach(&audits, calibration.theta, eps);
-        let live = (calibration.theta > 0.0 && check.2 <= delta)
-            .then(|| choose_audited(&self.ordering, &audits, eps, delta));
+        let recheck = |rows: &[Audited]| {
+            let check = breach(rows, calibration.theta, eps);
+            let again = (calibration.theta > 0.0 && check.2 <= delta)
+                .then(|| choose_audited(&self.ordering, rows, eps, delta));
+            (check, again)
+        };
+        let (check, live) = recheck(&audits);
+        let trusted = self.feedback.lock().map(|f| f.clone()).unwrap_or_default();
+        let (feedback_check, feedback) = recheck(&trusted);
         let b = Bound {
             calibration,
             check,
             audits: live,
             n_audits: audits.len(),
+            feedback_check,
+            feedback,
         };
         if b.theta() == 0.0 {
             tracing::warn!(
@@ -160,6 +190,10 @@ impl RouteRisk {
             audits_at_theta: b.check.0,
             audits_wrong_at_theta: b.check.1,
             audits_p_value: b.check.2,
+            theta_feedback: b.feedback.as_ref().map(|f| f.theta),
+            feedback_at_theta: b.feedback_check.0,
+            feedback_wrong_at_theta: b.feedback_check.1,
+            feedback_p_value: b.feedback_check.2,
             n_calibration: self.rows.len(),
             accepted: c.accepted,
             errors: c.errors,
@@ -193,6 +227,7 @@ mod tests {
             ordering: rows.clone(),
             rows,
             audits: Mutex::new(Vec::new()),
+            feedback: Mutex::new(Vec::new()),
             cache: Mutex::new(None),
         }
     }
@@ -238,13 +273,22 @@ mod tests {
                 drawn_at: t,
             })
             .collect();
-        r.set_audits(worse);
+        r.set_audits(worse.clone());
         let v = r.view(&cfg).unwrap();
         assert!(
             v.theta < t && v.theta_audits.is_some() && v.n_audits == 2000,
             "{v:?}"
         );
         assert_eq!(v.theta_calibration, t);
+        // Trusted feedback saying the same lowers θ on its own; without either, θ is the calibration's again.
+        r.set_audits(Vec::new());
+        assert_eq!(r.view(&cfg).unwrap().theta, t);
+        r.set_feedback(worse);
+        let v = r.view(&cfg).unwrap();
+        assert!(
+            v.theta < t && v.theta_feedback.is_some() && v.theta_audits.is_none(),
+            "{v:?}"
+        );
         // No max_error: no bound.
         assert_eq!(r.theta(&RoutingConfig::default()), None);
         // A head without calibration rows escalates everything under a bound, and says why.

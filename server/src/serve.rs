@@ -238,12 +238,19 @@ async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
         for name in routes {
             let store = ledger.store();
             let route = name.clone();
-            let read = tokio::task::spawn_blocking(move || store.labelled(&route, since)).await;
+            let read = tokio::task::spawn_blocking(move || {
+                Ok::<_, crate::ledger::StoreError>((
+                    store.labelled(&route, since)?,
+                    store.trusted_feedback(&route, since)?,
+                ))
+            })
+            .await;
             let Some(s) = state.upgrade() else { return };
             match read {
-                Ok(Ok(audits)) => {
+                Ok(Ok((audits, feedback))) => {
                     if let Some(r) = s.routes.get(&name) {
                         r.risk.set_audits(audits);
+                        r.risk.set_feedback(feedback);
                     }
                 }
                 Ok(Err(e)) => {

@@ -163,6 +163,20 @@ impl Store for MemoryStore {
         Ok(s)
     }
 
+    fn trusted_feedback(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        Ok(self
+            .held()
+            .decisions
+            .values()
+            .filter(|(r, _, _)| r.route == route && r.at_ms >= since_ms)
+            .filter_map(|(r, _, fb)| r.as_evidence(fb.as_ref()?))
+            .collect())
+    }
+
     fn labelled(
         &self,
         route: &str,

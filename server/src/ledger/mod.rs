@@ -168,6 +168,13 @@ pub trait Store: Send + Sync {
         route: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError>;
+    /// Route `route`'s trusted feedback on answers Tier-0 gave alone since `since_ms`, as rows (the answer's
+    /// ambiguity, wrong, the θ it was decided with).
+    fn trusted_feedback(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError>;
 }
 
 /// The handle: the store and the writer's channel.
@@ -327,6 +334,20 @@ pub fn open(
         }
     };
     Ok(Some(Ledger::start(store, f.queue, f.window_s)))
+}
+
+impl Record {
+    /// Trusted feedback `fb` on this answer as a row of evidence for the bound (Tier-0's lone label answers
+    /// only).
+    pub fn as_evidence(&self, fb: &Feedback) -> Option<tiergate_core::risk::Audited> {
+        (fb.trusted && self.tier0_alone()).then(|| tiergate_core::risk::Audited {
+            row: tiergate_core::risk::Row {
+                ambiguity: self.ambiguity.unwrap_or(1.0),
+                wrong: !fb.correct,
+            },
+            drawn_at: self.theta.unwrap_or(0.0),
+        })
+    }
 }
 
 impl AuditItem {

@@ -64,6 +64,33 @@ fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>,
 }
 
 impl Store for RedisLedger {
+    fn trusted_feedback(
+        &self,
+        route: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        self.with(|c| {
+            let key = self.k(&format!("trusted:{route}"));
+            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0)?;
+            let members: Vec<String> = c.zrange(&key, 0, -1)?;
+            let mut out = Vec::new();
+            for m in members {
+                let Some((_, json)) = m.split_once(':') else {
+                    continue;
+                };
+                let v: (f64, bool, f64) = serde_json::from_str(json)?;
+                out.push(tiergate_core::risk::Audited {
+                    row: tiergate_core::risk::Row {
+                        ambiguity: v.0,
+                        wrong: v.1,
+                    },
+                    drawn_at: v.2,
+                });
+            }
+            Ok(out)
+        })
+    }
+
     fn labelled(
         &self,
         route: &str,
@@ -156,6 +183,15 @@ impl Store for RedisLedger {
                 return first
                     .map(First::Already)
                     .ok_or_else(|| StoreError("feedback vanished".into()));
+            }
+            if let Some(row) = rec.as_evidence(fb) {
+                let evidence =
+                    serde_json::json!([row.row.ambiguity, row.row.wrong, row.drawn_at]).to_string();
+                let _: () = c.zadd(
+                    self.k(&format!("trusted:{}", rec.route)),
+                    format!("{}:{evidence}", rec.id),
+                    rec.at_ms as f64,
+                )?;
             }
             let stats = self.k(&format!("stats:{}", rec.route));
             let who = if fb.trusted { "t" } else { "u" };
