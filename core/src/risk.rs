@@ -37,6 +37,30 @@ pub fn binomial_cdf(k: u64, n: u64, p: f64) -> f64 {
     acc.exp().min(1.0)
 }
 
+/// `P(Binomial(n, p) ≥ k)`, the upper tail, summed in log space from `k` (so that small tails keep their
+/// precision instead of being 1 minus a number close to 1).
+pub fn binomial_sf(k: u64, n: u64, p: f64) -> f64 {
+    if k == 0 || p >= 1.0 {
+        return 1.0;
+    }
+    if k > n || p <= 0.0 {
+        return 0.0;
+    }
+    let (lp, lq) = (p.ln(), (-p).ln_1p());
+    // ln C(n, k) + k ln p + (n − k) ln q, then the terms above it by the ratio of neighbours.
+    let ln_choose: f64 = (1..=k)
+        .map(|j| ((n - k + j) as f64).ln() - (j as f64).ln())
+        .sum();
+    let mut term = ln_choose + k as f64 * lp + (n - k) as f64 * lq;
+    let mut acc = term;
+    for i in k..n {
+        term += ((n - i) as f64).ln() - ((i + 1) as f64).ln() + lp - lq;
+        let (hi, lo) = if acc > term { (acc, term) } else { (term, acc) };
+        acc = hi + (lo - hi).exp().ln_1p();
+    }
+    acc.exp().min(1.0)
+}
+
 /// One-sided Clopper–Pearson upper bound at confidence `1 − delta` on a rate with `k` events in `n` trials:
 /// the largest p with `P(Binomial(n, p) ≤ k) ≥ delta` (1 when `n` = 0 or `k` = `n`).
 pub fn clopper_pearson_upper(k: u64, n: u64, delta: f64) -> f64 {
@@ -60,11 +84,11 @@ pub fn clopper_pearson_lower(k: u64, n: u64, delta: f64) -> f64 {
     if n == 0 || k == 0 {
         return 0.0;
     }
-    // P(X ≥ k; p) = 1 − P(X ≤ k − 1; p), increasing in p.
+    // P(X ≥ k; p) increases with p.
     let (mut lo, mut hi) = (0.0, k as f64 / n as f64);
     for _ in 0..60 {
         let mid = 0.5 * (lo + hi);
-        if 1.0 - binomial_cdf(k - 1, n, mid) >= delta {
+        if binomial_sf(k, n, mid) >= delta {
             hi = mid;
         } else {
             lo = mid;
@@ -185,12 +209,7 @@ pub fn choose(order_rows: &[Row], rows: &[Row], eps: f64, delta: f64) -> Choice 
 /// could have been drawn under θ ([`audit_counts`]), with `n` and `k`.
 pub fn breach(rows: &[Audited], theta: f64, eps: f64) -> (u64, u64, f64) {
     let (n, k) = audit_counts(rows, theta);
-    let p = if k == 0 {
-        1.0
-    } else {
-        1.0 - binomial_cdf(k - 1, n, eps)
-    };
-    (n, k, p)
+    (n, k, binomial_sf(k, n, eps))
 }
 
 /// [`choose`] on labelled audits of live traffic: the same grid and test, each hypothesis on the audits that
@@ -285,6 +304,10 @@ mod tests {
         assert!((binomial_cdf(2, 10, 0.3) - 0.382_782_786_4).abs() < 1e-9);
         assert_eq!(binomial_cdf(10, 10, 0.3), 1.0);
         assert!((binomial_cdf(0, 5, 0.5) - 1.0 / 32.0).abs() < 1e-12);
+        // The upper tail is the complement, and keeps its precision far out.
+        assert!((binomial_sf(3, 10, 0.3) - (1.0 - 0.382_782_786_4)).abs() < 1e-9);
+        assert!((binomial_sf(10, 10, 0.5) - 1.0 / 1024.0).abs() < 1e-15);
+        assert_eq!((binomial_sf(0, 5, 0.1), binomial_sf(6, 5, 0.1)), (1.0, 0.0));
         // Large n stays finite (log space): P(Bin(10000, 0.1) ≤ 1000) ≈ 0.5 + a small continuity term.
         let mid = binomial_cdf(1000, 10_000, 0.1);
         assert!(mid > 0.5 && mid < 0.53, "{mid}");

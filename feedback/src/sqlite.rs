@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS audits (
   id TEXT PRIMARY KEY, route TEXT NOT NULL, at_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
   item TEXT NOT NULL, label TEXT, wrong INTEGER, ambiguity REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS audits_pending ON audits(route, at_ms) WHERE label IS NULL;
+CREATE INDEX IF NOT EXISTS audits_labelled ON audits(route, at_ms) WHERE label IS NOT NULL;
+CREATE INDEX IF NOT EXISTS decisions_trusted ON decisions(route, at_ms) WHERE fb_trusted = 1 AND fb_tier0 = 1;
 ";
 
 impl SqliteStore {
@@ -103,6 +105,34 @@ fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<
     Ok(())
 }
 
+/// The JSON column of the one row `sql` selects, parsed (`None`: no row).
+fn json_one<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+) -> Result<Option<T>> {
+    let text: Option<String> = conn.query_row(sql, p, |r| r.get(0)).optional()?;
+    Ok(match text {
+        Some(t) => Some(serde_json::from_str(&t)?),
+        None => None,
+    })
+}
+
+/// The JSON column of every row `sql` selects, parsed.
+fn json_all<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+) -> Result<Vec<T>> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map(p, |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for t in rows {
+        out.push(serde_json::from_str(&t?)?);
+    }
+    Ok(out)
+}
+
 impl SqliteStore {
     /// Trusted feedback on `route`'s Tier-0-alone answers since `since_ms`, as evidence rows.
     pub fn trusted_feedback(
@@ -134,17 +164,12 @@ impl SqliteStore {
         route: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let items: Vec<AuditItem> = json_all(
+            &self.conn(),
             "SELECT item FROM audits WHERE route = ?1 AND label IS NOT NULL AND at_ms >= ?2",
+            params![route, since_ms as i64],
         )?;
-        let rows = stmt.query_map(params![route, since_ms as i64], |r| r.get::<_, String>(0))?;
-        let mut out = Vec::new();
-        for t in rows {
-            let item: AuditItem = serde_json::from_str(&t?)?;
-            out.extend(item.audited());
-        }
-        Ok(out)
+        Ok(items.iter().filter_map(AuditItem::audited).collect())
     }
 
     /// See [`Store::put`].
@@ -181,18 +206,11 @@ impl SqliteStore {
 
     /// See [`Store::decision`].
     pub fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>> {
-        let conn = self.conn();
-        let text: Option<String> = conn
-            .query_row(
-                "SELECT record FROM decisions WHERE (id = ?1 OR alias = ?1) AND expires_ms > ?2 LIMIT 1",
-                params![id, now_ms as i64],
-                |r| r.get(0),
-            )
-            .optional()?;
-        Ok(match text {
-            Some(t) => Some(serde_json::from_str(&t)?),
-            None => None,
-        })
+        json_one(
+            &self.conn(),
+            "SELECT record FROM decisions WHERE (id = ?1 OR alias = ?1) AND expires_ms > ?2 LIMIT 1",
+            params![id, now_ms as i64],
+        )
     }
 
     /// See [`Store::feedback`].
@@ -223,45 +241,31 @@ impl SqliteStore {
 
     /// See [`Store::pending`].
     pub fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
+        json_all(
+            &self.conn(),
             "SELECT item FROM audits WHERE label IS NULL AND (?1 IS NULL OR route = ?1) ORDER BY at_ms LIMIT ?2",
-        )?;
-        let rows = stmt.query_map(params![route, limit as i64], |r| r.get::<_, String>(0))?;
-        let mut out = Vec::new();
-        for t in rows {
-            out.push(serde_json::from_str(&t?)?);
-        }
-        Ok(out)
+            params![route, limit as i64],
+        )
     }
 
     /// See [`Store::audit`].
     pub fn audit(&self, id: &str) -> Result<Option<AuditItem>> {
-        let conn = self.conn();
-        let text: Option<String> = conn
-            .query_row("SELECT item FROM audits WHERE id = ?1", params![id], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        Ok(match text {
-            Some(t) => Some(serde_json::from_str(&t)?),
-            None => None,
-        })
+        json_one(
+            &self.conn(),
+            "SELECT item FROM audits WHERE id = ?1",
+            params![id],
+        )
     }
 
     /// See [`Store::label`].
     pub fn label(&self, id: &str, label: &str) -> Result<First<String>> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let item: Option<String> = tx
-            .query_row("SELECT item FROM audits WHERE id = ?1", params![id], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        let Some(item) = item else {
+        let item: Option<AuditItem> =
+            json_one(&tx, "SELECT item FROM audits WHERE id = ?1", params![id])?;
+        let Some(mut a) = item else {
             return Err(LocalError::Other(format!("no audit {id}")));
         };
-        let mut a: AuditItem = serde_json::from_str(&item)?;
         if let Some(l) = a.label {
             return Ok(First::Already(l));
         }

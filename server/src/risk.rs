@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use serde::Serialize;
-use tiergate_config::{RoutingConfig, RoutingMode};
+use tiergate_config::RoutingConfig;
 use tiergate_core::risk::{breach, choose, choose_audited, Audited, Choice, Row};
 use tiergate_prefilter::PrefilterHandle;
 
@@ -119,11 +119,6 @@ impl RouteRisk {
         }
     }
 
-    /// Calibration rows.
-    pub fn rows(&self) -> usize {
-        self.rows.len()
-    }
-
     /// The bound for (`eps`, `confidence`), computed once per pair and set of audits.
     pub fn choice(&self, eps: f64, confidence: f64) -> Bound {
         let key = (eps.to_bits(), confidence.to_bits());
@@ -207,20 +202,16 @@ impl RouteRisk {
     }
 }
 
-/// θ in force for a request: the policy's `theta` capped by the bound's θ (`risk` mode's own θ is θ_max, so
-/// there the bound's θ is θ_eff: the fewest escalations that hold it), with the bound's θ when one is set.
+/// θ in force for a request: the policy's `theta` capped by the bound's θ (`risk` mode's own θ is θ_max,
+/// `Policy::theta_eff`, so there the bound's θ is θ_eff: the fewest escalations that hold it).
 pub fn cap(theta: f64, bound: Option<f64>) -> f64 {
     bound.map_or(theta, |b| theta.min(b))
-}
-
-/// `risk` mode's θ before the cap: the policy's highest.
-pub fn uncapped(cfg: &RoutingConfig) -> Option<f64> {
-    (cfg.mode == RoutingMode::Risk).then_some(cfg.theta_max)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tiergate_config::RoutingMode;
 
     fn risk(rows: Vec<Row>) -> RouteRisk {
         RouteRisk {
@@ -250,7 +241,10 @@ mod tests {
         let t = r.theta(&cfg).unwrap();
         assert!(t > 0.45 && t < 0.53, "{t}");
         assert_eq!(
-            cap(uncapped(&cfg).unwrap(), Some(t)),
+            cap(
+                crate::policy::Policy::new(cfg.clone()).theta_eff(std::time::Instant::now()),
+                Some(t)
+            ),
             t,
             "risk mode: θ_eff is the bound's θ"
         );

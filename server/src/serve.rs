@@ -220,6 +220,7 @@ const AUDITS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Keeps each classified route's audits (labelled within the feedback window) in step with the ledger, so
 /// that the bound follows what the labels say of the live traffic (on any replica, with the Redis ledger).
+/// Nothing is read while the policy sets no bound: the bound is what the rows are for.
 async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
     loop {
         tokio::time::sleep(AUDITS_EVERY).await;
@@ -227,6 +228,9 @@ async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
         let Some(ledger) = s.ledger.clone() else {
             return;
         };
+        if s.policy.current().cfg.max_error.is_none() {
+            continue;
+        }
         let since = crate::ledger::now_ms().saturating_sub(ledger.window_ms());
         let routes: Vec<String> = s
             .routes

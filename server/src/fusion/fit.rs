@@ -154,17 +154,10 @@ fn fixed_broken(rows: &[&Row], w: f32, t: f32) -> (usize, usize) {
 
 /// P(X ≥ fixed) for X ~ Binomial(fixed + broken, 1/2): how likely the fusion's net gain is luck.
 pub fn sign_test_p(fixed: usize, broken: usize) -> f64 {
-    let n = fixed + broken;
-    if n == 0 {
+    if fixed + broken == 0 {
         return 1.0;
     }
-    let ln_fact = |k: usize| (1..=k).map(|i| (i as f64).ln()).sum::<f64>();
-    let ln_n = ln_fact(n);
-    let ln_half = (0.5f64).ln() * n as f64;
-    (fixed..=n)
-        .map(|k| (ln_n - ln_fact(k) - ln_fact(n - k) + ln_half).exp())
-        .sum::<f64>()
-        .min(1.0)
+    tiergate_core::risk::binomial_sf(fixed as u64, (fixed + broken) as u64, 0.5)
 }
 
 /// The (weight, temperature) with the most correct fused answers on the choosing half of the rows the LLM saw

@@ -263,8 +263,9 @@ impl Ledger {
     }
 }
 
-/// How often the writer refreshes the summary.
-const SUMMARY_EVERY: Duration = Duration::from_secs(2);
+/// How often the writer refreshes the summary (an aggregate over the whole window: not on every batch; a
+/// Prometheus scrape interval is 15 s; `/admin/feedback` reads the store itself).
+const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 /// Takes what is waiting (up to 512 entries, or what came within 20 ms of the first) and writes it at once;
 /// refreshes the summary every [`SUMMARY_EVERY`].
