@@ -24,6 +24,10 @@ pub struct FeedbackConfig {
     /// Records waiting for the background writer at most; beyond, a record is dropped and counted (the
     /// response never waits for a write).
     pub queue: usize,
+    /// Also score each audited item with this replica's first-stage LLM, in the background and only while a
+    /// worker slot would stay free for escalations (shed first, never delaying a response); reported as
+    /// agreement between the LLM and Tier-0 — a proxy, not accuracy.
+    pub audit_llm: bool,
 }
 
 impl Default for FeedbackConfig {
@@ -34,6 +38,7 @@ impl Default for FeedbackConfig {
             max_bytes: 256 << 20,
             path: PathBuf::from("data/feedback.sqlite"),
             queue: 10_000,
+            audit_llm: false,
         }
     }
 }

@@ -118,6 +118,8 @@ pub struct AppState {
     pub recorder: Option<crate::record::Recorder>,
     /// Decision records, feedback and audits (`[feedback]`).
     pub ledger: Option<Arc<crate::ledger::Ledger>>,
+    /// The LLM's background scoring of audited answers (`[feedback] audit_llm`, with a ledger).
+    pub auditor: Option<crate::auditor::Auditor>,
     /// Latency-injection experiments in force.
     pub experiments: crate::experiments::Experiments,
     /// Start time.
@@ -178,6 +180,8 @@ impl AppState {
                 )?),
             },
             ledger: crate::ledger::open(&config, ledger_store)?,
+            auditor: (config.feedback.enabled && config.feedback.audit_llm)
+                .then(crate::auditor::Auditor::default),
             fleet_utilization: std::sync::Mutex::new(None),
             decisions: crate::outcome::Decisions::default(),
             tenant_figures: Arc::default(),

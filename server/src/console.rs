@@ -136,6 +136,11 @@ fn quality(state: &AppState) -> Vec<serde_json::Value> {
         .map(|l| l.summary())
         .unwrap_or_default();
     let cfg = state.policy.current().cfg.clone();
+    let agreement = state
+        .auditor
+        .as_ref()
+        .map(|a| a.counts())
+        .unwrap_or_default();
     state
         .route_order
         .iter()
@@ -145,6 +150,7 @@ fn quality(state: &AppState) -> Vec<serde_json::Value> {
             let mut v = summary.routes.get(name).cloned().unwrap_or_default().view();
             v["route"] = json!(name);
             v["risk"] = json!(r.risk.view(&cfg));
+            v["llm_agreement"] = agreement.get(name).map(|a| a.view()).into();
             v
         })
         .collect()

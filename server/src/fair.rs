@@ -196,6 +196,18 @@ impl Share {
         })
     }
 
+    /// A slot for background work, only while it leaves `spare` slots free for requests and nobody waits:
+    /// `None` otherwise (the work is shed, never queued).
+    pub fn try_spare(self: &Arc<Self>, spare: usize) -> Option<Slot> {
+        let mut s = self.state.lock().ok()?;
+        if !s.lanes.is_empty() || s.running + 1 + spare > self.capacity {
+            return None;
+        }
+        s.running += 1;
+        drop(s);
+        Some(self.slot())
+    }
+
     /// A slot for a job of `tenant`: at once when one is free and nobody waits, else after waiting in its lane
     /// for at most `wait`. Dropping the future while it waits gives its place (or a slot just granted) back.
     pub async fn acquire(
@@ -327,6 +339,50 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn background_work_takes_a_slot_only_while_one_stays_free_and_nobody_waits() {
+        let share = Share::new(2, 4);
+        let a: Arc<str> = Arc::from("a");
+        let bg = share
+            .try_spare(1)
+            .expect("both slots free: one may go to background work");
+        assert_eq!(share.load(), (1, 0));
+        assert!(
+            share.try_spare(1).is_none(),
+            "the last free slot is kept for requests"
+        );
+        let req = share
+            .acquire(&a, 1.0, Duration::from_millis(10))
+            .await
+            .unwrap();
+        assert_eq!(share.load(), (2, 0));
+        drop(bg);
+        let _second = share
+            .acquire(&a, 1.0, Duration::from_millis(10))
+            .await
+            .unwrap();
+        // A request waits: background work never jumps it.
+        let waiting = {
+            let share = share.clone();
+            let a = a.clone();
+            tokio::spawn(async move {
+                share
+                    .acquire(&a, 1.0, Duration::from_secs(5))
+                    .await
+                    .map(|_| ())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(share.load(), (2, 1));
+        assert!(share.try_spare(0).is_none(), "a request is waiting");
+        drop(req);
+        waiting.await.unwrap().unwrap();
+        assert!(
+            Share::new(1, 4).try_spare(1).is_none(),
+            "one slot: never for background work"
+        );
+    }
 
     fn name(s: &str) -> Arc<str> {
         Arc::from(s)

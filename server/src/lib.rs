@@ -4,6 +4,7 @@
 //! Must not depend on mistralrs: the LLM runs in `tiergate-reranker` processes, reached via `tiergate-queue`.
 
 pub mod app;
+pub mod auditor;
 pub mod auth;
 pub mod breaker;
 pub mod brownout;

@@ -89,6 +89,12 @@ pub const FEEDBACK_TOTAL: &str = "tiergate_feedback_total";
 pub const SILENT_ERROR: &str = "tiergate_tier0_silent_error_ratio";
 /// Audit items per route and state (`pending`, `labelled`).
 pub const AUDITS: &str = "tiergate_audits";
+/// Audited answers the LLM scored in the background, by route and result (`agree`, `disagree`, `shed`,
+/// `failed`).
+pub const AUDIT_LLM_TOTAL: &str = "tiergate_audit_llm_total";
+/// Agreement between the LLM and Tier-0 on the audited answers the LLM scored, by route (a proxy, not
+/// accuracy).
+pub const AUDIT_LLM_AGREEMENT: &str = "tiergate_audit_llm_agreement_ratio";
 /// Accuracy by feedback per route and channel.
 pub const FEEDBACK_ACCURACY: &str = "tiergate_feedback_accuracy_ratio";
 
@@ -221,6 +227,14 @@ fn describe() {
         "Tier-0's silent error from labelled audits, by route and bound (estimate, lower, upper of a 95% Clopper-Pearson interval)"
     );
     describe_gauge!(AUDITS, "Audit items by route and state (pending, labelled)");
+    describe_counter!(
+        AUDIT_LLM_TOTAL,
+        "Audited answers handed to the LLM in the background, by route and result (agree, disagree, shed, failed)"
+    );
+    describe_gauge!(
+        AUDIT_LLM_AGREEMENT,
+        "Agreement between the LLM and Tier-0 on audited answers, by route (a proxy, not accuracy)"
+    );
     describe_gauge!(
         FEEDBACK_ACCURACY,
         "Accuracy of the answers by feedback, by route and channel (self-selected: not an estimate of error)"

@@ -251,3 +251,172 @@ fn feedback_joins_an_answer_from_before_a_restart() {
     assert_eq!(code, 404, "{v}");
     assert_eq!(v["error"]["code"], "not_found");
 }
+
+/// The LLM's second opinion on audits (`[feedback] audit_llm`), with the real server and a stub worker process
+/// whose rerank takes 800 ms, two worker slots (an audit may take one only while the other stays free): a Tier-0 answer drawn for audit is never held up by its
+/// scoring (each answer comes well before a scoring job could have ended, also while one runs); an idle LLM
+/// scores every audit; while escalations keep a slot busy no audit is scored (each is shed, counted), the
+/// escalations all reach the LLM; once they end, scoring resumes. Every audit ends scored or shed, none lost.
+#[test]
+fn audits_never_delay_a_response_and_stop_while_the_llm_is_busy() {
+    const DELAY_MS: u128 = 800;
+    let work = tempfile::tempdir().unwrap();
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.extra_args=[\"--stub-delay-ms\", \"800\"]",
+        "--set",
+        "reranker.max_concurrent=2",
+        "--set",
+        "reranker.rerank_deadline_ms=10000",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        "--set",
+        "routing.audit_rate=1.0",
+        "--set",
+        "routing.allow_header_override=true",
+        "--set",
+        "server.admin_token=\"audit-token\"",
+        "--set",
+        "feedback.audit_llm=true",
+        "--set",
+        &format!(
+            "feedback.path=\"{}\"",
+            work.path().join("f.sqlite").display()
+        ),
+    ]);
+    let ask = |text: &str, escalate: bool| -> (u128, String) {
+        let mut req = ureq::post(&format!("{}/v1/chat/completions", s.base));
+        if escalate {
+            req = req
+                .set("x-tiergate-threshold", "0")
+                .set("x-tiergate-admin-token", "audit-token");
+        }
+        let t = std::time::Instant::now();
+        let r = req
+            .send_json(
+                json!({"model": "classify", "messages": [{"role": "user", "content": text}]}),
+            )
+            .unwrap();
+        let tier = r.header("x-tiergate-tier").unwrap_or("").to_string();
+        (t.elapsed().as_millis(), tier)
+    };
+    let agreement = || -> Value {
+        let v: Value = ureq::get(&format!("{}/admin/feedback", s.admin))
+            .set("authorization", "Bearer audit-token")
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        v["routes"]["classify"]["llm_agreement"].clone()
+    };
+    let n = |a: &Value, k: &str| a[k].as_u64().unwrap_or(0);
+    let wait_for = |done: &dyn Fn(&Value) -> bool| -> Value {
+        let t = std::time::Instant::now();
+        loop {
+            let a = agreement();
+            if done(&a) || t.elapsed().as_secs() > 20 {
+                return a;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+
+    // Idle: three Tier-0 answers, each drawn for audit; the second and third arrive while the first is scored.
+    for text in [
+        "my card has not arrived",
+        "how do I top up",
+        "exchange rate",
+    ] {
+        let (ms, tier) = ask(text, false);
+        assert_eq!(tier, "tier0");
+        assert!(
+            ms < DELAY_MS,
+            "a Tier-0 answer took {ms} ms: held up by its audit's scoring"
+        );
+    }
+    let a = wait_for(&|a| n(a, "scored") + n(a, "shed") + n(a, "failed") >= 3);
+    assert_eq!(
+        (n(&a, "scored"), n(&a, "shed"), n(&a, "failed")),
+        (3, 0, 0),
+        "an idle LLM scores every audit: {a}"
+    );
+    assert!(a["agreement"].is_number(), "{a}");
+    assert!(a["note"].as_str().unwrap().contains("not accuracy"));
+
+    // Busy: three clients keep both slots in escalations (one always waiting); Tier-0 answers drawn for audit
+    // meanwhile are shed.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (base, tiers) = (
+        s.base.clone(),
+        std::sync::Arc::new(std::sync::Mutex::new(Vec::new())),
+    );
+    let load: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, base, tiers) = (stop.clone(), base.clone(), tiers.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = ureq::post(&format!("{base}/v1/chat/completions"))
+                        .set("x-tiergate-threshold", "0")
+                        .set("x-tiergate-admin-token", "audit-token")
+                        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "lost card"}]}))
+                        .unwrap();
+                    let tier = r.header("x-tiergate-tier").unwrap_or("").to_string();
+                    tiers.lock().unwrap().push(tier);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = agreement();
+    for text in ["card lost", "top up", "pin blocked", "refund", "transfer"] {
+        let (ms, tier) = ask(text, false);
+        assert_eq!(tier, "tier0");
+        assert!(ms < DELAY_MS, "a Tier-0 answer under load took {ms} ms");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let busy = wait_for(&|a| n(a, "scored") + n(a, "shed") + n(a, "failed") >= 8);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in load {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        n(&busy, "scored"),
+        n(&before, "scored"),
+        "scored while the LLM was busy: {busy}"
+    );
+    assert_eq!(
+        n(&busy, "shed"),
+        5,
+        "every audit under load is shed: {busy}"
+    );
+    let tiers = tiers.lock().unwrap().clone();
+    assert!(tiers.len() >= 4, "{tiers:?}");
+    assert!(
+        tiers.iter().all(|t| t == "llm"),
+        "an escalation did not reach the LLM: {tiers:?}"
+    );
+
+    // Idle again: scoring resumes.
+    let (_, tier) = ask("my card has not arrived", false);
+    assert_eq!(tier, "tier0");
+    let after = wait_for(&|a| n(a, "scored") > n(&busy, "scored"));
+    assert_eq!(n(&after, "scored"), n(&busy, "scored") + 1, "{after}");
+    assert_eq!(
+        n(&after, "scored") + n(&after, "shed") + n(&after, "failed"),
+        9,
+        "{after}"
+    );
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("tiergate_audit_llm_total{route=\"classify\",result=\"shed\"} 5"),
+        "{metrics}"
+    );
+}

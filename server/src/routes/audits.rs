@@ -120,11 +120,22 @@ pub async fn summary(
         let ledger = ledger(&state, &headers, peer)?;
         let store = ledger.store();
         let s = blocking(move || store.summary(now_ms())).await?;
-        let routes: serde_json::Map<String, serde_json::Value> = s
+        let agreement = state
+            .auditor
+            .as_ref()
+            .map(|a| a.counts())
+            .unwrap_or_default();
+        let mut routes: serde_json::Map<String, serde_json::Value> = s
             .routes
             .iter()
             .map(|(r, v)| (r.clone(), v.view()))
             .collect();
+        for (r, a) in &agreement {
+            let v = routes
+                .entry(r.clone())
+                .or_insert_with(|| crate::ledger::RouteSummary::default().view());
+            v["llm_agreement"] = a.view();
+        }
         Ok::<_, ApiError>(
             axum::Json(json!({"routes": routes, "waiting": ledger.waiting()})).into_response(),
         )

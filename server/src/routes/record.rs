@@ -1,6 +1,7 @@
 //! After an answer: its decision record for the ledger (`[feedback]`), and the audit draw — a random
 //! `routing.audit_rate` share of the label answers Tier-0 gave alone (degraded ones included) is kept with its
-//! text for labelling. Both are handed to the ledger's writer without waiting.
+//! text for labelling (and, with `[feedback] audit_llm`, to the LLM's background scoring). All are handed
+//! over without waiting.
 
 use std::sync::Arc;
 
@@ -69,6 +70,14 @@ pub(super) fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
     };
     let rate = policy.cfg.audit_rate;
     if rec.tier0_alone() && !o.out_of_scope && rate > 0.0 && rand::random::<f64>() < rate {
+        if let (Some(auditor), Some(text)) = (&state.auditor, &a.text) {
+            auditor.offer(crate::auditor::Item {
+                route: rec.route.clone(),
+                text: text.clone(),
+                top: rec.top.clone(),
+                answered: rec.label.clone().unwrap_or_default(),
+            });
+        }
         ledger.record(Entry::Audit(Box::new(AuditItem {
             id: rec.id.clone(),
             route: rec.route.clone(),
