@@ -144,9 +144,31 @@ pub struct Args {
     #[arg(long)]
     pub cost: Option<PathBuf>,
 
+    /// Labelled workloads: post feedback (`POST /v1/feedback` with the row's label) on this share of the
+    /// answers, as a client that reports what it learned would.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    pub feedback: f64,
+
+    /// Labelled workloads: label the server's pending audits (`/admin/audits`, admin listener) with the rows'
+    /// labels every 2 s, as an operator would; the report follows Tier-0's silent error and the error bound.
+    #[arg(long)]
+    pub label_audits: bool,
+
+    /// Drift: from the N-th request on, each query keeps a random half of its words (terser users).
+    #[arg(long, value_name = "N")]
+    pub drift_at: Option<u64>,
+
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// A share in [0, 1].
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share in [0, 1]")),
+    }
 }
 
 /// `Name: value` → (name, value), both checked as HTTP header parts.

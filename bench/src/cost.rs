@@ -342,6 +342,7 @@ mod tests {
             scrape: Default::default(),
             client_cpu_s: 0.0,
             interrupted: false,
+            operator: None,
         };
         RunReport::build("run", serde_json::Value::Null, &data, &[], None)
     }

@@ -42,6 +42,8 @@ pub struct ChatResult {
     pub variant: Option<&'static str>,
     /// `x-tiergate-stage`: the cascade stage (LLM backend) that answered.
     pub stage: Option<&'static str>,
+    /// The completion id (`chatcmpl-…`), for feedback.
+    pub id: Option<String>,
 }
 
 impl ChatResult {
@@ -58,6 +60,7 @@ impl ChatResult {
             model_ms: None,
             variant: None,
             stage: None,
+            id: None,
         }
     }
 }
@@ -97,6 +100,11 @@ impl HttpClient {
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The bearer token of the chat endpoint.
+    pub fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
     }
 
     fn request(
@@ -186,6 +194,7 @@ impl HttpClient {
                 .and_then(|v| server_timing(v, "model")),
             variant: header("x-tiergate-variant"),
             stage: header(tiergate_core::outcome::header::STAGE),
+            id: None,
         };
         let body = resp.into_body();
         if !(200..300).contains(&status) {
@@ -207,6 +216,7 @@ impl HttpClient {
                     out.first_token = Some(Instant::now());
                     match serde_json::from_slice::<Value>(&raw) {
                         Ok(v) => {
+                            out.id = v["id"].as_str().map(str::to_string);
                             out.content = v["choices"][0]["message"]["content"]
                                 .as_str()
                                 .unwrap_or_default()
@@ -294,6 +304,9 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
                     v["error"]["type"].as_str().unwrap_or("stream_error"),
                 ));
                 continue;
+            }
+            if out.id.is_none() {
+                out.id = v["id"].as_str().map(str::to_string);
             }
             if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
                 if !c.is_empty() {

@@ -13,6 +13,7 @@ pub mod deadlines;
 pub mod derive;
 pub mod html;
 pub mod http;
+pub mod operator;
 pub mod output;
 pub mod patience;
 pub mod report;

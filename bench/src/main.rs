@@ -124,6 +124,9 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         "headers": args.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>(),
         "patience": args.patience,
         "deadline_ms": args.deadline,
+        "feedback": args.feedback,
+        "label_audits": args.label_audits,
+        "drift_at": args.drift_at,
     });
     let plan = Plan {
         items: Arc::new(items),
@@ -143,6 +146,11 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         name: "run".into(),
         deadline: args.deadline,
         prepared: Arc::default(),
+        operator: Arc::new(tiergate_bench::operator::Operator::new(
+            args.feedback,
+            args.label_audits,
+            args.drift_at,
+        )),
     };
     let token = args.admin_token.as_deref();
 

@@ -48,6 +48,9 @@ pub struct RunReport {
     pub deadlines: Option<crate::deadlines::DeadlineReport>,
     /// LLM answers by the cascade stage that gave them (`x-tiergate-stage`), by name.
     pub stages: Vec<(String, u64)>,
+    /// What the operator did (`--feedback`, `--label-audits`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operator: Option<crate::operator::Done>,
 }
 
 /// Answers per cascade stage, by name.
@@ -117,8 +120,66 @@ impl RunReport {
             cost: None,
             deadlines: crate::deadlines::report(os),
             stages: by_stage(os),
+            operator: data.operator.clone(),
             scrape: data.scrape.clone(),
             channels,
+        }
+    }
+
+    /// The operator's part: what it posted and labelled, and the server's silent error and error bound as the
+    /// run went (about ten evenly spaced scrapes and the last).
+    fn write_quality(&self, s: &mut String) {
+        let Some(op) = &self.operator else { return };
+        let _ = writeln!(
+            s,
+            "  operator: {} feedback posted ({} failed), {} audits labelled ({} with a text the workload lacks, {} failed)",
+            op.feedback_posted, op.feedback_failed, op.audits_labelled, op.audits_unknown, op.label_failed
+        );
+        let rows: Vec<(f64, &crate::operator::Quality, Option<f64>)> = self
+            .scrape
+            .samples
+            .iter()
+            .filter_map(|x| Some((x.t, x.quality.as_ref()?, x.escalated_share_10s)))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "  {:>6} {:>8} {:>22} {:>9} {:>9} {:>9} {:>10}",
+            "t (s)",
+            "audits",
+            "silent error (95% CI)",
+            "θ rows",
+            "θ audits",
+            "θ bound",
+            "escalated"
+        );
+        let step = rows.len().div_ceil(10).max(1);
+        let last = rows.len() - 1;
+        let f3 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", 100.0 * v));
+        for (i, (t, q, esc)) in rows.iter().enumerate() {
+            if i % step != 0 && i != last {
+                continue;
+            }
+            let err = match (q.silent_error, q.silent_lower, q.silent_upper) {
+                (Some(e), Some(l), Some(u)) => {
+                    format!("{} ({}–{})", pct(Some(e)), pct(Some(l)), pct(Some(u)))
+                }
+                _ => "-".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "  {:>6.0} {:>8} {:>22} {:>9} {:>9} {:>9} {:>10}",
+                t,
+                q.audits_labelled.map_or("-".to_string(), |n| n.to_string()),
+                err,
+                f3(q.theta_calibration),
+                f3(q.theta_audits),
+                f3(q.risk_theta),
+                pct(*esc)
+            );
         }
     }
 
@@ -270,6 +331,7 @@ impl RunReport {
                 stat(&|x| x.queue_depth),
             );
         }
+        self.write_quality(&mut s);
         if !self.slo.is_empty() {
             let _ = writeln!(
                 s,

@@ -56,6 +56,8 @@ pub struct Plan {
     pub deadline: Option<crate::deadlines::DeadlineSpec>,
     /// Requests prepared so far (draws the budgets).
     pub prepared: Arc<AtomicU64>,
+    /// Feedback, audit labels and drift (`--feedback`, `--label-audits`, `--drift-at`).
+    pub operator: Arc<crate::operator::Operator>,
 }
 
 /// What a run produced.
@@ -68,6 +70,8 @@ pub struct RunData {
     /// CPU time the bench process spent (user + system), seconds.
     pub client_cpu_s: f64,
     pub interrupted: bool,
+    /// What the operator did (`None`: nothing asked).
+    pub operator: Option<crate::operator::Done>,
 }
 
 /// User + system CPU time of this process, seconds.
@@ -86,6 +90,7 @@ pub fn cpu_seconds() -> f64 {
 
 struct Shared {
     client: HttpClient,
+    operator: Arc<crate::operator::Operator>,
     stream: bool,
     extra: Vec<(String, String)>,
     start: Instant,
@@ -97,6 +102,8 @@ struct Prepared {
     label: Option<String>,
     check_label: bool,
     budget_ms: Option<u32>,
+    /// Post feedback on the answer.
+    feedback: bool,
 }
 
 impl Plan {
@@ -108,11 +115,15 @@ impl Plan {
             _ => true,
         };
         let n = self.prepared.fetch_add(1, Ordering::Relaxed);
+        let text = self
+            .operator
+            .text(&item.text, item.label.as_deref(), self.seed, n);
         Prepared {
-            body: chat_body(route, &item.text, self.stream, self.max_tokens),
+            body: chat_body(route, &text, self.stream, self.max_tokens),
             label: item.label.clone(),
             check_label,
             budget_ms: self.deadline.map(|d| d.draw(self.seed, n)),
+            feedback: check_label && self.operator.gives_feedback(self.seed, n),
         }
     }
 }
@@ -142,7 +153,12 @@ async fn one(s: &Shared, p: Prepared, intended: Instant) -> Outcome {
         Ok(r) => r,
         Err(_) => ChatResult::failed("timeout"),
     };
-    finish(s, r, intended, sent, &p)
+    let id = r.id.clone();
+    let o = finish(s, r, intended, sent, &p);
+    if let (true, Some(id), Some(label), None) = (p.feedback, id, &p.label, o.error) {
+        s.operator.post_feedback(&s.client, &id, label).await;
+    }
+    o
 }
 
 fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepared) -> Outcome {
@@ -183,6 +199,7 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
     let start = Instant::now();
     let shared = Arc::new(Shared {
         client: client.clone(),
+        operator: plan.operator.clone(),
         stream: plan.stream,
         extra: plan.extra_headers.clone(),
         start,
@@ -194,13 +211,29 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
     // The server's view, once a second.
     let scrape = Arc::new(Mutex::new(Scrape::default()));
     let (scrape_stop, scrape_stop_rx) = watch::channel(false);
+    let quality_of = plan.operator.active().then(|| plan.route.clone());
     let scraper = tokio::spawn(scrape_loop(
         plan.admin.clone(),
         plan.admin_token.clone(),
         start,
         scrape_stop_rx,
         scrape.clone(),
+        quality_of,
     ));
+    let labeller = plan.operator.label_audits.then(|| {
+        let (op, admin, token, route) = (
+            plan.operator.clone(),
+            plan.admin.clone(),
+            plan.admin_token.clone(),
+            plan.route.clone(),
+        );
+        let (tx, stop) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            op.label_loop(admin, token, route, Duration::from_secs(2), stop)
+                .await
+        });
+        (tx, task)
+    });
 
     let driver = {
         let plan = plan.clone();
@@ -263,6 +296,11 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
     }
     let _ = driver.await;
     let elapsed_s = start.elapsed().as_secs_f64();
+    // The audits' last labels first, then the scraper's last look.
+    if let Some((tx, task)) = labeller {
+        let _ = tx.send(true);
+        let _ = task.await;
+    }
     let _ = scrape_stop.send(true);
     let _ = scraper.await;
     let scrape = scrape.lock().map(|s| s.clone()).unwrap_or_default();
@@ -272,6 +310,7 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
         scrape,
         client_cpu_s: cpu_seconds() - cpu0,
         interrupted: *stop.borrow(),
+        operator: plan.operator.active().then(|| plan.operator.done()),
     }
 }
 

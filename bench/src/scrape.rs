@@ -22,6 +22,10 @@ pub struct Sample {
     pub escalated_share_10s: Option<f64>,
     pub mode: Option<String>,
     pub version: Option<u64>,
+    /// The run's route's silent error and error bound (runs with `--feedback`, `--label-audits` or
+    /// `--drift-at`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<crate::operator::Quality>,
 }
 
 /// The scrape record of a run.
@@ -42,6 +46,7 @@ impl Sample {
             escalated_share_10s: v["escalated_share_10s"].as_f64(),
             mode: v["mode"].as_str().map(str::to_string),
             version: v["version"].as_u64(),
+            quality: None,
         }
     }
 }
@@ -60,29 +65,54 @@ pub async fn routing(client: &HttpClient, token: Option<&str>) -> Result<Value, 
     Ok(v)
 }
 
-/// Scrape once a second until `stop` turns true.
+/// Scrape once a second until `stop` turns true; runs that follow the server's quality (`quality_of`) scrape
+/// once more then, so the report ends with the state the run left.
 pub async fn scrape_loop(
     client: HttpClient,
     token: Option<String>,
     start: Instant,
     mut stop: watch::Receiver<bool>,
     out: Arc<Mutex<Scrape>>,
+    quality_of: Option<String>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = false;
     loop {
+        if last {
+            return;
+        }
         tokio::select! {
             _ = tick.tick() => {}
-            _ = stop.changed() => return,
+            _ = stop.changed() => {
+                if quality_of.is_none() {
+                    return;
+                }
+                last = true;
+            }
         }
-        if *stop.borrow() {
+        if *stop.borrow() && !last {
             return;
         }
         let got = routing(&client, token.as_deref()).await;
+        let feedback = match (&quality_of, &got) {
+            (Some(_), Ok(_)) => client
+                .json(Method::GET, "/admin/feedback", token.as_deref(), None)
+                .await
+                .ok()
+                .map(|(_, v)| v),
+            _ => None,
+        };
         let t = start.elapsed().as_secs_f64();
         let Ok(mut rec) = out.lock() else { return };
         match got {
-            Ok(v) => rec.samples.push(Sample::from_view(t, &v)),
+            Ok(v) => {
+                let mut sample = Sample::from_view(t, &v);
+                if let (Some(route), Some(f)) = (&quality_of, &feedback) {
+                    sample.quality = Some(crate::operator::Quality::of(f, &v, route));
+                }
+                rec.samples.push(sample);
+            }
             Err(e) => {
                 if rec.samples.is_empty() {
                     rec.unavailable = Some(e);

@@ -420,3 +420,99 @@ fn audits_never_delay_a_response_and_stop_while_the_llm_is_busy() {
         "{metrics}"
     );
 }
+
+/// The operator's loop from the bench on the project's labelled workload: `tiergate-bench --feedback 0.5
+/// --label-audits --drift-at 30` against the real server with every Tier-0 answer audited. The bench labels
+/// the server's pending audits with the rows' gold labels (the drifted texts included), posts feedback on about
+/// half the answers, and its report follows the server's silent error; what it says it did is what the server
+/// holds.
+#[test]
+fn the_bench_posts_feedback_labels_audits_and_follows_the_silent_error() {
+    let work = tempfile::tempdir().unwrap();
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        "--set",
+        "routing.audit_rate=1.0",
+        "--set",
+        "server.admin_token=\"op-token\"",
+        "--set",
+        &format!(
+            "feedback.path=\"{}\"",
+            work.path().join("f.sqlite").display()
+        ),
+    ]);
+    let report = work.path().join("report.json");
+    let out = Command::new(binary("tiergate-bench"))
+        .args(["--url", &s.base, "--admin-url", &s.admin])
+        .args(["--admin-token", "op-token", "--route", "classify"])
+        .arg("--data")
+        .arg(root().join("bench/workloads/bank24.jsonl"))
+        .args(["--requests", "60", "--concurrency", "2", "--quiet"])
+        .args(["--feedback", "0.5", "--label-audits", "--drift-at", "30"])
+        .arg("--json")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("silent error (95% CI)"), "{text}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let run = &v["runs"][0];
+    let op = &run["operator"];
+    assert_eq!(op["label_failed"], 0, "{op}");
+    assert_eq!(op["feedback_failed"], 0, "{op}");
+    assert_eq!(
+        op["audits_unknown"], 0,
+        "every audited text, drifted or not, is one the bench sent: {op}"
+    );
+    let posted = op["feedback_posted"].as_u64().unwrap();
+    assert!((15..=45).contains(&posted), "about half of 60: {op}");
+
+    // The last answers' audits may still be on their way to the store when the bench ends.
+    let t = std::time::Instant::now();
+    let server = loop {
+        let v: Value = ureq::get(&format!("{}/admin/feedback", s.admin))
+            .set("authorization", "Bearer op-token")
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let a = &v["routes"]["classify"]["audits"];
+        let n = a["labelled"].as_u64().unwrap_or(0) + a["pending"].as_u64().unwrap_or(0);
+        if n >= 60 || t.elapsed().as_secs() > 5 {
+            break v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let c = &server["routes"]["classify"];
+    let labelled = c["audits"]["labelled"].as_u64().unwrap();
+    assert_eq!(labelled, op["audits_labelled"].as_u64().unwrap(), "{c}");
+    assert_eq!(
+        labelled + c["audits"]["pending"].as_u64().unwrap(),
+        60,
+        "every answer audited: {c}"
+    );
+    assert!(labelled >= 40, "the bench labelled most of them: {c}");
+    let fb = &c["feedback"]["tier0"];
+    assert_eq!(
+        fb["untrusted_n"].as_u64(),
+        Some(posted),
+        "the feedback the bench posted is the server's: {c}"
+    );
+    let samples = run["scrape"]["samples"].as_array().unwrap();
+    let seen: Vec<u64> = samples
+        .iter()
+        .filter_map(|x| x["quality"]["audits_labelled"].as_u64())
+        .collect();
+    assert!(!seen.is_empty(), "{run}");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+}
