@@ -150,6 +150,7 @@ impl Config {
             if let Some(pr) = &r.prompts {
                 pr.validate(&format!("routes[{i}].prompts"))?;
             }
+            let mut stage_names = std::collections::HashSet::new();
             for (k, st) in r.stages.iter().flatten().enumerate() {
                 let listed = st.backends();
                 if listed.is_empty()
@@ -166,6 +167,17 @@ impl Config {
                         format!(
                             "`{unknown}` is no [[llm]] backend (backends: {})",
                             names.join(", ")
+                        ),
+                    ));
+                }
+                if st.name().trim().is_empty() || !stage_names.insert(st.name()) {
+                    return Err(ConfigError::invalid(
+                        format!("routes[{i}].stages[{k}].name"),
+                        format!(
+                            "route `{}` has two stages named `{}` (a stage is named after its first backend \
+                             unless it has a `name`; each stage's policy is kept under its name): name them apart",
+                            r.name,
+                            st.name()
                         ),
                     ));
                 }

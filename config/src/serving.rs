@@ -790,6 +790,10 @@ pub enum StageConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageTable {
+    /// The stage's name within its route (its policy's key in `/admin/routing?stage=`, the shared store and
+    /// metrics); by default its first backend's. Two stages of one route may not share a name.
+    #[serde(default)]
+    pub name: Option<String>,
     /// The one backend.
     #[serde(default)]
     pub llm: Option<String>,
@@ -834,6 +838,14 @@ pub enum Grade {
 }
 
 impl StageConfig {
+    /// Its name: its own, else its first backend's.
+    pub fn name(&self) -> &str {
+        match self {
+            StageConfig::Table(StageTable { name: Some(n), .. }) => n,
+            _ => self.backends().first().copied().unwrap_or(""),
+        }
+    }
+
     /// Its backends' names, in the order listed.
     pub fn backends(&self) -> Vec<&str> {
         match self {

@@ -46,9 +46,12 @@ pub struct Route {
 /// One stage of a route's cascade.
 #[derive(Clone)]
 pub struct Stage {
-    /// Its first backend's index ([`AppState::backend`]) and name (answer and generate routes use it).
+    /// Its first backend's index ([`AppState::backend`]; answer and generate routes use it).
     pub backend: usize,
+    /// Its name in the route (`stages[].name`, by default its first backend's): its policy's key.
     pub name: String,
+    /// Candidates its LLM reranks (its first backend's `candidates`).
+    pub candidates: usize,
     /// Its alternatives (index, name), the first included, and how to choose and retry among them.
     pub alternatives: Vec<(usize, String)>,
     pub prefer: tiergate_config::Prefer,
@@ -249,21 +252,29 @@ impl AppState {
         )
     }
 
-    /// One reading of the pressure (utilisation `u`, the LLM's queue and recent P95) for the ladder.
+    /// Every LLM backend that runs workers, with its index ([`AppState::backend`]).
+    pub fn backends(&self) -> impl Iterator<Item = (usize, &Llm)> {
+        (0..=self.others.len()).filter_map(|i| Some((i, self.backend(i)?)))
+    }
+
+    /// One reading of the pressure for the ladder: the largest over the LLM backends of each one's queue fill
+    /// and recent P95, and utilisation `u`.
     pub fn observe_brownout(&self, u: f64) {
         let cfg = &self.config.brownout;
         if !cfg.enabled {
             metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(0.0);
             return;
         }
-        let (waiting, room, p95) = self.llm.as_ref().map_or((0, 1, Duration::ZERO), |l| {
-            let (_, waiting) = l.share.load();
-            let room = l.limits.in_flight.saturating_sub(l.limits.capacity);
-            let p95 = l.rerank_times.recent_p95(Duration::from_secs(30));
-            (waiting, room, p95.unwrap_or_default())
-        });
         let limit = Duration::from_millis(cfg.p95_limit_ms);
-        let llm = crate::brownout::pressure(waiting, room, p95, limit, u);
+        let llm = self
+            .backends()
+            .map(|(_, l)| {
+                let (_, waiting) = l.share.load();
+                let room = l.limits.in_flight.saturating_sub(l.limits.capacity);
+                let p95 = l.rerank_times.recent_p95(Duration::from_secs(30));
+                crate::brownout::pressure(waiting, room, p95.unwrap_or_default(), limit, u)
+            })
+            .fold(u, f64::max);
         let max = self.config.server.max_in_flight.max(1);
         let own = max.saturating_sub(self.admission.available_permits()) as f64 / max as f64;
         let Ok(mut ladder) = self.brownout.lock() else {
@@ -385,9 +396,44 @@ impl AppState {
         }
     }
 
-    /// Live, ready workers (0 without an LLM side).
+    /// Live, ready workers of every backend together (0 without an LLM side).
     pub fn live_workers(&self) -> usize {
-        self.llm.as_ref().map_or(0, |l| l.client.live_workers())
+        self.backends().map(|(_, l)| l.client.live_workers()).sum()
+    }
+
+    /// LLM jobs in flight on every backend together.
+    pub fn in_flight(&self) -> usize {
+        self.backends().map(|(_, l)| l.client.in_flight()).sum()
+    }
+
+    /// Jobs of `tenant` waiting for a slot on any backend.
+    pub fn waiting(&self, tenant: &str) -> usize {
+        self.backends().map(|(_, l)| l.share.waiting(tenant)).sum()
+    }
+
+    /// Whether every backend's breaker is closed.
+    pub fn breakers_closed(&self) -> bool {
+        self.backends().all(|(_, l)| l.breaker_closed())
+    }
+
+    /// The generate routes whose first stage has backends with workers, none of them live: they cannot
+    /// answer now.
+    pub fn unserved(&self) -> Vec<&str> {
+        self.route_order
+            .iter()
+            .filter_map(|n| self.routes.get(n))
+            .filter(|r| r.kind == RouteKind::Generate)
+            .filter(|r| {
+                let first = r.stages.first();
+                let run: Vec<&Llm> = first
+                    .into_iter()
+                    .flat_map(|s| s.alternatives.iter())
+                    .filter_map(|(b, _)| self.backend(*b))
+                    .collect();
+                !run.is_empty() && run.iter().all(|l| l.client.live_workers() == 0)
+            })
+            .map(|r| r.name.as_str())
+            .collect()
     }
 }
 
@@ -395,7 +441,6 @@ impl AppState {
 /// same head share one prefilter.
 fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<String>)> {
     let configs = config.backends()?;
-    let backends: Vec<String> = configs.iter().map(|(n, _)| n.clone()).collect();
     let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
     let mut routes = HashMap::new();
     let mut order = Vec::new();
@@ -418,7 +463,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             .prompts
             .clone()
             .unwrap_or_else(|| config.reranker.prompts.clone());
-        let mut stages = stages_of(r, &backends, &config.routing);
+        let mut stages = stages_of(r, &configs, &config.routing);
         // The first stage's judge decides how candidates are shown (grounded or not).
         let first = stages
             .first()
@@ -473,12 +518,13 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
     Ok((routes, order))
 }
 
-/// Route `r`'s cascade over `backends` (validated names): its `stages`, or the first backend.
+/// Route `r`'s cascade over the backends (`configs`, names validated): its `stages`, or the first backend.
 fn stages_of(
     r: &tiergate_config::RouteConfig,
-    backends: &[String],
+    configs: &[(String, tiergate_config::RerankerConfig)],
     global: &tiergate_config::RoutingConfig,
 ) -> Vec<Stage> {
+    let backends: Vec<String> = configs.iter().map(|(n, _)| n.clone()).collect();
     let default = [tiergate_config::StageConfig::Name(backends[0].clone())];
     let listed: &[tiergate_config::StageConfig] = r.stages.as_deref().unwrap_or(&default);
     listed
@@ -490,10 +536,11 @@ fn stages_of(
                 .into_iter()
                 .filter_map(|n| Some((backends.iter().position(|b| b == n)?, n.to_string())))
                 .collect();
-            let (backend, name) = alternatives.first()?.clone();
+            let (backend, _) = alternatives.first()?.clone();
             Some(Stage {
                 backend,
-                name,
+                name: st.name().to_string(),
+                candidates: configs.get(backend).map_or(1, |(_, c)| c.candidates),
                 alternatives,
                 prefer: st.prefer(),
                 retries: st.retries(),

@@ -38,7 +38,7 @@ fn tenants(state: &AppState) -> Vec<serde_json::Value> {
             json!({
                 "name": name,
                 "counts": c,
-                "waiting": state.llm.as_ref().map_or(0, |l| l.share.waiting(&name)),
+                "waiting": state.waiting(&name),
                 "weight": t.map_or(1.0, |t| t.weight),
                 "llm_seconds_left": t
                     .and_then(|t| t.budget())
@@ -105,7 +105,7 @@ pub async fn data(
         "utilization_in_use": live.utilization_in_use,
         "escalated_share_60s": live.escalated_share_60s,
         "degraded_share_recent": degraded,
-        "queue_depth": state.llm.as_ref().map_or(0, |l| l.client.in_flight()),
+        "queue_depth": state.in_flight(),
         "p95_ms": crate::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
         "bands_ms": tiergate_core::bands::BANDS
             .iter()
@@ -115,7 +115,7 @@ pub async fn data(
         "decisions": recent.iter().rev().take(50).collect::<Vec<_>>(),
         "tenants": tenants(&state),
         "brownout": state.brownout().as_str(),
-        "breaker": state.llm.as_ref().map(|l| if l.breaker_closed() { "closed" } else { "open" }),
+        "breaker": state.llm.is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
         "history": state.history.points(),
         "stages": state.stage_policies().map(|(route, stage, p)| json!({

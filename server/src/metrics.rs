@@ -255,7 +255,11 @@ fn describe() {
         Unit::Seconds,
         "Escalation submit to first event"
     );
-    describe_histogram!(RERANK_SECONDS, Unit::Seconds, "Rerank round trip");
+    describe_histogram!(
+        RERANK_SECONDS,
+        Unit::Seconds,
+        "Rerank round trip, by cascade stage and the backend that answered"
+    );
     describe_histogram!(
         TTFT_SECONDS,
         Unit::Seconds,

@@ -1,7 +1,10 @@
 //! The utilisation signal u: NVML (GPU) when it initialises, the fleet's Prometheus query when configured and
 //! fresh, else the reranker workers' busy fraction, else a value an operator sets; smoothed, with the source in
-//! use visible in `/admin/routing`.
+//! use visible in `/admin/routing`. Each policy reads the workers of its own backends: the routing policy
+//! those of the routes' first stages, a later stage's policy those of its stage; every backend's queue feeds
+//! the brownout ladder.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -9,12 +12,12 @@ use std::time::{Duration, Instant};
 use tiergate_config::UtilizationSource;
 use tiergate_queue::layout::MAX_WORKERS;
 
-use crate::app::AppState;
+use crate::app::{AppState, Llm};
 
 const PERIOD: Duration = Duration::from_millis(500);
 const ALPHA: f64 = 0.3;
 
-/// Samples u every 500 ms into the policy, until the state is dropped (it holds only a weak reference).
+/// Samples u every 500 ms into the policies, until the state is dropped (it holds only a weak reference).
 pub async fn sample_utilization(state: Weak<AppState>) {
     let nvml = tokio::task::spawn_blocking(|| nvml_wrapper::Nvml::init().ok())
         .await
@@ -23,79 +26,147 @@ pub async fn sample_utilization(state: Weak<AppState>) {
     if nvml.is_some() {
         tracing::info!("NVML initialised: GPU utilisation drives the load-adaptive threshold");
     }
-    let mut last_busy: Option<(Instant, u64)> = None;
-    let mut smooth = 0.0f64;
+    let mut busy = Busy::default();
+    let mut smooth: HashMap<String, f64> = HashMap::new();
     loop {
         tokio::time::sleep(PERIOD).await;
         let Some(state) = state.upgrade() else {
             return;
         };
-        if let Some(llm) = &state.llm {
-            metrics::counter!(crate::metrics::EXPIRED_UNSTARTED_TOTAL)
+        for (_, llm) in state.backends() {
+            metrics::counter!(crate::metrics::EXPIRED_UNSTARTED_TOTAL, "backend" => llm.name.clone())
                 .absolute(llm.client.expired_unstarted());
         }
-        let policy = state.policy.current();
-        let want = policy.cfg.utilization_source;
-        let gpu = || {
-            nvml.as_ref()
+        let signals = Signals {
+            gpu: nvml
+                .as_ref()
                 .and_then(|n| n.device_by_index(0).ok())
                 .and_then(|d| d.utilization_rates().ok())
-                .map(|u| f64::from(u.gpu) / 100.0)
+                .map(|u| f64::from(u.gpu) / 100.0),
+            fleet: fleet(&state),
+            workers: busy.read(&state),
         };
-        let mut workers = || -> Option<f64> {
-            let llm = state.llm.as_ref()?;
-            let h = llm.client.segment().header();
-            let live = llm.client.live_workers().max(1) as f64;
-            let busy: u64 = h
-                .workers
-                .iter()
-                .take(MAX_WORKERS)
-                .map(|w| w.busy_ns.load(Ordering::Relaxed))
-                .sum();
-            let now = Instant::now();
-            let (t0, b0) = last_busy.replace((now, busy))?;
-            let dt = now.duration_since(t0).as_nanos() as f64;
-            Some((busy.saturating_sub(b0) as f64 / (dt * live)).clamp(0.0, 1.0))
-        };
-        let stale = Duration::from_millis(state.config.utilization.stale_ms);
-        let fleet = state
-            .fleet_utilization
-            .lock()
-            .ok()
-            .and_then(|v| *v)
-            .filter(|(at, _)| at.elapsed() < stale)
-            .map(|(_, u)| u);
-        let (sample, source) = match want {
-            UtilizationSource::Manual => (Some(policy.cfg.manual_utilization), "manual"),
-            UtilizationSource::Nvml => (gpu(), "nvml"),
-            UtilizationSource::Workers => (workers(), "workers"),
-            // The fleet's value while fresh; the workers' while the query fails or is stale.
-            UtilizationSource::Prometheus => match fleet {
-                Some(u) => (Some(u), "prometheus"),
-                None => (workers(), "workers"),
-            },
-            UtilizationSource::Auto => match (gpu(), fleet) {
-                (Some(g), _) => (Some(g), "nvml"),
-                (None, Some(u)) => (Some(u), "prometheus"),
-                (None, None) => (workers(), "workers"),
-            },
-        };
-        if let Some(u) = sample {
-            smooth = if source == "manual" {
-                u
-            } else {
-                tiergate_core::stats::ewma(Some(smooth), u, ALPHA)
-            };
-            state.policy.set_utilization(smooth, source);
-            for (_, _, p) in state.stage_policies() {
-                p.set_utilization(smooth, source);
+        let firsts: Vec<usize> = state
+            .routes
+            .values()
+            .filter_map(|r| r.stages.first())
+            .flat_map(|s| s.alternatives.iter().map(|(b, _)| *b))
+            .collect();
+        let u = feed(
+            &state.policy,
+            &signals,
+            &firsts,
+            smooth.entry(String::new()).or_default(),
+        );
+        for r in state.routes.values() {
+            for s in r.stages.iter().skip(1) {
+                let Some(p) = &s.policy else { continue };
+                let mine: Vec<usize> = s.alternatives.iter().map(|(b, _)| *b).collect();
+                let key = format!("{}/{}", r.name, s.name);
+                feed(p, &signals, &mine, smooth.entry(key).or_default());
             }
-        } else {
-            state.policy.set_utilization(smooth, "none");
         }
-        state.observe_brownout(smooth);
+        state.observe_brownout(u);
         state.sample_history();
     }
+}
+
+/// One reading of every source.
+struct Signals {
+    gpu: Option<f64>,
+    fleet: Option<f64>,
+    /// Each backend's busy fraction (by [`AppState::backend`] index).
+    workers: Vec<Option<f64>>,
+}
+
+impl Signals {
+    /// The busiest of `backends`' workers.
+    fn workers(&self, backends: &[usize]) -> Option<f64> {
+        backends
+            .iter()
+            .filter_map(|b| self.workers.get(*b).copied().flatten())
+            .reduce(f64::max)
+    }
+}
+
+/// Feeds `policy` its u from the source it asks for (its backends' workers where workers count), smoothed
+/// in `smooth`; returns the smoothed u.
+fn feed(policy: &crate::policy::Policy, s: &Signals, backends: &[usize], smooth: &mut f64) -> f64 {
+    let cfg = policy.current().cfg.clone();
+    let workers = || s.workers(backends);
+    let (sample, source) = match cfg.utilization_source {
+        UtilizationSource::Manual => (Some(cfg.manual_utilization), "manual"),
+        UtilizationSource::Nvml => (s.gpu, "nvml"),
+        UtilizationSource::Workers => (workers(), "workers"),
+        // The fleet's value while fresh; the workers' while the query fails or is stale.
+        UtilizationSource::Prometheus => match s.fleet {
+            Some(u) => (Some(u), "prometheus"),
+            None => (workers(), "workers"),
+        },
+        UtilizationSource::Auto => match (s.gpu, s.fleet) {
+            (Some(g), _) => (Some(g), "nvml"),
+            (None, Some(u)) => (Some(u), "prometheus"),
+            (None, None) => (workers(), "workers"),
+        },
+    };
+    match sample {
+        Some(u) => {
+            *smooth = if source == "manual" {
+                u
+            } else {
+                tiergate_core::stats::ewma(Some(*smooth), u, ALPHA)
+            };
+            policy.set_utilization(*smooth, source);
+        }
+        None => policy.set_utilization(*smooth, "none"),
+    }
+    *smooth
+}
+
+/// The fleet's utilisation from the Prometheus source, while fresh.
+fn fleet(state: &AppState) -> Option<f64> {
+    let stale = Duration::from_millis(state.config.utilization.stale_ms);
+    state
+        .fleet_utilization
+        .lock()
+        .ok()
+        .and_then(|v| *v)
+        .filter(|(at, _)| at.elapsed() < stale)
+        .map(|(_, u)| u)
+}
+
+/// Each backend's workers' busy time at the last reading.
+#[derive(Default)]
+struct Busy {
+    last: HashMap<usize, (Instant, u64)>,
+}
+
+impl Busy {
+    /// Each backend's busy fraction since the last reading (`None`: no workers, or its first reading).
+    fn read(&mut self, state: &AppState) -> Vec<Option<f64>> {
+        let mut out = vec![None; state.backend_names.len()];
+        for (i, llm) in state.backends() {
+            let busy = busy_ns(llm);
+            let now = Instant::now();
+            if let (Some((t0, b0)), Some(slot)) = (self.last.insert(i, (now, busy)), out.get_mut(i))
+            {
+                let live = llm.client.live_workers().max(1) as f64;
+                let dt = now.duration_since(t0).as_nanos() as f64;
+                *slot = Some((busy.saturating_sub(b0) as f64 / (dt * live)).clamp(0.0, 1.0));
+            }
+        }
+        out
+    }
+}
+
+/// The nanoseconds `llm`'s workers have been busy, all together.
+fn busy_ns(llm: &Llm) -> u64 {
+    let h = llm.client.segment().header();
+    h.workers
+        .iter()
+        .take(MAX_WORKERS)
+        .map(|w| w.busy_ns.load(Ordering::Relaxed))
+        .sum()
 }
 
 /// Seconds since the Unix epoch (0 on a clock before it).

@@ -12,98 +12,10 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tiergate_config::{Config, RoutingConfig};
-use tiergate_prefilter::testing::TinyModel;
-use tiergate_server::app::AppState;
-use tiergate_server::routes::{admin_router, router};
 use tower::ServiceExt;
 
 mod common;
-
-struct Rig {
-    app: axum::Router,
-    admin: axum::Router,
-    state: Arc<AppState>,
-    _tiny: TinyModel,
-}
-
-fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
-    let tiny = TinyModel::create(2).unwrap();
-    let mut cfg = common::config(&tiny);
-    cfg.reranker.workers = workers;
-    cfg.reranker.engine = tiergate_config::EngineKind::Stub;
-    cfg.reranker.heartbeat_timeout_ms = 1000;
-    cfg.server.admin_token = Some(TOKEN.into());
-    cfg.routing.allow_header_override = true;
-    cfg.server.max_body_bytes = 16 * 1024;
-    tweak(&mut cfg);
-    let state = Arc::new(AppState::build(cfg, None, Some(common::worker_program())).unwrap());
-    let t = Instant::now();
-    while state.live_workers() < workers {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "stub worker did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Rig {
-        app: router(state.clone()),
-        admin: admin_router(state.clone()),
-        state,
-        _tiny: tiny,
-    }
-}
-
-const TOKEN: &str = "secret-token";
-
-/// Forces θ on a chat request the way an operator may: the override header plus the admin token.
-fn force(req: &mut Request<Body>, theta: &str) {
-    req.headers_mut()
-        .insert("x-tiergate-threshold", theta.parse().unwrap());
-    req.headers_mut()
-        .insert("x-tiergate-admin-token", TOKEN.parse().unwrap());
-}
-
-async fn call(
-    app: &axum::Router,
-    req: Request<Body>,
-) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
-    (status, headers, body)
-}
-
-fn post(uri: &str, body: Value) -> Request<Body> {
-    Request::post(uri)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
-}
-
-fn chat(model: &str, text: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": text}]})
-}
-
-fn assert_openai_error(status: StatusCode, body: &[u8], want: u16) -> Value {
-    assert_eq!(status.as_u16(), want, "{}", String::from_utf8_lossy(body));
-    let v: Value = serde_json::from_slice(body).unwrap();
-    let e = &v["error"];
-    assert!(
-        e["message"].is_string()
-            && e["type"].is_string()
-            && e.get("param").is_some()
-            && e.get("code").is_some(),
-        "{v}"
-    );
-    v
-}
+use common::rig::{admin, assert_openai_error, call, chat, force, post, rig, Rig, TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classify_answer_and_headers() {
@@ -503,21 +415,6 @@ async fn failed_escalations_degrade_or_reject_as_configured() {
     force(&mut req, "0");
     let (s, _, b) = call(&r.app, req).await;
     assert_openai_error(s, &b, 503);
-}
-
-fn admin(method: &str, body: Option<Value>, token: bool, if_match: Option<&str>) -> Request<Body> {
-    let mut b = Request::builder()
-        .method(method)
-        .uri("/admin/routing")
-        .header("content-type", "application/json");
-    if token {
-        b = b.header("authorization", format!("Bearer {TOKEN}"));
-    }
-    if let Some(v) = if_match {
-        b = b.header("if-match", v);
-    }
-    b.body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

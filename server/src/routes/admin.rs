@@ -57,10 +57,7 @@ fn view(state: &AppState, stage: Option<&crate::policy::Policy>) -> Value {
             "escalated_share_60s".into(),
             json!(live.escalated_share_60s),
         );
-        o.insert(
-            "queue_depth".into(),
-            json!(state.llm.as_ref().map_or(0, |l| l.client.in_flight())),
-        );
+        o.insert("queue_depth".into(), json!(state.in_flight()));
         o.insert("version".into(), json!(p.version));
         if stage.is_none() && p.cfg.max_error.is_some() {
             o.insert("risk".into(), risk_view(state, &p.cfg, live.theta_eff));

@@ -102,7 +102,12 @@ pub(super) fn decide(
         state.policy.record_decision(now, ambiguity, escalate);
     }
     meta.threshold = Some(theta);
-    let k = state.config.reranker.candidates.min(pred.top.len()).max(1);
+    let k = route
+        .stages
+        .first()
+        .map_or(1, |s| s.candidates)
+        .min(pred.top.len())
+        .max(1);
     let top = pred.top.iter().take(k).copied().collect();
     Ok(Decided {
         pred,
@@ -365,7 +370,7 @@ async fn rerank_stage(
         }
     };
     meta.rerank_ms += t.elapsed().as_secs_f64() * 1e3;
-    metrics::histogram!(m::RERANK_SECONDS, "stage" => stage.name.clone())
+    metrics::histogram!(m::RERANK_SECONDS, "stage" => stage.name.clone(), "backend" => by.clone())
         .record(t.elapsed().as_secs_f64());
     let prior_p: Vec<f32> = prior.iter().map(|(_, p)| *p).collect();
     let (llm_p, fused_p) = stage.fusion_of(&by).apply(&prior_p, &scores);

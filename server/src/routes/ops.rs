@@ -62,15 +62,16 @@ pub fn refresh_gauges(state: &AppState) {
             metrics::gauge!(m::RISK_UPPER_BOUND, "route" => name.clone()).set(v.upper_bound);
         }
     }
-    if let Some(llm) = &state.llm {
-        metrics::gauge!(m::QUEUE_DEPTH).set(llm.client.in_flight() as f64);
+    for (_, llm) in state.backends() {
+        metrics::gauge!(m::QUEUE_DEPTH, "backend" => llm.name.clone())
+            .set(llm.client.in_flight() as f64);
         let seg = llm.client.segment();
         let waiting = (0..seg.slots())
             .filter_map(|i| seg.slot(i))
             .filter(|s| tiergate_queue::slot::load(s).1 == tiergate_queue::layout::state::READY)
             .count();
-        metrics::gauge!(m::QUEUE_WAITING).set(waiting as f64);
-        metrics::counter!(m::WORKER_RESTARTS).absolute(
+        metrics::gauge!(m::QUEUE_WAITING, "backend" => llm.name.clone()).set(waiting as f64);
+        metrics::counter!(m::WORKER_RESTARTS, "backend" => llm.name.clone()).absolute(
             llm.supervisor
                 .stats
                 .restarts
@@ -84,13 +85,13 @@ pub async fn health() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
-/// `GET /ready`: prefilters loaded (they are, once serving) and a live worker where a route needs one.
+/// `GET /ready`: prefilters loaded (they are, once serving), not draining, and every generate route's first
+/// stage with a live worker on one of its backends (a classify route degrades to Tier-0 without one).
 pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    let needs_llm = state.routes.values().any(|r| r.kind == RouteKind::Generate)
-        && state.config.reranker.workers > 0;
+    let unserved = state.unserved();
     let live = state.live_workers();
     let draining = state.draining.load(std::sync::atomic::Ordering::Acquire);
-    let ok = !draining && (!needs_llm || live > 0);
+    let ok = !draining && unserved.is_empty();
     let status = if ok {
         StatusCode::OK
     } else {
@@ -104,7 +105,9 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
             // A replica without its shared store keeps serving its last policy (still ready), and says so.
             "policy_store": state.store.as_ref().map(|s| if s.is_up() { "reachable" } else { "unreachable: serving the last policy" }),
             "prefilter": true,
-            "live_workers": live
+            "live_workers": live,
+            "unserved_routes": unserved,
+            "backends": state.backends().map(|(_, l)| json!({"name": l.name, "live_workers": l.client.live_workers()})).collect::<Vec<_>>(),
         })),
     )
         .into_response()
@@ -166,7 +169,8 @@ pub async fn info(
         })
         .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
-                      "segment": state.llm.as_ref().map(|l| l.segment.clone()), "fusion": fusion,
+                      "segment": state.llm.as_ref().map(|l| l.segment.clone()),
+                      "segments": state.backends().map(|(_, l)| l.segment.clone()).collect::<Vec<_>>(), "fusion": fusion,
                       "backends": state.backend_names, "stages": stages,
                       "stage_fusion": stage_fusion}))
         .into_response()

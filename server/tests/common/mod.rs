@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod rig;
+
 use std::path::PathBuf;
 
 use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind};

@@ -1,0 +1,245 @@
+//! Every LLM backend is seen, not only the first: an `[[llm]]` entry's own `candidates`, each stage's policy
+//! fed its own backends' utilisation, the brownout ladder moved by a saturated second stage, `/ready` judged
+//! on the backends a generate route uses, and stages named apart. The real router and state, stub worker
+//! processes behind the real shared-memory queue (`common::rig`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{json, Value};
+use tiergate_config::{Config, LlmEntry, StageConfig, StageTable};
+
+mod common;
+use common::rig::{call, chat, force, post, rig, Rig, TOKEN};
+
+fn entry(name: &str, fields: &str) -> LlmEntry {
+    LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(fields).unwrap(),
+    }
+}
+
+/// Waits until backend `i` has a live worker.
+fn live(r: &Rig, i: usize) {
+    let t = Instant::now();
+    while r
+        .state
+        .backend(i)
+        .is_none_or(|b| b.client.live_workers() == 0)
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "backend {i} never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn escalate(text: &str) -> Request<Body> {
+    let mut req = post("/v1/chat/completions", chat("classify", text));
+    force(&mut req, "0");
+    req
+}
+
+async fn routing(r: &Rig, query: &str) -> Value {
+    let req = Request::get(format!("/admin/routing{query}"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (s, _, b) = call(&r.admin, req).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    serde_json::from_slice(&b).unwrap()
+}
+
+/// `[reranker] candidates = 2`, the one `[[llm]]` entry's `candidates = 1`: the rerank gets one candidate (the
+/// escalation record shows what the LLM was given).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_llm_entry_reranks_its_own_number_of_candidates() {
+    let rec = tempfile::tempdir().unwrap();
+    let path = rec.path().join("escalations.jsonl");
+    let p = path.clone();
+    let r = rig(1, move |c: &mut Config| {
+        c.reranker.candidates = 2;
+        c.llm = vec![entry(
+            "solo",
+            "engine = \"stub\"\nworkers = 1\ncandidates = 1",
+        )];
+        c.server.record_escalations = Some(p);
+    });
+    live(&r, 0);
+    let (s, h, _) = call(&r.app, escalate("card lost")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["x-tiergate-tier"], "llm");
+    let t = Instant::now();
+    let line = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(l) = text.lines().next() {
+            break l.to_string();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no escalation record");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["candidates"].as_array().unwrap().len(), 1, "{v}");
+}
+
+/// A cascade "small" → "big" where only the big stage is loaded (one slot, each rerank 1.5 s, three requests
+/// at once): its own policy reads its workers busy while the routing policy, fed by the first stage's
+/// backend, reads them idle; and the brownout ladder, fed by every backend's queue, leaves `normal`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
+    let r = Arc::new(rig(1, |c: &mut Config| {
+        c.llm = vec![
+            entry("small", "engine = \"stub\"\nworkers = 1"),
+            entry(
+                "big",
+                "engine = \"stub\"\nworkers = 1\nmax_concurrent = 1\nmax_in_flight = 3\n\
+                 rerank_deadline_ms = 20000\nextra_args = [\"--stub-delay-ms\", \"1500\"]",
+            ),
+        ];
+        c.routing.utilization_source = tiergate_config::UtilizationSource::Workers;
+        c.brownout.enabled = true;
+        c.brownout.hold_ms = 200;
+        let policy = tiergate_config::RoutingConfig {
+            mode: tiergate_config::RoutingMode::Load,
+            theta_base: 0.0,
+            k: 0.0,
+            utilization_source: tiergate_config::UtilizationSource::Workers,
+            ..Default::default()
+        };
+        for route in c.routes.iter_mut().filter(|r| r.name == "classify") {
+            route.stages = Some(vec![
+                StageConfig::Name("small".into()),
+                StageConfig::Table(StageTable {
+                    llm: Some("big".into()),
+                    policy: Some(policy.clone()),
+                    ..Default::default()
+                }),
+            ]);
+        }
+    }));
+    live(&r, 0);
+    live(&r, 1);
+    tokio::spawn(tiergate_server::util::sample_utilization(Arc::downgrade(
+        &r.state,
+    )));
+    let load: Vec<_> = (0..3)
+        .map(|_| {
+            let r = r.clone();
+            tokio::spawn(async move { call(&r.app, escalate("card lost")).await })
+        })
+        .collect();
+    let t = Instant::now();
+    let (mut stage_u, mut routing_u, mut step) = (0.0, 1.0, "normal".to_string());
+    while t.elapsed() < Duration::from_millis(2500) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let stage = routing(&r, "?route=classify&stage=big").await;
+        let top = routing(&r, "").await;
+        stage_u = f64::max(stage_u, stage["utilization"].as_f64().unwrap());
+        routing_u = top["utilization"].as_f64().unwrap();
+        if r.state.brownout() > tiergate_server::brownout::Step::Normal {
+            step = r.state.brownout().as_str().to_string();
+        }
+    }
+    assert!(
+        stage_u > 0.3,
+        "the big stage's policy reads its busy workers: {stage_u}"
+    );
+    assert!(
+        routing_u < 0.2,
+        "the routing policy reads the first stage's idle workers: {routing_u}"
+    );
+    assert_ne!(
+        step, "normal",
+        "two of three waiting on the big stage's queue moves the ladder"
+    );
+    for l in load {
+        let (s, _, _) = l.await.unwrap();
+        assert_eq!(s, StatusCode::OK);
+    }
+}
+
+/// `/ready` asks of every generate route a live worker among its first stage's backends, whichever backend
+/// comes first: a generate route on a backend whose workers never start is not served (503), though the
+/// first backend is live; a classify-only server on it stays ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_looks_at_the_backends_a_generate_route_uses() {
+    let cascade = |generate: bool| {
+        move |c: &mut Config| {
+            c.llm = vec![
+                entry("up", "engine = \"stub\"\nworkers = 1"),
+                entry(
+                    "down",
+                    "engine = \"stub\"\nworkers = 1\nextra_args = [\"--no-such-flag\"]",
+                ),
+            ];
+            c.routes.retain(|r| generate || r.name != "generate");
+            for route in c.routes.iter_mut().filter(|r| r.name == "generate") {
+                route.stages = Some(vec![StageConfig::Name("down".into())]);
+            }
+        }
+    };
+    let ready = |r: &Rig| {
+        let r = r.app.clone();
+        async move {
+            let (s, _, b) = call(&r, Request::get("/ready").body(Body::empty()).unwrap()).await;
+            (s, serde_json::from_slice::<Value>(&b).unwrap())
+        }
+    };
+    let r = rig(1, cascade(true));
+    live(&r, 0);
+    let (s, v) = ready(&r).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["unserved_routes"], json!(["generate"]), "{v}");
+    assert_eq!(v["backends"][0]["live_workers"], 1, "{v}");
+    assert_eq!(v["backends"][1]["live_workers"], 0, "{v}");
+    drop(r);
+    let r = rig(1, cascade(false));
+    live(&r, 0);
+    let (s, v) = ready(&r).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+/// Two stages of one route starting with the same backend would share one policy (and one Redis key): the
+/// config is refused unless they are named apart, and then each has its own policy.
+#[test]
+fn stages_are_named_apart_or_refused() {
+    let tiny = tiergate_prefilter::testing::TinyModel::create(2).unwrap();
+    let mut c = common::config(&tiny);
+    c.llm = vec![
+        entry("a", "engine = \"stub\"\nworkers = 0"),
+        entry("b", "engine = \"stub\"\nworkers = 0"),
+    ];
+    let table = |name: Option<&str>, any: &[&str]| {
+        StageConfig::Table(StageTable {
+            name: name.map(str::to_string),
+            any: Some(any.iter().map(|s| s.to_string()).collect()),
+            theta: Some(0.5),
+            ..Default::default()
+        })
+    };
+    let route = c.routes.iter().position(|r| r.name == "classify").unwrap();
+    c.routes[route].stages = Some(vec![
+        StageConfig::Name("a".into()),
+        table(None, &["b"]),
+        table(None, &["b", "a"]),
+    ]);
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("two stages named `b`") && err.contains("stages[2].name"),
+        "{err}"
+    );
+    c.routes[route].stages = Some(vec![
+        StageConfig::Name("a".into()),
+        table(None, &["b"]),
+        table(Some("b-then-a"), &["b", "a"]),
+    ]);
+    c.validate().unwrap();
+    let state = tiergate_server::app::AppState::build(c, None, None).unwrap();
+    let names: Vec<&str> = state.stage_policies().map(|(_, stage, _)| stage).collect();
+    assert_eq!(names, ["b", "b-then-a"]);
+}

@@ -1,0 +1,124 @@
+//! The in-process rig the server's HTTP tests share: the real router and state over a tiny few-shot
+//! classifier (no download) and stub reranker worker processes behind the real shared-memory queue, with
+//! request helpers.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tiergate_config::Config;
+use tiergate_prefilter::testing::TinyModel;
+use tiergate_server::app::AppState;
+use tiergate_server::routes::{admin_router, router};
+use tower::ServiceExt;
+
+pub struct Rig {
+    pub app: axum::Router,
+    pub admin: axum::Router,
+    pub state: Arc<AppState>,
+    pub tiny: TinyModel,
+}
+
+pub fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
+    let tiny = TinyModel::create(2).unwrap();
+    let mut cfg = super::config(&tiny);
+    cfg.reranker.workers = workers;
+    cfg.reranker.engine = tiergate_config::EngineKind::Stub;
+    cfg.reranker.heartbeat_timeout_ms = 1000;
+    cfg.server.admin_token = Some(TOKEN.into());
+    cfg.routing.allow_header_override = true;
+    cfg.server.max_body_bytes = 16 * 1024;
+    tweak(&mut cfg);
+    let state = Arc::new(AppState::build(cfg, None, Some(super::worker_program())).unwrap());
+    let t = Instant::now();
+    while state.live_workers() < workers {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "stub worker did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Rig {
+        app: router(state.clone()),
+        admin: admin_router(state.clone()),
+        state,
+        tiny,
+    }
+}
+
+pub const TOKEN: &str = "secret-token";
+
+/// Forces θ on a chat request the way an operator may: the override header plus the admin token.
+pub fn force(req: &mut Request<Body>, theta: &str) {
+    req.headers_mut()
+        .insert("x-tiergate-threshold", theta.parse().unwrap());
+    req.headers_mut()
+        .insert("x-tiergate-admin-token", TOKEN.parse().unwrap());
+}
+
+pub async fn call(
+    app: &axum::Router,
+    req: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, headers, body)
+}
+
+pub fn post(uri: &str, body: Value) -> Request<Body> {
+    Request::post(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+pub fn chat(model: &str, text: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": text}]})
+}
+
+pub fn assert_openai_error(status: StatusCode, body: &[u8], want: u16) -> Value {
+    assert_eq!(status.as_u16(), want, "{}", String::from_utf8_lossy(body));
+    let v: Value = serde_json::from_slice(body).unwrap();
+    let e = &v["error"];
+    assert!(
+        e["message"].is_string()
+            && e["type"].is_string()
+            && e.get("param").is_some()
+            && e.get("code").is_some(),
+        "{v}"
+    );
+    v
+}
+
+pub fn admin(
+    method: &str,
+    body: Option<Value>,
+    token: bool,
+    if_match: Option<&str>,
+) -> Request<Body> {
+    let mut b = Request::builder()
+        .method(method)
+        .uri("/admin/routing")
+        .header("content-type", "application/json");
+    if token {
+        b = b.header("authorization", format!("Bearer {TOKEN}"));
+    }
+    if let Some(v) = if_match {
+        b = b.header("if-match", v);
+    }
+    b.body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+        .unwrap()
+}
