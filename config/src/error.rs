@@ -17,6 +17,18 @@ pub enum ConfigError {
     /// A field holds a value outside its allowed range.
     #[error("invalid value for `{field}`: {message}")]
     Invalid { field: String, message: String },
+    /// A config file is not valid, and it leaves out sections the embedded default has: the file replaces
+    /// the default, it is not layered over it.
+    #[error(
+        "{cause}\n{path} replaces the embedded default config (it is not layered over it) and sets no {lacks}: \
+         start from the default (`tiergate config --default > tiergate.toml`), add what {path} holds, and serve \
+         with `--config tiergate.toml`"
+    )]
+    Replaces {
+        path: PathBuf,
+        lacks: String,
+        cause: Box<ConfigError>,
+    },
 }
 
 impl ConfigError {

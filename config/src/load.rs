@@ -27,16 +27,19 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &[String],
 ) -> Result<Config, ConfigError> {
+    let mut file_table = Table::new();
     let mut table = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.to_path_buf(),
                 source,
             })?;
-            text.parse::<Table>().map_err(|e| ConfigError::Parse {
+            let t = text.parse::<Table>().map_err(|e| ConfigError::Parse {
                 origin: path.display().to_string(),
                 message: e.to_string(),
-            })?
+            })?;
+            file_table = t.clone();
+            t
         }
         None => DEFAULT_CONFIG
             .parse::<Table>()
@@ -79,8 +82,54 @@ pub fn load(
             ),
             message: e.message().to_string(),
         })?;
-    config.validate()?;
+    config.validate().map_err(|e| match file {
+        Some(path) => replaces(path, &file_table, e),
+        None => e,
+    })?;
     Ok(config)
+}
+
+/// `cause`, with what the file at `path` leaves out of the embedded default's sections when it leaves any out.
+fn replaces(path: &Path, file: &Table, cause: ConfigError) -> ConfigError {
+    let Ok(default) = DEFAULT_CONFIG.parse::<Table>() else {
+        return cause;
+    };
+    let has = |t: &Table, p: &[&str]| {
+        let mut cur = t;
+        for (i, k) in p.iter().enumerate() {
+            match cur.get(*k) {
+                Some(Value::Table(next)) => cur = next,
+                Some(_) => return i + 1 == p.len(),
+                None => return false,
+            }
+        }
+        true
+    };
+    let lacks: Vec<String> = [
+        &["prefilter", "head"][..],
+        &["prefilter", "encoder"],
+        &["routes"],
+        &["reranker", "model"],
+    ]
+    .iter()
+    .filter(|p| has(&default, p) && !has(file, p))
+    .map(|p| {
+        let name = p.join(".");
+        if name == "routes" {
+            "[[routes]]".to_string()
+        } else {
+            format!("`{name}`")
+        }
+    })
+    .collect();
+    if lacks.is_empty() {
+        return cause;
+    }
+    ConfigError::Replaces {
+        path: path.to_path_buf(),
+        lacks: lacks.join(", "),
+        cause: Box::new(cause),
+    }
 }
 
 fn parse_value(text: &str) -> Value {
@@ -203,6 +252,32 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
             err.to_string().contains("prefilter.head.labels[1].label"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_file_with_only_backends_is_refused_saying_it_replaces_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("llm.toml");
+        std::fs::write(&path, "[[llm]]\nname = \"small\"\nengine = \"stub\"\n").unwrap();
+        let err = load(Some(&path), std::iter::empty(), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("a few-shot head needs at least 2 labels"),
+            "{err}"
+        );
+        assert!(
+            err.contains("replaces the embedded default config (it is not layered over it)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("`prefilter.head`") && err.contains("[[routes]]"),
+            "{err}"
+        );
+        assert!(err.contains("tiergate config --default"), "{err}");
+        // The default itself, written to a file, is a valid file.
+        std::fs::write(&path, DEFAULT_CONFIG).unwrap();
+        load(Some(&path), std::iter::empty(), &[]).unwrap();
     }
 
     #[test]

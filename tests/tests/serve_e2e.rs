@@ -611,3 +611,53 @@ fn under_brownout_a_cascade_sheds_its_later_stage_first() {
         .unwrap();
     until((Some("small"), Some("rerank_only")));
 }
+
+/// A config file replaces the embedded default, it is not layered over it: `serve --config` with a file that
+/// holds only `[[llm]]` (as a user adding a backend might write) fails at once saying so and what the file
+/// lacks; `tiergate config --default` prints the default to start from, and `config --check` accepts it with
+/// that backend added.
+#[test]
+fn a_config_file_replaces_the_default_and_a_partial_one_is_refused_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let partial = dir.path().join("llm.toml");
+    let backend = "\n[[llm]]\nname = \"small\"\nengine = \"stub\"\n";
+    std::fs::write(&partial, backend).unwrap();
+    let out = Command::new(binary("tiergate"))
+        .current_dir(root())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&partial)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("replaces the embedded default config"),
+        "{err}"
+    );
+    assert!(err.contains("`prefilter.head`"), "{err}");
+    let default = Command::new(binary("tiergate"))
+        .args(["config", "--default"])
+        .output()
+        .unwrap();
+    assert!(default.status.success());
+    let full = dir.path().join("full.toml");
+    let mut text = String::from_utf8(default.stdout).unwrap();
+    text.push_str(backend);
+    std::fs::write(&full, text).unwrap();
+    let check = Command::new(binary("tiergate"))
+        .current_dir(root())
+        .args(["config", "--check"])
+        .arg(&full)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("valid (3 routes, 1 LLM backends)"),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}

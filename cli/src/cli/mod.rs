@@ -1,7 +1,8 @@
 //! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`,
-//! `tiergate distill`.
+//! `tiergate distill`, `tiergate config`.
 
 mod cascade;
+mod config;
 mod distill;
 mod eval;
 mod fit;
@@ -35,6 +36,8 @@ pub enum Command {
     /// Refresh a trained head with the LLM's verdicts recorded on escalations (`server.record_escalations`):
     /// soft targets mixed with the original training data, recalibrated, compared before/after.
     Distill(distill::DistillArgs),
+    /// Print the embedded default config (`--default`), or check a config file (`--check FILE`).
+    Config(config::ConfigArgs),
 }
 
 /// Where the data comes from and how to read it.
@@ -88,6 +91,7 @@ pub fn run(cli: Cli, env: impl IntoIterator<Item = (String, String)>) -> anyhow:
         Command::Eval(args) => eval::run(&args, env),
         Command::FitFusion(args) => fit::run(&args, env),
         Command::Distill(args) => distill::run(&args),
+        Command::Config(args) => config::run(&args, env),
     }
 }
 
