@@ -463,7 +463,7 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
             .prompts
             .clone()
             .unwrap_or_else(|| config.reranker.prompts.clone());
-        let mut stages = stages_of(r, &configs, &config.routing);
+        let mut stages = stages_of(r, &configs, &config.routing)?;
         // The first stage's judge decides how candidates are shown (grounded or not).
         let first = stages
             .first()
@@ -518,26 +518,37 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
     Ok((routes, order))
 }
 
-/// Route `r`'s cascade over the backends (`configs`, names validated): its `stages`, or the first backend.
+/// Route `r`'s cascade over the backends (`configs`): its `stages`, or the first backend. A name that is no
+/// backend is an error (config validation refuses it first; nothing is dropped here).
 fn stages_of(
     r: &tiergate_config::RouteConfig,
     configs: &[(String, tiergate_config::RerankerConfig)],
     global: &tiergate_config::RoutingConfig,
-) -> Vec<Stage> {
-    let backends: Vec<String> = configs.iter().map(|(n, _)| n.clone()).collect();
-    let default = [tiergate_config::StageConfig::Name(backends[0].clone())];
+) -> anyhow::Result<Vec<Stage>> {
+    let Some((first, _)) = configs.first() else {
+        anyhow::bail!("no LLM backend configured");
+    };
+    let default = [tiergate_config::StageConfig::Name(first.clone())];
     let listed: &[tiergate_config::StageConfig] = r.stages.as_deref().unwrap_or(&default);
+    let index = |n: &str| {
+        configs
+            .iter()
+            .position(|(b, _)| b == n)
+            .ok_or_else(|| anyhow::anyhow!("route `{}`: `{n}` is no LLM backend", r.name))
+    };
     listed
         .iter()
         .enumerate()
-        .filter_map(|(k, st)| {
-            let alternatives: Vec<(usize, String)> = st
+        .map(|(k, st)| {
+            let alternatives = st
                 .backends()
                 .into_iter()
-                .filter_map(|n| Some((backends.iter().position(|b| b == n)?, n.to_string())))
-                .collect();
-            let (backend, _) = alternatives.first()?.clone();
-            Some(Stage {
+                .map(|n| Ok((index(n)?, n.to_string())))
+                .collect::<anyhow::Result<Vec<(usize, String)>>>()?;
+            let Some(&(backend, _)) = alternatives.first() else {
+                anyhow::bail!("route `{}`: stage {k} names no backend", r.name);
+            };
+            Ok(Stage {
                 backend,
                 name: st.name().to_string(),
                 candidates: configs.get(backend).map_or(1, |(_, c)| c.candidates),

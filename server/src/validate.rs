@@ -1,6 +1,9 @@
 //! Validation: the wire request becomes a [`ValidChat`] or a 400 that names the field and the limit.
 //! Only `ValidChat` reaches the routing code ("parse, don't validate").
 
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
 use tiergate_config::RouteKind;
 
 use crate::error::ApiError;
@@ -55,23 +58,43 @@ pub struct ValidChat {
     pub json_object: bool,
     /// End-user id, recorded in the request's log line.
     pub user: Option<String>,
-    /// A line of a batch (set by the handler, not by the client): its LLM work waits for the interactive
-    /// channel.
+    /// A line of a batch (from the caller, not the client): its LLM work waits for the interactive channel.
     pub batch: Option<crate::priority::BatchLine>,
-    /// The tenant it runs as (set by the handler).
+    /// The tenant it runs as (from the caller).
     pub tenant: crate::tenants::TenantId,
-    /// When its budget ends (set by the handler from `x-tiergate-deadline-ms` or the route's default).
-    pub deadline: Option<std::time::Instant>,
+    /// When its budget ends (`x-tiergate-deadline-ms`, else the route's default, at most its maximum).
+    pub deadline: Option<Instant>,
     /// The completion id its answer carries (what feedback names).
     pub id: String,
 }
 
-/// Validates `req` against the route table (`kind_of` maps a route name to its kind).
+/// What a route tells validation: its kind and its budgets.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteFacts {
+    pub kind: RouteKind,
+    /// The budget of a request that names none.
+    pub deadline: Option<Duration>,
+    /// The largest budget a request may name.
+    pub max_deadline: Duration,
+}
+
+/// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
+/// (the budget) and when it arrived. Everything a [`ValidChat`] holds is set in [`validate`], once.
+pub struct Caller<'a> {
+    pub tenant: crate::tenants::TenantId,
+    pub batch: Option<crate::priority::BatchLine>,
+    pub headers: &'a HeaderMap,
+    pub started: Instant,
+}
+
+/// Validates `req` from `caller` against the route table (`route_of` maps a route name to its facts).
 pub fn validate(
     req: ChatRequest,
-    kind_of: impl Fn(&str) -> Option<RouteKind>,
+    route_of: impl Fn(&str) -> Option<RouteFacts>,
+    caller: Caller<'_>,
 ) -> Result<ValidChat, ApiError> {
-    let kind = kind_of(&req.model).ok_or_else(|| {
+    let facts = route_of(&req.model);
+    let kind = facts.map(|f| f.kind).ok_or_else(|| {
         ApiError::UnknownModel(format!(
             "the model `{}` does not exist; see GET /v1/models",
             req.model
@@ -106,6 +129,11 @@ pub fn validate(
         .stream_options
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
+    let deadline = match facts {
+        Some(f) => crate::deadline::budget(caller.headers, f.deadline, f.max_deadline)?
+            .map(|b| caller.started + b),
+        None => None,
+    };
     Ok(ValidChat {
         route: req.model,
         kind,
@@ -122,9 +150,9 @@ pub fn validate(
         top_logprobs,
         json_object,
         user,
-        batch: None,
-        tenant: crate::tenants::TenantId::anonymous(),
-        deadline: None,
+        batch: caller.batch,
+        tenant: caller.tenant,
+        deadline,
         id: completion_id(),
     })
 }
@@ -343,11 +371,27 @@ mod tests {
     fn req(v: serde_json::Value) -> ChatRequest {
         serde_json::from_value(v).unwrap()
     }
-    fn kinds(name: &str) -> Option<RouteKind> {
-        match name {
-            "classify" => Some(RouteKind::Classify),
-            "generate" => Some(RouteKind::Generate),
-            _ => None,
+    fn kinds(name: &str) -> Option<RouteFacts> {
+        let kind = match name {
+            "classify" => RouteKind::Classify,
+            "generate" => RouteKind::Generate,
+            _ => return None,
+        };
+        Some(RouteFacts {
+            kind,
+            deadline: None,
+            max_deadline: Duration::from_secs(60),
+        })
+    }
+
+    static NO_HEADERS: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+
+    fn anyone() -> Caller<'static> {
+        Caller {
+            tenant: crate::tenants::TenantId::anonymous(),
+            batch: None,
+            headers: &NO_HEADERS,
+            started: Instant::now(),
         }
     }
     fn param(e: ApiError) -> String {
@@ -367,6 +411,7 @@ mod tests {
                 "response_format": {"type":"json_object"}, "stream": true, "stream_options": {"include_usage": true},
                 "some_future_field": 1})),
             kinds,
+            anyone(),
         )
         .unwrap();
         assert_eq!(v.text, "second");
@@ -375,8 +420,37 @@ mod tests {
     }
 
     #[test]
+    fn the_caller_and_the_budget_are_set_in_validation() {
+        let mut headers = HeaderMap::new();
+        headers.insert(crate::deadline::HEADER, "500".parse().unwrap());
+        let started = Instant::now();
+        let caller = Caller {
+            tenant: crate::tenants::TenantId(std::sync::Arc::from("acme")),
+            batch: Some(crate::priority::BatchLine::new(false)),
+            headers: &headers,
+            started,
+        };
+        let body =
+            serde_json::json!({"model":"classify","messages":[{"role":"user","content":"hi"}]});
+        let v = validate(req(body.clone()), kinds, caller).unwrap();
+        assert_eq!(&*v.tenant.0, "acme");
+        assert!(v.batch.is_some());
+        assert_eq!(v.deadline, Some(started + Duration::from_millis(500)));
+        // A budget above the route's maximum is a 400 naming the header, before anything runs.
+        headers.insert(crate::deadline::HEADER, "600000".parse().unwrap());
+        let caller = Caller {
+            tenant: crate::tenants::TenantId::anonymous(),
+            batch: None,
+            headers: &headers,
+            started,
+        };
+        let e = validate(req(body), kinds, caller).unwrap_err();
+        assert_eq!(param(e), crate::deadline::HEADER);
+    }
+
+    #[test]
     fn errors_name_the_field() {
-        let bad = |j: serde_json::Value| validate(req(j), kinds).unwrap_err();
+        let bad = |j: serde_json::Value| validate(req(j), kinds, anyone()).unwrap_err();
         assert!(matches!(
             bad(serde_json::json!({"model":"nope","messages":[{"role":"user","content":"x"}]})),
             ApiError::UnknownModel(_)

@@ -19,7 +19,7 @@ use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::out_of_scope::NONE;
 use crate::outcome::{Outcome, Tier};
-use crate::validate::{validate, ValidChat};
+use crate::validate::{validate, Caller, RouteFacts, ValidChat};
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
@@ -37,22 +37,27 @@ pub async fn chat(
 ) -> Response {
     let started = Instant::now();
     let tenant = tenant.map_or_else(crate::tenants::TenantId::anonymous, |t| t.0);
-    let validated = tracing::info_span!(target: TARGET, "validate")
-        .in_scope(|| validate(req, |name| state.routes.get(name).map(|r| r.kind)));
-    let mut valid = match validated {
+    let caller = Caller {
+        tenant: tenant.clone(),
+        batch: batch_line.map(|e| e.0),
+        headers: &headers,
+        started,
+    };
+    let facts = |name: &str| {
+        state.routes.get(name).map(|r| RouteFacts {
+            kind: r.kind,
+            deadline: r.deadline,
+            max_deadline: r.max_deadline,
+        })
+    };
+    let validated =
+        tracing::info_span!(target: TARGET, "validate").in_scope(|| validate(req, facts, caller));
+    let valid = match validated {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
     if let Err(e) = state.tenants().permit(&tenant, &valid.route) {
         return e.into_response();
-    }
-    valid.batch = batch_line.map(|e| e.0);
-    valid.tenant = tenant.clone();
-    if let Some(r) = state.routes.get(&valid.route) {
-        match crate::deadline::budget(&headers, r.deadline, r.max_deadline) {
-            Ok(b) => valid.deadline = b.map(|b| started + b),
-            Err(e) => return e.into_response(),
-        }
     }
     let step = state.brownout();
     if let Some(e) = crate::brownout::refusal(step, valid.kind) {
