@@ -4,28 +4,22 @@
 //! best candidate is the label Tier-0 answered. This is agreement, a proxy: it is reported beside the
 //! labelled audits, never as accuracy and never as evidence for the error bound.
 //!
-//! Audits are the first work shed. An item is scored only when a backend of the stage has a worker slot to
+//! The queue and the counts live here; the task that scores is [`crate::second_opinion`]. Audits are the first
+//! work shed. An item is scored only when a backend of the stage has a worker slot to
 //! spare after taking one ([`crate::fair::Share::try_spare`]: nobody waiting, at least one slot left free for
 //! escalations), its breaker is closed and the brownout ladder is at `normal`; otherwise it is dropped and
 //! counted `shed`. A scoring job whose backend gets a waiting request while it runs is cancelled (`shed`
 //! too). A backend with one worker slot never scores audits.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, Weak};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use serde::Serialize;
-use tiergate_queue::{Job, Reply};
 
-use crate::app::{AppState, Route};
 use crate::metrics as m;
 
 /// Items waiting to be scored at most; beyond, an item is shed at once.
 const QUEUE: usize = 32;
-/// Slots a scoring job leaves free for requests.
-const SPARE: usize = 1;
-/// How often a running scoring job checks whether a request waits for its backend.
-const CHECK: Duration = Duration::from_millis(10);
 
 /// One audited answer to score.
 pub struct Item {
@@ -67,7 +61,7 @@ impl Agreement {
 
 /// How one item ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scored {
+pub enum Scored {
     Agreed,
     Disagreed,
     Shed,
@@ -117,7 +111,13 @@ impl Auditor {
         self.counts.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
-    fn count(&self, route: &str, s: Scored) {
+    /// The queue's receiving end, once (the scoring task takes it).
+    pub fn take_queue(&self) -> Option<flume::Receiver<Item>> {
+        self.rx.lock().ok().and_then(|mut r| r.take())
+    }
+
+    /// Counts how one item of `route` ended.
+    pub fn count(&self, route: &str, s: Scored) {
         metrics::counter!(m::AUDIT_LLM_TOTAL, "route" => route.to_string(), "result" => s.as_str())
             .increment(1);
         let Ok(mut c) = self.counts.lock() else {
@@ -139,83 +139,8 @@ impl Auditor {
     }
 }
 
-/// The background task: scores items one at a time while the server lives.
-pub async fn run(state: Weak<AppState>) {
-    let rx = {
-        let Some(s) = state.upgrade() else { return };
-        let Some(a) = &s.auditor else { return };
-        let Some(rx) = a.rx.lock().ok().and_then(|mut r| r.take()) else {
-            return;
-        };
-        rx
-    };
-    while let Ok(item) = rx.recv_async().await {
-        let Some(s) = state.upgrade() else { return };
-        let Some(a) = &s.auditor else { return };
-        let result = score(&s, &item).await;
-        a.count(&item.route, result);
-    }
-}
-
-/// Scores one item, or sheds it.
-async fn score(state: &AppState, item: &Item) -> Scored {
-    let Some(route) = state.routes.get(&item.route) else {
-        return Scored::Failed;
-    };
-    let Some((job, labels)) = job_of(route, item) else {
-        return Scored::Failed;
-    };
-    if state.brownout() > crate::brownout::Step::Normal {
-        return Scored::Shed;
-    }
-    let Some(stage) = route.stages.first() else {
-        return Scored::Shed;
-    };
-    // The first backend of the stage with a slot to spare.
-    let spare = stage.alternatives.iter().find_map(|(b, _)| {
-        let llm = state.backend(*b)?;
-        if llm.client.live_workers() == 0 || !llm.breaker_closed() {
-            return None;
-        }
-        Some((llm, llm.share.try_spare(SPARE)?))
-    });
-    let Some((llm, slot)) = spare else {
-        return Scored::Shed;
-    };
-    let Ok(handle) = llm
-        .client
-        .submit_traced(&job, None, llm.limits.rerank_deadline)
-    else {
-        return Scored::Failed;
-    };
-    let reply = handle.reply();
-    tokio::pin!(reply);
-    let reply = loop {
-        tokio::select! {
-            r = &mut reply => break r,
-            _ = tokio::time::sleep(CHECK) => {
-                if llm.share.load().1 > 0 {
-                    // A request waits for this backend: the scoring job gives its slot up (dropped: cancelled).
-                    return Scored::Shed;
-                }
-            }
-        }
-    };
-    drop(slot);
-    match reply {
-        Ok(Reply::Rerank(r)) if r.scores.len() == labels.len() => {
-            match best(&r.scores).and_then(|i| labels.get(i)) {
-                Some(l) if *l == item.answered => Scored::Agreed,
-                Some(_) => Scored::Disagreed,
-                None => Scored::Failed,
-            }
-        }
-        _ => Scored::Failed,
-    }
-}
-
 /// The LLM's best candidate: the first of the highest scores (a tie goes to Tier-0's more likely one).
-fn best(scores: &[f32]) -> Option<usize> {
+pub fn best(scores: &[f32]) -> Option<usize> {
     scores
         .iter()
         .enumerate()
@@ -224,35 +149,6 @@ fn best(scores: &[f32]) -> Option<usize> {
             _ => Some((i, s)),
         })
         .map(|(i, _)| i)
-}
-
-/// The rerank job an escalation of `item` would send (the route's prompts, Tier-0's candidates with the
-/// head's examples), and the candidates' labels in its order.
-fn job_of(route: &Route, item: &Item) -> Option<(Job, Vec<String>)> {
-    let prefilter = route.prefilter.as_ref()?;
-    let labels = prefilter.labels();
-    let top: Vec<(usize, f32)> = item
-        .top
-        .iter()
-        .filter_map(|(l, p)| Some((labels.iter().position(|x| x == l)?, *p)))
-        .collect();
-    if top.is_empty() {
-        return None;
-    }
-    let candidates = crate::judge::candidates(
-        &top,
-        labels,
-        prefilter.replies(),
-        |i| prefilter.examples().get(i).cloned().unwrap_or_default(),
-        None,
-    );
-    let names = top.iter().map(|(i, _)| labels[*i].clone()).collect();
-    let job = Job::Rerank {
-        text: item.text.clone(),
-        candidates,
-        prompt: route.prompts.clone(),
-    };
-    Some((job, names))
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ pub mod product;
 pub mod record;
 pub mod risk;
 pub mod routes;
+pub mod second_opinion;
 pub mod select;
 pub mod serve;
 pub mod store;

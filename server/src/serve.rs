@@ -185,7 +185,7 @@ fn start_background(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     tokio::spawn(sample_utilization(Arc::downgrade(state)));
     tokio::spawn(follow_audits(Arc::downgrade(state)));
-    tokio::spawn(crate::auditor::run(Arc::downgrade(state)));
+    tokio::spawn(crate::second_opinion::run(Arc::downgrade(state)));
     if let Some(store) = &state.store {
         tokio::spawn(crate::store::sync_policy(
             store.clone(),
