@@ -1,9 +1,10 @@
 //! The tenants' fair share of a busy LLM, end to end: the real `tiergate serve` (real MiniLM, a stub LLM worker
 //! process taking 400 ms a job, 4 at a time) with two tenants of weight 1 and every request escalated, driven
 //! by `tiergate-bench --tenant` (one run, both tenants' reports). Tenant A floods at ten times its share,
-//! tenant B sends a steady 0.5 escalations a second: B's escalated P95 stays within twice its idle P95 and B
-//! is never degraded, while A degrades; the peer run, both workloads under one key (one lane, first come first
-//! served), shows what the share prevents. Its own test binary, so no other test shares the two cores with it.
+//! tenant B sends a steady 0.5 escalations a second: B's escalated P95 stays within 1.5× its idle P95 and B
+//! is never degraded, while A degrades and still gets the slots B leaves idle; the peer run, both workloads
+//! under one key (one lane, first come first served), shows what the share prevents. Its own test binary, so
+//! no other test shares the two cores with it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -124,14 +125,22 @@ fn a_flooding_tenant_does_not_reach_a_steady_tenants_escalations() {
     assert_eq!(count(&b_deg), 0, "B is never degraded: {b_deg}");
     assert_eq!(count(&channel(&both, "b", "errors")), 0);
     let b_p95 = b_esc["latency"]["p95_ms"].as_f64().unwrap();
+    // Next in turn, B waits for the first of A's four running jobs to end (~0.16 × 400 ms at the median):
+    // measured 1.11–1.22× idle. Lanes dispatched first come first served would put B behind A's lane of four
+    // waiting jobs, another ~400 ms: about 1.9× — which 1.5× refuses.
     assert!(
-        b_p95 <= 2.0 * idle_p95,
+        b_p95 <= 1.5 * idle_p95,
         "B's escalated P95 {b_p95:.0} ms vs idle {idle_p95:.0} ms"
     );
     assert!(count(&a_deg) > 100, "A floods, so A degrades: {a_deg}");
-    // A got no more than its share plus what B left idle: about 10 jobs a second less B's 0.5.
+    // A got its share plus what B left idle, and no more: about 10 jobs a second less B's 0.5 (measured 9.5/s).
+    // The lower bound: a share that idled slots while A waited would fall under it.
     let a_esc = count(&channel(&both, "a", "escalated"));
     assert!(a_esc as f64 <= 30.0 * 10.0 * 1.1, "{a_esc}");
+    assert!(
+        a_esc as f64 >= 30.0 * 9.5 * 0.8,
+        "A gets the slots B leaves idle: {a_esc}"
+    );
     // The peer: the same two workloads under one key (one lane, first come first served). B's requests now
     // queue behind A's flood: degraded when the lane is full, slower when not.
     let a1 = format!("name=a,key={KEY_AB},rate=50");
