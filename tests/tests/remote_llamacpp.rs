@@ -360,8 +360,8 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
 /// Two real llama.cpp servers as the two alternatives of one cascade stage of the real `tiergate serve`
 /// (`[[llm]]` "a" and "b", `stages = [{ any = ["a", "b"] }]`, every request escalated): answers come from "a"
 /// (listed first); with "a"'s server killed mid-run the requests move to "b" within their own budget and none
-/// is lost, "a"'s breaker opens; with "a" back, a probe after the cooldown closes it and answers come from "a"
-/// again.
+/// is lost, "a"'s breaker opens, `/ready` stays 200 (a generate route on the same stage); with "a" back, a
+/// probe after the cooldown closes it and answers come from "a" again.
 #[test]
 fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
     let _one = one_upstream();
@@ -378,7 +378,8 @@ fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
         "--set",
         &llm,
         "--set",
-        "routes=[{ name = \"classify\", kind = \"classify\", stages = [{ any = [\"a\", \"b\"] }] }]",
+        "routes=[{ name = \"classify\", kind = \"classify\", stages = [{ any = [\"a\", \"b\"] }] }, \
+         { name = \"generate\", kind = \"generate\", stages = [{ any = [\"a\", \"b\"] }] }]",
         "--set",
         "reranker.breaker_failures=2",
         "--set",
@@ -447,6 +448,11 @@ fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
         "{during:?}"
     );
     assert_eq!(by(&during, "b"), 8, "{during:?}");
+    // Ready all along: the generate route's stage still has a live backend.
+    let ready = ureq::get(&format!("{}/ready", s.base)).call().unwrap();
+    assert_eq!(ready.status(), 200);
+    let ready: serde_json::Value = ready.into_json().unwrap();
+    assert_eq!(ready["unserved_routes"], serde_json::json!([]), "{ready}");
     let metrics = ureq::get(&format!("{}/metrics", s.base))
         .call()
         .unwrap()
