@@ -243,3 +243,73 @@ fn stages_are_named_apart_or_refused() {
     let names: Vec<&str> = state.stage_policies().map(|(_, stage, _)| stage).collect();
     assert_eq!(names, ["b", "b-then-a"]);
 }
+
+/// The brownout ladder driven by real load, no manual utilisation: four slow escalations (6 s) hold the server's
+/// whole admission limit (its own in-flight share 1.0) and the ladder climbs step by step to `shed`, where a
+/// new chat request — admitted, the load gone — gets the shed step's 429 with `Retry-After` and
+/// `x-tiergate-brownout: shed`, until the ladder cools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
+    let r = Arc::new(rig(1, |c: &mut Config| {
+        c.server.max_in_flight = 4;
+        c.reranker.max_concurrent = 4;
+        c.reranker.rerank_deadline_ms = 20_000;
+        c.reranker.extra_args = vec!["--stub-delay-ms".into(), "6000".into()];
+        c.routing.utilization_source = tiergate_config::UtilizationSource::Workers;
+        c.brownout.enabled = true;
+        c.brownout.enter = [0.3, 0.5, 0.7];
+        c.brownout.leave = [0.1, 0.2, 0.25];
+        c.brownout.hold_ms = 100;
+        c.brownout.cool_ms = 30_000;
+        c.brownout.p95_limit_ms = 60_000;
+    }));
+    live(&r, 0);
+    tokio::spawn(tiergate_server::util::sample_utilization(Arc::downgrade(
+        &r.state,
+    )));
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            let r = r.clone();
+            tokio::spawn(async move { call(&r.app, escalate("card lost")).await })
+        })
+        .collect();
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    // The sampler reads every 500 ms and a step needs two readings over its threshold (`hold_ms` apart).
+    while t.elapsed() < Duration::from_millis(5500) && seen.last() != Some(&"shed") {
+        let step = r.state.brownout().as_str();
+        if seen.last() != Some(&step) {
+            seen.push(step);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        seen,
+        ["normal", "rerank_only", "tier0_only", "shed"],
+        "one step at a time, on the server's own load"
+    );
+    for l in load {
+        let (s, _, _) = l.await.unwrap();
+        assert_eq!(
+            s,
+            StatusCode::OK,
+            "work admitted before the shed step finishes"
+        );
+    }
+    // The load is gone and admission is free; the ladder holds `shed` until it cools.
+    let (s, h, b) = call(
+        &r.app,
+        post("/v1/chat/completions", chat("classify", "card lost")),
+    )
+    .await;
+    let v = common::rig::assert_openai_error(s, &b, 429);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("brownout step `shed`"),
+        "{v}"
+    );
+    assert!(h.contains_key("retry-after"));
+    assert_eq!(h["x-tiergate-brownout"], "shed");
+}
