@@ -307,9 +307,11 @@ fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
 }
 
 /// "Which latency tier is my API in?" against an endpoint tiergate did not write: `tiergate-bench` streams
-/// from llama.cpp's server at 2 requests/s. That server aborts a stream in progress when a newer request
-/// arrives (`interrupt_requests`, on by default), so some streams end without their final event: the bench
-/// reports those as `stream_truncated`, never as a transport error, and gives the served requests a band.
+/// from llama.cpp's server at 2 requests/s, each stream done before the next request: every request is served
+/// or named `stream_truncated` (never a transport error), here all served and none cut, with a band. (At
+/// 20 requests/s llama-cpp-python 0.3.36 ends the older streams early *with* their final event —
+/// `interrupt_requests` — 30 tokens over 20 streams of up to 96: short answers, not cut streams, which the
+/// bench does not yet tell apart.)
 #[test]
 fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
     let _one = one_upstream();
@@ -348,7 +350,15 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
         assert_eq!(kind, "stream_truncated", "{n} × {kind}: {errors}");
     }
     let served = channel("served");
-    assert!(served["count"].as_u64().unwrap() >= 1, "{served}");
+    let cut = errors["errors"]["stream_truncated"].as_u64().unwrap_or(0);
+    assert_eq!(
+        served["count"].as_u64().unwrap() + cut,
+        10,
+        "every request served or named cut: {run}"
+    );
+    // One request every 500 ms, each done in well under that here: none overlaps, none is cut (a bench that
+    // miscounted a finished stream as cut would fail this).
+    assert_eq!(cut, 0, "{errors}");
     assert!(
         served["band"].as_str().unwrap().starts_with("Tier-"),
         "{served}"
