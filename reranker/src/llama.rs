@@ -107,7 +107,7 @@ impl Linear {
             }
             WeightFormat::F32 | WeightFormat::Int8 => {
                 // Stored transposed and contiguous: candle's matmul runs ~1.3x faster on it than on a
-                // transposed view (measured in tests/real_scoring.rs, `probe_matmul_layout`).
+                // transposed view (measured by `reranker/examples/forward_probe.rs`).
                 Self::F32T(q.dequantize(&Device::Cpu)?.t()?.contiguous()?)
             }
         })
