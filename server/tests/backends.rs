@@ -1,7 +1,9 @@
-//! Every LLM backend is seen, not only the first: an `[[llm]]` entry's own `candidates`, each stage's policy
-//! fed its own backends' utilisation, the brownout ladder moved by a saturated second stage, `/ready` judged
-//! on the backends a generate route uses, and stages named apart. The real router and state, stub worker
-//! processes behind the real shared-memory queue (`common::rig`).
+//! The LLM backends as the server sees them: every one is seen, not only the first (an `[[llm]]` entry's own
+//! `candidates`, each stage's policy fed its own backends' utilisation, the brownout ladder moved by a
+//! saturated second stage and by real load up to `shed`, `/ready` judged on the backends a generate route
+//! uses, stages named apart); a cascade of stages, a stage's alternatives, retries and fallback, the circuit
+//! breaker. The real router and state, stub worker processes behind the real shared-memory queue
+//! (`common::rig`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -14,7 +16,7 @@ use serde_json::{json, Value};
 use tiergate_config::{Config, LlmEntry, StageConfig, StageTable};
 
 mod common;
-use common::rig::{call, chat, force, post, rig, Rig, TOKEN};
+use common::rig::{admin, assert_openai_error, call, chat, force, post, rig, Rig, TOKEN};
 
 fn entry(name: &str, fields: &str) -> LlmEntry {
     LlmEntry {
@@ -302,7 +304,7 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
         post("/v1/chat/completions", chat("classify", "card lost")),
     )
     .await;
-    let v = common::rig::assert_openai_error(s, &b, 429);
+    let v = assert_openai_error(s, &b, 429);
     assert!(
         v["error"]["message"]
             .as_str()
@@ -312,4 +314,373 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
     );
     assert!(h.contains_key("retry-after"));
     assert_eq!(h["x-tiergate-brownout"], "shed");
+}
+
+/// Waits (≤ 10 s) until every backend of `r` has a live worker.
+fn all_live(r: Rig) -> Rig {
+    let t = Instant::now();
+    while (0..r.state.backend_names.len()).any(|i| {
+        r.state
+            .backend(i)
+            .is_none_or(|b| b.client.live_workers() == 0)
+    }) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a backend never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    r
+}
+
+/// A config tweak: the backends `llm`, and one stage (`stage`, a TOML stage table) on the routes `which` names.
+fn with_stage(
+    llm: Vec<tiergate_config::LlmEntry>,
+    stage: &str,
+    which: impl Fn(&str) -> bool,
+) -> impl FnOnce(&mut Config) {
+    let stage: tiergate_config::StageTable = toml::from_str(stage).unwrap();
+    move |c: &mut Config| {
+        c.llm = llm;
+        for r in c.routes.iter_mut().filter(|r| which(&r.name)) {
+            r.stages = Some(vec![tiergate_config::StageConfig::Table(stage.clone())]);
+        }
+    }
+}
+
+/// The circuit breaker: a backend whose every job fails (the stub answers garbage) opens it after
+/// `breaker_failures` in a row; then escalations degrade at once (`breaker_open`) and generations get 503,
+/// until after the cooldown one probe goes through (here it fails again: open again). `/ready` stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backend_opens_the_breaker_and_a_probe_tries_it_again() {
+    let r = rig(1, |c| {
+        c.reranker.extra_args = vec!["--stub-garbage-every".into(), "1".into()];
+        c.reranker.breaker_failures = 2;
+        c.reranker.breaker_cooldown_ms = 500;
+    });
+    let ask = |model: &str| {
+        let mut req = post("/v1/chat/completions", chat(model, "card lost"));
+        force(&mut req, "0");
+        req
+    };
+    let degraded = |h: &axum::http::HeaderMap| {
+        h.get("x-tiergate-degraded")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    for _ in 0..2 {
+        let (s, h, _) = call(&r.app, ask("classify")).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(degraded(&h).as_deref(), Some("llm_error"));
+    }
+    let (_, h, _) = call(&r.app, ask("classify")).await;
+    assert_eq!(degraded(&h).as_deref(), Some("breaker_open"));
+    let (s, h, b) = call(&r.app, ask("generate")).await;
+    assert_openai_error(s, &b, 503);
+    assert!(h.contains_key("retry-after"));
+    assert!(!r.state.llm.as_ref().unwrap().breaker_closed());
+    let (s, _, _) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK, "Tier-0 still serves");
+    // After the cooldown: one probe reaches the backend (and fails), then it is open again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (_, h, _) = call(&r.app, ask("classify")).await;
+    assert_eq!(degraded(&h).as_deref(), Some("llm_error"), "the probe ran");
+    let (_, h, _) = call(&r.app, ask("classify")).await;
+    assert_eq!(degraded(&h).as_deref(), Some("breaker_open"));
+}
+
+/// A cascade of two LLM backends (`[[llm]]` "small" and "big", both stub worker processes): an escalation goes
+/// to the first stage; it goes on to the second while the fused ambiguity is above that stage's θ
+/// (`x-tiergate-stage` says which answered); with a second stage that keeps failing, the first stage's
+/// answer stands, degraded with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stage_fails() {
+    let entry = |name: &str, fields: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(fields).unwrap(),
+    };
+    let cascade = |theta: f64, big: &str| {
+        let big = big.to_string();
+        move |c: &mut Config| {
+            c.llm = vec![
+                entry("small", "engine = \"stub\"\nworkers = 1"),
+                entry("big", &format!("engine = \"stub\"\nworkers = 1\n{big}")),
+            ];
+            for r in c.routes.iter_mut().filter(|r| r.name == "classify") {
+                r.stages = Some(vec![
+                    tiergate_config::StageConfig::Name("small".into()),
+                    tiergate_config::StageConfig::Table(tiergate_config::StageTable {
+                        llm: Some("big".into()),
+                        theta: Some(theta),
+                        ..Default::default()
+                    }),
+                ]);
+            }
+        }
+    };
+    let ask = || {
+        let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+        force(&mut req, "0");
+        req
+    };
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let both = |r: Rig| {
+        let t = Instant::now();
+        while r
+            .state
+            .backend(1)
+            .is_none_or(|b| b.client.live_workers() == 0)
+        {
+            assert!(t.elapsed() < Duration::from_secs(10), "big never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        r
+    };
+    // θ 0 on the big stage: any ambiguity left goes on to it.
+    let r = both(rig(1, cascade(0.0, "")));
+    assert_eq!(r.state.backend_names, vec!["small", "big"]);
+    let (s, h, b) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    drop(r);
+    // θ 1: the small stage's answer is sure enough.
+    let r = both(rig(1, cascade(1.0, "")));
+    let (_, h, _) = call(&r.app, ask()).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    // The big stage's own policy, changed live: θ 0 sends the next request on.
+    let stage_admin = |method: &str, query: &str, body: Option<Value>| {
+        let mut req = admin(method, body, true, None);
+        *req.uri_mut() = format!("/admin/routing{query}").parse().unwrap();
+        req
+    };
+    let (s, _, b) = call(
+        &r.admin,
+        stage_admin("GET", "?route=classify&stage=big", None),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (v["mode"].as_str(), v["theta_base"].as_f64()),
+        (Some("static"), Some(1.0))
+    );
+    let (s, _, b) = call(
+        &r.admin,
+        stage_admin(
+            "PATCH",
+            "?route=classify&stage=big",
+            Some(json!({"theta_base": 0.0})),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let (_, h, _) = call(&r.app, ask()).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    // The routing policy itself is untouched; a half-named or unknown stage is refused.
+    let (_, _, b) = call(&r.admin, stage_admin("GET", "", None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(v["mode"], "load");
+    let (s, _, b) = call(&r.admin, stage_admin("GET", "?route=classify", None)).await;
+    assert_openai_error(s, &b, 400);
+    let (s, _, b) = call(
+        &r.admin,
+        stage_admin("GET", "?route=classify&stage=small", None),
+    )
+    .await;
+    assert_openai_error(s, &b, 404);
+    drop(r);
+    // The big stage answers garbage: the small stage's answer stands, degraded.
+    let r = both(rig(
+        1,
+        cascade(0.0, "extra_args = [\"--stub-garbage-every\", \"1\"]"),
+    ));
+    let (s, h, b) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    assert_eq!(
+        header(&h, "x-tiergate-degraded").as_deref(),
+        Some("llm_error")
+    );
+}
+
+/// Within a stage: alternatives chosen by predicted completion (`prefer = "latency"` follows the measured
+/// service times; a budget too short for one picks the other whatever the preference), a failed alternative
+/// falls back to the next, and `retries` runs a job again on the same backend after an engine error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
+    let entry = |name: &str, fields: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!(
+            "engine = \"stub\"\nworkers = 1\nrerank_prior_ms = 100\n{fields}"
+        ))
+        .unwrap(),
+    };
+    let with_stage = |llm, stage: &str| with_stage(llm, stage, |r| r == "classify");
+    let ask = |budget: Option<&str>| {
+        let mut req = post("/v1/chat/completions", chat("classify", "card lost"));
+        force(&mut req, "0");
+        if let Some(b) = budget {
+            req.headers_mut()
+                .insert("x-tiergate-deadline-ms", b.parse().unwrap());
+        }
+        req
+    };
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let slow = "extra_args = [\"--stub-delay-ms\", \"600\"]";
+    let fast = "extra_args = [\"--stub-delay-ms\", \"20\"]";
+    // Latency: once measured, the fast one; its P95 is what decides.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("slow", slow), entry("fast", fast)],
+            "any = [\"slow\", \"fast\"]\nprefer = \"latency\"",
+        ),
+    ));
+    let mut by = Vec::new();
+    for _ in 0..12 {
+        let (_, h, _) = call(&r.app, ask(None)).await;
+        by.push(header(&h, "x-tiergate-stage").unwrap_or_default());
+    }
+    assert!(by[6..].iter().all(|b| b == "fast"), "{by:?}");
+    drop(r);
+    // Quality prefers the first listed, until a budget leaves no room for it.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("slow", slow), entry("fast", fast)],
+            "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
+        ),
+    ));
+    for _ in 0..4 {
+        let (_, h, _) = call(&r.app, ask(None)).await;
+        assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("slow"));
+    }
+    let (_, h, _) = call(&r.app, ask(Some("300"))).await;
+    assert_eq!(
+        header(&h, "x-tiergate-stage").as_deref(),
+        Some("fast"),
+        "600 ms does not fit 300"
+    );
+    drop(r);
+    // A broken first alternative falls back to the next.
+    let broken = "extra_args = [\"--stub-garbage-every\", \"1\"]";
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("broken", broken), entry("fast", fast)],
+            "any = [\"broken\", \"fast\"]",
+        ),
+    ));
+    let (_, h, _) = call(&r.app, ask(None)).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("fast"));
+    assert!(h.get("x-tiergate-degraded").is_none());
+    drop(r);
+    // Every second job fails: one retry on the same backend answers every request (silver: 1 retry).
+    let flaky = "extra_args = [\"--stub-garbage-every\", \"2\"]";
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("flaky", flaky)],
+            "llm = \"flaky\"\ngrade = \"silver\"",
+        ),
+    ));
+    for _ in 0..4 {
+        let (_, h, _) = call(&r.app, ask(None)).await;
+        assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
+        assert!(h.get("x-tiergate-degraded").is_none());
+    }
+}
+
+/// Generations (generate and answer routes) choose and retry like reranks, but only before their first byte:
+/// a broken alternative falls back to the next, a flaky one is retried (silver: 1 retry), and a stream that
+/// breaks after its first token is this backend's answer — the client gets the error in the stream, no
+/// second generation is started on the same or another backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
+    let entry = |name: &str, fields: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!("engine = \"stub\"\nworkers = 1\n{fields}")).unwrap(),
+    };
+    let with_stage = |llm, stage: &str| with_stage(llm, stage, |r| r != "classify");
+    let ask = |model: &str, stream: bool| {
+        let mut body = chat(model, "card lost");
+        body["stream"] = json!(stream);
+        let mut req = post("/v1/chat/completions", body);
+        force(&mut req, "0");
+        req
+    };
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let broken = "extra_args = [\"--stub-garbage-every\", \"1\"]";
+    let fast = "extra_args = [\"--stub-delay-ms\", \"20\"]";
+    // A broken first alternative: both routes' generations come from the next one.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("broken", broken), entry("fast", fast)],
+            "any = [\"broken\", \"fast\"]",
+        ),
+    ));
+    for model in ["generate", "answer"] {
+        let (s, h, b) = call(&r.app, ask(model, false)).await;
+        assert_eq!(
+            s,
+            StatusCode::OK,
+            "{model}: {}",
+            String::from_utf8_lossy(&b)
+        );
+        assert_eq!(
+            header(&h, "x-tiergate-stage").as_deref(),
+            Some("fast"),
+            "{model}"
+        );
+        assert_eq!(
+            header(&h, "x-tiergate-tier").as_deref(),
+            Some("llm"),
+            "{model}"
+        );
+    }
+    drop(r);
+    // Every second job fails before its first token: one retry answers every generation.
+    let flaky = "extra_args = [\"--stub-garbage-every\", \"2\"]";
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("flaky", flaky)],
+            "llm = \"flaky\"\ngrade = \"silver\"",
+        ),
+    ));
+    for _ in 0..4 {
+        let (s, _, b) = call(&r.app, ask("generate", false)).await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    }
+    drop(r);
+    // A stream that breaks after its first token: no retry, no switch (2 retries and a healthy alternative
+    // are there): one generation's tokens, then the error, in the one stream.
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![
+                entry("midway", "extra_args = [\"--stub-fail-mid-stream\"]"),
+                entry("fast", fast),
+            ],
+            "any = [\"midway\", \"fast\"]\nretries = 2",
+        ),
+    ));
+    let (s, h, b) = call(&r.app, ask("generate", true)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("midway"));
+    let body = String::from_utf8_lossy(&b);
+    assert_eq!(
+        body.matches("stub:").count(),
+        1,
+        "one generation only: {body}"
+    );
+    assert!(
+        body.contains("error"),
+        "the failure is in the stream: {body}"
+    );
 }
