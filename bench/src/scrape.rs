@@ -77,21 +77,12 @@ pub async fn scrape_loop(
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = false;
     loop {
-        if last {
-            return;
-        }
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => {
-                if quality_of.is_none() {
-                    return;
-                }
-                last = true;
-            }
-        }
-        if *stop.borrow() && !last {
+        let last = tokio::select! {
+            _ = tick.tick() => *stop.borrow(),
+            _ = stop.changed() => true,
+        };
+        if last && quality_of.is_none() {
             return;
         }
         let got = routing(&client, token.as_deref()).await;
@@ -119,6 +110,9 @@ pub async fn scrape_loop(
                     return;
                 }
             }
+        }
+        if last {
+            return;
         }
     }
 }

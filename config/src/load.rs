@@ -27,7 +27,7 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &[String],
 ) -> Result<Config, ConfigError> {
-    let mut file_table = Table::new();
+    let mut lacks = Vec::new();
     let mut table = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -38,7 +38,7 @@ pub fn load(
                 origin: path.display().to_string(),
                 message: e.to_string(),
             })?;
-            file_table = t.clone();
+            lacks = lacking(&t);
             t
         }
         None => DEFAULT_CONFIG
@@ -82,20 +82,21 @@ pub fn load(
             ),
             message: e.message().to_string(),
         })?;
-    config.validate().map_err(|e| match file {
-        Some(path) => replaces(path, &file_table, e),
-        None => e,
+    config.validate().map_err(|cause| match file {
+        Some(path) if !lacks.is_empty() => ConfigError::Replaces {
+            path: path.to_path_buf(),
+            lacks: lacks.join(", "),
+            cause: Box::new(cause),
+        },
+        _ => cause,
     })?;
     Ok(config)
 }
 
-/// `cause`, with what the file at `path` leaves out of the embedded default's sections when it leaves any out.
-fn replaces(path: &Path, file: &Table, cause: ConfigError) -> ConfigError {
-    let Ok(default) = DEFAULT_CONFIG.parse::<Table>() else {
-        return cause;
-    };
-    let has = |t: &Table, p: &[&str]| {
-        let mut cur = t;
+/// The embedded default's sections a config file leaves out (it replaces the default, so it has none of them).
+fn lacking(file: &Table) -> Vec<String> {
+    let has = |p: &[&str]| {
+        let mut cur = file;
         for (i, k) in p.iter().enumerate() {
             match cur.get(*k) {
                 Some(Value::Table(next)) => cur = next,
@@ -105,31 +106,16 @@ fn replaces(path: &Path, file: &Table, cause: ConfigError) -> ConfigError {
         }
         true
     };
-    let lacks: Vec<String> = [
-        &["prefilter", "head"][..],
-        &["prefilter", "encoder"],
-        &["routes"],
-        &["reranker", "model"],
+    [
+        (&["prefilter", "head"][..], "`prefilter.head`"),
+        (&["prefilter", "encoder"], "`prefilter.encoder`"),
+        (&["routes"], "[[routes]]"),
+        (&["reranker", "model"], "`reranker.model`"),
     ]
     .iter()
-    .filter(|p| has(&default, p) && !has(file, p))
-    .map(|p| {
-        let name = p.join(".");
-        if name == "routes" {
-            "[[routes]]".to_string()
-        } else {
-            format!("`{name}`")
-        }
-    })
-    .collect();
-    if lacks.is_empty() {
-        return cause;
-    }
-    ConfigError::Replaces {
-        path: path.to_path_buf(),
-        lacks: lacks.join(", "),
-        cause: Box::new(cause),
-    }
+    .filter(|(p, _)| !has(p))
+    .map(|(_, name)| name.to_string())
+    .collect()
 }
 
 fn parse_value(text: &str) -> Value {

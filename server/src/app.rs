@@ -411,6 +411,14 @@ impl AppState {
         self.backends().map(|(_, l)| l.share.waiting(tenant)).sum()
     }
 
+    /// Per route, the LLM's agreement with Tier-0 on audited answers (empty without `audit_llm`).
+    pub fn agreement(&self) -> std::collections::BTreeMap<String, crate::auditor::Agreement> {
+        self.auditor
+            .as_ref()
+            .map(crate::auditor::Auditor::counts)
+            .unwrap_or_default()
+    }
+
     /// Whether every backend's breaker is closed.
     pub fn breakers_closed(&self) -> bool {
         self.backends().all(|(_, l)| l.breaker_closed())
@@ -424,13 +432,14 @@ impl AppState {
             .filter_map(|n| self.routes.get(n))
             .filter(|r| r.kind == RouteKind::Generate)
             .filter(|r| {
-                let first = r.stages.first();
-                let run: Vec<&Llm> = first
-                    .into_iter()
+                let mut run = r
+                    .stages
+                    .iter()
+                    .take(1)
                     .flat_map(|s| s.alternatives.iter())
                     .filter_map(|(b, _)| self.backend(*b))
-                    .collect();
-                !run.is_empty() && run.iter().all(|l| l.client.live_workers() == 0)
+                    .peekable();
+                run.peek().is_some() && run.all(|l| l.client.live_workers() == 0)
             })
             .map(|r| r.name.as_str())
             .collect()

@@ -136,11 +136,7 @@ fn quality(state: &AppState) -> Vec<serde_json::Value> {
         .map(|l| l.summary())
         .unwrap_or_default();
     let cfg = state.policy.current().cfg.clone();
-    let agreement = state
-        .auditor
-        .as_ref()
-        .map(|a| a.counts())
-        .unwrap_or_default();
+    let agreement = state.agreement();
     state
         .route_order
         .iter()

@@ -36,9 +36,6 @@ async fn score(state: &AppState, item: &Item) -> Scored {
     let Some(route) = state.routes.get(&item.route) else {
         return Scored::Failed;
     };
-    let Some((job, labels)) = job_of(route, item) else {
-        return Scored::Failed;
-    };
     if state.brownout() > crate::brownout::Step::Normal {
         return Scored::Shed;
     }
@@ -55,6 +52,10 @@ async fn score(state: &AppState, item: &Item) -> Scored {
     });
     let Some((llm, slot)) = spare else {
         return Scored::Shed;
+    };
+    // Built only once it can run: a shed item costs nothing.
+    let Some((job, labels)) = job_of(route, item) else {
+        return Scored::Failed;
     };
     let Ok(handle) = llm
         .client

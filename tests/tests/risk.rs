@@ -15,6 +15,16 @@ use tiergate_tests::{binary, minilm_dir, root};
 mod common;
 use common::start;
 
+/// `GET /admin/feedback` on the admin listener `admin` with the admin token.
+fn admin_feedback(admin: &str, token: &str) -> Value {
+    ureq::get(&format!("{admin}/admin/feedback"))
+        .set("authorization", &format!("Bearer {token}"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap()
+}
+
 fn rows(v: &Value) -> Vec<Row> {
     v.as_array()
         .unwrap()
@@ -305,13 +315,7 @@ fn audits_never_delay_a_response_and_stop_while_the_llm_is_busy() {
         (t.elapsed().as_millis(), tier)
     };
     let agreement = || -> Value {
-        let v: Value = ureq::get(&format!("{}/admin/feedback", s.admin))
-            .set("authorization", "Bearer audit-token")
-            .call()
-            .unwrap()
-            .into_json()
-            .unwrap();
-        v["routes"]["classify"]["llm_agreement"].clone()
+        admin_feedback(&s.admin, "audit-token")["routes"]["classify"]["llm_agreement"].clone()
     };
     let n = |a: &Value, k: &str| a[k].as_u64().unwrap_or(0);
     let wait_for = |done: &dyn Fn(&Value) -> bool| -> Value {
@@ -480,12 +484,7 @@ fn the_bench_posts_feedback_labels_audits_and_follows_the_silent_error() {
     // The last answers' audits may still be on their way to the store when the bench ends.
     let t = std::time::Instant::now();
     let server = loop {
-        let v: Value = ureq::get(&format!("{}/admin/feedback", s.admin))
-            .set("authorization", "Bearer op-token")
-            .call()
-            .unwrap()
-            .into_json()
-            .unwrap();
+        let v = admin_feedback(&s.admin, "op-token");
         let a = &v["routes"]["classify"]["audits"];
         let n = a["labelled"].as_u64().unwrap_or(0) + a["pending"].as_u64().unwrap_or(0);
         if n >= 60 || t.elapsed().as_secs() > 5 {

@@ -120,11 +120,7 @@ pub async fn summary(
         let ledger = ledger(&state, &headers, peer)?;
         let store = ledger.store();
         let s = blocking(move || store.summary(now_ms())).await?;
-        let agreement = state
-            .auditor
-            .as_ref()
-            .map(|a| a.counts())
-            .unwrap_or_default();
+        let agreement = state.agreement();
         let mut routes: serde_json::Map<String, serde_json::Value> = s
             .routes
             .iter()
