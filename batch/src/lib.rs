@@ -1,7 +1,7 @@
 //! The Batch API (Tier-4 as asynchronous jobs): OpenAI's `/v1/files` and `/v1/batches` over a persistent store
 //! ([`store`], SQLite) and a background runner ([`runner`]), mounted on the tiergate server as a
 //! [`Product`]. Batch lines go through the server's public router like any request, marked as batch work
-//! ([`tiergate_server::priority::BatchLine`]): their LLM jobs take one turn at a time, only while no interactive escalation is in flight.
+//! ([`tiergate_engine::priority::BatchLine`]): their LLM jobs take one turn at a time, only while no interactive escalation is in flight.
 
 pub mod runner;
 pub mod store;
@@ -15,11 +15,11 @@ use axum::routing::{get, post};
 use axum::Extension;
 use serde_json::{json, Value};
 use tiergate_config::BatchConfig;
-use tiergate_server::app::AppState;
+use tiergate_engine::state::AppState;
+use tiergate_engine::tenants::TenantId;
 use tiergate_server::error::ApiError;
 use tiergate_server::extract::ApiJson;
 use tiergate_server::product::Product;
-use tiergate_server::tenants::TenantId;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -144,7 +144,7 @@ fn owned_batch(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::BatchR
 }
 
 /// `tenant`'s batch quotas (none for identities that are no configured tenant).
-fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_server::tenants::Quotas {
+fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_engine::tenants::Quotas {
     state
         .tenants()
         .named(&tenant.0)

@@ -16,8 +16,8 @@ use tower::ServiceExt;
 
 use std::sync::Arc;
 
-use tiergate_server::app::AppState;
-use tiergate_server::priority::{BatchLine, Gate};
+use tiergate_engine::priority::{BatchLine, Gate};
+use tiergate_engine::state::AppState;
 
 use super::store::{new_id, Store};
 use super::Batches;
@@ -97,7 +97,7 @@ async fn run_batch(
     let gate = state.llm.as_ref().map(|l| l.gate.clone());
     drop(state);
     // Its lines run as its owner: that tenant's routes, its name in the metrics.
-    let owner = tiergate_server::tenants::TenantId(std::sync::Arc::from(row.owner.as_str()));
+    let owner = tiergate_engine::tenants::TenantId(std::sync::Arc::from(row.owner.as_str()));
     let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
         .map(|l| {
@@ -232,7 +232,7 @@ const MAX_PREEMPTIONS: u32 = 3;
 /// its output line.
 async fn run_line(
     router: axum::Router,
-    owner: &tiergate_server::tenants::TenantId,
+    owner: &tiergate_engine::tenants::TenantId,
     gate: Option<&Gate>,
     batch: &str,
     l: &Line,
@@ -275,7 +275,7 @@ async fn run_line(
         // Preempted: dropping the request cancels its LLM job; the line runs again at its next turn.
         let Some(resp) = resp else {
             preempted += 1;
-            metrics::counter!(tiergate_server::metrics::BATCH_PREEMPTIONS_TOTAL).increment(1);
+            metrics::counter!(tiergate_engine::metrics::BATCH_PREEMPTIONS_TOTAL).increment(1);
             continue;
         };
         let status = resp.status();

@@ -10,8 +10,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use tiergate_engine::ledger::{now_ms, Entry, Ledger, Record, Store};
 use tiergate_feedback::sqlite::SqliteStore;
-use tiergate_server::ledger::{now_ms, Entry, Ledger, Record, Store};
 
 fn record(i: usize, at: u64) -> Record {
     Record {

@@ -1,4 +1,4 @@
-//! The local decision ledger: the [`tiergate_server::ledger::Store`] of a server whose policy store is not
+//! The local decision ledger: the [`tiergate_engine::ledger::Store`] of a server whose policy store is not
 //! Redis — one SQLite file (`[feedback] path`) that survives restarts — mounted on the server as a
 //! [`Product`] by the `tiergate` binary. The server itself never compiles SQLite (its in-memory ledger serves
 //! the in-process tests); with the Redis policy store the ledger is Redis and this one is not used.
@@ -8,8 +8,8 @@ pub mod sqlite;
 use std::sync::Arc;
 
 use tiergate_config::Config;
-use tiergate_server::app::AppState;
-use tiergate_server::ledger::Store;
+use tiergate_engine::ledger::Store;
+use tiergate_engine::state::AppState;
 use tiergate_server::product::Product;
 
 /// The product: no routes of its own (feedback and audits are the server's API), only the store.

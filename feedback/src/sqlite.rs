@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
-use tiergate_server::ledger::{
+use tiergate_engine::ledger::{
     AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary,
 };
 

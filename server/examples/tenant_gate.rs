@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tiergate_config::TenantConfig;
-use tiergate_server::tenants::{identify, Tenants};
+use tiergate_engine::tenants::Tenants;
+use tiergate_server::adapt::identify;
 
 fn hex(key: &str) -> String {
     Sha256::digest(key.as_bytes())

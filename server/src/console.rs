@@ -1,7 +1,7 @@
 //! `/console`: an operator's page embedded in the binary (no CDN, no build step), served on the admin
 //! listener, and the data it polls (`GET /admin/console`): the live policy view, the ambiguity histogram of the
 //! last 60 s, per-channel P95 of recent answers, per-tenant figures, the backends, the last 15 minutes as time
-//! series ([`crate::history`]), and the last decisions (no request text is kept).
+//! series ([`tiergate_engine::history`]), and the last decisions (no request text is kept).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,9 +11,9 @@ use axum::http::HeaderMap;
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::auth::Peer;
-use crate::outcome::{Channel, Decision};
+use tiergate_engine::outcome::{Channel, Decision};
+use tiergate_engine::state::AppState;
 
 /// The page.
 const PAGE: &str = include_str!("console.html");
@@ -106,7 +106,7 @@ pub async fn data(
         "escalated_share_60s": live.escalated_share_60s,
         "degraded_share_recent": degraded,
         "queue_depth": state.in_flight(),
-        "p95_ms": crate::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
+        "p95_ms": tiergate_engine::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
         "bands_ms": tiergate_core::bands::BANDS
             .iter()
             .map(|(_, key, max)| (key.to_string(), json!(max)))

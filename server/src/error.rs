@@ -204,6 +204,25 @@ impl From<tiergate_prefilter::PrefilterError> for ApiError {
     }
 }
 
+impl From<tiergate_engine::error::EngineError> for ApiError {
+    /// The engine's refusals, each with its status.
+    fn from(e: tiergate_engine::error::EngineError) -> Self {
+        use tiergate_engine::error::EngineError as E;
+        match e {
+            E::Queue(q) => ApiError::from(q),
+            E::Overloaded {
+                message,
+                retry_after_s,
+            } => ApiError::Overloaded {
+                message,
+                retry_after_s,
+            },
+            E::Forbidden(m) => ApiError::Forbidden(m),
+            E::RiskBound(m) => ApiError::RiskBound(m),
+        }
+    }
+}
+
 impl From<tiergate_queue::QueueError> for ApiError {
     /// A failed LLM job where no Tier-0 answer stands in (generation, or `on_escalation_failure = reject`).
     fn from(e: tiergate_queue::QueueError) -> Self {

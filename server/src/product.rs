@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::app::AppState;
+use tiergate_engine::state::AppState;
 
 /// What the server mounts and runs for a product.
 pub trait Product: Send + Sync {
@@ -24,7 +24,7 @@ pub trait Product: Send + Sync {
     fn ledger_store(
         &self,
         _config: &tiergate_config::Config,
-    ) -> anyhow::Result<Option<Arc<dyn crate::ledger::Store>>> {
+    ) -> anyhow::Result<Option<Arc<dyn tiergate_engine::ledger::Store>>> {
         Ok(None)
     }
 

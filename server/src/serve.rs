@@ -16,10 +16,10 @@ use tiergate_config::Config;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::app::AppState;
 use crate::product::Product;
 use crate::routes::{admin_router_with, router_with};
-use crate::util::sample_utilization;
+use tiergate_engine::state::AppState;
+use tiergate_engine::util::sample_utilization;
 
 /// Headers the HTTP layer parses at most (the router refuses more than [`crate::routes::MAX_HEADERS`]).
 const HTTP_MAX_HEADERS: usize = 1024;
@@ -69,7 +69,7 @@ pub async fn run_with(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> anyhow::Result<()> {
-    let metrics = crate::metrics::install().ok();
+    let metrics = tiergate_engine::metrics::install().ok();
     let listener = TcpListener::bind(config.server.listen).await?;
     let admin_listener = TcpListener::bind(config.server.admin_listen).await?;
     let addr = listener.local_addr()?;
@@ -185,27 +185,27 @@ fn start_background(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     tokio::spawn(sample_utilization(Arc::downgrade(state)));
     tokio::spawn(follow_audits(Arc::downgrade(state)));
-    tokio::spawn(crate::second_opinion::run(Arc::downgrade(state)));
+    tokio::spawn(tiergate_engine::second_opinion::run(Arc::downgrade(state)));
     if let Some(store) = &state.store {
-        tokio::spawn(crate::store::sync_policy(
+        tokio::spawn(tiergate_engine::store::sync_policy(
             store.clone(),
             store.routing_key().to_string(),
             Arc::downgrade(&state.policy),
         ));
         for (route, stage, policy) in state.stage_policies() {
-            tokio::spawn(crate::store::sync_policy(
+            tokio::spawn(tiergate_engine::store::sync_policy(
                 store.clone(),
                 store.stage_key(route, stage),
                 Arc::downgrade(policy),
             ));
         }
-        tokio::spawn(crate::tenant_sync::sync_tenants(
+        tokio::spawn(tiergate_engine::tenant_sync::sync_tenants(
             store.clone(),
             Arc::downgrade(state),
         ));
     }
     if !state.config.utilization.prometheus_url.is_empty() {
-        tokio::spawn(crate::fleet::poll_prometheus(
+        tokio::spawn(tiergate_engine::fleet::poll_prometheus(
             Arc::downgrade(state),
             state.config.utilization.clone(),
         ));
@@ -222,7 +222,7 @@ const AUDITS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// Keeps each classified route's audits (labelled within the feedback window) in step with the ledger, so
 /// that the bound follows what the labels say of the live traffic (on any replica, with the Redis ledger).
 /// Nothing is read while the policy sets no bound: the bound is what the rows are for.
-async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
+async fn follow_audits(state: std::sync::Weak<tiergate_engine::state::AppState>) {
     loop {
         tokio::time::sleep(AUDITS_EVERY).await;
         let Some(s) = state.upgrade() else { return };
@@ -232,7 +232,7 @@ async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
         if s.policy.current().cfg.max_error.is_none() {
             continue;
         }
-        let since = crate::ledger::now_ms().saturating_sub(ledger.window_ms());
+        let since = tiergate_engine::ledger::now_ms().saturating_sub(ledger.window_ms());
         let routes: Vec<String> = s
             .routes
             .iter()
@@ -244,7 +244,7 @@ async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
             let store = ledger.store();
             let route = name.clone();
             let read = tokio::task::spawn_blocking(move || {
-                Ok::<_, crate::ledger::StoreError>((
+                Ok::<_, tiergate_engine::ledger::StoreError>((
                     store.labelled(&route, since)?,
                     store.trusted_feedback(&route, since)?,
                 ))
@@ -269,10 +269,10 @@ async fn follow_audits(state: std::sync::Weak<crate::app::AppState>) {
 
 /// Starts each classified route's breach counter at 0 for both actions, so that a rate over it (the alert in
 /// deploy/prometheus/rules.yml) has data before the first breach.
-fn zero_breach_counters(routes: &std::collections::HashMap<String, crate::app::Route>) {
+fn zero_breach_counters(routes: &std::collections::HashMap<String, tiergate_engine::state::Route>) {
     for (name, _) in routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
         for action in ["degrade", "reject"] {
-            metrics::counter!(crate::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)
+            metrics::counter!(tiergate_engine::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)
                 .increment(0);
         }
     }
@@ -456,7 +456,7 @@ fn refuse(stream: tokio::net::TcpStream, why: &'static str) {
         body.len()
     );
     let _ = stream.try_write(resp.as_bytes());
-    metrics::counter!(crate::metrics::CONNECTIONS_REFUSED).increment(1);
+    metrics::counter!(tiergate_engine::metrics::CONNECTIONS_REFUSED).increment(1);
 }
 
 /// Open connections, overall and per client IP.

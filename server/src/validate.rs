@@ -8,6 +8,7 @@ use tiergate_config::RouteKind;
 
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
+pub use tiergate_engine::request::{ValidChat, ValidMessage};
 
 /// Most characters of conversation text accepted.
 pub const MAX_TEXT_CHARS: usize = 32_768;
@@ -15,58 +16,6 @@ pub const MAX_TEXT_CHARS: usize = 32_768;
 pub const MAX_TOKENS_LIMIT: u32 = 4_096;
 /// Default generation length.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
-
-/// A message after validation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ValidMessage {
-    /// `system`, `user` or `assistant` (`developer` maps to `system`, `tool` to `user`).
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-/// A validated chat request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ValidChat {
-    /// Route name.
-    pub route: String,
-    /// Route kind.
-    pub kind: RouteKind,
-    /// The conversation.
-    pub messages: Vec<ValidMessage>,
-    /// The text Tier-0 classifies: the last user turn.
-    pub text: String,
-    /// Stream as SSE.
-    pub stream: bool,
-    /// Send a usage chunk at the end of a stream.
-    pub include_usage: bool,
-    /// Tokens to generate at most.
-    pub max_tokens: u32,
-    /// Temperature.
-    pub temperature: Option<f32>,
-    /// Nucleus mass.
-    pub top_p: Option<f32>,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Seed.
-    pub seed: Option<u64>,
-    /// Label probabilities wanted (classify routes).
-    pub logprobs: bool,
-    /// Alternatives per position.
-    pub top_logprobs: usize,
-    /// Reply as a JSON object (classify routes).
-    pub json_object: bool,
-    /// End-user id, recorded in the request's log line.
-    pub user: Option<String>,
-    /// A line of a batch (from the caller, not the client): its LLM work waits for the interactive channel.
-    pub batch: Option<crate::priority::BatchLine>,
-    /// The tenant it runs as (from the caller).
-    pub tenant: crate::tenants::TenantId,
-    /// When its budget ends (`x-tiergate-deadline-ms`, else the route's default, at most its maximum).
-    pub deadline: Option<Instant>,
-    /// The completion id its answer carries (what feedback names).
-    pub id: String,
-}
 
 /// What a route tells validation: its kind and its budgets.
 #[derive(Debug, Clone, Copy)]
@@ -81,8 +30,8 @@ pub struct RouteFacts {
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
 /// (the budget) and when it arrived. Everything a [`ValidChat`] holds is set in [`validate`], once.
 pub struct Caller<'a> {
-    pub tenant: crate::tenants::TenantId,
-    pub batch: Option<crate::priority::BatchLine>,
+    pub tenant: tiergate_engine::tenants::TenantId,
+    pub batch: Option<tiergate_engine::priority::BatchLine>,
     pub headers: &'a HeaderMap,
     pub started: Instant,
 }
@@ -130,7 +79,7 @@ pub fn validate(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let deadline = match facts {
-        Some(f) => crate::deadline::budget(caller.headers, f.deadline, f.max_deadline)?
+        Some(f) => crate::adapt::budget(caller.headers, f.deadline, f.max_deadline)?
             .map(|b| caller.started + b),
         None => None,
     };
@@ -171,7 +120,7 @@ pub fn completion_id() -> String {
     });
     format!(
         "chatcmpl-{:x}{:08x}{:06x}",
-        crate::util::unix_now_s(),
+        tiergate_engine::util::unix_now_s(),
         salt & 0xffff_ffff,
         N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
     )
@@ -388,7 +337,7 @@ mod tests {
 
     fn anyone() -> Caller<'static> {
         Caller {
-            tenant: crate::tenants::TenantId::anonymous(),
+            tenant: tiergate_engine::tenants::TenantId::anonymous(),
             batch: None,
             headers: &NO_HEADERS,
             started: Instant::now(),
@@ -422,11 +371,11 @@ mod tests {
     #[test]
     fn the_caller_and_the_budget_are_set_in_validation() {
         let mut headers = HeaderMap::new();
-        headers.insert(crate::deadline::HEADER, "500".parse().unwrap());
+        headers.insert(tiergate_engine::deadline::HEADER, "500".parse().unwrap());
         let started = Instant::now();
         let caller = Caller {
-            tenant: crate::tenants::TenantId(std::sync::Arc::from("acme")),
-            batch: Some(crate::priority::BatchLine::new(false)),
+            tenant: tiergate_engine::tenants::TenantId(std::sync::Arc::from("acme")),
+            batch: Some(tiergate_engine::priority::BatchLine::new(false)),
             headers: &headers,
             started,
         };
@@ -437,15 +386,15 @@ mod tests {
         assert!(v.batch.is_some());
         assert_eq!(v.deadline, Some(started + Duration::from_millis(500)));
         // A budget above the route's maximum is a 400 naming the header, before anything runs.
-        headers.insert(crate::deadline::HEADER, "600000".parse().unwrap());
+        headers.insert(tiergate_engine::deadline::HEADER, "600000".parse().unwrap());
         let caller = Caller {
-            tenant: crate::tenants::TenantId::anonymous(),
+            tenant: tiergate_engine::tenants::TenantId::anonymous(),
             batch: None,
             headers: &headers,
             started,
         };
         let e = validate(req(body), kinds, caller).unwrap_err();
-        assert_eq!(param(e), crate::deadline::HEADER);
+        assert_eq!(param(e), tiergate_engine::deadline::HEADER);
     }
 
     #[test]

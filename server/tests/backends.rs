@@ -126,7 +126,7 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
     }));
     live(&r, 0);
     live(&r, 1);
-    tokio::spawn(tiergate_server::util::sample_utilization(Arc::downgrade(
+    tokio::spawn(tiergate_engine::util::sample_utilization(Arc::downgrade(
         &r.state,
     )));
     let load: Vec<_> = (0..3)
@@ -143,7 +143,7 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
         let top = routing(&r, "").await;
         stage_u = f64::max(stage_u, stage["utilization"].as_f64().unwrap());
         routing_u = top["utilization"].as_f64().unwrap();
-        if r.state.brownout() > tiergate_server::brownout::Step::Normal {
+        if r.state.brownout() > tiergate_engine::brownout::Step::Normal {
             step = r.state.brownout().as_str().to_string();
         }
     }
@@ -241,7 +241,7 @@ fn stages_are_named_apart_or_refused() {
         table(Some("b-then-a"), &["b", "a"]),
     ]);
     c.validate().unwrap();
-    let state = tiergate_server::app::AppState::build(c, None, None).unwrap();
+    let state = tiergate_engine::state::AppState::build(c, None, None).unwrap();
     let names: Vec<&str> = state.stage_policies().map(|(_, stage, _)| stage).collect();
     assert_eq!(names, ["b", "b-then-a"]);
 }
@@ -266,7 +266,7 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
         c.brownout.p95_limit_ms = 60_000;
     }));
     live(&r, 0);
-    tokio::spawn(tiergate_server::util::sample_utilization(Arc::downgrade(
+    tokio::spawn(tiergate_engine::util::sample_utilization(Arc::downgrade(
         &r.state,
     )));
     let load: Vec<_> = (0..4)

@@ -101,6 +101,27 @@ fn dependencies_run_one_way() {
             "the server depends on {banned}: it belongs to another product"
         );
     }
+    // The engine speaks no HTTP: the server is its HTTP adapter, and the batch runner and the CLI drive it
+    // without a listener.
+    let engine = reaches(&g, "tiergate-engine");
+    assert!(
+        !engine.contains("axum") && !engine.contains("tiergate-server"),
+        "the engine reaches axum or the server"
+    );
+    for http in [
+        "hyper",
+        "hyper-util",
+        "tower",
+        "http",
+        "http-body",
+        "http-body-util",
+    ] {
+        assert!(
+            !g["tiergate-engine"].iter().any(|d| d == http),
+            "the engine depends on {http} directly"
+        );
+    }
+    assert!(g["tiergate-server"].iter().any(|d| d == "tiergate-engine"));
     let batch = reaches(&g, "tiergate-batch");
     assert!(batch.contains("tiergate-server") && !batch.contains("tiergate-train"));
     let cli = &g["tiergate-cli"];
@@ -147,6 +168,44 @@ fn dependencies_run_one_way() {
             "{lower} depends on a product crate"
         );
     }
+}
+
+/// The server crate is the HTTP adapter: every source file speaks HTTP (axum, hyper, headers, status codes)
+/// or is the OpenAI wire format; what a request goes through between the edge and the models lives in
+/// `tiergate-engine`.
+#[test]
+fn the_server_crate_holds_http_only() {
+    let mut files = Vec::new();
+    let mut dirs = vec![root().join("server/src")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() > 10, "{files:?}");
+    let wire = root().join("server/src/openai.rs");
+    let speaks_http = |text: &str| {
+        ["axum", "hyper", "HeaderMap", "StatusCode"]
+            .iter()
+            .any(|w| text.contains(w))
+    };
+    let apart: Vec<_> = files
+        .iter()
+        .filter(|f| **f != wire)
+        .filter(|f| !speaks_http(&std::fs::read_to_string(f).unwrap()))
+        .collect();
+    assert!(
+        apart.is_empty(),
+        "server files with no HTTP in them (they belong to tiergate-engine): {apart:?}"
+    );
+    // The check tells: the engine's files speak none.
+    let engine_state = std::fs::read_to_string(root().join("engine/src/state.rs")).unwrap();
+    assert!(!speaks_http(&engine_state));
 }
 
 /// Package → its enabled features, from `cargo tree` over the workspace with the given edge kinds.

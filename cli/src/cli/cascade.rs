@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 use tiergate_config::Config;
+use tiergate_engine::fusion::fit::{after_stage, Row};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
-use tiergate_server::fusion::fit::{after_stage, Row};
 use tiergate_train::data::Example;
 
 use super::hybrid;
@@ -47,7 +47,7 @@ pub fn stage_fit<'a>(
     after: &[String],
 ) -> Option<&'a FittedFusion> {
     if k == 0 {
-        return tiergate_server::fusion::fit_for(classifier.fusion.as_ref(), llm, after);
+        return tiergate_engine::fusion::fit_for(classifier.fusion.as_ref(), llm, after);
     }
     classifier
         .stage_fusions

@@ -327,7 +327,7 @@ fn run_hybrid(
         }
     };
     let (w, t, source) =
-        match tiergate_server::fusion::fit_for(classifier.fusion.as_ref(), &llm, &[]) {
+        match tiergate_engine::fusion::fit_for(classifier.fusion.as_ref(), &llm, &[]) {
             Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
             None => (
                 cfg.reranker.llm_weight,

@@ -118,7 +118,7 @@ fn report(args: &FitArgs, f: &tiergate_prefilter::heads::FittedFusion, stage: Op
     });
     println!(
         "best on the grid: weight {} temperature {}:{chosen} on the other half: fixes {} rows, breaks {} (sign test p = {:.3}; the LLM gets weight only at p <= {})",
-        f.best_weight, f.best_temperature, f.rows_fixed, f.rows_broken, f.p_value, tiergate_server::fusion::fit::FIT_ALPHA
+        f.best_weight, f.best_temperature, f.rows_fixed, f.rows_broken, f.p_value, tiergate_engine::fusion::fit::FIT_ALPHA
     );
     if f.llm_weight == 0.0 {
         println!("escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended");

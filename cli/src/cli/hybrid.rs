@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use tiergate_config::{Config, RouteKind};
+use tiergate_engine::fusion::fit::fit;
+pub use tiergate_engine::fusion::fit::Row;
+use tiergate_engine::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
 use tiergate_queue::{Job, Reply};
-use tiergate_server::fusion::fit::fit;
-pub use tiergate_server::fusion::fit::Row;
-use tiergate_server::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
 use tiergate_train::data::Example;
 
 /// One θ of the grid (`--json`: `grid[]`).
@@ -185,7 +185,7 @@ pub fn tier0_rows(
 pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier> {
     let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
         .with_context(|| format!("loading classifier {}", dir.display()))?;
-    if tiergate_server::judge::grounded(&config.reranker, &route_prompts(config)) {
+    if tiergate_engine::judge::grounded(&config.reranker, &route_prompts(config)) {
         c.ground()?;
     }
     Ok(c)
@@ -236,7 +236,7 @@ fn run_llm(
     scored: &mut dyn FnMut(usize, &Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let program = super::serve::worker_program();
-    let llm = tiergate_server::app::start_llm(config, program)?;
+    let llm = tiergate_engine::state::start_llm(config, program)?;
     let t = Instant::now();
     while llm.client.live_workers() == 0 {
         anyhow::ensure!(
@@ -253,7 +253,7 @@ fn run_llm(
     progress(&format!("LLM: {} rows to score", todo.len()));
     for (n, &i) in todo.iter().enumerate() {
         // Representatives exist only when the route is grounded (`ground` above), as in serving.
-        let candidates = tiergate_server::judge::candidates(
+        let candidates = tiergate_engine::judge::candidates(
             &rows[i].top,
             classifier.labels(),
             &classifier.replies,
@@ -299,9 +299,9 @@ fn route_prompts(config: &Config) -> tiergate_config::PromptConfig {
         .unwrap_or_else(|| config.reranker.prompts.clone())
 }
 
-/// The LLM's name for reports and `fusion.json` (see [`tiergate_server::judge::llm_name`]).
+/// The LLM's name for reports and `fusion.json` (see [`tiergate_engine::judge::llm_name`]).
 pub fn llm_name(config: &Config) -> String {
-    tiergate_server::judge::llm_name(&config.reranker, &route_prompts(config))
+    tiergate_engine::judge::llm_name(&config.reranker, &route_prompts(config))
 }
 
 /// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.

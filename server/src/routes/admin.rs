@@ -10,10 +10,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tiergate_config::RoutingConfig;
 
-use crate::app::AppState;
 use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use tiergate_engine::state::AppState;
 
 const FIELDS: &[&str] = RoutingConfig::FIELDS;
 
@@ -22,7 +22,7 @@ const FIELDS: &[&str] = RoutingConfig::FIELDS;
 fn target<'a>(
     state: &'a AppState,
     q: &std::collections::HashMap<String, String>,
-) -> Result<Option<&'a crate::policy::Policy>, ApiError> {
+) -> Result<Option<&'a tiergate_engine::policy::Policy>, ApiError> {
     match (q.get("route"), q.get("stage")) {
         (None, None) => Ok(None),
         (Some(r), Some(st)) => state
@@ -40,7 +40,7 @@ fn target<'a>(
     }
 }
 
-fn view(state: &AppState, stage: Option<&crate::policy::Policy>) -> Value {
+fn view(state: &AppState, stage: Option<&tiergate_engine::policy::Policy>) -> Value {
     let policy = stage.unwrap_or(&state.policy);
     let p = policy.current();
     let live = policy.live_view(Instant::now());
@@ -75,7 +75,7 @@ fn risk_view(state: &AppState, cfg: &tiergate_config::RoutingConfig, theta_eff: 
         .filter_map(|(name, r)| {
             let v = r.risk.view(cfg)?;
             let mut j = serde_json::to_value(&v).ok()?;
-            j["theta_eff"] = json!(crate::risk::cap(theta_eff, Some(v.theta)));
+            j["theta_eff"] = json!(tiergate_engine::risk::cap(theta_eff, Some(v.theta)));
             Some((name.clone(), j))
         })
         .collect::<serde_json::Map<_, _>>()
@@ -87,14 +87,14 @@ fn risk_view(state: &AppState, cfg: &tiergate_config::RoutingConfig, theta_eff: 
 /// stored version and reports it. Redis unreachable: 503, the policy in force stays; a policy there written in
 /// a newer format: 409 (this replica would drop what it does not know).
 async fn store_change(
-    policy: &crate::policy::Policy,
-    store: &crate::store::RedisStore,
+    policy: &tiergate_engine::policy::Policy,
+    store: &tiergate_engine::store::RedisStore,
     key: &str,
     expected: u64,
     cfg: RoutingConfig,
     audit: Value,
 ) -> Result<Result<(u64, u64), u64>, ApiError> {
-    use crate::store::{Cas, Stored};
+    use tiergate_engine::store::{Cas, Stored};
     let unreachable = |e: redis::RedisError| {
         ApiError::Unavailable(format!("the shared policy store is unreachable: {e}"))
     };
@@ -116,7 +116,7 @@ async fn store_change(
         Cas::Newer(f) => Err(ApiError::Conflict(format!(
             "the shared policy was written in format {f} by a newer replica; this one writes format {} \
              and would drop what it does not know: change it through an upgraded replica",
-            crate::store::FORMAT
+            tiergate_engine::store::FORMAT
         ))),
     }
 }
@@ -143,7 +143,11 @@ fn merged_policy(
     Ok(cfg)
 }
 
-fn with_etag(state: &AppState, stage: Option<&crate::policy::Policy>, body: Value) -> Response {
+fn with_etag(
+    state: &AppState,
+    stage: Option<&tiergate_engine::policy::Policy>,
+    body: Value,
+) -> Response {
     let mut resp = axum::Json(body).into_response();
     let version = stage.unwrap_or(&state.policy).current().version;
     if let Ok(v) = format!("\"{version}\"").parse() {

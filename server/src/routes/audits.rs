@@ -13,11 +13,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::feedback::blocking;
-use crate::app::AppState;
 use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::ledger::{now_ms, First, Ledger};
+use tiergate_engine::ledger::{now_ms, First, Ledger};
+use tiergate_engine::state::AppState;
 
 fn ledger(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Arc<Ledger>, ApiError> {
     authorize_admin(state.admin_token(), headers, peer.0)?;
@@ -129,7 +129,7 @@ pub async fn summary(
         for (r, a) in &agreement {
             let v = routes
                 .entry(r.clone())
-                .or_insert_with(|| crate::ledger::RouteSummary::default().view());
+                .or_insert_with(|| tiergate_engine::ledger::RouteSummary::default().view());
             v["llm_agreement"] = a.view();
         }
         Ok::<_, ApiError>(

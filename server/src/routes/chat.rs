@@ -11,32 +11,33 @@ use tiergate_config::RouteKind;
 use tiergate_prefilter::Prediction;
 use tiergate_queue::{Job, Message};
 
-use crate::app::{AppState, Route};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::llm::Refused;
-use crate::metrics as m;
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
-use crate::out_of_scope::NONE;
-use crate::outcome::{Outcome, Tier};
 use crate::validate::{validate, Caller, RouteFacts, ValidChat};
+use tiergate_engine::llm::Refused;
+use tiergate_engine::metrics as m;
+use tiergate_engine::out_of_scope::NONE;
+use tiergate_engine::outcome::{Outcome, Tier};
+use tiergate_engine::state::{AppState, Route};
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
-use super::attempt::{attempt, first_event};
-use super::escalate::{decide, escalate_answer, escalate_rerank};
-use super::respond::{respond_started, respond_text, sampling, Meta};
+use super::escalate::escalate_answer;
+use super::respond::{respond_started, respond_text};
+use tiergate_engine::attempt::{attempt, first_event};
+use tiergate_engine::cascade::{decide, escalate_rerank, hold_bound, sampling, Meta};
 
 /// The handler.
 pub async fn chat(
     State(state): State<Arc<AppState>>,
-    batch_line: Option<axum::Extension<crate::priority::BatchLine>>,
-    tenant: Option<axum::Extension<crate::tenants::TenantId>>,
+    batch_line: Option<axum::Extension<tiergate_engine::priority::BatchLine>>,
+    tenant: Option<axum::Extension<tiergate_engine::tenants::TenantId>>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {
     let started = Instant::now();
-    let tenant = tenant.map_or_else(crate::tenants::TenantId::anonymous, |t| t.0);
+    let tenant = tenant.map_or_else(tiergate_engine::tenants::TenantId::anonymous, |t| t.0);
     let caller = Caller {
         tenant: tenant.clone(),
         batch: batch_line.map(|e| e.0),
@@ -57,18 +58,18 @@ pub async fn chat(
         Err(e) => return e.into_response(),
     };
     if let Err(e) = state.tenants().permit(&tenant, &valid.route) {
-        return e.into_response();
+        return ApiError::from(e).into_response();
     }
     let step = state.brownout();
-    if let Some(e) = crate::brownout::refusal(step, valid.kind) {
-        return crate::brownout::mark(e.into_response(), step);
+    if let Some(e) = tiergate_engine::brownout::refusal(step, valid.kind) {
+        return crate::adapt::mark_brownout(ApiError::from(e).into_response(), step);
     }
     let route = valid.route.clone();
-    let asked = super::record::Asked::of(&state, &valid);
+    let asked = tiergate_engine::answered::Asked::of(&state, &valid);
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
     let variant = state
         .experiments
-        .assign(&route, valid.user.as_deref(), &headers);
+        .assign(&route, valid.user.as_deref(), request_id(&headers));
     let result = match valid.kind {
         RouteKind::Generate => {
             let span = tracing::info_span!(target: TARGET, "generation");
@@ -87,7 +88,7 @@ pub async fn chat(
                 .record(started.elapsed().as_secs_f64());
             state.decisions.record(&route, &outcome, started.elapsed());
             state.tenant_figures.answered(&tenant, &outcome);
-            super::record::answered(&state, asked, &outcome);
+            tiergate_engine::answered::answered(&state, asked, &outcome);
             resp
         }
         Err(e) => {
@@ -99,9 +100,14 @@ pub async fn chat(
     };
     // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).
     if let Some(v) = &variant {
-        crate::experiments::apply(v, &route, &mut resp, started).await;
+        crate::adapt::apply_variant(v, &route, &mut resp, started).await;
     }
-    crate::brownout::mark(resp, step)
+    crate::adapt::mark_brownout(resp, step)
+}
+
+/// The request's `x-request-id`, when it has one.
+fn request_id(headers: &HeaderMap) -> Option<&str> {
+    headers.get("x-request-id").and_then(|v| v.to_str().ok())
 }
 
 async fn classified(
@@ -121,7 +127,7 @@ async fn classified(
     let span = tracing::info_span!(target: TARGET, "prefilter");
     let at = std::time::SystemTime::now();
     let pred = prefilter.classify(&v.text).instrument(span.clone()).await?;
-    crate::trace::prefilter_steps(&span, at, &pred);
+    tiergate_engine::trace::prefilter_steps(&span, at, &pred);
     drop(span);
     metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
     metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
@@ -133,7 +139,9 @@ async fn classified(
         infer_ms: pred.timings.infer.as_secs_f64() * 1e3,
         ..Meta::default()
     };
-    let d = decide(state, route, pred, headers, &mut meta)?;
+    let allowed = state.policy.current().cfg.allow_header_override;
+    let forced = crate::auth::threshold_override(state.admin_token(), allowed, headers)?;
+    let d = decide(state, route, pred, forced, &mut meta);
     meta.ambiguity = Some(1.0 - f64::from(d.pred.confidence));
     meta.top = d
         .top
@@ -156,7 +164,7 @@ async fn classified(
         if let Some(fused) = reranked {
             final_probs = fused;
         }
-        super::escalate::hold_bound(state, route, &d, &mut meta)?;
+        hold_bound(state, route, &d, &mut meta)?;
         if !meta.forced {
             state
                 .policy
@@ -312,7 +320,7 @@ fn refusal(r: Refused, v: &ValidChat) -> ApiError {
         )),
         Refused::Unreachable => ApiError::Timeout(format!(
             "the LLM is predicted not to finish within this request's budget ({})",
-            crate::deadline::HEADER
+            tiergate_engine::deadline::HEADER
         )),
         Refused::Budget(wait) => ApiError::RateLimited {
             message: format!(

@@ -11,11 +11,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::ledger::{now_ms, Feedback, First, Record};
-use crate::tenants::TenantId;
+use tiergate_engine::ledger::{now_ms, Feedback, First, Record};
+use tiergate_engine::state::AppState;
+use tiergate_engine::tenants::TenantId;
 
 /// The request body.
 #[derive(Debug, Deserialize)]
@@ -129,7 +129,7 @@ async fn give(
         First::Already(f) => (f, true),
     };
     if !duplicate {
-        metrics::counter!(crate::metrics::FEEDBACK_TOTAL, "route" => rec.route.clone(), "channel" => rec.channel.clone(),
+        metrics::counter!(tiergate_engine::metrics::FEEDBACK_TOTAL, "route" => rec.route.clone(), "channel" => rec.channel.clone(),
             "trusted" => if trusted { "true" } else { "false" }, "correct" => if correct { "true" } else { "false" })
         .increment(1);
     }
@@ -146,7 +146,10 @@ async fn give(
 
 /// The record of `key`. An answer a moment old may not be written yet (its replica's writer batches for up to
 /// 20 ms, and that replica may be another one): look again for up to 250 ms before saying it is not there.
-async fn lookup(ledger: &crate::ledger::Ledger, key: &str) -> Result<Option<Record>, ApiError> {
+async fn lookup(
+    ledger: &tiergate_engine::ledger::Ledger,
+    key: &str,
+) -> Result<Option<Record>, ApiError> {
     for attempt in 0..6 {
         if attempt > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -162,7 +165,7 @@ async fn lookup(ledger: &crate::ledger::Ledger, key: &str) -> Result<Option<Reco
 
 /// Runs a store call off the async runtime; a store failure is 503.
 pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, crate::ledger::StoreError> + Send + 'static,
+    f: impl FnOnce() -> Result<T, tiergate_engine::ledger::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await

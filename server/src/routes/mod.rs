@@ -1,13 +1,11 @@
 //! HTTP endpoints, one file each, and the router that ties them together.
 
 pub mod admin;
-mod attempt;
 pub mod audits;
 pub mod chat;
 mod escalate;
 pub mod feedback;
 pub mod ops;
-mod record;
 mod respond;
 
 use std::sync::Arc;
@@ -19,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use tiergate_engine::state::AppState;
 
 /// The public router: the OpenAI API behind the admission limit (bodies read in full, within a total deadline,
 /// before a permit is taken), and the probes and metrics outside it (a liveness probe never gets 429).
@@ -285,14 +283,18 @@ pub async fn authenticate(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if req.extensions().get::<crate::tenants::TenantId>().is_none() {
-        match crate::tenants::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
+    if req
+        .extensions()
+        .get::<tiergate_engine::tenants::TenantId>()
+        .is_none()
+    {
+        match crate::adapt::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
             Ok(Some(t)) => {
                 req.extensions_mut().insert(t.id.clone());
             }
             Ok(None) => {
                 req.extensions_mut()
-                    .insert(crate::tenants::TenantId::anonymous());
+                    .insert(tiergate_engine::tenants::TenantId::anonymous());
             }
             Err(e) => return e.into_response(),
         }

@@ -9,13 +9,14 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tiergate_config::RouteKind;
 
-use crate::app::AppState;
-use crate::metrics as m;
+use tiergate_engine::metrics as m;
+use tiergate_engine::state::AppState;
 
 /// `GET /v1/models`: the routes.
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     // When the routes were loaded (the server's start), as Unix seconds.
-    let created = crate::util::unix_now_s().saturating_sub(state.started.elapsed().as_secs());
+    let created =
+        tiergate_engine::util::unix_now_s().saturating_sub(state.started.elapsed().as_secs());
     let data: Vec<_> = state
         .route_order
         .iter()
@@ -177,7 +178,7 @@ pub async fn info(
 }
 
 /// The ledger's gauges: silent error with its interval, audits, feedback accuracy.
-fn ledger_gauges(s: &crate::ledger::Summary) {
+fn ledger_gauges(s: &tiergate_engine::ledger::Summary) {
     for (route, r) in &s.routes {
         metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "pending")
             .set(r.audits_pending as f64);

@@ -10,70 +10,17 @@ use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tiergate_config::FailureMode;
-use tiergate_queue::{Event, QueueError, Reply, Sampling};
+use tiergate_queue::{Event, QueueError, Reply};
 
-use crate::app::AppState;
 use crate::error::ApiError;
-use crate::metrics as m;
 use crate::openai::{Logprobs, Usage};
-use crate::outcome::{DegradeReason, Outcome, Tier};
 use crate::validate::ValidChat;
 use tiergate_core::outcome::header;
+use tiergate_engine::cascade::Meta;
+use tiergate_engine::metrics as m;
+use tiergate_engine::state::AppState;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
-
-/// What the response headers report.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Meta {
-    pub(super) tier: Tier,
-    pub(super) confidence: Option<f32>,
-    pub(super) threshold: Option<f64>,
-    /// θ came from the request (admin override): kept out of the policy's statistics.
-    pub(super) forced: bool,
-    pub(super) degraded: Option<DegradeReason>,
-    pub(super) prefilter_ms: f64,
-    /// The encoder's forward pass (Tier-0's model time).
-    pub(super) infer_ms: f64,
-    pub(super) queue_ms: f64,
-    pub(super) rerank_ms: f64,
-    /// A collected generation, from submit to its last token (the LLM's time).
-    pub(super) generation_ms: f64,
-    /// The answer is the route's out-of-scope outcome.
-    pub(super) out_of_scope: bool,
-    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
-    pub(super) oos_score: Option<f32>,
-    /// The cascade stage (backend) whose answer the client got, when an LLM answered.
-    pub(super) stage: Option<String>,
-    /// Tier-0's ambiguity (classified routes).
-    pub(super) ambiguity: Option<f64>,
-    /// Tier-0's top candidates by label (classified routes).
-    pub(super) top: Vec<(String, f32)>,
-}
-
-impl Meta {
-    /// The request's outcome as the response says it; `label` for a label answer.
-    pub(super) fn outcome(&self, label: Option<String>) -> Outcome {
-        Outcome {
-            tier: self.tier,
-            degraded: self.degraded,
-            confidence: self.confidence,
-            threshold: self.threshold,
-            label,
-            out_of_scope: self.out_of_scope,
-            oos_score: self.oos_score,
-            ambiguity: self.ambiguity,
-            top: self.top.clone(),
-            stage: self.stage.clone(),
-        }
-    }
-
-    /// Time spent in models (Tier-0's forward, the LLM's rerank or collected generation), as known when the
-    /// headers are written: everything else is the serving overhead.
-    fn model_ms(&self) -> f64 {
-        self.infer_ms + self.rerank_ms + self.generation_ms
-    }
-}
 
 pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
     let h = resp.headers_mut();
@@ -118,41 +65,6 @@ pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) 
     );
 }
 
-pub(super) fn queue_error_reason(e: &QueueError) -> DegradeReason {
-    match e {
-        QueueError::Full { .. } => DegradeReason::QueueFull,
-        QueueError::WorkerDown(_) => DegradeReason::WorkerDown,
-        QueueError::DeadlineExceeded => DegradeReason::Deadline,
-        _ => DegradeReason::LlmError,
-    }
-}
-
-pub(super) fn degrade(state: &AppState, meta: &mut Meta, e: &QueueError) -> Result<(), ApiError> {
-    tracing::warn!(error = %e, "escalation failed: answering with Tier-0");
-    if state.config.server.on_escalation_failure == FailureMode::Reject {
-        return Err(ApiError::from(e.clone()));
-    }
-    fall_back(meta, queue_error_reason(e));
-    Ok(())
-}
-
-/// Tier-0 answers instead, for `reason`.
-pub(super) fn fall_back(meta: &mut Meta, reason: DegradeReason) {
-    meta.tier = Tier::Tier0;
-    meta.degraded = Some(reason);
-    crate::trace::degraded(reason.as_str());
-}
-
-pub(super) fn sampling(v: &ValidChat) -> Sampling {
-    Sampling {
-        max_tokens: v.max_tokens,
-        temperature: v.temperature,
-        top_p: v.top_p,
-        stop: v.stop.clone(),
-        seed: v.seed,
-    }
-}
-
 /// A one-piece answer (Tier-0, reranked): JSON, or a short SSE stream.
 pub(super) fn respond_text(
     state: &AppState,
@@ -163,7 +75,7 @@ pub(super) fn respond_text(
     meta: Meta,
 ) -> Response {
     let id = v.id.clone();
-    let created = crate::util::unix_now_s();
+    let created = tiergate_engine::util::unix_now_s();
     let mut resp = if v.stream {
         let mut events = vec![
             chunk(
@@ -233,7 +145,7 @@ fn usage_chunk(id: &str, created: u64, model: &str, usage: &Usage) -> SseEvent {
 /// A generation's handle and the slot it holds until its last token.
 struct Running {
     handle: tiergate_queue::JobHandle,
-    slot: crate::fair::Slot,
+    slot: tiergate_engine::fair::Slot,
 }
 
 /// Answers with a generation that has produced its first event ([`super::attempt::first_event`]): streamed,
@@ -241,12 +153,12 @@ struct Running {
 pub(super) async fn respond_started(
     state: &Arc<AppState>,
     v: &ValidChat,
-    gen: super::attempt::Started<'_>,
+    gen: tiergate_engine::attempt::Started<'_>,
     mut meta: Meta,
     extra_prompt_tokens: u32,
     started: Instant,
 ) -> Result<Response, ApiError> {
-    let super::attempt::Started {
+    let tiergate_engine::attempt::Started {
         handle,
         slot,
         held: _held,
@@ -260,7 +172,7 @@ pub(super) async fn respond_started(
     }
     let out = Generation {
         id: v.id.clone(),
-        created: crate::util::unix_now_s(),
+        created: tiergate_engine::util::unix_now_s(),
         route: v.route.clone(),
         extra_prompt_tokens,
     };

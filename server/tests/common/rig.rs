@@ -12,8 +12,8 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tiergate_config::Config;
+use tiergate_engine::state::AppState;
 use tiergate_prefilter::testing::TinyModel;
-use tiergate_server::app::AppState;
 use tiergate_server::routes::{admin_router, router};
 use tower::ServiceExt;
 

@@ -7,49 +7,8 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderMap;
-
-use crate::error::ApiError;
-
 /// The request header carrying a budget in milliseconds.
 pub const HEADER: &str = "x-tiergate-deadline-ms";
-
-/// The budget a request runs under: the header's (a positive integer of milliseconds, at most `max`), else the
-/// route's default; `None` when neither is set (the LLM's deadlines by job kind apply, as before).
-pub fn budget(
-    headers: &HeaderMap,
-    default: Option<Duration>,
-    max: Duration,
-) -> Result<Option<Duration>, ApiError> {
-    let Some(raw) = headers.get(HEADER) else {
-        return Ok(default.map(|d| d.min(max)));
-    };
-    let text = raw
-        .to_str()
-        .map_err(|_| ApiError::invalid(HEADER, "not valid text"))?
-        .trim();
-    let ms = text
-        .parse::<u64>()
-        .ok()
-        .filter(|ms| *ms > 0)
-        .ok_or_else(|| {
-            ApiError::invalid(
-                HEADER,
-                format!("`{text}` is not a positive integer of milliseconds"),
-            )
-        })?;
-    let asked = Duration::from_millis(ms);
-    if asked > max {
-        return Err(ApiError::invalid(
-            HEADER,
-            format!(
-                "{ms} ms is above this route's max_deadline_ms ({} ms)",
-                max.as_millis()
-            ),
-        ));
-    }
-    Ok(Some(asked))
-}
 
 /// Samples kept per job kind.
 const WINDOW: usize = 128;
@@ -205,32 +164,6 @@ pub fn left(deadline: Instant) -> Duration {
 mod tests {
     use super::*;
 
-    fn headers(v: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(HEADER, v.parse().unwrap());
-        h
-    }
-
-    #[test]
-    fn the_budget_is_a_positive_integer_within_the_routes_maximum() {
-        let max = Duration::from_secs(30);
-        let d = Some(Duration::from_secs(2));
-        assert_eq!(budget(&HeaderMap::new(), None, max).unwrap(), None);
-        assert_eq!(budget(&HeaderMap::new(), d, max).unwrap(), d);
-        assert_eq!(
-            budget(&headers(" 250 "), d, max).unwrap(),
-            Some(Duration::from_millis(250))
-        );
-        for bad in ["0", "-5", "1.5", "abc", "", "99999999999999999999"] {
-            let e = budget(&headers(bad), d, max).unwrap_err();
-            assert_eq!(e.parts().0.as_u16(), 400, "{bad}");
-            assert!(e.body().to_string().contains(HEADER), "{bad}");
-        }
-        let e = budget(&headers("30001"), d, max).unwrap_err();
-        assert!(e.to_string().contains("max_deadline_ms"), "{e}");
-    }
-
-    /// The completion [`crate::llm::Llm::predict`] derives from `s`'s estimate.
     fn predict(s: &ServiceTimes, queued: usize, busy: bool, capacity: usize) -> Duration {
         let (mean, p95) = s.estimate();
         completion(mean, p95, queued, busy, capacity)

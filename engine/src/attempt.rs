@@ -9,15 +9,15 @@ use std::time::{Duration, Instant};
 
 use tiergate_queue::{Event, Job, JobHandle, QueueError, Reply};
 
-use crate::app::{AppState, Stage};
 use crate::llm::{Held, Llm, Refused, Submitted};
 use crate::metrics as m;
-use crate::validate::ValidChat;
+use crate::request::ValidChat;
+use crate::state::{AppState, Stage};
 
 /// Runs `job` on `stage`: `run` turns a submitted job into its outcome (`Err`: the backend failed, recorded by
 /// the backend's breaker and retried per [`crate::select::retry_same`]). The outcome and the backend that gave
 /// it, or why no alternative did (the last refusal or failure).
-pub(super) async fn attempt<'a, T, F, Fut>(
+pub async fn attempt<'a, T, F, Fut>(
     state: &'a Arc<AppState>,
     stage: &Stage,
     v: &ValidChat,
@@ -77,7 +77,7 @@ where
 }
 
 /// A rerank's outcome: its `n` scores.
-pub(super) async fn scores(s: Submitted<'_>, n: usize) -> Result<Vec<f32>, QueueError> {
+pub async fn scores(s: Submitted<'_>, n: usize) -> Result<Vec<f32>, QueueError> {
     match s.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.scores.len() == n => Ok(r.scores),
         Ok(_) => Err(QueueError::Protocol("unexpected reply".into())),
@@ -86,17 +86,17 @@ pub(super) async fn scores(s: Submitted<'_>, n: usize) -> Result<Vec<f32>, Queue
 }
 
 /// A generation that has produced its first event (a token, or its end): from here on it is this backend's.
-pub(super) struct Started<'a> {
-    pub(super) handle: JobHandle,
-    pub(super) slot: crate::fair::Slot,
-    pub(super) held: Held<'a>,
-    pub(super) first: Event,
+pub struct Started<'a> {
+    pub handle: JobHandle,
+    pub slot: crate::fair::Slot,
+    pub held: Held<'a>,
+    pub first: Event,
     /// From submission to the first event.
-    pub(super) waited: Duration,
+    pub waited: Duration,
 }
 
 /// A generation's outcome: its first event, or the failure that came instead (an error before any byte).
-pub(super) async fn first_event<'a>(s: Submitted<'a>) -> Result<Started<'a>, QueueError> {
+pub async fn first_event<'a>(s: Submitted<'a>) -> Result<Started<'a>, QueueError> {
     let (handle, slot, held) = s.split();
     let t = Instant::now();
     match handle.events.recv_async().await {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tiergate_queue::{Job, Reply};
 
-use crate::app::{AppState, Route};
 use crate::auditor::{best, Auditor, Item, Scored};
+use crate::state::{AppState, Route};
 
 /// Slots a scoring job leaves free for requests.
 const SPARE: usize = 1;

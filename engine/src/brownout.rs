@@ -124,7 +124,7 @@ impl Ladder {
 
 /// What a step refuses outright: every chat request at `shed`, generations from `rerank_only` on (429 with
 /// `Retry-After`; the client should back off).
-pub fn refusal(step: Step, kind: tiergate_config::RouteKind) -> Option<crate::error::ApiError> {
+pub fn refusal(step: Step, kind: tiergate_config::RouteKind) -> Option<crate::error::EngineError> {
     let message = match (step, kind) {
         (Step::Shed, _) => "the server is shedding load (brownout step `shed`): retry later",
         (Step::RerankOnly | Step::Tier0Only, tiergate_config::RouteKind::Generate) => {
@@ -132,21 +132,10 @@ pub fn refusal(step: Step, kind: tiergate_config::RouteKind) -> Option<crate::er
         }
         _ => return None,
     };
-    Some(crate::error::ApiError::Overloaded {
+    Some(crate::error::EngineError::Overloaded {
         message: message.into(),
         retry_after_s: 5,
     })
-}
-
-/// `resp` with `x-tiergate-brownout: <step>` while the ladder is above `normal`.
-pub fn mark(mut resp: axum::response::Response, step: Step) -> axum::response::Response {
-    if step != Step::Normal {
-        resp.headers_mut().insert(
-            tiergate_core::outcome::header::BROWNOUT,
-            axum::http::HeaderValue::from_static(step.as_str()),
-        );
-    }
-    resp
 }
 
 /// The pressure: the largest of the queue's fill, the P95 service time against its limit, and utilisation.

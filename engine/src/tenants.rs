@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use tiergate_config::TenantConfig;
 
-use crate::error::ApiError;
+use crate::error::EngineError;
 
 /// The tenant a request runs as (a request extension: set by the public API's gate
 /// (`routes::authenticate`), or by an in-process caller
@@ -308,9 +308,9 @@ impl Tenants {
 
     /// 403 when tenant `id` may not use route `route` (identities that are no configured tenant — anonymous,
     /// the batch runner's — may use every route).
-    pub fn permit(&self, id: &TenantId, route: &str) -> Result<(), ApiError> {
+    pub fn permit(&self, id: &TenantId, route: &str) -> Result<(), EngineError> {
         match self.named(&id.0) {
-            Some(t) if !t.may_use(route) => Err(ApiError::Forbidden(format!(
+            Some(t) if !t.may_use(route) => Err(EngineError::Forbidden(format!(
                 "tenant `{}` may not use route `{route}`",
                 id.0
             ))),
@@ -398,36 +398,6 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
         out[i] = u8::from_str_radix(s, 16).ok()?;
     }
     Some(out)
-}
-
-/// Who is calling: the tenant of the bearer key, or an error in OpenAI's shape (401 without a known key, 429
-/// over its rate). Open (anonymous) when no tenants are configured.
-pub fn identify(
-    tenants: &Tenants,
-    headers: &axum::http::HeaderMap,
-    now: Instant,
-) -> Result<Option<Arc<Tenant>>, ApiError> {
-    if tenants.is_empty() {
-        return Ok(None);
-    }
-    let key = crate::auth::bearer(headers)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| {
-            ApiError::Unauthorized(
-                "this server needs an API key: `Authorization: Bearer <key>`".into(),
-            )
-        })?;
-    let tenant = tenants
-        .lookup(key)
-        .ok_or_else(|| ApiError::Unauthorized("the API key is not known to this server".into()))?;
-    tenant.admit(now).map_err(|wait| ApiError::RateLimited {
-        message: format!(
-            "tenant `{}` is over its request rate: retry after the Retry-After seconds",
-            tenant.id.0
-        ),
-        retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
-    })?;
-    Ok(Some(tenant.clone()))
 }
 
 #[cfg(test)]
@@ -522,45 +492,5 @@ mod tests {
                 .left(Instant::now())
                 > 11.9
         );
-    }
-
-    #[test]
-    fn keys_are_found_by_digest_and_bad_credentials_are_401() {
-        let tenants = Tenants::new(&[cfg("a", "key-a"), cfg("b", "key-b")]);
-        assert_eq!(&*tenants.lookup("key-b").unwrap().id.0, "b");
-        assert!(tenants.lookup("key-c").is_none());
-        let now = Instant::now();
-        let headers = |v: Option<&str>| {
-            let mut h = axum::http::HeaderMap::new();
-            if let Some(v) = v {
-                h.insert("authorization", v.parse().unwrap());
-            }
-            h
-        };
-        for bad in [
-            None,
-            Some(""),
-            Some("Bearer"),
-            Some("Bearer "),
-            Some("Basic a2V5LWE="),
-            Some("key-a"),
-            Some("Bearer key-c"),
-        ] {
-            let e = identify(&tenants, &headers(bad), now).unwrap_err();
-            assert_eq!(e.parts().0.as_u16(), 401, "{bad:?}");
-        }
-        let a = identify(&tenants, &headers(Some("bearer key-a")), now)
-            .unwrap()
-            .unwrap();
-        assert!(a.may_use("classify") && !a.may_use("generate"));
-        // Its rate: 1/s, burst 1 — the second request at once is 429 with a wait of a second.
-        let e = identify(&tenants, &headers(Some("Bearer key-a")), now).unwrap_err();
-        assert_eq!(e.parts().0.as_u16(), 429);
-        // The other tenant has its own bucket.
-        assert!(identify(&tenants, &headers(Some("Bearer key-b")), now).is_ok());
-        // No tenants: open.
-        assert!(identify(&Tenants::default(), &headers(None), now)
-            .unwrap()
-            .is_none());
     }
 }

@@ -4,14 +4,10 @@
 //! client sees it in TTFT too), and the variant is returned in `x-tiergate-variant` and labelled in metrics.
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue};
-use axum::response::Response;
 use rand::Rng;
 use tiergate_config::{DelayConfig, ExperimentConfig};
-
-use crate::metrics as m;
 
 /// The response header naming the variant.
 pub const VARIANT_HEADER: &str = "x-tiergate-variant";
@@ -54,15 +50,21 @@ impl Experiments {
         }
     }
 
-    /// The variant of a request on `route` (`None`: no experiment names the route).
-    pub fn assign(&self, route: &str, user: Option<&str>, headers: &HeaderMap) -> Option<Assigned> {
+    /// The variant of a request on `route` (`None`: no experiment names the route), by its `user`, else its
+    /// `x-request-id`.
+    pub fn assign(
+        &self,
+        route: &str,
+        user: Option<&str>,
+        request_id: Option<&str>,
+    ) -> Option<Assigned> {
         let list = self.current();
         if !list.iter().any(|e| e.routes.iter().any(|r| r == route)) {
             return None;
         }
         let key = user
             .filter(|u| !u.is_empty())
-            .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()));
+            .or(request_id.filter(|r| !r.is_empty()));
         let b = match key {
             Some(k) => bucket(k),
             None => rand::thread_rng().gen::<f64>(),
@@ -124,21 +126,6 @@ pub fn sample(d: &DelayConfig, rng: &mut impl Rng) -> Duration {
     Duration::from_secs_f64(ms.max(0.0) / 1e3)
 }
 
-/// Adds the variant's delay, then its header and metrics, to a response (`started`: the request's start).
-pub async fn apply(a: &Assigned, route: &str, resp: &mut Response, started: Instant) {
-    if !a.delay.is_zero() {
-        tokio::time::sleep(a.delay).await;
-    }
-    if let Ok(v) = HeaderValue::from_str(&a.variant) {
-        resp.headers_mut().insert(VARIANT_HEADER, v);
-    }
-    let labels = [("variant", a.variant.clone()), ("route", route.to_string())];
-    metrics::counter!(m::EXPERIMENT_REQUESTS_TOTAL, &labels).increment(1);
-    metrics::histogram!(m::EXPERIMENT_DELAY_SECONDS, &labels).record(a.delay.as_secs_f64());
-    metrics::histogram!(m::EXPERIMENT_REQUEST_SECONDS, &labels)
-        .record(started.elapsed().as_secs_f64());
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,15 +152,15 @@ mod tests {
             ),
         ];
         let x = Experiments::new(list.clone());
-        let h = HeaderMap::new();
+        let h = None;
         let n = 20_000;
         let mut counts = std::collections::HashMap::new();
         for i in 0..n {
             let user = format!("user-{i}");
-            let v = x.assign("classify", Some(&user), &h).unwrap();
+            let v = x.assign("classify", Some(&user), h).unwrap();
             // Stable: the same user, the same variant, every time.
             assert_eq!(
-                x.assign("classify", Some(&user), &h).unwrap().variant,
+                x.assign("classify", Some(&user), h).unwrap().variant,
                 v.variant
             );
             *counts.entry(v.variant).or_insert(0u32) += 1;
@@ -186,7 +173,7 @@ mod tests {
         // `a` does not name `answer`: its slice is control there; `b` runs on both.
         let on_answer: Vec<String> = (0..2000)
             .map(|i| {
-                x.assign("answer", Some(&format!("user-{i}")), &h)
+                x.assign("answer", Some(&format!("user-{i}")), h)
                     .unwrap()
                     .variant
             })
@@ -194,10 +181,10 @@ mod tests {
         assert!(!on_answer.iter().any(|v| v == "a"));
         assert!(on_answer.iter().any(|v| v == "b"));
         // A route no experiment names: no variant at all.
-        assert_eq!(x.assign("generate", Some("user-1"), &h), None);
+        assert_eq!(x.assign("generate", Some("user-1"), h), None);
         // Delays are the variant's; control gets none.
         for i in 0..200 {
-            let v = x.assign("classify", Some(&format!("u{i}")), &h).unwrap();
+            let v = x.assign("classify", Some(&format!("u{i}")), h).unwrap();
             let want = match v.variant.as_str() {
                 "a" => 300,
                 "b" => 900,
@@ -215,11 +202,10 @@ mod tests {
             DelayConfig::Fixed { ms: 1 },
             &["classify"],
         )]);
-        let mut h = HeaderMap::new();
-        h.insert("x-request-id", HeaderValue::from_static("req-42"));
-        let v = x.assign("classify", None, &h).unwrap().variant;
+        let h = Some("req-42");
+        let v = x.assign("classify", None, h).unwrap().variant;
         for _ in 0..20 {
-            assert_eq!(x.assign("classify", Some(""), &h).unwrap().variant, v);
+            assert_eq!(x.assign("classify", Some(""), h).unwrap().variant, v);
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tiergate_config::UtilizationSource;
 use tiergate_queue::layout::MAX_WORKERS;
 
-use crate::app::{AppState, Llm};
+use crate::state::{AppState, Llm};
 
 const PERIOD: Duration = Duration::from_millis(500);
 const ALPHA: f64 = 0.3;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tiergate_config::UtilizationConfig;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// Polls `cfg.prometheus_query` every `poll_ms` until the state is dropped; each good answer is stored in
 /// `AppState::fleet_utilization` with its time. Failures are logged (once per change of message) and leave

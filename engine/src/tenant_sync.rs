@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::store::RedisStore;
 use crate::tenants::Shared;
 

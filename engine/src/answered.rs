@@ -5,13 +5,13 @@
 
 use std::sync::Arc;
 
-use crate::app::AppState;
 use crate::ledger::{now_ms, AuditItem, Entry, Record};
 use crate::outcome::Outcome;
-use crate::validate::ValidChat;
+use crate::request::ValidChat;
+use crate::state::AppState;
 
 /// What the record needs from the request, taken before the handler consumes it.
-pub(super) struct Asked {
+pub struct Asked {
     id: String,
     route: String,
     tenant: String,
@@ -21,7 +21,7 @@ pub(super) struct Asked {
 }
 
 impl Asked {
-    pub(super) fn of(state: &AppState, v: &ValidChat) -> Option<Self> {
+    pub fn of(state: &AppState, v: &ValidChat) -> Option<Self> {
         state.ledger.as_ref()?;
         let audits = state.policy.current().cfg.audit_rate > 0.0;
         Some(Self {
@@ -35,7 +35,7 @@ impl Asked {
 }
 
 /// Records an answered request, and draws it for audit.
-pub(super) fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
+pub fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
     let (Some(ledger), Some(a)) = (&state.ledger, asked) else {
         return;
     };

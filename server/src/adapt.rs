@@ -1,0 +1,194 @@
+//! What the HTTP adapter reads off a request and adds to its response around the engine: the request's budget
+//! (`x-tiergate-deadline-ms`), its tenant (the bearer key), the brownout step's mark and the experiment's
+//! variant. The engine sees none of the headers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use tiergate_engine::brownout::Step;
+use tiergate_engine::deadline::HEADER;
+use tiergate_engine::experiments::{Assigned, VARIANT_HEADER};
+use tiergate_engine::metrics as m;
+use tiergate_engine::tenants::{Tenant, Tenants};
+
+use crate::error::ApiError;
+
+/// The budget a request runs under: the header's (a positive integer of milliseconds, at most `max`), else the
+/// route's default; `None` when neither is set (the LLM's deadlines by job kind apply, as before).
+pub fn budget(
+    headers: &HeaderMap,
+    default: Option<Duration>,
+    max: Duration,
+) -> Result<Option<Duration>, ApiError> {
+    let Some(raw) = headers.get(HEADER) else {
+        return Ok(default.map(|d| d.min(max)));
+    };
+    let text = raw
+        .to_str()
+        .map_err(|_| ApiError::invalid(HEADER, "not valid text"))?
+        .trim();
+    let ms = text
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                HEADER,
+                format!("`{text}` is not a positive integer of milliseconds"),
+            )
+        })?;
+    let asked = Duration::from_millis(ms);
+    if asked > max {
+        return Err(ApiError::invalid(
+            HEADER,
+            format!(
+                "{ms} ms is above this route's max_deadline_ms ({} ms)",
+                max.as_millis()
+            ),
+        ));
+    }
+    Ok(Some(asked))
+}
+
+/// Who is calling: the tenant of the bearer key, or an error in OpenAI's shape (401 without a known key, 429
+/// over its rate). Open (anonymous) when no tenants are configured.
+pub fn identify(
+    tenants: &Tenants,
+    headers: &axum::http::HeaderMap,
+    now: Instant,
+) -> Result<Option<Arc<Tenant>>, ApiError> {
+    if tenants.is_empty() {
+        return Ok(None);
+    }
+    let key = crate::auth::bearer(headers)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            ApiError::Unauthorized(
+                "this server needs an API key: `Authorization: Bearer <key>`".into(),
+            )
+        })?;
+    let tenant = tenants
+        .lookup(key)
+        .ok_or_else(|| ApiError::Unauthorized("the API key is not known to this server".into()))?;
+    tenant.admit(now).map_err(|wait| ApiError::RateLimited {
+        message: format!(
+            "tenant `{}` is over its request rate: retry after the Retry-After seconds",
+            tenant.id.0
+        ),
+        retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+    })?;
+    Ok(Some(tenant.clone()))
+}
+
+/// `resp` with `x-tiergate-brownout: <step>` while the ladder is above `normal`.
+pub fn mark_brownout(mut resp: axum::response::Response, step: Step) -> axum::response::Response {
+    if step != Step::Normal {
+        resp.headers_mut().insert(
+            tiergate_core::outcome::header::BROWNOUT,
+            axum::http::HeaderValue::from_static(step.as_str()),
+        );
+    }
+    resp
+}
+
+/// Adds the variant's delay, then its header and metrics, to a response (`started`: the request's start).
+pub async fn apply_variant(a: &Assigned, route: &str, resp: &mut Response, started: Instant) {
+    if !a.delay.is_zero() {
+        tokio::time::sleep(a.delay).await;
+    }
+    if let Ok(v) = HeaderValue::from_str(&a.variant) {
+        resp.headers_mut().insert(VARIANT_HEADER, v);
+    }
+    let labels = [("variant", a.variant.clone()), ("route", route.to_string())];
+    metrics::counter!(m::EXPERIMENT_REQUESTS_TOTAL, &labels).increment(1);
+    metrics::histogram!(m::EXPERIMENT_DELAY_SECONDS, &labels).record(a.delay.as_secs_f64());
+    metrics::histogram!(m::EXPERIMENT_REQUEST_SECONDS, &labels)
+        .record(started.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+    use tiergate_config::TenantConfig;
+
+    fn cfg(name: &str, key: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            key_sha256: format!("{:x}", Sha256::digest(key.as_bytes())),
+            routes: Some(vec!["classify".into()]),
+            rate_per_s: Some(1.0),
+            burst: Some(1.0),
+            ..TenantConfig::default()
+        }
+    }
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(HEADER, v.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn the_budget_is_a_positive_integer_within_the_routes_maximum() {
+        let max = Duration::from_secs(30);
+        let d = Some(Duration::from_secs(2));
+        assert_eq!(budget(&HeaderMap::new(), None, max).unwrap(), None);
+        assert_eq!(budget(&HeaderMap::new(), d, max).unwrap(), d);
+        assert_eq!(
+            budget(&headers(" 250 "), d, max).unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        for bad in ["0", "-5", "1.5", "abc", "", "99999999999999999999"] {
+            let e = budget(&headers(bad), d, max).unwrap_err();
+            assert_eq!(e.parts().0.as_u16(), 400, "{bad}");
+            assert!(e.body().to_string().contains(HEADER), "{bad}");
+        }
+        let e = budget(&headers("30001"), d, max).unwrap_err();
+        assert!(e.to_string().contains("max_deadline_ms"), "{e}");
+    }
+
+    /// The completion [`crate::llm::Llm::predict`] derives from `s`'s estimate.
+
+    #[test]
+    fn keys_are_found_by_digest_and_bad_credentials_are_401() {
+        let tenants = Tenants::new(&[cfg("a", "key-a"), cfg("b", "key-b")]);
+        assert_eq!(&*tenants.lookup("key-b").unwrap().id.0, "b");
+        assert!(tenants.lookup("key-c").is_none());
+        let now = Instant::now();
+        let headers = |v: Option<&str>| {
+            let mut h = axum::http::HeaderMap::new();
+            if let Some(v) = v {
+                h.insert("authorization", v.parse().unwrap());
+            }
+            h
+        };
+        for bad in [
+            None,
+            Some(""),
+            Some("Bearer"),
+            Some("Bearer "),
+            Some("Basic a2V5LWE="),
+            Some("key-a"),
+            Some("Bearer key-c"),
+        ] {
+            let e = identify(&tenants, &headers(bad), now).unwrap_err();
+            assert_eq!(e.parts().0.as_u16(), 401, "{bad:?}");
+        }
+        let a = identify(&tenants, &headers(Some("bearer key-a")), now)
+            .unwrap()
+            .unwrap();
+        assert!(a.may_use("classify") && !a.may_use("generate"));
+        // Its rate: 1/s, burst 1 — the second request at once is 429 with a wait of a second.
+        let e = identify(&tenants, &headers(Some("Bearer key-a")), now).unwrap_err();
+        assert_eq!(e.parts().0.as_u16(), 429);
+        // The other tenant has its own bucket.
+        assert!(identify(&tenants, &headers(Some("Bearer key-b")), now).is_ok());
+        // No tenants: open.
+        assert!(identify(&Tenants::default(), &headers(None), now)
+            .unwrap()
+            .is_none());
+    }
+}
