@@ -14,9 +14,6 @@ use crate::report::RunReport;
 use crate::scrape::routing;
 use crate::stats::ms;
 
-/// The policy fields /admin/routing accepts (what we save and restore).
-pub const POLICY_FIELDS: &[&str] = RoutingConfig::FIELDS;
-
 /// A policy to run under.
 #[derive(Debug, Clone)]
 pub struct Variant {
@@ -27,11 +24,12 @@ pub struct Variant {
 /// The server's policy fields from a GET /admin/routing view.
 pub fn saved_policy(view: &Value) -> Result<Value, String> {
     let mut m = Map::new();
-    for f in POLICY_FIELDS {
-        let v = view.get(*f).ok_or_else(|| {
+    // The policy fields /admin/routing accepts (what we save and restore).
+    for f in RoutingConfig::fields() {
+        let v = view.get(&f).ok_or_else(|| {
             format!("GET /admin/routing has no `{f}`: is this a tiergate server?")
         })?;
-        m.insert((*f).to_string(), v.clone());
+        m.insert(f, v.clone());
     }
     Ok(Value::Object(m))
 }

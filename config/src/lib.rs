@@ -14,11 +14,12 @@ mod models;
 mod prefilter;
 mod prompts;
 pub mod redact;
+mod resolve;
 mod serving;
 mod tenants;
 mod worker;
 
-pub use backends::{backends, LlmEntry, DEFAULT_BACKEND};
+pub use backends::{LlmEntry, DEFAULT_BACKEND};
 pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
@@ -29,10 +30,12 @@ pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
+pub use resolve::{Backend, Resolved, Route, Stage};
 pub use serving::{
     BrownoutConfig, EngineKind, FailureMode, Grade, OnBreach, OtlpProtocol, OutOfScopeConfig,
     PolicyStoreConfig, Prefer, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode,
-    ServerConfig, StageConfig, StageTable, StoreKind, UtilizationConfig, UtilizationSource,
+    RoutingPatch, ScoringWeights, ServerConfig, StageConfig, StageTable, StoreKind,
+    UtilizationConfig, UtilizationSource,
 };
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
@@ -77,9 +80,10 @@ pub struct Config {
 }
 
 impl Config {
-    /// The LLM backends in force, in order (the first is the default).
-    pub fn backends(&self) -> Result<Vec<(String, RerankerConfig)>, ConfigError> {
-        backends(&self.reranker, &self.llm)
+    /// The LLM backends in force, in order (the first is the default); readers take them resolved
+    /// ([`Config::resolve`]).
+    fn backends(&self) -> Result<Vec<(String, RerankerConfig)>, ConfigError> {
+        backends::backends(&self.reranker, &self.llm)
     }
 
     /// The `[reranker]` fields that have no effect because every `[[llm]]` entry sets its own.
@@ -124,13 +128,18 @@ impl Config {
         }
         self.routing.validate("routing")?;
         self.reranker.validate("reranker")?;
-        let names: Vec<String> = self.backends()?.into_iter().map(|(n, _)| n).collect();
-        if self.reranker.workers > 0 && self.prefilter.top_k < self.reranker.candidates {
+        let backends = self.backends()?;
+        let names: Vec<String> = backends.iter().map(|(n, _)| n.clone()).collect();
+        if let Some((name, r)) = backends
+            .iter()
+            .find(|(_, r)| r.workers > 0 && self.prefilter.top_k < r.candidates)
+        {
             return Err(ConfigError::invalid(
                 "prefilter.top_k",
                 format!(
-                    "{} is below reranker.candidates {}: Tier-0 must offer every candidate the LLM is sent",
-                    self.prefilter.top_k, self.reranker.candidates
+                    "{} is below backend `{name}`'s candidates {}: Tier-0 must offer every candidate the LLM \
+                     is sent",
+                    self.prefilter.top_k, r.candidates
                 ),
             ));
         }

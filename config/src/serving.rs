@@ -450,27 +450,66 @@ impl Default for RoutingConfig {
     }
 }
 
+/// A change to the routing policy (`/admin/routing`): some of its fields (PATCH) or all (PUT), as JSON. It is
+/// applied by deserialising the policy it yields, so an unknown field is refused by the policy's own
+/// `deny_unknown_fields` and a wrong type by its field's type: no list of fields is kept by hand.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingPatch(serde_json::Map<String, serde_json::Value>);
+
+impl RoutingPatch {
+    /// A patch from a JSON body: an object whose every key is a policy field.
+    pub fn parse(body: serde_json::Value) -> Result<Self, ConfigError> {
+        let serde_json::Value::Object(m) = body else {
+            return Err(ConfigError::invalid("routing", "expected a JSON object"));
+        };
+        let patch = Self(m);
+        match patch.apply(&RoutingConfig::default()) {
+            // A value out of range is checked again on the policy in force, where it is applied.
+            Ok(_) | Err(ConfigError::Invalid { .. }) => Ok(patch),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The first policy field it does not set (a PUT must set them all).
+    pub fn missing(&self) -> Option<String> {
+        RoutingConfig::fields()
+            .into_iter()
+            .find(|f| !self.0.contains_key(f))
+    }
+
+    /// `base` with its fields, validated.
+    pub fn apply(&self, base: &RoutingConfig) -> Result<RoutingConfig, ConfigError> {
+        let mut merged = serde_json::to_value(base).map_err(|e| ConfigError::Parse {
+            origin: "routing".into(),
+            message: e.to_string(),
+        })?;
+        if let Some(m) = merged.as_object_mut() {
+            m.extend(self.0.clone());
+        }
+        let cfg: RoutingConfig =
+            serde_json::from_value(merged).map_err(|e| ConfigError::Parse {
+                origin: "routing".into(),
+                message: e.to_string(),
+            })?;
+        cfg.validate("routing")?;
+        Ok(cfg)
+    }
+
+    /// The patch as sent (for the audit log).
+    pub fn as_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.0.clone())
+    }
+}
+
 impl RoutingConfig {
-    /// The policy's field names: what `/admin/routing` accepts (PATCH: any subset, PUT: all) and what a
-    /// client saves to put a policy back.
-    pub const FIELDS: &'static [&'static str] = &[
-        "mode",
-        "theta_base",
-        "k",
-        "theta_min",
-        "theta_max",
-        "target_share",
-        "slo_p95_ms",
-        "utilization_source",
-        "manual_utilization",
-        "allow_header_override",
-        "oos_threshold",
-        "oos_margin",
-        "max_error",
-        "confidence",
-        "on_breach",
-        "audit_rate",
-    ];
+    /// The policy's field names, read off the type (its serialised form): what `/admin/routing` accepts
+    /// (PATCH: any subset, PUT: all) and what a client saves to put a policy back.
+    pub fn fields() -> Vec<String> {
+        match serde_json::to_value(Self::default()) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
 
     /// Checks the policy; errors name the field.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
@@ -679,7 +718,7 @@ pub struct RerankerConfig {
     pub llm_temperature: f32,
     /// Arithmetic of the scoring model: `int8` (8-bit weights and activations on AVX-512 VNNI, f32 without
     /// it), `f32` (weights dequantised at load, ~4x the memory of the file) or `quantized` (as stored).
-    pub scoring_weights: String,
+    pub scoring_weights: ScoringWeights,
     /// Memory for cached label prefixes (channel scoring) per worker, in MiB.
     pub prefix_cache_mib: usize,
     /// Prompt templates (a route's own `prompts` win).
@@ -722,7 +761,7 @@ impl Default for RerankerConfig {
             breaker_cooldown_ms: 5_000,
             llm_weight: 0.5,
             llm_temperature: 1.0,
-            scoring_weights: "int8".into(),
+            scoring_weights: ScoringWeights::Int8,
             prefix_cache_mib: 512,
             prompts: PromptConfig::default(),
             profile: String::new(),
@@ -818,6 +857,37 @@ pub struct StageTable {
     /// with `/admin/routing?route=…&stage=…`.
     #[serde(default)]
     pub policy: Option<RoutingConfig>,
+}
+
+/// The arithmetic of the scoring forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoringWeights {
+    /// 8-bit weights and activations on AVX-512 VNNI (f32 without it).
+    #[default]
+    Int8,
+    /// Weights dequantised at load (~4x the memory of the file).
+    F32,
+    /// The weights as stored in the GGUF.
+    Quantized,
+}
+
+impl ScoringWeights {
+    /// Its config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Int8 => "int8",
+            Self::F32 => "f32",
+            Self::Quantized => "quantized",
+        }
+    }
+
+    /// From its config spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Int8, Self::F32, Self::Quantized]
+            .into_iter()
+            .find(|w| w.as_str() == s)
+    }
 }
 
 /// How a stage chooses among its alternatives.
@@ -1020,12 +1090,6 @@ impl RerankerConfig {
                 "must be a positive number",
             ));
         }
-        if !["int8", "f32", "quantized"].contains(&self.scoring_weights.as_str()) {
-            return Err(ConfigError::invalid(
-                format!("{at}.scoring_weights"),
-                format!("`{}`: use int8, f32 or quantized", self.scoring_weights),
-            ));
-        }
         self.prompts.validate(&format!("{at}.prompts"))?;
         if !self.profile.is_empty() {
             crate::profile_for("", &self.profile)?;
@@ -1130,12 +1194,46 @@ mod tests {
     }
 
     #[test]
-    fn policy_field_list_matches_the_serialised_policy() {
-        let v = serde_json::to_value(RoutingConfig::default()).unwrap();
-        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        let mut fields = RoutingConfig::FIELDS.to_vec();
-        keys.sort_unstable();
-        fields.sort_unstable();
-        assert_eq!(keys, fields);
+    fn a_routing_patch_refuses_unknown_fields_and_wrong_types_and_a_put_needs_them_all() {
+        use crate::RoutingPatch;
+        use serde_json::json;
+        let fields = RoutingConfig::fields();
+        assert!(
+            fields.len() >= 16 && fields.iter().any(|f| f == "max_error"),
+            "{fields:?}"
+        );
+        let e = RoutingPatch::parse(json!({"theta_bsae": 0.3})).unwrap_err();
+        assert!(e.to_string().contains("unknown field `theta_bsae`"), "{e}");
+        let e = RoutingPatch::parse(json!({"theta_base": "high"})).unwrap_err();
+        assert!(e.to_string().contains("invalid type"), "{e}");
+        assert!(RoutingPatch::parse(json!([1])).is_err());
+        let p = RoutingPatch::parse(json!({"theta_base": 0.3, "mode": "static"})).unwrap();
+        assert!(p
+            .missing()
+            .is_some_and(|f| f != "mode" && f != "theta_base"));
+        let base = RoutingConfig::default();
+        let c = p.apply(&base).unwrap();
+        assert_eq!(
+            (c.theta_base, c.mode, c.k),
+            (0.3, RoutingMode::Static, base.k)
+        );
+        // Out of range: refused when applied.
+        let p = RoutingPatch::parse(json!({"theta_base": 7.0})).unwrap();
+        assert!(p
+            .apply(&base)
+            .unwrap_err()
+            .to_string()
+            .contains("theta_base"));
+        // Every field set: nothing missing, and the policy comes back as it was.
+        let all = RoutingPatch::parse(serde_json::to_value(&base).unwrap()).unwrap();
+        assert_eq!(all.missing(), None);
+        assert_eq!(
+            all.apply(&RoutingConfig {
+                theta_base: 0.1,
+                ..base.clone()
+            })
+            .unwrap(),
+            base
+        );
     }
 }

@@ -49,7 +49,7 @@ pub enum EngineSpec {
         #[serde(default)]
         f32_weights: bool,
         /// The scoring forward's arithmetic: int8, f32 or quantized.
-        scoring_weights: String,
+        scoring_weights: crate::ScoringWeights,
         /// The scoring profile (empty: by the model's file name).
         #[serde(default)]
         profile: String,
@@ -100,7 +100,7 @@ impl WorkerSpec {
                 model: r.model.clone(),
                 isq: None,
                 f32_weights: r.f32_weights,
-                scoring_weights: r.scoring_weights.clone(),
+                scoring_weights: r.scoring_weights,
                 profile: r.profile.clone(),
                 prefix_cache_mib: r.prefix_cache_mib,
             },
@@ -165,10 +165,10 @@ mod tests {
         }
         let mut r = crate::Config::default().reranker;
         r.engine = EngineKind::Mistralrs;
-        r.scoring_weights = "f32".into();
+        r.scoring_weights = crate::ScoringWeights::F32;
         assert!(matches!(
             WorkerSpec::of(&r).engine,
-            EngineSpec::Mistralrs { ref scoring_weights, .. } if scoring_weights == "f32"
+            EngineSpec::Mistralrs { scoring_weights, .. } if scoring_weights == crate::ScoringWeights::F32
         ));
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tiergate_config::{Config, HeadConfig, PromptConfig, RouteKind};
+use tiergate_config::{Config, HeadConfig, PromptConfig, Resolved, RouteKind};
 use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
 use tokio::sync::Semaphore;
@@ -147,17 +147,18 @@ impl AppState {
         worker_program: Option<PathBuf>,
         ledger_store: Option<Arc<dyn crate::ledger::Store>>,
     ) -> anyhow::Result<Self> {
-        let (routes, order) = build_routes(&config)?;
+        let resolved = config.resolve()?;
+        let (routes, order) = build_routes(&config, &resolved)?;
         let gate = Arc::new(crate::priority::Gate::new(Duration::from_millis(
             config.batch.max_llm_wait_ms,
         )));
         let mut llms = Vec::new();
         let mut backend_names = Vec::new();
-        for (name, r) in config.backends()? {
-            let llm = if r.workers > 0 {
+        for b in &resolved.backends {
+            let llm = if b.config.workers > 0 {
                 Some(start_backend(
-                    &name,
-                    &r,
+                    &b.name,
+                    &b.config,
                     gate.clone(),
                     worker_program.clone(),
                 )?)
@@ -165,7 +166,7 @@ impl AppState {
                 None
             };
             llms.push(llm);
-            backend_names.push(name);
+            backend_names.push(b.name.clone());
         }
         let mut llms = llms.into_iter();
         let llm = llms.next().flatten();
@@ -446,49 +447,25 @@ impl AppState {
     }
 }
 
-/// The routes the config names (one `classify` route when it names none), in config order; routes with the
-/// same head share one prefilter.
-fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<String>)> {
-    let configs = config.backends()?;
+/// The routes of the resolved config, in config order; routes with the same head share one prefilter.
+fn build_routes(
+    config: &Config,
+    resolved: &Resolved,
+) -> anyhow::Result<(HashMap<String, Route>, Vec<String>)> {
     let mut handles: Vec<(HeadConfig, PrefilterHandle)> = Vec::new();
     let mut routes = HashMap::new();
     let mut order = Vec::new();
-    let route_cfgs = if config.routes.is_empty() {
-        vec![tiergate_config::RouteConfig {
-            prompts: None,
-            name: "classify".into(),
-            kind: RouteKind::Classify,
-            head: None,
-            out_of_scope: None,
-            deadline_ms: None,
-            max_deadline_ms: None,
-            stages: None,
-        }]
-    } else {
-        config.routes.clone()
-    };
-    for r in &route_cfgs {
-        let prompts = r
-            .prompts
-            .clone()
-            .unwrap_or_else(|| config.reranker.prompts.clone());
-        let mut stages = stages_of(r, &configs, &config.routing)?;
+    for r in &resolved.routes {
         // The first stage's judge decides how candidates are shown (grounded or not).
-        let first = stages
-            .first()
-            .map_or(&config.reranker, |s| &configs[s.backend].1);
-        let grounded = crate::judge::grounded(first, &prompts);
+        let grounded = crate::judge::grounded(resolved.judge(r), &r.prompts);
         let prefilter = if r.kind == RouteKind::Generate {
             None
         } else {
-            Some(prefilter_for(config, r, grounded, &mut handles)?)
+            Some(prefilter_for(config, resolved, r, grounded, &mut handles)?)
         };
         order.push(r.name.clone());
-        resolve_fusions(&mut stages, &configs, &prompts, prefilter.as_ref());
-        let fusion = stages.first().map_or_else(
-            || crate::fusion::Fusion::resolve(&config.reranker, &prompts, None, &[]),
-            |s| s.fusions[0].clone(),
-        );
+        let stages = stages_of(r, resolved, prefilter.as_ref());
+        let fusion = stages[0].fusions[0].clone();
         fusion.log_for(&r.name);
         let out_of_scope = match (&r.out_of_scope, &prefilter) {
             (Some(o), Some(p)) => Some(crate::out_of_scope::OutOfScopeRoute::resolve(
@@ -512,12 +489,12 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
                 name: r.name.clone(),
                 kind: r.kind,
                 prefilter,
-                prompts,
+                prompts: r.prompts.clone(),
                 fusion,
                 grounded,
                 out_of_scope,
                 deadline: r.deadline_ms.map(Duration::from_millis),
-                max_deadline: Duration::from_millis(r.max_deadline_ms_in_force()),
+                max_deadline: Duration::from_millis(r.max_deadline_ms),
                 stages,
                 risk,
                 head_version,
@@ -527,91 +504,69 @@ fn build_routes(config: &Config) -> anyhow::Result<(HashMap<String, Route>, Vec<
     Ok((routes, order))
 }
 
-/// Route `r`'s cascade over the backends (`configs`): its `stages`, or the first backend. A name that is no
-/// backend is an error (config validation refuses it first; nothing is dropped here).
+/// Route `r`'s cascade with each alternative's fusion: the head's fit (`fusion.json` for the first stage,
+/// `fusion.BACKEND.json` after), valid only for its LLM after the same stages before it (each stage's first
+/// backend), else the backend's configured values.
 fn stages_of(
-    r: &tiergate_config::RouteConfig,
-    configs: &[(String, tiergate_config::RerankerConfig)],
-    global: &tiergate_config::RoutingConfig,
-) -> anyhow::Result<Vec<Stage>> {
-    let Some((first, _)) = configs.first() else {
-        anyhow::bail!("no LLM backend configured");
-    };
-    let default = [tiergate_config::StageConfig::Name(first.clone())];
-    let listed: &[tiergate_config::StageConfig] = r.stages.as_deref().unwrap_or(&default);
-    let index = |n: &str| {
-        configs
-            .iter()
-            .position(|(b, _)| b == n)
-            .ok_or_else(|| anyhow::anyhow!("route `{}`: `{n}` is no LLM backend", r.name))
-    };
-    listed
+    r: &tiergate_config::Route,
+    resolved: &Resolved,
+    prefilter: Option<&PrefilterHandle>,
+) -> Vec<Stage> {
+    let mut after: Vec<String> = Vec::new();
+    r.stages
         .iter()
         .enumerate()
         .map(|(k, st)| {
-            let alternatives = st
-                .backends()
-                .into_iter()
-                .map(|n| Ok((index(n)?, n.to_string())))
-                .collect::<anyhow::Result<Vec<(usize, String)>>>()?;
-            let Some(&(backend, _)) = alternatives.first() else {
-                anyhow::bail!("route `{}`: stage {k} names no backend", r.name);
-            };
-            Ok(Stage {
+            let backend = st.first();
+            let alternatives: Vec<(usize, String)> = st
+                .alternatives
+                .iter()
+                .map(|&b| (b, resolved.backends[b].name.clone()))
+                .collect();
+            let fusions = alternatives
+                .iter()
+                .map(|(b, name)| {
+                    let fit = prefilter.and_then(|p| {
+                        if k == 0 {
+                            p.fitted_fusion()
+                        } else {
+                            p.stage_fusion(name)
+                        }
+                    });
+                    crate::fusion::Fusion::resolve(
+                        &resolved.backends[*b].config,
+                        &r.prompts,
+                        fit,
+                        &after,
+                    )
+                })
+                .collect();
+            let judge = &resolved.backends[backend].config;
+            after.push(crate::judge::llm_name(judge, &r.prompts));
+            Stage {
                 backend,
-                name: st.name().to_string(),
-                candidates: configs.get(backend).map_or(1, |(_, c)| c.candidates),
+                name: st.name.clone(),
+                candidates: judge.candidates,
                 alternatives,
-                prefer: st.prefer(),
-                retries: st.retries(),
-                theta: st.theta().unwrap_or(0.0),
-                policy: (k > 0).then(|| Arc::new(Policy::new(st.policy(global)))),
-                fusions: Vec::new(),
-            })
+                prefer: st.prefer,
+                retries: st.retries,
+                theta: st.theta,
+                policy: st.policy.clone().map(|p| Arc::new(Policy::new(p))),
+                fusions,
+            }
         })
         .collect()
-}
-
-/// Each stage alternative's fusion: the head's fit (`fusion.json` for the first stage, `fusion.BACKEND.json`
-/// after), valid only for its LLM after the same stages before it (each stage's first backend), else the
-/// backend's configured values.
-fn resolve_fusions(
-    stages: &mut [Stage],
-    configs: &[(String, tiergate_config::RerankerConfig)],
-    prompts: &tiergate_config::PromptConfig,
-    prefilter: Option<&PrefilterHandle>,
-) {
-    let mut after: Vec<String> = Vec::new();
-    for (k, stage) in stages.iter_mut().enumerate() {
-        stage.fusions = stage
-            .alternatives
-            .iter()
-            .map(|(b, name)| {
-                let fit = prefilter.and_then(|p| {
-                    if k == 0 {
-                        p.fitted_fusion()
-                    } else {
-                        p.stage_fusion(name)
-                    }
-                });
-                crate::fusion::Fusion::resolve(&configs[*b].1, prompts, fit, &after)
-            })
-            .collect();
-        after.push(crate::judge::llm_name(&configs[stage.backend].1, prompts));
-    }
 }
 
 /// The prefilter of route `r`'s head: one already started for the same head, else a new one.
 fn prefilter_for(
     config: &Config,
-    r: &tiergate_config::RouteConfig,
+    resolved: &Resolved,
+    r: &tiergate_config::Route,
     grounded: bool,
     handles: &mut Vec<(HeadConfig, PrefilterHandle)>,
 ) -> anyhow::Result<PrefilterHandle> {
-    let head = r
-        .head
-        .clone()
-        .unwrap_or_else(|| config.prefilter.head.clone());
+    let head = r.head.clone();
     if let Some((_, h)) = handles.iter().find(|(h, _)| *h == head) {
         return Ok(h.clone());
     }
@@ -623,9 +578,10 @@ fn prefilter_for(
     }
     // The out-of-scope score costs a product with the reference rows per query: only heads a route with an
     // out-of-scope outcome reads compute it.
-    let wanted = config.routes.iter().any(|o| {
-        o.out_of_scope.is_some() && o.head.as_ref().unwrap_or(&config.prefilter.head) == &head
-    });
+    let wanted = resolved
+        .routes
+        .iter()
+        .any(|o| o.out_of_scope.is_some() && o.head == head);
     if !wanted {
         classifier.out_of_scope = None;
     }
@@ -640,17 +596,14 @@ fn prefilter_for(
     Ok(handle)
 }
 
-/// Creates the segment and starts the workers of the first backend (`eval --hybrid` uses it).
-pub fn start_llm(config: &Config, worker_program: Option<PathBuf>) -> anyhow::Result<Llm> {
-    let (name, r) = config
-        .backends()?
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("no LLM backend"))?;
-    let gate = Arc::new(crate::priority::Gate::new(Duration::from_millis(
-        config.batch.max_llm_wait_ms,
-    )));
-    start_backend(&name, &r, gate, worker_program)
+/// Creates the segment and starts the workers of `backend` alone (`eval --hybrid` uses it).
+pub fn start_llm(
+    backend: &tiergate_config::Backend,
+    max_llm_wait: Duration,
+    worker_program: Option<PathBuf>,
+) -> anyhow::Result<Llm> {
+    let gate = Arc::new(crate::priority::Gate::new(max_llm_wait));
+    start_backend(&backend.name, &backend.config, gate, worker_program)
 }
 
 /// Creates backend `backend`'s segment and starts its workers; batch lines wait at `gate` (shared by all).

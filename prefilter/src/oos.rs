@@ -5,8 +5,9 @@
 
 use crate::grounding::unit;
 
-/// The out-of-scope score methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The out-of-scope score methods (`oos.json` names the served one in its report spelling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OosMethod {
     /// 1 − max p of the calibrated distribution (Hendrycks & Gimpel 2017).
     Msp,

@@ -19,8 +19,8 @@ use crate::oos::{self, OosMethod};
 pub struct OosMeta {
     /// Format version of this file.
     pub format: u32,
-    /// `knn_top_labels`, `knn` or `msp`.
-    pub method: String,
+    /// The served method: `knn_top_labels`, `knn` or `msp`.
+    pub method: OosMethod,
     /// Neighbours averaged (k-NN).
     pub k: usize,
     /// Labels whose rows are searched per query (`knn_top_labels`).
@@ -296,9 +296,9 @@ impl OutOfScope {
         if !meta.threshold.is_finite() {
             return Err(PrefilterError::corrupt(&path, "threshold must be a number"));
         }
-        let scorer = match meta.method.as_str() {
-            "msp" => Self::msp(meta.threshold),
-            "knn" | "knn_top_labels" => {
+        let scorer = match meta.method {
+            OosMethod::Msp => Self::msp(meta.threshold),
+            OosMethod::Knn | OosMethod::KnnTopLabels => {
                 let weights = dir.join("oos.safetensors");
                 let tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
                     .map_err(|e| PrefilterError::corrupt(&weights, e))?;
@@ -314,7 +314,7 @@ impl OutOfScope {
                         format!("reference {:?} is not [rows, {hidden}]", r.dims()),
                     ));
                 }
-                let scorer = if meta.method == "knn" {
+                let scorer = if meta.method == OosMethod::Knn {
                     Self::knn(r, meta.k, meta.threshold)
                 } else {
                     let labels = get("labels")?
@@ -335,7 +335,10 @@ impl OutOfScope {
             other => {
                 return Err(PrefilterError::corrupt(
                     &path,
-                    format!("method `{other}` is not served (knn_top_labels, knn or msp)"),
+                    format!(
+                        "method `{}` is not served (knn_top_labels, knn or msp)",
+                        other.name()
+                    ),
                 ))
             }
         };
@@ -442,7 +445,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let meta = OosMeta {
             format: OOS_FORMAT,
-            method: "knn_top_labels".into(),
+            method: OosMethod::KnnTopLabels,
             k: 2,
             top_labels: 1,
             threshold: 0.5,
@@ -477,7 +480,7 @@ mod tests {
         let s = OutOfScope::knn(&reference(), 2, 0.25).unwrap();
         let meta = OosMeta {
             format: OOS_FORMAT,
-            method: "knn".into(),
+            method: OosMethod::Knn,
             k: 2,
             top_labels: 0,
             threshold: 0.25,
@@ -497,18 +500,23 @@ mod tests {
         // A head of another width is refused, naming the file.
         let e = OutOfScope::load(dir.path(), 4, 2).unwrap_err().to_string();
         assert!(e.contains("oos.safetensors"), "{e}");
-        // An unknown method is refused.
+        // An unknown method is refused, and so is one that is measured but not served.
+        let mut v = serde_json::to_value(&meta).unwrap();
+        v["method"] = "energy".into();
+        std::fs::write(dir.path().join("oos.json"), v.to_string()).unwrap();
+        let e = OutOfScope::load(dir.path(), 3, 2).unwrap_err().to_string();
+        assert!(e.contains("energy"), "{e}");
+        let boundary = OosMeta {
+            method: OosMethod::Boundary,
+            ..meta
+        };
         std::fs::write(
             dir.path().join("oos.json"),
-            serde_json::to_string(&OosMeta {
-                method: "energy".into(),
-                ..meta
-            })
-            .unwrap(),
+            serde_json::to_string(&boundary).unwrap(),
         )
         .unwrap();
         let e = OutOfScope::load(dir.path(), 3, 2).unwrap_err().to_string();
-        assert!(e.contains("energy"), "{e}");
+        assert!(e.contains("`boundary` is not served"), "{e}");
         assert!(OutOfScope::load(&dir.path().join("none"), 3, 2)
             .unwrap()
             .is_none());

@@ -197,7 +197,12 @@ fn start_worker(
                     None => {
                         r.engine = tiergate_config::EngineKind::Mistralrs;
                         r.model = model.into();
-                        r.scoring_weights = weights.into();
+                        r.scoring_weights = tiergate_config::ScoringWeights::parse(weights)
+                            .ok_or_else(|| {
+                                anyhow::anyhow!(
+                                    "--scoring-weights {weights}: int8, f32 or quantized"
+                                )
+                            })?;
                     }
                 }
                 vec![

@@ -75,18 +75,6 @@ pub enum WeightFormat {
     Int8,
 }
 
-impl WeightFormat {
-    /// `f32`, `quantized` or `int8`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "f32" => Some(Self::F32),
-            "quantized" => Some(Self::Quantized),
-            "int8" => Some(Self::Int8),
-            _ => None,
-        }
-    }
-}
-
 /// A projection `y = x·Wᵀ` in one of the formats.
 enum Linear {
     Candle(QMatMul),

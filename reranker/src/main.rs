@@ -188,10 +188,13 @@ fn load_llm(spec: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
         model: model.clone(),
         isq: isq.clone(),
         max_seqs: spec.max_concurrent.max(1),
-        scoring_weights: tiergate_reranker::llama::WeightFormat::parse(scoring_weights)
-            .ok_or_else(|| {
-                anyhow::anyhow!("scoring_weights `{scoring_weights}`: use int8, f32 or quantized")
-            })?,
+        scoring_weights: match scoring_weights {
+            tiergate_config::ScoringWeights::Int8 => tiergate_reranker::llama::WeightFormat::Int8,
+            tiergate_config::ScoringWeights::F32 => tiergate_reranker::llama::WeightFormat::F32,
+            tiergate_config::ScoringWeights::Quantized => {
+                tiergate_reranker::llama::WeightFormat::Quantized
+            }
+        },
         prefix_cache_bytes: prefix_cache_mib << 20,
         profile: profile.clone(),
     };

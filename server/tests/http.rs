@@ -433,7 +433,11 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
         "queue_depth",
         "version",
     ];
-    for k in RoutingConfig::FIELDS.iter().chain(&live) {
+    for k in RoutingConfig::fields()
+        .iter()
+        .map(String::as_str)
+        .chain(live)
+    {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
     assert_eq!(v["version"], 1);

@@ -208,6 +208,52 @@ fn the_server_crate_holds_http_only() {
     assert!(!speaks_http(&engine_state));
 }
 
+/// `[reranker]` is read in one place: `Config::resolve` merges it into every backend, and every other crate's
+/// code reads the resolved backends (a second reader is how a route once used `[reranker]`'s candidates
+/// instead of its own backend's). Tests and examples may set its fields to build a config.
+#[test]
+fn no_crate_but_config_reads_the_reranker_section() {
+    let reads = |text: &str| {
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .any(|l| {
+                l.contains(".reranker.") || l.contains(".reranker,") || l.contains(".reranker)")
+            })
+    };
+    let mut offenders = Vec::new();
+    let mut checked = 0;
+    for krate in std::fs::read_dir(root()).unwrap().flatten() {
+        if krate.file_name() == "config" || !krate.path().join("Cargo.toml").is_file() {
+            continue;
+        }
+        let mut dirs = vec![krate.path().join("src")];
+        while let Some(d) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    checked += 1;
+                    if reads(&std::fs::read_to_string(&p).unwrap()) {
+                        offenders.push(p);
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 150, "only {checked} files checked");
+    assert!(
+        offenders.is_empty(),
+        "these read [reranker] past Config::resolve: {offenders:?}"
+    );
+    // The check tells: the config crate reads it.
+    let lib = std::fs::read_to_string(root().join("config/src/resolve.rs")).unwrap();
+    assert!(reads(&lib));
+}
+
 /// Package → its enabled features, from `cargo tree` over the workspace with the given edge kinds.
 fn features(edges: &str) -> HashMap<String, HashSet<String>> {
     let out = cargo(&[

@@ -351,7 +351,7 @@ fn fit_out_of_scope(
     let caught = oos_scores.iter().filter(|&&s| s > threshold).count();
     let meta = OosMeta {
         format: OOS_FORMAT,
-        method: "knn_top_labels".into(),
+        method: tiergate_prefilter::oos::OosMethod::KnnTopLabels,
         k,
         top_labels: top,
         threshold,

@@ -55,7 +55,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
     assert_eq!(report.labels, 4);
     // The out-of-scope fit: k-NN over the training rows of the likely labels, threshold on the 20 in-scope dev rows, 2 of the 8
     // out-of-scope rows in the dev split.
-    assert_eq!(report.oos.method, "knn_top_labels");
+    assert_eq!(report.oos.method.name(), "knn_top_labels");
     assert_eq!((report.oos.dev_rows, report.oos.dev_oos_rows), (20, 2));
     assert!(report.oos.threshold.is_finite() && report.oos.dev_oos_recall.is_some());
     // The 20 dev rows (5 a label) in two halves of each label: 12 fit the temperature, the other 8 are measured

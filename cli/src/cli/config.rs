@@ -27,12 +27,12 @@ pub fn run(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> anyhow::Result<()> {
     if let Some(file) = &args.check {
-        let c = tiergate_config::load(Some(file), env, &args.overrides)?;
+        let c = tiergate_config::load(Some(file), env, &args.overrides)?.resolve()?;
         println!(
             "{}: valid ({} routes, {} LLM backends)",
             file.display(),
-            c.route_names().len(),
-            c.backends()?.len()
+            c.routes.len(),
+            c.backends.len()
         );
         return Ok(());
     }

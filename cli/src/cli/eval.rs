@@ -303,7 +303,7 @@ fn run_hybrid(
             (scored, llm)
         }
         None => {
-            let llm = hybrid::llm_name(cfg);
+            let llm = hybrid::llm_name(cfg)?;
             let mut file = match &args.rows {
                 Some(out) => Some(RowsFile::create(out, cfg, classifier, rows, &llm)?),
                 None => None,
@@ -329,11 +329,14 @@ fn run_hybrid(
     let (w, t, source) =
         match tiergate_engine::fusion::fit_for(classifier.fusion.as_ref(), &llm, &[]) {
             Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
-            None => (
-                cfg.reranker.llm_weight,
-                cfg.reranker.llm_temperature,
-                "config",
-            ),
+            None => {
+                let (judge, _) = hybrid::judge(cfg)?;
+                (
+                    judge.config.llm_weight,
+                    judge.config.llm_temperature,
+                    "config",
+                )
+            }
         };
     let mut thetas: Vec<f64> = (1..20).map(|i| f64::from(i) * 0.05).collect();
     thetas.push(hybrid::theta_for_share(&scored, 0.1));
@@ -386,7 +389,8 @@ fn run_cascade(
     files: [PathBuf; 2],
 ) -> anyhow::Result<()> {
     let stages = cascade::read(&files, cfg, classifier, rows)?;
-    let r = &cfg.reranker;
+    let (judge, _) = hybrid::judge(cfg)?;
+    let r = &judge.config;
     let fit = |k: usize, after: &[String]| {
         cascade::stage_fit(classifier, k, &stages[k].llm, after)
             .map_or(((r.llm_weight, r.llm_temperature), "config"), |f| {

@@ -71,7 +71,7 @@ pub fn run(args: &FitArgs, env: impl IntoIterator<Item = (String, String)>) -> a
                 &mut |m| eprintln!("{m}"),
                 &mut |_, _| Ok(()),
             )?,
-            hybrid::llm_name(&cfg),
+            hybrid::llm_name(&cfg)?,
         ),
     };
     let f = hybrid::save_fit(&args.classifier, &llm, &scored, None)?;

@@ -185,7 +185,8 @@ pub fn tier0_rows(
 pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier> {
     let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
         .with_context(|| format!("loading classifier {}", dir.display()))?;
-    if tiergate_engine::judge::grounded(&config.reranker, &route_prompts(config)) {
+    let (judge, prompts) = judge(config)?;
+    if tiergate_engine::judge::grounded(&judge.config, &prompts) {
         c.ground()?;
     }
     Ok(c)
@@ -210,7 +211,7 @@ pub fn score_rows(
     let mut rows = tier0_rows(
         classifier,
         examples,
-        config.reranker.candidates,
+        judge(config)?.0.config.candidates,
         oos.as_ref(),
     )?;
     let low = theta_for_share(&rows, max_escalated);
@@ -236,7 +237,9 @@ fn run_llm(
     scored: &mut dyn FnMut(usize, &Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let program = super::serve::worker_program();
-    let llm = tiergate_engine::state::start_llm(config, program)?;
+    let wait = Duration::from_millis(config.batch.max_llm_wait_ms);
+    let (backend, prompt) = judge(config)?;
+    let llm = tiergate_engine::state::start_llm(&backend, wait, program)?;
     let t = Instant::now();
     while llm.client.live_workers() == 0 {
         anyhow::ensure!(
@@ -245,7 +248,6 @@ fn run_llm(
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let prompt = route_prompts(config);
     let mut todo: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].ambiguity > theta_low)
         .collect();
@@ -289,19 +291,20 @@ fn run_llm(
     Ok(())
 }
 
-/// The prompt templates of the first classify route (else `[reranker.prompts]`).
-fn route_prompts(config: &Config) -> tiergate_config::PromptConfig {
-    config
-        .routes
-        .iter()
-        .find(|r| r.kind == RouteKind::Classify)
-        .and_then(|r| r.prompts.clone())
-        .unwrap_or_else(|| config.reranker.prompts.clone())
+/// The judge the offline tools run and its prompt templates: the first classify route's first stage, as the
+/// server would escalate to ([`tiergate_config::Resolved::offline_judge`]).
+pub fn judge(
+    config: &Config,
+) -> anyhow::Result<(tiergate_config::Backend, tiergate_config::PromptConfig)> {
+    let resolved = config.resolve()?;
+    let (b, p) = resolved.offline_judge();
+    Ok((b.clone(), p.clone()))
 }
 
 /// The LLM's name for reports and `fusion.json` (see [`tiergate_engine::judge::llm_name`]).
-pub fn llm_name(config: &Config) -> String {
-    tiergate_engine::judge::llm_name(&config.reranker, &route_prompts(config))
+pub fn llm_name(config: &Config) -> anyhow::Result<String> {
+    let (judge, prompts) = judge(config)?;
+    Ok(tiergate_engine::judge::llm_name(&judge.config, &prompts))
 }
 
 /// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.
@@ -338,14 +341,14 @@ pub fn rows_from_file(
     classifier: &Classifier,
     examples: &[Example],
 ) -> anyhow::Result<(Vec<Row>, String, usize)> {
-    let k = config.reranker.candidates;
+    let k = judge(config)?.0.config.candidates;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let oos = OfflineOos::of(config, classifier)?;
     let mut rows = tier0_rows(classifier, examples, k, oos.as_ref())?;
     let mut seen = vec![false; examples.len()];
-    let mut llm = llm_name(config);
+    let mut llm = llm_name(config)?;
     for (n, line) in lines.iter().enumerate() {
         let at = || format!("{} line {}", path.display(), n + 1);
         let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;

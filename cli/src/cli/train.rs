@@ -77,7 +77,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     );
     println!(
         "out of scope: {} threshold {:.4} ({:.0}% in-scope dev recall){}",
-        report.oos.method,
+        report.oos.method.name(),
         report.oos.threshold,
         report.oos.recall_target * 100.0,
         report.oos.dev_oos_recall.map_or(String::new(), |r| format!(

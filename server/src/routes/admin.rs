@@ -8,14 +8,12 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tiergate_config::RoutingConfig;
+use tiergate_config::{RoutingConfig, RoutingPatch};
 
 use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use tiergate_engine::state::AppState;
-
-const FIELDS: &[&str] = RoutingConfig::FIELDS;
 
 /// Which policy an `/admin/routing` request is about: the routing policy, or a cascade stage's
 /// (`?route=R&stage=S`, the stage's backend name).
@@ -121,26 +119,28 @@ async fn store_change(
     }
 }
 
-/// `base` with the fields of `patch`, validated.
-fn merged_policy(
-    base: &RoutingConfig,
-    patch: &serde_json::Map<String, Value>,
-) -> Result<RoutingConfig, ApiError> {
-    let mut merged = serde_json::to_value(base).map_err(|e| ApiError::Internal(e.to_string()))?;
-    if let Some(m) = merged.as_object_mut() {
-        for (k, v) in patch {
-            m.insert(k.clone(), v.clone());
+/// `base` with `patch` applied, or a 400 naming what is wrong (serde's message names an unknown field and the
+/// fields there are).
+fn merged_policy(base: &RoutingConfig, patch: &RoutingPatch) -> Result<RoutingConfig, ApiError> {
+    patch.apply(base).map_err(invalid_policy)
+}
+
+fn invalid_policy(e: tiergate_config::ConfigError) -> ApiError {
+    let param = match &e {
+        tiergate_config::ConfigError::Invalid { field, .. } => {
+            Some(field.trim_start_matches("routing.").to_string())
         }
-    }
-    let cfg: RoutingConfig = serde_json::from_value(merged).map_err(|e| ApiError::Invalid {
+        tiergate_config::ConfigError::Parse { message, .. } => message
+            .split('`')
+            .nth(1)
+            .filter(|_| message.starts_with("unknown field"))
+            .map(str::to_string),
+        _ => None,
+    };
+    ApiError::Invalid {
         message: format!("invalid policy: {e}"),
-        param: None,
-    })?;
-    cfg.validate("routing").map_err(|e| ApiError::Invalid {
-        message: e.to_string(),
-        param: None,
-    })?;
-    Ok(cfg)
+        param,
+    }
 }
 
 fn with_etag(
@@ -210,25 +210,11 @@ async fn change(
 ) -> Result<Response, ApiError> {
     authorize_admin(state.admin_token(), headers, peer)?;
     let stage = target(state, q)?;
-    let obj = body.as_object().ok_or_else(|| ApiError::Invalid {
-        message: "expected a JSON object".into(),
-        param: None,
-    })?;
-    for k in obj.keys() {
-        if !FIELDS.contains(&k.as_str()) {
-            return Err(ApiError::invalid(
-                k.clone(),
-                format!(
-                    "`{k}` is not a policy field (fields: {})",
-                    FIELDS.join(", ")
-                ),
-            ));
-        }
-    }
+    let patch = RoutingPatch::parse(body).map_err(invalid_policy)?;
     if full {
-        if let Some(missing) = FIELDS.iter().find(|f| !obj.contains_key(**f)) {
+        if let Some(missing) = patch.missing() {
             return Err(ApiError::invalid(
-                *missing,
+                missing.clone(),
                 format!(
                     "PUT needs every policy field; `{missing}` is missing (use PATCH for a subset)"
                 ),
@@ -250,11 +236,11 @@ async fn change(
     };
     // Optimistic concurrency: merge onto the version read, replace only if it is still current, and merge
     // again onto a concurrent writer's version (without If-Match) instead of losing its change.
-    let change = Value::Object(obj.clone()).to_string();
+    let change = patch.as_json().to_string();
     let policy = stage.unwrap_or(&state.policy);
     let (from, to) = loop {
         let current = policy.current();
-        let cfg = merged_policy(&current.cfg, obj)?;
+        let cfg = merged_policy(&current.cfg, &patch)?;
         if stage.is_some() {
             cfg.validate_stage("routing")
                 .map_err(|e| ApiError::Invalid {
