@@ -145,8 +145,11 @@ pub mod header {
     pub const OUT_OF_SCOPE: &str = "x-tiergate-out-of-scope";
     /// The out-of-scope score of a route with an out-of-scope outcome.
     pub const OOS_SCORE: &str = "x-tiergate-oos-score";
-    /// The cascade stage (LLM backend) whose answer the client got.
+    /// The cascade stage whose answer the client got (its name in the route: `stages[].name`, by default its
+    /// first backend's).
     pub const STAGE: &str = "x-tiergate-stage";
+    /// The LLM backend of that stage that answered (one of the stage's alternatives).
+    pub const BACKEND: &str = "x-tiergate-backend";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
 }

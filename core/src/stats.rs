@@ -1,4 +1,10 @@
-//! Statistics used on the request path, in the policy, in evaluation and in the bench.
+//! Statistics used on the request path, in the policy, in evaluation and in the bench: nearest-rank quantiles,
+//! softmax, argmax, EWMA, and the one windowed service-time estimate ([`ServiceTimes`]) that deadline
+//! prediction, backend selection, the brownout ladder and the console read.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// The 0-based index of the `q` quantile by nearest rank among `n` sorted values (`n` ≥ 1): the smallest
 /// value with at least a fraction `q` of the values at or below it. `q` is clamped to [0, 1].
@@ -53,9 +59,146 @@ pub fn ewma(old: Option<f64>, x: f64, alpha: f64) -> f64 {
     }
 }
 
+/// Samples kept per job kind.
+pub const WINDOW: usize = 128;
+/// Samples before the window replaces the prior.
+const MIN_SAMPLES: usize = 4;
+/// Samples older than this no longer count: a backend passed over for being slow (or idle a while) goes back
+/// to its prior, so selection tries it again instead of remembering a slowdown forever.
+pub const MAX_AGE: Duration = Duration::from_secs(60);
+
+/// One job kind's recent service times (the time a job held a worker slot), over a sliding window, with a
+/// stated prior until there are a few samples.
+#[derive(Debug)]
+pub struct ServiceTimes {
+    prior: Duration,
+    window: Mutex<VecDeque<(Instant, Duration)>>,
+    /// The last estimate and when it was made: reused for [`REUSE`] (a new sample drops it), so a prediction
+    /// per alternative per escalation does not copy the window each time.
+    cached: Mutex<Option<(Instant, (Duration, Duration))>>,
+}
+
+/// How long an estimate is reused while no sample comes.
+const REUSE: Duration = Duration::from_millis(100);
+
+impl ServiceTimes {
+    /// An empty window; `prior` stands for the mean and the P95 until [`MIN_SAMPLES`] samples.
+    pub fn new(prior: Duration) -> Self {
+        Self {
+            prior,
+            window: Mutex::new(VecDeque::with_capacity(WINDOW)),
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// Records one job's service time.
+    pub fn record(&self, d: Duration) {
+        self.record_at(Instant::now(), d);
+    }
+
+    /// Records one job's service time, ended at `at`.
+    pub fn record_at(&self, at: Instant, d: Duration) {
+        if let Ok(mut w) = self.window.lock() {
+            if w.len() == WINDOW {
+                w.pop_front();
+            }
+            w.push_back((at, d));
+        }
+        if let Ok(mut c) = self.cached.lock() {
+            *c = None;
+        }
+    }
+
+    /// (mean, P95) of the window's samples younger than [`MAX_AGE`], or the prior for both while there are
+    /// fewer than [`MIN_SAMPLES`] of them.
+    pub fn estimate(&self) -> (Duration, Duration) {
+        self.estimate_at(Instant::now())
+    }
+
+    /// [`ServiceTimes::estimate`] as of `now`.
+    pub fn estimate_at(&self, now: Instant) -> (Duration, Duration) {
+        if let Ok(c) = self.cached.lock() {
+            if let Some((at, e)) = *c {
+                if now >= at && now - at < REUSE {
+                    return e;
+                }
+            }
+        }
+        let e = self.compute(now);
+        if let Ok(mut c) = self.cached.lock() {
+            *c = Some((now, e));
+        }
+        e
+    }
+
+    fn compute(&self, now: Instant) -> (Duration, Duration) {
+        let Ok(w) = self.window.lock() else {
+            return (self.prior, self.prior);
+        };
+        let v: Vec<Duration> = w
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= MAX_AGE)
+            .map(|(_, d)| *d)
+            .collect();
+        if v.len() < MIN_SAMPLES {
+            return (self.prior, self.prior);
+        }
+        mean_p95(v)
+    }
+
+    /// The P95 of the samples of the last `age` (`None` without any): what the brownout ladder watches, so
+    /// slow jobs long gone do not keep it down.
+    pub fn recent_p95(&self, age: Duration) -> Option<Duration> {
+        let w = self.window.lock().ok()?;
+        let v: Vec<Duration> = w
+            .iter()
+            .filter(|(at, _)| at.elapsed() <= age)
+            .map(|(_, d)| *d)
+            .collect();
+        (!v.is_empty()).then(|| mean_p95(v).1)
+    }
+}
+
+/// (mean, P95) of a non-empty set of durations.
+fn mean_p95(mut v: Vec<Duration>) -> (Duration, Duration) {
+    if v.is_empty() {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    let mean = v.iter().sum::<Duration>() / v.len() as u32;
+    // The nearest-rank P95 by selection (linear), not a sort: this runs per alternative per escalation.
+    let at = rank_index(v.len(), 0.95);
+    let (_, p95, _) = v.select_nth_unstable(at);
+    (mean, *p95)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A slowdown is not remembered forever: samples older than a minute leave the estimate, and with too few
+    /// recent ones the prior stands again (so a backend passed over for being slow is tried again).
+    #[test]
+    fn old_samples_age_out_of_the_estimate() {
+        let s = ServiceTimes::new(Duration::from_millis(300));
+        let t0 = Instant::now();
+        for _ in 0..8 {
+            s.record_at(t0, Duration::from_secs(5));
+        }
+        assert_eq!(s.estimate_at(t0).1, Duration::from_secs(5));
+        let later = t0 + MAX_AGE + Duration::from_secs(1);
+        assert_eq!(
+            s.estimate_at(later),
+            (Duration::from_millis(300), Duration::from_millis(300))
+        );
+        for _ in 0..4 {
+            s.record_at(later, Duration::from_millis(100));
+        }
+        assert_eq!(
+            s.estimate_at(later).1,
+            Duration::from_millis(100),
+            "only the recent ones"
+        );
+    }
 
     #[test]
     fn nearest_rank_quantiles() {

@@ -41,8 +41,10 @@ pub struct Meta {
     pub out_of_scope: bool,
     /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
     pub oos_score: Option<f32>,
-    /// The cascade stage (backend) whose answer the client got, when an LLM answered.
+    /// The cascade stage whose answer the client got (its name in the route), when an LLM answered.
     pub stage: Option<String>,
+    /// The backend of that stage that answered.
+    pub backend: Option<String>,
     /// Tier-0's ambiguity (classified routes).
     pub ambiguity: Option<f64>,
     /// Tier-0's top candidates by label (classified routes).
@@ -63,6 +65,7 @@ impl Meta {
             ambiguity: self.ambiguity,
             top: self.top.clone(),
             stage: self.stage.clone(),
+            backend: self.backend.clone(),
         }
     }
 
@@ -313,7 +316,7 @@ pub async fn escalate_rerank(
                 .policy
                 .as_ref()
                 .map_or(stage.theta, |p| p.theta_eff(now));
-            let go_on = ambiguity > theta;
+            let go_on = crate::fusion::goes_on(ambiguity, theta);
             if let Some(p) = &stage.policy {
                 p.record_decision(now, ambiguity, go_on);
             }
@@ -386,18 +389,14 @@ async fn rerank_stage(
     meta.rerank_ms += t.elapsed().as_secs_f64() * 1e3;
     metrics::histogram!(m::RERANK_SECONDS, "stage" => stage.name.clone(), "backend" => by.clone())
         .record(t.elapsed().as_secs_f64());
-    let prior_p: Vec<f32> = prior.iter().map(|(_, p)| *p).collect();
-    let (llm_p, fused_p) = stage.fusion_of(&by).apply(&prior_p, &scores);
-    meta.stage = Some(by);
+    let fusion = stage.fusion_of(&by);
+    let s = crate::fusion::step(prior, &scores, fusion.llm_weight, fusion.llm_temperature);
+    meta.stage = Some(stage.name.clone());
+    meta.backend = Some(by);
     if k == 0 {
-        record(state, route, v, d, prior, &llm_p, &fused_p);
+        record(state, route, v, d, prior, &s.llm, &s.fused_p);
     }
-    let mut fused: Vec<(usize, f32)> = prior
-        .iter()
-        .zip(fused_p)
-        .map(|((i, _), p)| (*i, p))
-        .collect();
-    fused.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let fused = s.fused;
     Ok(Some(fused))
 }
 

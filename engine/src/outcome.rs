@@ -33,8 +33,10 @@ pub struct Outcome {
     pub ambiguity: Option<f64>,
     /// Tier-0's top candidates by label (classified routes).
     pub top: Vec<(String, f32)>,
-    /// The cascade stage (backend) that answered, when an LLM did.
+    /// The cascade stage that answered, by its name in the route, when an LLM did.
     pub stage: Option<String>,
+    /// The backend of that stage that answered (one of its alternatives).
+    pub backend: Option<String>,
 }
 
 impl Outcome {

@@ -390,7 +390,7 @@ async fn a_failing_backend_opens_the_breaker_and_a_probe_tries_it_again() {
 
 /// A cascade of two LLM backends (`[[llm]]` "small" and "big", both stub worker processes): an escalation goes
 /// to the first stage; it goes on to the second while the fused ambiguity is above that stage's θ
-/// (`x-tiergate-stage` says which answered); with a second stage that keeps failing, the first stage's
+/// (`x-tiergate-backend` says which answered); with a second stage that keeps failing, the first stage's
 /// answer stands, degraded with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stage_fails() {
@@ -442,12 +442,12 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     let (s, h, b) = call(&r.app, ask()).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
-    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("big"));
     drop(r);
     // θ 1: the small stage's answer is sure enough.
     let r = both(rig(1, cascade(1.0, "")));
     let (_, h, _) = call(&r.app, ask()).await;
-    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("small"));
     // The big stage's own policy, changed live: θ 0 sends the next request on.
     let stage_admin = |method: &str, query: &str, body: Option<Value>| {
         let mut req = admin(method, body, true, None);
@@ -476,7 +476,7 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     .await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     let (_, h, _) = call(&r.app, ask()).await;
-    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("big"));
     // The routing policy itself is untouched; a half-named or unknown stage is refused.
     let (_, _, b) = call(&r.admin, stage_admin("GET", "", None)).await;
     let v: Value = serde_json::from_slice(&b).unwrap();
@@ -498,7 +498,7 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     let (s, h, b) = call(&r.app, ask()).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
-    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("small"));
     assert_eq!(
         header(&h, "x-tiergate-degraded").as_deref(),
         Some("llm_error")
@@ -542,7 +542,7 @@ async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
     let mut by = Vec::new();
     for _ in 0..12 {
         let (_, h, _) = call(&r.app, ask(None)).await;
-        by.push(header(&h, "x-tiergate-stage").unwrap_or_default());
+        by.push(header(&h, "x-tiergate-backend").unwrap_or_default());
     }
     assert!(by[6..].iter().all(|b| b == "fast"), "{by:?}");
     drop(r);
@@ -556,14 +556,17 @@ async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
     ));
     for _ in 0..4 {
         let (_, h, _) = call(&r.app, ask(None)).await;
-        assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("slow"));
+        assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("slow"));
     }
     let (_, h, _) = call(&r.app, ask(Some("300"))).await;
     assert_eq!(
-        header(&h, "x-tiergate-stage").as_deref(),
+        header(&h, "x-tiergate-backend").as_deref(),
         Some("fast"),
         "600 ms does not fit 300"
     );
+    // The stage is named after its first alternative, whichever of them answered (the metric's `stage` label
+    // and the stage policy's key); the response says both.
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("slow"));
     drop(r);
     // A broken first alternative falls back to the next.
     let broken = "extra_args = [\"--stub-garbage-every\", \"1\"]";
@@ -575,7 +578,7 @@ async fn a_stage_picks_the_alternative_that_fits_and_retries_or_falls_back() {
         ),
     ));
     let (_, h, _) = call(&r.app, ask(None)).await;
-    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("fast"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("fast"));
     assert!(h.get("x-tiergate-degraded").is_none());
     drop(r);
     // Every second job fails: one retry on the same backend answers every request (silver: 1 retry).
@@ -633,7 +636,7 @@ async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
             String::from_utf8_lossy(&b)
         );
         assert_eq!(
-            header(&h, "x-tiergate-stage").as_deref(),
+            header(&h, "x-tiergate-backend").as_deref(),
             Some("fast"),
             "{model}"
         );
@@ -672,7 +675,7 @@ async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
     ));
     let (s, h, b) = call(&r.app, ask("generate", true)).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("midway"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("midway"));
     let body = String::from_utf8_lossy(&b);
     assert_eq!(
         body.matches("stub:").count(),

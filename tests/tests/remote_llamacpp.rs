@@ -413,7 +413,7 @@ fn a_stage_fails_over_between_two_llama_cpp_servers_and_back() {
                     r.header("x-tiergate-degraded")
                         .map_or(String::new(), |d| format!(" ({d})"))
                 ),
-                r.header("x-tiergate-stage").unwrap_or("").to_string(),
+                r.header("x-tiergate-backend").unwrap_or("").to_string(),
             ),
             Err(ureq::Error::Status(code, _)) => (code, String::new(), String::new()),
             Err(e) => panic!("{e}"),
@@ -574,7 +574,7 @@ fn selection_follows_a_slowed_down_llama_cpp_server() {
             .unwrap();
         (
             r.header("x-tiergate-tier").unwrap_or("").to_string(),
-            r.header("x-tiergate-stage").unwrap_or("").to_string(),
+            r.header("x-tiergate-backend").unwrap_or("").to_string(),
             t.elapsed().as_secs_f64(),
         )
     };

@@ -7,7 +7,7 @@ use clap::Args;
 use tiergate_prefilter::Classifier;
 use tiergate_train::eval::{evaluate, EvalOptions, EvalReport};
 
-use super::{cascade, hybrid, ConfigArgs, DataArgs};
+use super::{hybrid, ConfigArgs, DataArgs};
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -373,12 +373,12 @@ pub struct CascadeReport {
     /// The two stages' LLMs.
     pub llms: [String; 2],
     /// Each stage's fusion (weight, temperature) and where it comes from (`fitted` or `config`).
-    pub fusions: cascade::Fusions,
+    pub fusions: tiergate_engine::fusion::stages::Fusions,
     pub fusion_sources: [&'static str; 2],
     /// Tier-0 alone over all rows.
     pub tier0_accuracy: f64,
     /// Per first-stage share (ascending) and second-stage θ (descending: 1 is the first stage alone).
-    pub cascade: Vec<cascade::CascadePoint>,
+    pub cascade: Vec<tiergate_engine::fusion::stages::CascadePoint>,
 }
 
 fn run_cascade(
@@ -388,18 +388,18 @@ fn run_cascade(
     rows: &[tiergate_train::data::Example],
     files: [PathBuf; 2],
 ) -> anyhow::Result<()> {
-    let stages = cascade::read(&files, cfg, classifier, rows)?;
+    let stages = hybrid::read_stages(&files, cfg, classifier, rows)?;
     let (judge, _) = hybrid::judge(cfg)?;
     let r = &judge.config;
     let fit = |k: usize, after: &[String]| {
-        cascade::stage_fit(classifier, k, &stages[k].llm, after)
+        tiergate_engine::fusion::stages::stage_fit(classifier, k, &stages[k].llm, after)
             .map_or(((r.llm_weight, r.llm_temperature), "config"), |f| {
                 ((f.llm_weight, f.llm_temperature), "fitted")
             })
     };
     let (first, s1) = fit(0, &[]);
     let (second, s2) = fit(1, std::slice::from_ref(&stages[0].llm));
-    let fusions = cascade::Fusions { first, second };
+    let fusions = tiergate_engine::fusion::stages::Fusions { first, second };
     let shares = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3];
     let thetas: Vec<f64> = (0..=20).rev().map(|i| f64::from(i) * 0.05).collect();
     let n = stages[0].rows.len().max(1) as f64;
@@ -409,7 +409,13 @@ fn run_cascade(
         fusions,
         fusion_sources: [s1, s2],
         tier0_accuracy: stages[0].rows.iter().filter(|r| r.tier0_right()).count() as f64 / n,
-        cascade: cascade::grid(&stages[0].rows, &stages[1].rows, fusions, &shares, &thetas),
+        cascade: tiergate_engine::fusion::stages::grid(
+            &stages[0].rows,
+            &stages[1].rows,
+            fusions,
+            &shares,
+            &thetas,
+        ),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::eval::{select_rows, Split};
-use super::{cascade, hybrid, ConfigArgs, DataArgs};
+use super::{hybrid, ConfigArgs, DataArgs};
 
 #[derive(Debug, Args)]
 pub struct FitArgs {
@@ -89,8 +89,8 @@ fn fit_stage(
 ) -> anyhow::Result<()> {
     let mut files = args.prior_rows.clone();
     files.extend(args.from_rows.clone());
-    let stages = cascade::read(&files, cfg, classifier, rows)?;
-    let seen = cascade::chain(classifier, &stages)?;
+    let stages = hybrid::read_stages(&files, cfg, classifier, rows)?;
+    let seen = tiergate_engine::fusion::stages::chain(classifier, &stages)?;
     let after: Vec<String> = stages[..stages.len() - 1]
         .iter()
         .map(|s| s.llm.clone())

@@ -79,17 +79,7 @@ pub fn grid(rows: &[Row], thetas: &[f64], w: f32, t: f32) -> Vec<GridPoint> {
     out
 }
 
-/// The θ that escalates `share` of the rows (the ambiguity quantile); −1 (below every ambiguity, even a
-/// certain row's 0) when the share is all of them.
-pub fn theta_for_share(rows: &[Row], share: f64) -> f64 {
-    let mut a: Vec<f64> = rows.iter().map(|r| r.ambiguity).collect();
-    a.sort_by(|x, y| y.total_cmp(x));
-    let k = ((share * a.len() as f64).round() as usize).min(a.len());
-    match k {
-        0 => 1.0,
-        k => a.get(k).copied().unwrap_or(-1.0),
-    }
-}
+pub use tiergate_engine::fusion::stages::theta_for_share;
 
 /// The out-of-scope outcome of the route the offline tools measure (the first classify route), resolved
 /// against the head, with the policy's threshold override and margin: what serving would decide with.
@@ -305,6 +295,22 @@ pub fn judge(
 pub fn llm_name(config: &Config) -> anyhow::Result<String> {
     let (judge, prompts) = judge(config)?;
     Ok(tiergate_engine::judge::llm_name(&judge.config, &prompts))
+}
+
+/// The rows files `files`, one per stage in cascade order, over `examples` (their Tier-0 rows run again here).
+pub fn read_stages(
+    files: &[std::path::PathBuf],
+    config: &Config,
+    classifier: &Classifier,
+    examples: &[Example],
+) -> anyhow::Result<Vec<tiergate_engine::fusion::stages::StageRows>> {
+    files
+        .iter()
+        .map(|f| {
+            let (rows, llm, _) = rows_from_file(f, config, classifier, examples)?;
+            Ok(tiergate_engine::fusion::stages::StageRows { llm, rows })
+        })
+        .collect()
 }
 
 /// One line of an `eval --hybrid --rows FILE`: row `i` of the data, Tier-0's candidates, the LLM's scores.

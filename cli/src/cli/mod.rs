@@ -1,7 +1,6 @@
 //! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`,
 //! `tiergate distill`, `tiergate config`.
 
-mod cascade;
 mod config;
 mod distill;
 mod eval;

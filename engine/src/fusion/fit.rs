@@ -68,14 +68,10 @@ impl Row {
 /// [`Row::reordered`].
 pub fn after_stage(row: &Row, w: f32, t: f32) -> Option<(Row, Vec<usize>)> {
     let scores = row.llm.as_ref()?;
-    let p0: Vec<f32> = row.top.iter().map(|x| x.1).collect();
-    let fused = fuse(&p0, &llm_probs(scores, t), w);
-    let mut order: Vec<usize> = (0..fused.len()).collect();
-    order.sort_by(|a, b| fused[*b].total_cmp(&fused[*a]));
-    let top = order.iter().map(|&i| (row.top[i].0, fused[i])).collect();
-    let mut next = Row::scored(row.gold, top, None);
+    let s = super::step(&row.top, scores, w, t);
+    let mut next = Row::scored(row.gold, s.fused, None);
     next.embedding.clone_from(&row.embedding);
-    Some((next, order))
+    Some((next, s.order))
 }
 
 impl Row {

@@ -3,6 +3,7 @@
 //! the weight and temperature); the [`Fusion`] in force for a route, and where its values come from.
 
 pub mod fit;
+pub mod stages;
 
 use tiergate_config::{PromptConfig, RerankerConfig};
 use tiergate_prefilter::heads::FittedFusion;
@@ -41,6 +42,43 @@ pub fn fit_for<'a>(
         "the head's fusion fit was made with another LLM or cascade: not used (run tiergate fit-fusion with this one)"
     );
     None
+}
+
+/// One stage of a cascade on a distribution: `prior` (candidate, mass) fused with the stage's LLM `scores`
+/// (over the same candidates, in `prior`'s order) at weight `w` and temperature `t`. Serving
+/// (`cascade::escalate_rerank`) and the cascade on recorded rows ([`stages`]) take this one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stepped {
+    /// The LLM's distribution, in `prior`'s order.
+    pub llm: Vec<f32>,
+    /// The fused distribution in `prior`'s order.
+    pub fused_p: Vec<f32>,
+    /// The fused distribution as (candidate, mass), most likely first: what the next stage starts from.
+    pub fused: Vec<(usize, f32)>,
+    /// `order[j]`: the index in `prior` of `fused[j]` (to line up a next LLM's scores).
+    pub order: Vec<usize>,
+}
+
+/// [`Stepped`] of `prior` and `scores` at weight `w`, temperature `t`.
+pub fn step(prior: &[(usize, f32)], scores: &[f32], w: f32, t: f32) -> Stepped {
+    let p0: Vec<f32> = prior.iter().map(|(_, p)| *p).collect();
+    let llm = llm_probs(scores, t);
+    let fused_p = fuse(&p0, &llm, w);
+    let mut order: Vec<usize> = (0..fused_p.len().min(prior.len())).collect();
+    order.sort_by(|a, b| fused_p[*b].total_cmp(&fused_p[*a]));
+    let fused = order.iter().map(|&i| (prior[i].0, fused_p[i])).collect();
+    Stepped {
+        llm,
+        fused_p,
+        fused,
+        order,
+    }
+}
+
+/// The cascade's go-on rule: the next stage runs while the answer so far has an ambiguity (1 − its top mass)
+/// above the next stage's θ.
+pub fn goes_on(ambiguity: f64, theta: f64) -> bool {
+    ambiguity > theta
 }
 
 impl Fusion {

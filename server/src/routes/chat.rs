@@ -301,7 +301,8 @@ async fn generate(
         .map_err(|r| refusal(r, &v))?;
     let meta = Meta {
         tier: Tier::Llm,
-        stage: Some(by),
+        stage: Some(stage.name.clone()),
+        backend: Some(by),
         ..Meta::default()
     };
     let outcome = meta.outcome(None);

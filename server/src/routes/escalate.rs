@@ -78,7 +78,8 @@ pub(super) async fn escalate_answer(
     match attempt(state, first, v, &job, first_event).await {
         Ok((gen, by)) => {
             meta.tier = Tier::Llm;
-            meta.stage = Some(by);
+            meta.stage = Some(first.name.clone());
+            meta.backend = Some(by);
             let prompt_tokens = d.pred.tokens as u32;
             let resp = respond_started(state, v, gen, meta.clone(), prompt_tokens, started).await?;
             Ok(Some(resp))

@@ -46,6 +46,9 @@ pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) 
     if let Some(st) = &meta.stage {
         put(header::STAGE, st.clone());
     }
+    if let Some(b) = &meta.backend {
+        put(header::BACKEND, b.clone());
+    }
     if let Some(s) = meta.oos_score {
         put(header::OOS_SCORE, format!("{s:.4}"));
     }

@@ -1,18 +1,26 @@
-//! A cascade offline: several `eval --hybrid --rows` files over the same rows, one per LLM stage in cascade
-//! order. Stage k+1 starts from stage k's fused distribution (as serving does), so its fusion is fitted on
-//! what stage k leaves (`fit-fusion --stage`) and the cascade is measured per (first stage's escalation
-//! share, next stage's θ) (`eval --hybrid --from-rows FIRST --stage-rows NEXT`).
-
-use std::path::PathBuf;
+//! The cascade on recorded rows: several `eval --hybrid --rows` files over the same rows, one per LLM stage in
+//! cascade order. Stage k+1 starts from stage k's fused distribution by the same step serving takes
+//! ([`super::step`], through [`after_stage`]) and goes on by the same rule ([`super::goes_on`]), so its fusion
+//! is fitted on what stage k leaves (`fit-fusion --stage`) and the cascade is measured per (first stage's
+//! escalation share, next stage's θ) (`eval --hybrid --from-rows FIRST --stage-rows NEXT`).
 
 use serde::Serialize;
-use tiergate_config::Config;
-use tiergate_engine::fusion::fit::{after_stage, Row};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
-use tiergate_train::data::Example;
 
-use super::hybrid;
+use super::fit::{after_stage, Row};
+
+/// The θ that escalates `share` of the rows (the ambiguity quantile); −1 (below every ambiguity, even a
+/// certain row's 0) when the share is all of them.
+pub fn theta_for_share(rows: &[Row], share: f64) -> f64 {
+    let mut a: Vec<f64> = rows.iter().map(|r| r.ambiguity).collect();
+    a.sort_by(|x, y| y.total_cmp(x));
+    let k = ((share * a.len() as f64).round() as usize).min(a.len());
+    match k {
+        0 => 1.0,
+        k => a.get(k).copied().unwrap_or(-1.0),
+    }
+}
 
 /// One LLM stage read back from its rows file.
 pub struct StageRows {
@@ -20,22 +28,6 @@ pub struct StageRows {
     pub llm: String,
     /// Tier-0's rows with this LLM's scores (rows it did not score have none).
     pub rows: Vec<Row>,
-}
-
-/// The rows files `files`, in cascade order, over `examples`.
-pub fn read(
-    files: &[PathBuf],
-    config: &Config,
-    classifier: &Classifier,
-    examples: &[Example],
-) -> anyhow::Result<Vec<StageRows>> {
-    files
-        .iter()
-        .map(|f| {
-            let (rows, llm, _) = hybrid::rows_from_file(f, config, classifier, examples)?;
-            Ok(StageRows { llm, rows })
-        })
-        .collect()
 }
 
 /// The fit in force for stage `k` of a cascade whose LLMs before it are `after`: the head's `fusion.json`
@@ -47,7 +39,7 @@ pub fn stage_fit<'a>(
     after: &[String],
 ) -> Option<&'a FittedFusion> {
     if k == 0 {
-        return tiergate_engine::fusion::fit_for(classifier.fusion.as_ref(), llm, after);
+        return super::fit_for(classifier.fusion.as_ref(), llm, after);
     }
     classifier
         .stage_fusions
@@ -132,7 +124,7 @@ pub fn grid(
     let n = first.len().max(1) as f64;
     let mut out = Vec::new();
     for &share in shares {
-        let theta1 = hybrid::theta_for_share(first, share);
+        let theta1 = theta_for_share(first, share);
         let escalated: Vec<usize> = (0..first.len())
             .filter(|&i| first[i].ambiguity > theta1)
             .collect();
@@ -150,7 +142,7 @@ pub fn grid(
                     continue;
                 };
                 seconds += row.llm_s;
-                if fused.ambiguity <= theta2 {
+                if !super::goes_on(fused.ambiguity, theta2) {
                     right += usize::from(fused.tier0_right());
                     continue;
                 }
