@@ -1,0 +1,320 @@
+//! The error bound, feedback and audits on the in-process rig: what the bound escalates and what a breach
+//! does, feedback joined to its answer once for its own tenant, audits estimating Tier-0's silent error.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{json, Value};
+use tiergate_config::Config;
+
+mod common;
+use common::rig::*;
+
+/// The error bound (`routing.max_error`) on a head without calibration rows allows θ = 0: every request must
+/// escalate to hold it. With no LLM to take them, `on_breach` decides: `degrade` answers from Tier-0 flagged
+/// `risk_bound`, `reject` is 503 `risk_bound`; the admin view says why θ is 0; `mode = "risk"` without
+/// `max_error` is refused naming the field; without a bound the same request is Tier-0's, unflagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_bound_escalates_what_it_needs_and_a_breach_degrades_or_rejects() {
+    let r = rig(0, |c| {
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+    });
+    let ask = || post("/v1/chat/completions", chat("classify", "card lost"));
+    let (s, h, _) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        h.get("x-tiergate-degraded").is_none(),
+        "θ = 1: Tier-0 alone"
+    );
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+
+    let (s, _, b) = call(
+        &r.admin,
+        admin("PATCH", Some(json!({"mode": "risk"})), true, None),
+    )
+    .await;
+    let e = assert_openai_error(s, &b, 400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_error"),
+        "{e}"
+    );
+
+    patch_routing(&r, json!({"mode": "risk", "max_error": 0.05})).await;
+    let (s, h, _) = call(&r.app, ask()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["x-tiergate-degraded"], "risk_bound");
+    assert_eq!(h["x-tiergate-threshold"], "0.0000");
+    let (_, _, b) = call(&r.admin, admin("GET", None, true, None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let risk = &v["risk"]["classify"];
+    assert_eq!(risk["theta"], 0.0, "{v}");
+    assert_eq!(risk["n_calibration"], 0);
+    assert!(risk["note"].as_str().unwrap().contains("too few"), "{risk}");
+
+    patch_routing(&r, json!({"on_breach": "reject"})).await;
+    let (s, h, b) = call(&r.app, ask()).await;
+    let e = assert_openai_error(s, &b, 503);
+    assert_eq!(e["error"]["code"], "risk_bound");
+    assert!(h.get("retry-after").is_some());
+
+    // A forced θ is the operator's own: not capped by the bound.
+    let mut req = ask();
+    force(&mut req, "1");
+    let (s, h, _) = call(&r.app, req).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+    assert!(h.get("x-tiergate-degraded").is_none());
+}
+
+/// Feedback joins the decision behind an answer: right or wrong from the true label, the first of repeated
+/// feedback stands (and the reply says so), another tenant's answer reads as unknown, and bad input is a 400
+/// naming the field; trusted and untrusted feedback are counted apart. (This server keeps its records in
+/// memory; the SQLite ledger's restart is `tests/tests/risk.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_joins_its_answer_once_for_its_own_tenant() {
+    let trust = |c: &mut Config| {
+        tenants(c);
+        // Feedback is an API request like any other: tenant a's rate would refuse this test's own.
+        (c.tenants[0].rate_per_s, c.tenants[0].burst) = (None, None);
+        c.tenants[1].feedback = tiergate_config::FeedbackTrust::Trusted;
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+    };
+    let r = rig(0, trust);
+    let (s, _, b) = call(&r.app, tenant_chat("key-b", "card lost")).await;
+    assert_eq!(s, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&b).unwrap();
+    let id = answer["id"].as_str().unwrap().to_string();
+    assert_eq!(answer["choices"][0]["message"]["content"], "card_lost");
+
+    let (s, v) = give_feedback(&r, "key-b", json!({"id": id, "label": "pay_bill"})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            v["correct"].as_bool(),
+            v["trusted"].as_bool(),
+            v["duplicate"].as_bool()
+        ),
+        (Some(false), Some(true), Some(false))
+    );
+    assert_eq!(v["channel"], "tier0");
+    let (s, v) = give_feedback(&r, "key-b", json!({"id": id, "correct": true})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        (v["correct"].as_bool(), v["duplicate"].as_bool()),
+        (Some(false), Some(true)),
+        "the first stands: {v}"
+    );
+    assert!(v["note"].as_str().unwrap().contains("first stands"));
+
+    // Tenant a may not learn of, nor give feedback on, b's answer.
+    let (s, v) = give_feedback(&r, "key-a", json!({"id": id, "correct": true})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    for (body, param) in [
+        (json!({"id": "chatcmpl-none", "correct": true}), None),
+        (json!({"id": id, "label": "no_such_label"}), Some("label")),
+        (
+            json!({"id": id, "label": "pay_bill", "correct": true}),
+            Some("label"),
+        ),
+        (json!({"correct": true}), Some("id")),
+        (json!({"id": id, "correct": "yes"}), None),
+        (json!({"id": id, "rating": 5}), None),
+    ] {
+        let (s, v) = give_feedback(&r, "key-b", body.clone()).await;
+        let want = if body["id"] == "chatcmpl-none" {
+            404
+        } else {
+            400
+        };
+        let e = assert_openai_error(s, v.to_string().as_bytes(), want);
+        if let Some(p) = param {
+            assert_eq!(e["error"]["param"], p, "{body}: {e}");
+        }
+    }
+    // An untrusted tenant's feedback is recorded apart.
+    let (_, _, b) = call(&r.app, tenant_chat("key-a", "card stolen")).await;
+    let id_a = serde_json::from_slice::<Value>(&b).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, v) = give_feedback(&r, "key-a", json!({"id": id_a, "correct": true})).await;
+    assert_eq!(
+        (s, v["trusted"].as_bool()),
+        (StatusCode::OK, Some(false)),
+        "{v}"
+    );
+    let (_, _, b) = call(
+        &r.admin,
+        Request::get("/admin/feedback")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    let sum: Value = serde_json::from_slice(&b).unwrap();
+    let fb = &sum["routes"]["classify"]["feedback"]["tier0"];
+    assert_eq!(
+        (fb["trusted_n"].as_u64(), fb["trusted_correct"].as_u64()),
+        (Some(1), Some(0)),
+        "{sum}"
+    );
+    assert_eq!(
+        (fb["untrusted_n"].as_u64(), fb["untrusted_correct"].as_u64()),
+        (Some(1), Some(1))
+    );
+}
+
+/// `routing.audit_rate = 1`: every label answer Tier-0 gives alone is queued with its text (an escalation the
+/// LLM answered is not); a label closes it (the first stands, the text goes) and the silent error is the
+/// share wrong, with its Clopper–Pearson interval, in `/admin/feedback` and `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audits_sample_tier0_alone_and_their_labels_estimate_its_silent_error() {
+    let r = rig(1, |c| {
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+        c.routing.audit_rate = 1.0;
+    });
+    let admin_req = |method: &str, uri: &str, body: Option<Value>| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+            .unwrap()
+    };
+    for text in ["card lost", "hello hi"] {
+        let (s, _, _) = call(&r.app, post("/v1/chat/completions", chat("classify", text))).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let mut req = post("/v1/chat/completions", chat("classify", "pay bill"));
+    force(&mut req, "0");
+    let (_, h, _) = call(&r.app, req).await;
+    assert_eq!(h["x-tiergate-tier"], "llm");
+    let t = Instant::now();
+    let items = loop {
+        let (_, _, b) = call(
+            &r.admin,
+            admin_req("GET", "/admin/audits?route=classify", None),
+        )
+        .await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        let items = v["data"].as_array().unwrap().clone();
+        if items.len() >= 2 || t.elapsed() > Duration::from_secs(5) {
+            break items;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let texts: Vec<&str> = items.iter().map(|i| i["text"].as_str().unwrap()).collect();
+    assert_eq!(
+        texts,
+        ["card lost", "hello hi"],
+        "the escalated request is not audited"
+    );
+    assert!(items
+        .iter()
+        .all(|i| i["probability"] == 1.0 && i["channel"] == "tier0"));
+
+    let first = items[0]["id"].as_str().unwrap();
+    let second = items[1]["id"].as_str().unwrap();
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{first}"),
+            Some(json!({"label": "card_lost"})),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let (_, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{second}"),
+            Some(json!({"label": "pay_bill"})),
+        ),
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (v["wrong"].as_bool(), v["duplicate"].as_bool()),
+        (Some(true), Some(false)),
+        "{v}"
+    );
+    let (_, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{second}"),
+            Some(json!({"label": "greeting"})),
+        ),
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (v["label"].as_str(), v["duplicate"].as_bool()),
+        (Some("pay_bill"), Some(true)),
+        "{v}"
+    );
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            &format!("/admin/audits/{second}"),
+            Some(json!({"label": "nope"})),
+        ),
+    )
+    .await;
+    assert_openai_error(s, &b, 400);
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "POST",
+            "/admin/audits/unknown",
+            Some(json!({"label": "greeting"})),
+        ),
+    )
+    .await;
+    assert_openai_error(s, &b, 404);
+    let (s, _, b) = call(
+        &r.admin,
+        Request::get("/admin/audits").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_openai_error(s, &b, 401);
+
+    let (_, _, b) = call(&r.admin, admin_req("GET", "/admin/feedback", None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let c = &v["routes"]["classify"];
+    assert_eq!(
+        (
+            c["audits"]["pending"].as_u64(),
+            c["audits"]["labelled"].as_u64(),
+            c["audits"]["wrong"].as_u64()
+        ),
+        (Some(0), Some(2), Some(1)),
+        "{v}"
+    );
+    let e = &c["silent_error"];
+    let (lo, hi) = tiergate_core::risk::clopper_pearson(1, 2, 0.95);
+    assert_eq!(e["estimate"].as_f64(), Some(0.5));
+    assert!(
+        (e["lower"].as_f64().unwrap() - lo).abs() < 1e-9
+            && (e["upper"].as_f64().unwrap() - hi).abs() < 1e-9,
+        "{e}"
+    );
+    let (_, _, b) = call(&r.admin, admin_req("GET", "/admin/audits", None)).await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&b).unwrap()["data"],
+        json!([])
+    );
+}
