@@ -70,7 +70,7 @@ pub struct Config {
     /// Several LLM backends (`[[llm]]`, each over `[reranker]`); none: `[reranker]` is the one backend.
     #[serde(default)]
     pub llm: Vec<LlmEntry>,
-    /// Who may use the public API (`[[tenants]]`); none: the API is open, as before tenants existed.
+    /// Who may use the public API (`[[tenants]]`); none: the API is open (no key asked for).
     pub tenants: Vec<TenantConfig>,
     /// A keys file with more `[[tenants]]`, read at start and again on SIGHUP or `POST /admin/tenants/reload`
     /// (a file that fails to load keeps the keys in force).

@@ -4,7 +4,7 @@
 //! robin that also counts the jobs dispatched at once): tenants get slots in proportion to their weights
 //! while they have jobs waiting, and an idle tenant's share goes to the others.
 //! Jobs are dispatched to the shared-memory queue only when a worker can take them, so its FIFO order never
-//! decides who waits. A server without tenants has one lane (`default`): the same bound as before, the
+//! decides who waits. A server without tenants has one lane (`default`): the
 //! capacity in flight and the rest of the in-flight limit waiting.
 
 use std::collections::{HashMap, VecDeque};

@@ -1,6 +1,6 @@
 //! Tenants of the public API (`[[tenants]]`): the presented `Authorization: Bearer <key>` is hashed and its
 //! SHA-256 looked up (the config holds digests, never keys), then the tenant's route list and request rate (a
-//! token bucket) are applied. Without tenants the API is open, as before they existed. The admin listener, the
+//! token bucket) are applied. Without tenants the API is open. The admin listener, the
 //! console and the θ override header stay behind the admin token, apart from tenants.
 
 use std::collections::HashMap;

@@ -16,7 +16,7 @@ use tiergate_engine::tenants::{Tenant, Tenants};
 use crate::error::ApiError;
 
 /// The budget a request runs under: the header's (a positive integer of milliseconds, at most `max`), else the
-/// route's default; `None` when neither is set (the LLM's deadlines by job kind apply, as before).
+/// route's default; `None` when neither is set (the LLM's deadlines by job kind apply).
 pub fn budget(
     headers: &HeaderMap,
     default: Option<Duration>,
