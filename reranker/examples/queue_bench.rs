@@ -18,12 +18,12 @@ use tiergate_queue::{
     Candidate, Client, Geometry, Job, QueueError, Segment, Supervisor, SupervisorConfig,
 };
 
+/// The nearest-rank `q` quantile of `v` (NaN when empty), by the one implementation (`core::stats`).
 fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+    tiergate_core::stats::quantile(v.to_vec(), q).unwrap_or(f64::NAN)
 }
 
-/// Encoded size of the benchmark's rerank job (the "1.2 KB job").
+/// Encoded size of the benchmark's rerank job (a 1.2 KB job).
 const JOB_BYTES: usize = 1200;
 /// Round trips per method per round.
 const ROUND: usize = 2000;

@@ -24,12 +24,9 @@ const AMBIGUOUS: &[&str] = &[
     "can you check this for me",
 ];
 
+/// The nearest-rank `q` quantile of `v` (NaN when empty), by the one implementation (`core::stats`).
 fn pct(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+    tiergate_core::stats::quantile(v.to_vec(), q).unwrap_or(f64::NAN)
 }
 
 /// One request on a fresh connection; returns (tier, degraded?) from the headers.

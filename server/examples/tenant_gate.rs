@@ -22,7 +22,7 @@ fn hex(key: &str) -> String {
 
 fn quantiles(mut ns: Vec<u64>) -> String {
     ns.sort_unstable();
-    let q = |p: f64| ns[((ns.len() as f64 * p) as usize).min(ns.len() - 1)] as f64 / 1e3;
+    let q = |p: f64| tiergate_core::stats::quantile_sorted(&ns, p).unwrap_or(0) as f64 / 1e3;
     format!(
         "p50 {:.2} µs, p99 {:.2} µs, p99.9 {:.2} µs",
         q(0.5),

@@ -20,9 +20,9 @@ const TEXTS: &[&str] = &[
     "why was my payment declined at the shop",
 ];
 
+/// The nearest-rank `q` quantile of `v` (NaN when empty), by the one implementation (`core::stats`).
 fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+    tiergate_core::stats::quantile(v.to_vec(), q).unwrap_or(f64::NAN)
 }
 
 async fn request(stream: &mut TcpStream, text: &str, buf: &mut Vec<u8>) -> anyhow::Result<()> {
