@@ -1,12 +1,58 @@
-//! A JSON extractor whose rejections use our error shape (malformed JSON, wrong types, wrong content type,
+//! The chat handler's extractors: [`Asking`], what a request says besides its body, read off its parts once;
+//! and a JSON extractor whose rejections use our error shape (malformed JSON, wrong types, wrong content type,
 //! oversize body).
 
+use std::sync::Arc;
+
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
+use tiergate_engine::priority::BatchLine;
+use tiergate_engine::state::AppState;
+use tiergate_engine::tenants::TenantId;
 
 use crate::error::ApiError;
+
+/// What a chat request says besides its body, read once: who asks (the tenant the key middleware found, else
+/// anonymous), a batch line's marker (set by the batch runner, never by a client), a θ it forces
+/// (`x-tiergate-threshold`, honoured only with the admin token where the policy allows it; its error is kept
+/// for the routes that classify, which alone read it), its `x-request-id`, and its headers for validation
+/// (the budget).
+pub struct Asking {
+    pub tenant: TenantId,
+    pub batch: Option<BatchLine>,
+    pub forced: Result<Option<f64>, ApiError>,
+    pub request_id: Option<String>,
+    pub headers: HeaderMap,
+}
+
+impl FromRequestParts<Arc<AppState>> for Asking {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let allowed = state.policy.current().cfg.allow_header_override;
+        Ok(Self {
+            tenant: parts
+                .extensions
+                .get::<TenantId>()
+                .cloned()
+                .unwrap_or_else(TenantId::anonymous),
+            batch: parts.extensions.get::<BatchLine>().cloned(),
+            forced: crate::auth::threshold_override(state.admin_token(), allowed, &parts.headers),
+            request_id: parts
+                .headers
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            headers: parts.headers.clone(),
+        })
+    }
+}
 
 /// `axum::Json` with OpenAI-shaped rejections.
 pub struct ApiJson<T>(pub T);

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tiergate_config::RouteKind;
@@ -12,7 +11,7 @@ use tiergate_prefilter::Prediction;
 use tiergate_queue::{Job, Message};
 
 use crate::error::ApiError;
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, Asking};
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::{validate, Caller, RouteFacts, ValidChat};
 use tiergate_engine::llm::Refused;
@@ -31,17 +30,15 @@ use tiergate_engine::cascade::{decide, escalate_rerank, hold_bound, sampling, Me
 /// The handler.
 pub async fn chat(
     State(state): State<Arc<AppState>>,
-    batch_line: Option<axum::Extension<tiergate_engine::priority::BatchLine>>,
-    tenant: Option<axum::Extension<tiergate_engine::tenants::TenantId>>,
-    headers: HeaderMap,
+    asking: Asking,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {
     let started = Instant::now();
-    let tenant = tenant.map_or_else(tiergate_engine::tenants::TenantId::anonymous, |t| t.0);
+    let tenant = asking.tenant.clone();
     let caller = Caller {
         tenant: tenant.clone(),
-        batch: batch_line.map(|e| e.0),
-        headers: &headers,
+        batch: asking.batch.clone(),
+        headers: &asking.headers,
         started,
     };
     let facts = |name: &str| {
@@ -67,16 +64,17 @@ pub async fn chat(
     let route = valid.route.clone();
     let asked = tiergate_engine::answered::Asked::of(&state, &valid);
     tracing::debug!(route = %route, user = valid.user.as_deref().unwrap_or(""), stream = valid.stream, "chat request");
-    let variant = state
-        .experiments
-        .assign(&route, valid.user.as_deref(), request_id(&headers));
+    let variant =
+        state
+            .experiments
+            .assign(&route, valid.user.as_deref(), asking.request_id.as_deref());
     let result = match valid.kind {
         RouteKind::Generate => {
             let span = tracing::info_span!(target: TARGET, "generation");
             generate(&state, valid, started).instrument(span).await
         }
         RouteKind::Classify | RouteKind::Answer => {
-            classified(&state, valid, &headers, started).await
+            classified(&state, valid, asking.forced.clone(), started).await
         }
     };
     let mut resp = match result {
@@ -105,15 +103,10 @@ pub async fn chat(
     crate::adapt::mark_brownout(resp, step)
 }
 
-/// The request's `x-request-id`, when it has one.
-fn request_id(headers: &HeaderMap) -> Option<&str> {
-    headers.get("x-request-id").and_then(|v| v.to_str().ok())
-}
-
 async fn classified(
     state: &Arc<AppState>,
     v: ValidChat,
-    headers: &HeaderMap,
+    forced: Result<Option<f64>, ApiError>,
     started: Instant,
 ) -> Result<(Response, Outcome), ApiError> {
     let route = state
@@ -139,9 +132,7 @@ async fn classified(
         infer_ms: pred.timings.infer.as_secs_f64() * 1e3,
         ..Meta::default()
     };
-    let allowed = state.policy.current().cfg.allow_header_override;
-    let forced = crate::auth::threshold_override(state.admin_token(), allowed, headers)?;
-    let d = decide(state, route, pred, forced, &mut meta);
+    let d = decide(state, route, pred, forced?, &mut meta);
     meta.ambiguity = Some(1.0 - f64::from(d.pred.confidence));
     meta.top = d
         .top
