@@ -108,9 +108,10 @@ pub struct AppState {
     pub tenant_figures: Arc<crate::tenants::Figures>,
     /// The console's time series.
     pub history: crate::history::History,
-    /// The brownout ladder (moved by the utilisation sampler) and its step, read on every request.
-    brownout: std::sync::Mutex<crate::brownout::Ladder>,
-    brownout_step: std::sync::atomic::AtomicU8,
+    /// The brownout ladder (moved by the utilisation sampler, `util::observe_brownout`) and its step,
+    /// read on every request.
+    pub(crate) brownout: std::sync::Mutex<crate::brownout::Ladder>,
+    pub(crate) brownout_step: std::sync::atomic::AtomicU8,
     /// The shared policy store, when `[policy_store] kind = "redis"`.
     pub store: Option<Arc<crate::store::RedisStore>>,
     /// The fleet's utilisation from the Prometheus source, with the time it was read.
@@ -258,46 +259,6 @@ impl AppState {
         (0..=self.others.len()).filter_map(|i| Some((i, self.backend(i)?)))
     }
 
-    /// One reading of the pressure for the ladder: the largest over the LLM backends of each one's queue fill
-    /// and recent P95, and utilisation `u`.
-    pub fn observe_brownout(&self, u: f64) {
-        let cfg = &self.config.brownout;
-        if !cfg.enabled {
-            metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(0.0);
-            return;
-        }
-        let limit = Duration::from_millis(cfg.p95_limit_ms);
-        let llm = self
-            .backends()
-            .map(|(_, l)| {
-                let (_, waiting) = l.share.load();
-                let room = l.limits.in_flight.saturating_sub(l.limits.capacity);
-                let p95 = l.rerank_times.recent_p95(Duration::from_secs(30));
-                crate::brownout::pressure(waiting, room, p95.unwrap_or_default(), limit, u)
-            })
-            .fold(u, f64::max);
-        let max = self.config.server.max_in_flight.max(1);
-        let own = max.saturating_sub(self.admission.available_permits()) as f64 / max as f64;
-        let Ok(mut ladder) = self.brownout.lock() else {
-            return;
-        };
-        let pressure = ladder.fed(llm, own);
-        let before = ladder.step();
-        let now = ladder.observe(pressure, std::time::Instant::now());
-        if now != before {
-            tracing::warn!(
-                from = before.as_str(),
-                to = now.as_str(),
-                pressure,
-                "brownout step"
-            );
-        }
-        self.brownout_step
-            .store(now as u8, std::sync::atomic::Ordering::Relaxed);
-        metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(now as u8 as f64);
-        metrics::gauge!(crate::metrics::BROWNOUT_PRESSURE).set(pressure);
-    }
-
     /// The stage policy of `route`'s stage `stage` (after the first).
     pub fn stage_policy(&self, route: &str, stage: &str) -> Option<&Arc<Policy>> {
         self.routes
@@ -318,39 +279,6 @@ impl AppState {
                     Some((r.name.as_str(), s.name.as_str(), s.policy.as_ref()?))
                 })
             })
-    }
-
-    /// Adds a point to the console's series when one is due.
-    pub fn sample_history(&self) {
-        let now = std::time::Instant::now();
-        if !self.history.due(now) {
-            return;
-        }
-        let live = self.policy.live_view(now);
-        let recent = self.decisions.recent();
-        let minute = Duration::from_secs(60);
-        let last: Vec<&crate::outcome::Decision> =
-            recent.iter().filter(|d| d.age(now) < minute).collect();
-        let degraded = last
-            .iter()
-            .filter(|d| d.channel == crate::outcome::Channel::Degraded.as_str())
-            .count() as f64
-            / last.len().max(1) as f64;
-        self.history.push(
-            now,
-            crate::history::Point {
-                t_ms: 0,
-                theta_eff: live.theta_eff,
-                stage_theta: self
-                    .stage_policies()
-                    .map(|(r, st, p)| (format!("{r}/{st}"), p.theta_eff(now)))
-                    .collect(),
-                escalated_share: live.escalated_share_60s,
-                degraded_share: degraded,
-                p95_ms: crate::history::p95_by_channel(&recent, now, minute),
-                brownout: self.brownout() as u8,
-            },
-        );
     }
 
     /// `server.admin_token`.

@@ -2,7 +2,7 @@
 //! fresh, else the reranker workers' busy fraction, else a value an operator sets; smoothed, with the source in
 //! use visible in `/admin/routing`. Each policy reads the workers of its own backends: the routing policy
 //! those of the routes' first stages, a later stage's policy those of its stage; every backend's queue feeds
-//! the brownout ladder.
+//! the brownout ladder, read here every period with the console's series.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -66,9 +66,83 @@ pub async fn sample_utilization(state: Weak<AppState>) {
                 feed(p, &signals, &mine, smooth.entry(key).or_default());
             }
         }
-        state.observe_brownout(u);
-        state.sample_history();
+        observe_brownout(&state, u);
+        sample_history(&state);
     }
+}
+
+/// One reading of the pressure for the ladder: the largest over the LLM backends of each one's queue fill
+/// and recent P95, and utilisation `u`.
+pub fn observe_brownout(state: &AppState, u: f64) {
+    let cfg = &state.config.brownout;
+    if !cfg.enabled {
+        metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(0.0);
+        return;
+    }
+    let limit = Duration::from_millis(cfg.p95_limit_ms);
+    let llm = state
+        .backends()
+        .map(|(_, l)| {
+            let (_, waiting) = l.share.load();
+            let room = l.limits.in_flight.saturating_sub(l.limits.capacity);
+            let p95 = l.rerank_times.recent_p95(Duration::from_secs(30));
+            crate::brownout::pressure(waiting, room, p95.unwrap_or_default(), limit, u)
+        })
+        .fold(u, f64::max);
+    let max = state.config.server.max_in_flight.max(1);
+    let own = max.saturating_sub(state.admission.available_permits()) as f64 / max as f64;
+    let Ok(mut ladder) = state.brownout.lock() else {
+        return;
+    };
+    let pressure = ladder.fed(llm, own);
+    let before = ladder.step();
+    let now = ladder.observe(pressure, std::time::Instant::now());
+    if now != before {
+        tracing::warn!(
+            from = before.as_str(),
+            to = now.as_str(),
+            pressure,
+            "brownout step"
+        );
+    }
+    state
+        .brownout_step
+        .store(now as u8, std::sync::atomic::Ordering::Relaxed);
+    metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(now as u8 as f64);
+    metrics::gauge!(crate::metrics::BROWNOUT_PRESSURE).set(pressure);
+}
+
+/// Adds a point to the console's series when one is due.
+pub fn sample_history(state: &AppState) {
+    let now = std::time::Instant::now();
+    if !state.history.due(now) {
+        return;
+    }
+    let live = state.policy.live_view(now);
+    let recent = state.decisions.recent();
+    let minute = Duration::from_secs(60);
+    let last: Vec<&crate::outcome::Decision> =
+        recent.iter().filter(|d| d.age(now) < minute).collect();
+    let degraded = last
+        .iter()
+        .filter(|d| d.channel == crate::outcome::Channel::Degraded.as_str())
+        .count() as f64
+        / last.len().max(1) as f64;
+    state.history.push(
+        now,
+        crate::history::Point {
+            t_ms: 0,
+            theta_eff: live.theta_eff,
+            stage_theta: state
+                .stage_policies()
+                .map(|(r, st, p)| (format!("{r}/{st}"), p.theta_eff(now)))
+                .collect(),
+            escalated_share: live.escalated_share_60s,
+            degraded_share: degraded,
+            p95_ms: crate::history::p95_by_channel(&recent, now, minute),
+            brownout: state.brownout() as u8,
+        },
+    );
 }
 
 /// One reading of every source.

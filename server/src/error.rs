@@ -78,6 +78,32 @@ impl ApiError {
         }
     }
 
+    /// A generation's refused submission (it has no Tier-0 answer to degrade to): the one mapping from
+    /// [`tiergate_engine::llm::Refused`] to a status; a classify or answer route degrades instead
+    /// (`tiergate_engine::cascade::reason_of`).
+    pub fn refused_generation(r: tiergate_engine::llm::Refused, tenant: &str) -> Self {
+        use tiergate_engine::llm::Refused;
+        match r {
+            Refused::NoLlm => ApiError::Unavailable("this server runs no LLM workers".into()),
+            Refused::Queue(e) => ApiError::from(e),
+            Refused::BreakerOpen(wait) => ApiError::Unavailable(format!(
+                "the LLM backend keeps failing (circuit breaker open, {} ms until a probe): retry later",
+                wait.as_millis()
+            )),
+            Refused::Unreachable => ApiError::Timeout(format!(
+                "the LLM is predicted not to finish within this request's budget ({})",
+                tiergate_engine::deadline::HEADER
+            )),
+            Refused::Budget(wait) => ApiError::RateLimited {
+                message: format!(
+                    "tenant `{}` has spent its LLM budget: retry after the Retry-After seconds",
+                    tenant
+                ),
+                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+            },
+        }
+    }
+
     /// HTTP status, OpenAI error type and code.
     pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {

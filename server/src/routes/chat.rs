@@ -14,7 +14,6 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::{validate, Caller, RouteFacts, ValidChat};
-use tiergate_engine::llm::Refused;
 use tiergate_engine::metrics as m;
 use tiergate_engine::out_of_scope::NONE;
 use tiergate_engine::outcome::{Outcome, Tier};
@@ -289,7 +288,7 @@ async fn generate(
     };
     let (gen, by) = attempt(state, stage, &v, &job, first_event)
         .await
-        .map_err(|r| refusal(r, &v))?;
+        .map_err(|r| ApiError::refused_generation(r, &v.tenant.0))?;
     let meta = Meta {
         tier: Tier::Llm,
         stage: Some(stage.name.clone()),
@@ -299,27 +298,4 @@ async fn generate(
     let outcome = meta.outcome(None);
     let resp = respond_started(state, &v, gen, meta, 0, started).await?;
     Ok((resp, outcome))
-}
-
-/// The error of a generation no backend took: a generation has no Tier-0 answer to degrade to.
-fn refusal(r: Refused, v: &ValidChat) -> ApiError {
-    match r {
-        Refused::NoLlm => ApiError::Unavailable("this server runs no LLM workers".into()),
-        Refused::Queue(e) => ApiError::from(e),
-        Refused::BreakerOpen(wait) => ApiError::Unavailable(format!(
-            "the LLM backend keeps failing (circuit breaker open, {} ms until a probe): retry later",
-            wait.as_millis()
-        )),
-        Refused::Unreachable => ApiError::Timeout(format!(
-            "the LLM is predicted not to finish within this request's budget ({})",
-            tiergate_engine::deadline::HEADER
-        )),
-        Refused::Budget(wait) => ApiError::RateLimited {
-            message: format!(
-                "tenant `{}` has spent its LLM budget: retry after the Retry-After seconds",
-                v.tenant.0
-            ),
-            retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
-        },
-    }
 }
