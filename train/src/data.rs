@@ -164,6 +164,28 @@ fn data_error(path: &Path, line: usize, message: String) -> PrefilterError {
     }
 }
 
+/// At most `k` rows of each label, drawn at random with `seed` (a label with fewer keeps all of its rows), in
+/// the data's order: the labelled examples a route starts from (`tiergate train --per-label K`).
+pub fn per_label(examples: &[Example], k: usize, seed: u64) -> Vec<Example> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut by_label: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (i, e) in examples.iter().enumerate() {
+        by_label.entry(e.label.as_str()).or_default().push(i);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut kept: Vec<usize> = by_label
+        .into_values()
+        .flat_map(|mut rows| {
+            rows.shuffle(&mut rng);
+            rows.truncate(k);
+            rows
+        })
+        .collect();
+    kept.sort_unstable();
+    kept.into_iter().map(|i| examples[i].clone()).collect()
+}
+
 /// A deterministic stratified split: about `dev_fraction` of each label goes to dev (at least one row of
 /// every label with two or more rows).
 pub fn split(examples: &[Example], dev_fraction: f64, seed: u64) -> (Vec<Example>, Vec<Example>) {
@@ -197,6 +219,35 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, body).unwrap();
         p
+    }
+
+    #[test]
+    fn per_label_keeps_at_most_k_of_each_label_by_its_seed() {
+        let rows: Vec<Example> = (0..30)
+            .map(|i| Example {
+                text: format!("row {i}"),
+                label: if i < 25 { ["a", "b"][i % 2] } else { "c" }.to_string(),
+            })
+            .collect();
+        let kept = per_label(&rows, 4, 7);
+        let count = |l: &str| kept.iter().filter(|e| e.label == l).count();
+        assert_eq!((count("a"), count("b"), count("c")), (4, 4, 4));
+        // A label with fewer rows keeps them all; the data's order stays.
+        assert_eq!(
+            per_label(&rows, 6, 7)
+                .iter()
+                .filter(|e| e.label == "c")
+                .count(),
+            5
+        );
+        let at = |v: &[Example]| v.iter().map(|e| e.text.clone()).collect::<Vec<_>>();
+        let mut sorted = at(&kept);
+        sorted.sort_by_key(|t| t[4..].parse::<usize>().unwrap());
+        assert_eq!(at(&kept), sorted);
+        // The same seed draws the same rows, another seed other rows.
+        assert_eq!(at(&per_label(&rows, 4, 7)), at(&kept));
+        assert_ne!(at(&per_label(&rows, 4, 8)), at(&kept));
+        assert!(per_label(&rows, 0, 7).is_empty());
     }
 
     #[test]

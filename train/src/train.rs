@@ -45,6 +45,8 @@ pub struct TrainOptions {
     pub oos_recall: f64,
     /// Rows with this label are out-of-scope examples: never a label of the head; their dev share is scored.
     pub oos_label: Option<String>,
+    /// Use at most this many rows of each label (drawn with `seed`), dev rows included: a few-shot day-0 head.
+    pub per_label: Option<usize>,
 }
 
 /// What training measured.
@@ -89,7 +91,16 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         )));
     }
     let dataset = data::read(&opts.data)?;
-    let (train_rows, dev_rows) = data::split(&dataset.examples, opts.dev_fraction, opts.seed);
+    let examples = match opts.per_label {
+        Some(0) => {
+            return Err(PrefilterError::Training(
+                "--per-label must be at least 1".into(),
+            ))
+        }
+        Some(k) => data::per_label(&dataset.examples, k, opts.seed),
+        None => dataset.examples.clone(),
+    };
+    let (train_rows, dev_rows) = data::split(&examples, opts.dev_fraction, opts.seed);
     let is_oos = |e: &Example| opts.oos_label.as_deref() == Some(e.label.as_str());
     let dev_oos: Vec<Example> = dev_rows.iter().filter(|e| is_oos(e)).cloned().collect();
     let train_rows: Vec<Example> = train_rows.into_iter().filter(|e| !is_oos(e)).collect();

@@ -48,6 +48,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
             precision: Precision::Auto,
             oos_recall: 0.95,
             oos_label: Some("oos".into()),
+            per_label: None,
         },
         &mut |_| {},
     )
@@ -126,6 +127,7 @@ fn fine_tuning_writes_a_loadable_encoder() {
             precision: Precision::Auto,
             oos_recall: 0.9,
             oos_label: None,
+            per_label: None,
         },
         &mut |_| {},
     )
@@ -163,4 +165,53 @@ fn fine_tuning_writes_a_loadable_encoder() {
         .max_all()
         .unwrap();
     assert!(diff.to_scalar::<f32>().unwrap() > 0.0);
+}
+
+/// `--per-label K`: a few-shot head from at most K rows of each label (the dev share included), drawn by the
+/// seed; the head it writes loads as any trained head does.
+#[test]
+fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("d.csv");
+    let mut csv = String::from("text,category\n");
+    let groups = [
+        ("card lost", "lost"),
+        ("pay bill", "pay"),
+        ("hello hi", "greet"),
+    ];
+    for (i, (text, label)) in groups.iter().cycle().take(60).enumerate() {
+        csv.push_str(&format!("{text} {i},{label}\n"));
+    }
+    std::fs::write(&data, csv).unwrap();
+    let run = |k: Option<usize>, out: &str| {
+        train(
+            &TrainOptions {
+                encoder: tiny.dir.path().to_path_buf(),
+                data: DataSpec::new(&data),
+                dev_fraction: 0.25,
+                seed: 5,
+                fine_tune: false,
+                fine_tune_epochs: 1,
+                max_tokens: 16,
+                out: work.path().join(out),
+                precision: Precision::Auto,
+                oos_recall: 0.95,
+                oos_label: None,
+                per_label: k,
+            },
+            &mut |_| {},
+        )
+    };
+    // 20 rows a label; K = 6: 2 of each to dev (a quarter, rounded), 4 to train.
+    let few = run(Some(6), "few").unwrap();
+    assert_eq!((few.labels, few.train_n), (3, 12));
+    let all = run(None, "all").unwrap();
+    assert_eq!(all.train_n, 45);
+    assert!(run(Some(0), "none").is_err());
+    let head = HeadConfig::Trained(TrainedHeadConfig {
+        dir: work.path().join("few"),
+    });
+    let c = Classifier::from_config(&cfg_for(tiny.dir.path(), head)).unwrap();
+    assert_eq!(c.labels(), ["greet", "lost", "pay"]);
 }

@@ -43,6 +43,10 @@ pub struct TrainArgs {
     /// how many the threshold catches.
     #[arg(long)]
     pub oos_label: Option<String>,
+    /// Train from at most K rows of each label (drawn with --seed, the dev share included): a few-shot head
+    /// from one command.
+    #[arg(long, value_name = "K")]
+    pub per_label: Option<usize>,
 }
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
@@ -58,6 +62,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         precision: args.precision,
         oos_recall: args.oos_recall,
         oos_label: args.oos_label.clone(),
+        per_label: args.per_label,
     };
     let report = train(&opts, &mut |line| eprintln!("train: {line}"))?;
     println!(
