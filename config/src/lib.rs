@@ -111,6 +111,15 @@ impl Config {
 
     /// Checks every field; the first problem found is returned with the field's dotted path.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.checked_backends()?;
+        validate_experiments(&self.experiments, &self.route_names(), "experiments")?;
+        validate_tenants(&self.all_tenants()?, &self.route_names(), "tenants")?;
+        Ok(())
+    }
+
+    /// Checks every section but the experiments and the tenants (which read no backend and, with a keys
+    /// file, a file), and returns the backends it merged: what [`Config::resolve`] builds on.
+    fn checked_backends(&self) -> Result<Vec<(String, RerankerConfig)>, ConfigError> {
         self.prefilter.validate("prefilter")?;
         self.server.validate("server")?;
         self.utilization.validate("utilization")?;
@@ -230,8 +239,6 @@ impl Config {
                 o.validate(&format!("routes[{i}].out_of_scope"))?;
             }
         }
-        validate_experiments(&self.experiments, &self.route_names(), "experiments")?;
-        validate_tenants(&self.all_tenants()?, &self.route_names(), "tenants")?;
-        Ok(())
+        Ok(backends)
     }
 }

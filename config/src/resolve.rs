@@ -92,11 +92,12 @@ impl Resolved {
 }
 
 impl Config {
-    /// Validates the config and resolves it ([`Resolved`]): the one reader of `[reranker]`.
+    /// Checks the sections it resolves and resolves them ([`Resolved`]): the one reader of `[reranker]`. The
+    /// tenants are not read here (a keys file is read where the tenants are served, and checked by
+    /// [`Config::validate`] at load).
     pub fn resolve(&self) -> Result<Resolved, ConfigError> {
-        self.validate()?;
         let backends: Vec<Backend> = self
-            .backends()?
+            .checked_backends()?
             .into_iter()
             .map(|(name, config)| Backend { name, config })
             .collect();

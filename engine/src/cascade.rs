@@ -141,19 +141,18 @@ impl Decided {
 }
 
 /// Decides: ambiguity against θ_eff (or a permitted per-request θ), and on a route with an out-of-scope outcome
-/// Tier-0's out-of-scope score against its threshold ([`verdict`]). `forced`: a θ the request sets (the
+/// Tier-0's out-of-scope score against its threshold ([`verdict`]). `override_theta`: a θ the request sets (the
 /// adapter checks that it may: `allow_header_override` and the admin token).
 pub fn decide(
     state: &AppState,
     route: &Route,
     pred: Prediction,
-    forced: Option<f64>,
+    override_theta: Option<f64>,
     meta: &mut Meta,
 ) -> Decided {
     let span = tracing::info_span!(target: tiergate_telemetry::TARGET, "decision");
     let ambiguity = 1.0 - f64::from(pred.confidence);
     let policy = state.policy.current();
-    let override_theta = forced;
     let now = Instant::now();
     // The error bound caps the policy's θ (a forced θ is the operator's own and is not capped).
     let bound = override_theta

@@ -82,14 +82,6 @@ pub fn goes_on(ambiguity: f64, theta: f64) -> bool {
 }
 
 impl Fusion {
-    /// The LLM's distribution over the candidates from its raw `scores`, and the fused one with `tier0`
-    /// (both in candidate order).
-    pub fn apply(&self, tier0: &[f32], scores: &[f32]) -> (Vec<f32>, Vec<f32>) {
-        let llm = llm_probs(scores, self.llm_temperature);
-        let fused = fuse(tier0, &llm, self.llm_weight);
-        (llm, fused)
-    }
-
     /// The fusion of a stage whose backend is `backend`: `fit` (the head's `fusion.json` for the first stage,
     /// its `fusion.STAGE.json` after) when it was fitted with this LLM after the same stages `after`, else the
     /// backend's configured values (a fit made with another judge says nothing about this one).
