@@ -7,7 +7,8 @@
 #   JUDGE: smollm2 | qwen0.5 | qwen1.5;  METHOD: auto | choice | channel | likelihood;  SPLIT: dev | test
 #   K: with METHOD choice, examples per option (the K nearest the query; default 0)
 # Environment: TAG (a suffix for the output files) and SETS (more `--set` values, separated by `;`).
-# Needs /tmp/b77/{dev,test}.csv and a head in /tmp/b77/head (tiergate train … --out /tmp/b77/head).
+# Needs /tmp/b77/{dev,test}.csv and a head in /tmp/b77/head (tiergate train … --out /tmp/b77/head); HEAD, SPLITS
+# (the folder of the split CSVs) and ROWS (where the rows go) name others.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -19,7 +20,7 @@ case "$judge" in
   *) echo "unknown judge $judge" >&2; exit 2 ;;
 esac
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/tiergate"
-out=/tmp/b77/rows
+out="${ROWS:-/tmp/b77/rows}"
 mkdir -p "$out"
 tag="$judge-$method-$split-$share"
 if [[ "$k" != 0 ]]; then tag="$judge-$method-k$k-$split-$share"; fi
@@ -27,7 +28,7 @@ tag="$tag${TAG:-}"
 extra=()
 IFS=';' read -r -a more <<<"${SETS:-}"
 for s in "${more[@]}"; do [[ -n "$s" ]] && extra+=(--set "$s"); done
-"$bin" eval --classifier /tmp/b77/head --data "/tmp/b77/$split.csv" --hybrid --json \
+"$bin" eval --classifier "${HEAD:-/tmp/b77/head}" --data "${SPLITS:-/tmp/b77}/$split.csv" --hybrid --json \
   --max-escalated "$share" --rows "$out/$tag.jsonl" \
   --set "reranker.model=\"$model\"" --set "reranker.prompts.method=\"$method\"" \
   --set "reranker.prompts.choice_examples=$k" "${extra[@]}" >"$out/$tag.json"

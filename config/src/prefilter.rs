@@ -151,6 +151,9 @@ pub struct FewShotLabel {
     /// Reply text for answer routes.
     #[serde(default)]
     pub reply: Option<String>,
+    /// One sentence saying what the label means, shown to the judge (`{description}` in the prompts).
+    #[serde(default)]
+    pub description: Option<String>,
 }
 
 impl PrefilterConfig {

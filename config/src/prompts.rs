@@ -41,15 +41,18 @@ impl ScoringMethod {
     }
 }
 
-/// Templates for one route (placeholders: `{label}`, `{examples}`, `{example}`, `{reply}`, `{query}`,
-/// `{candidates}`; see `prompts/neutral.toml`).
+/// Templates for one route (placeholders: `{label}`, `{description}`, `{examples}`, `{example}`, `{reply}`,
+/// `{query}`, `{candidates}`; see `prompts/neutral.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PromptConfig {
     /// How candidates are scored.
     pub method: ScoringMethod,
-    /// Channel: the text before the query, per candidate (`{label}`, `{examples}`, `{reply}`).
+    /// Channel: the text before the query, per candidate (`{label}`, `{description}`, `{examples}`,
+    /// `{reply}`).
     pub label_prefix: String,
+    /// A label's description inside `{description}` (`{description}`); a label without one shows nothing.
+    pub description_line: String,
     /// Channel: one example line inside `{examples}` (`{example}`).
     pub example_line: String,
     /// Channel: the scored text after a label prefix (`{query}`).
@@ -68,7 +71,8 @@ pub struct PromptConfig {
     pub answer_candidate: String,
     /// Choice: the multiple-choice question (`{query}`, `{options}`), answered with one letter.
     pub choice_prompt: String,
-    /// Choice: one option line inside `{options}` (`{letter}`, `{label}`, `{reply}`, `{examples}`).
+    /// Choice: one option line inside `{options}` (`{letter}`, `{label}`, `{description}`, `{reply}`,
+    /// `{examples}`).
     pub choice_option: String,
     /// Choice: one example line inside an option's `{examples}` (`{example}`).
     pub choice_example: String,
@@ -108,6 +112,7 @@ impl PromptConfig {
         Self {
             method: ScoringMethod::parse(&text("method")).unwrap_or(ScoringMethod::Auto),
             label_prefix: text("label_prefix"),
+            description_line: text("description_line"),
             example_line: text("example_line"),
             query: text("query"),
             likelihood_prompt: text("likelihood_prompt"),
@@ -141,6 +146,7 @@ impl PromptConfig {
         need("query", &self.query, "{query}")?;
         need("likelihood_prompt", &self.likelihood_prompt, "{query}")?;
         need("example_line", &self.example_line, "{example}")?;
+        need("description_line", &self.description_line, "{description}")?;
         need("answer_system", &self.answer_system, "{candidates}")?;
         need("choice_prompt", &self.choice_prompt, "{query}")?;
         need("choice_prompt", &self.choice_prompt, "{options}")?;

@@ -355,6 +355,7 @@ async fn rerank_stage(
         prior,
         prefilter.labels(),
         prefilter.replies(),
+        prefilter.descriptions(),
         |i| {
             if route.grounded {
                 prefilter.examples_for(i, &d.pred)

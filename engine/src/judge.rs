@@ -45,14 +45,15 @@ pub fn llm_name(r: &RerankerConfig, prompts: &PromptConfig) -> String {
     format!("{model} ({}{grounding})", method.name()).to_lowercase()
 }
 
-/// Tier-0's top candidates `(label index, p)` as the judge sees them: the label, its reply text as the
-/// description, and its examples (`examples(label)`: nearest the query first for a grounded route); the index
+/// Tier-0's top candidates `(label index, p)` as the judge sees them: the label, its reply text, its
+/// description (`descriptions`, where the head has one), and its examples (`examples(label)`: nearest the query first for a grounded route); the index
 /// [`NONE`] is the route's "none of these" (`oos`), with its reply — the one way serving and `tiergate eval
 /// --hybrid` / `fit-fusion` build them.
 pub fn candidates(
     top: &[(usize, f32)],
     labels: &[String],
     replies: &[Option<String>],
+    descriptions: &[Option<String>],
     examples: impl Fn(usize) -> Vec<String>,
     oos: Option<&OutOfScopeRoute>,
 ) -> Vec<Candidate> {
@@ -60,17 +61,62 @@ pub fn candidates(
         .filter_map(|&(i, p)| match (labels.get(i), oos) {
             (Some(label), _) => Some(Candidate {
                 label: label.clone(),
-                description: replies.get(i).cloned().flatten(),
+                reply: replies.get(i).cloned().flatten(),
+                description: descriptions.get(i).cloned().flatten(),
                 examples: examples(i),
                 p,
             }),
             (None, Some(o)) if i == NONE => Some(Candidate {
                 label: o.none_candidate.clone(),
-                description: o.reply.clone(),
+                reply: o.reply.clone(),
+                description: None,
                 examples: Vec::new(),
                 p,
             }),
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_carry_each_labels_reply_description_and_examples() {
+        let labels = ["a".to_string(), "b".to_string()];
+        let replies = [Some("reply a".to_string()), None];
+        let descriptions = [None, Some("what b means".to_string())];
+        let c = candidates(
+            &[(1, 0.6), (0, 0.3), (7, 0.1)],
+            &labels,
+            &replies,
+            &descriptions,
+            |i| vec![format!("example {i}")],
+            None,
+        );
+        assert_eq!(
+            c.len(),
+            2,
+            "an index past the labels without `oos` is dropped"
+        );
+        assert_eq!(
+            (
+                c[0].label.as_str(),
+                c[0].reply.as_deref(),
+                c[0].description.as_deref()
+            ),
+            ("b", None, Some("what b means"))
+        );
+        assert_eq!(
+            (
+                c[1].label.as_str(),
+                c[1].reply.as_deref(),
+                c[1].description.as_deref()
+            ),
+            ("a", Some("reply a"), None)
+        );
+        assert_eq!(c[1].examples, ["example 0"]);
+        assert!((c[0].p - 0.6).abs() < 1e-6);
+    }
 }

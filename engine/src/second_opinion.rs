@@ -106,6 +106,7 @@ fn job_of(route: &Route, item: &Item) -> Option<(Job, Vec<String>)> {
         &top,
         labels,
         prefilter.replies(),
+        prefilter.descriptions(),
         |i| prefilter.examples().get(i).cloned().unwrap_or_default(),
         None,
     );

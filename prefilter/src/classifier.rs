@@ -23,6 +23,8 @@ pub struct Classifier {
     pub head: Head,
     /// Reply text per label (answer routes), where configured.
     pub replies: Vec<Option<String>>,
+    /// One sentence per label saying what it means, where given (shown to the judge).
+    pub descriptions: Vec<Option<String>>,
     /// Example utterances per label (few-shot examples, or a trained head's representatives).
     pub examples: Vec<Vec<String>>,
     /// The fusion fitted for this head (`fusion.json` in a trained head's folder).
@@ -83,6 +85,7 @@ impl Classifier {
                     encoder,
                     head,
                     replies: labels.iter().map(|l| l.reply.clone()).collect(),
+                    descriptions: labels.iter().map(|l| l.description.clone()).collect(),
                     examples: labels.iter().map(|l| l.examples.clone()).collect(),
                     fusion: None,
                     stage_fusions: Vec::new(),
@@ -150,11 +153,14 @@ impl Classifier {
         let replies = vec![None; head.labels.len()];
         let mut examples = meta.examples.clone();
         examples.resize(head.labels.len(), Vec::new());
+        let mut descriptions = meta.descriptions.clone();
+        descriptions.resize(head.labels.len(), None);
         Ok(Self {
             tokenizer: tokenizer.into(),
             encoder,
             head,
             replies,
+            descriptions,
             examples,
             fusion: crate::heads::FittedFusion::load(dir)?,
             stage_fusions: crate::heads::FittedFusion::load_stages(dir)?,
@@ -182,12 +188,14 @@ impl Classifier {
         encoder.set_precision(precision)?;
         let head = Head::from_checkpoint(&encoder, &vb)?;
         let replies = vec![None; head.labels.len()];
+        let descriptions = vec![None; head.labels.len()];
         let examples = vec![Vec::new(); head.labels.len()];
         Ok(Self {
             tokenizer: tokenizer.into(),
             encoder,
             head,
             replies,
+            descriptions,
             examples,
             fusion: None,
             stage_fusions: Vec::new(),

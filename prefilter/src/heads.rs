@@ -208,6 +208,9 @@ pub struct TrainedHeadMeta {
     /// embedding. What an escalation's LLM reads to know what a label means.
     #[serde(default)]
     pub examples: Vec<Vec<String>>,
+    /// One sentence per label saying what it means (label order; `tiergate train --labels`), shown to the judge.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptions: Vec<Option<String>>,
 }
 
 /// `fusion.json` next to a head: how the LLM's scores are fused with Tier-0's, fitted by `tiergate

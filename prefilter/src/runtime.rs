@@ -160,6 +160,7 @@ pub struct PrefilterHandle {
     tokenizer: Arc<TextTokenizer>,
     labels: Arc<Vec<String>>,
     replies: Arc<Vec<Option<String>>>,
+    descriptions: Arc<Vec<Option<String>>>,
     examples: Arc<Vec<Vec<String>>>,
     representatives: Option<Arc<crate::grounding::Representatives>>,
     fusion: Option<crate::heads::FittedFusion>,
@@ -183,6 +184,7 @@ impl PrefilterHandle {
             tokenizer: classifier.tokenizer.clone(),
             labels: Arc::new(classifier.labels().to_vec()),
             replies: Arc::new(classifier.replies.clone()),
+            descriptions: Arc::new(classifier.descriptions.clone()),
             examples: Arc::new(classifier.examples.clone()),
             representatives: classifier.representatives.clone(),
             fusion: classifier.fusion.clone(),
@@ -233,6 +235,11 @@ impl PrefilterHandle {
     /// Reply text per label, where configured.
     pub fn replies(&self) -> &[Option<String>] {
         &self.replies
+    }
+
+    /// One sentence per label saying what it means, where the head has one.
+    pub fn descriptions(&self) -> &[Option<String>] {
+        &self.descriptions
     }
 
     /// Example utterances per label (empty where none are known).

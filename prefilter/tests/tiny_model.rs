@@ -100,16 +100,19 @@ fn few_shot_head_maps_its_own_examples_to_their_label() {
             label: "lost".into(),
             examples: vec!["card lost".into()],
             reply: Some("r1".into()),
+            description: None,
         },
         FewShotLabel {
             label: "pay".into(),
             examples: vec!["pay bill".into()],
             reply: None,
+            description: None,
         },
         FewShotLabel {
             label: "greet".into(),
             examples: vec!["hello hi".into()],
             reply: None,
+            description: None,
         },
     ];
     let cfg = cfg_for(

@@ -16,7 +16,10 @@ use tiergate_config::PromptConfig;
 pub struct Candidate {
     /// Label name.
     pub label: String,
-    /// Optional human description of the label (its reply text for answer routes).
+    /// The label's reply text (answer routes).
+    #[serde(default)]
+    pub reply: Option<String>,
+    /// One sentence saying what the label means (a head's label descriptions), shown to the judge.
     #[serde(default)]
     pub description: Option<String>,
     /// Representative utterances of the label (what the LLM reads to know what the label means).
@@ -252,7 +255,8 @@ mod tests {
             text: "my card has not arrived ü".into(),
             candidates: vec![Candidate {
                 label: "card_arrival".into(),
-                description: Some("It is on its way.".into()),
+                reply: Some("It is on its way.".into()),
+                description: Some("The card has not arrived.".into()),
                 examples: vec!["where is my card".into()],
                 p: 0.7,
             }],

@@ -42,6 +42,7 @@ fn main() {
         .iter()
         .map(|l| Candidate {
             label: (*l).into(),
+            reply: None,
             description: None,
             examples: Vec::new(),
             p: 0.25,

@@ -42,6 +42,7 @@ fn job_with_text(text: String) -> Job {
         candidates: (0..5)
             .map(|i| Candidate {
                 label: format!("label_{i}"),
+                reply: None,
                 description: None,
                 examples: vec![],
                 p: 0.2,

@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|c| Candidate {
             label: c.label.clone(),
+            reply: None,
             description: None,
             examples: c.examples.clone(),
             p: 0.2,

@@ -19,9 +19,19 @@ pub fn channel_prefix(c: &Candidate, p: &PromptConfig) -> String {
         &[
             ("label", &label),
             ("examples", &examples),
-            ("reply", c.description.as_deref().unwrap_or("")),
+            ("reply", c.reply.as_deref().unwrap_or("")),
+            ("description", &description(c, p)),
         ],
     )
+}
+
+/// A candidate's `{description}`: its description in the `description_line` template, or nothing when it
+/// has none (so a head without descriptions is asked exactly the names-only question).
+pub fn description(c: &Candidate, p: &PromptConfig) -> String {
+    match c.description.as_deref().map(str::trim) {
+        Some(d) if !d.is_empty() => render(&p.description_line, &[("description", d)]),
+        _ => String::new(),
+    }
 }
 
 /// Channel scoring: the scored text.
@@ -41,7 +51,8 @@ pub fn likelihood_candidate(c: &Candidate, p: &PromptConfig) -> String {
         &p.likelihood_candidate,
         &[
             ("label", &label),
-            ("reply", c.description.as_deref().unwrap_or("")),
+            ("reply", c.reply.as_deref().unwrap_or("")),
+            ("description", &description(c, p)),
         ],
     )
 }
@@ -94,7 +105,8 @@ pub fn choice_question(
                 &[
                     ("letter", &letter),
                     ("label", &display_label(&c.label)),
-                    ("reply", c.description.as_deref().unwrap_or("")),
+                    ("reply", c.reply.as_deref().unwrap_or("")),
+                    ("description", &description(c, p)),
                     ("examples", &shown),
                 ],
             )
@@ -149,6 +161,7 @@ mod tests {
         };
         let c = Candidate {
             label: "card_arrival".into(),
+            reply: None,
             description: None,
             examples: vec!["a".into(), " ".into(), "b".into(), "c".into()],
             p: 0.5,
@@ -158,6 +171,40 @@ mod tests {
             "Messages about card arrival:\n- a\n- b\n-"
         );
         assert_eq!(channel_query(" hi ", &p), " hi\n");
+    }
+
+    #[test]
+    fn a_description_is_shown_in_its_line_and_its_absence_changes_nothing() {
+        let p = PromptConfig {
+            max_examples: 1,
+            ..PromptConfig::default()
+        };
+        let mut c = Candidate {
+            label: "card_arrival".into(),
+            reply: None,
+            description: Some(" The card has not come. ".into()),
+            examples: vec!["a".into()],
+            p: 0.5,
+        };
+        assert_eq!(
+            channel_prefix(&c, &p),
+            "Messages about card arrival:\n  (The card has not come.)\n- a\n-"
+        );
+        let q = choice_question("hi", std::slice::from_ref(&c), &[0], &p, 0);
+        assert!(
+            q.contains("A) card arrival\n  (The card has not come.)\n"),
+            "{q}"
+        );
+        let described = q;
+        for none in [None, Some("  ".to_string())] {
+            c.description = none;
+            assert_eq!(
+                channel_prefix(&c, &p),
+                "Messages about card arrival:\n- a\n-"
+            );
+            let q = choice_question("hi", std::slice::from_ref(&c), &[0], &p, 0);
+            assert_eq!(q, described.replace("  (The card has not come.)\n", ""));
+        }
     }
 
     #[test]
@@ -235,6 +282,7 @@ mod tests {
         let p = PromptConfig::default();
         let c = |l: &str, ex: &[&str]| Candidate {
             label: l.into(),
+            reply: None,
             description: None,
             examples: ex.iter().map(|s| s.to_string()).collect(),
             p: 0.5,

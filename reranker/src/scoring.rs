@@ -378,7 +378,8 @@ impl Scorer {
         let blank: Vec<Candidate> = (0..k)
             .map(|_| Candidate {
                 label: p.content_free.clone(),
-                description: Some(p.content_free.clone()),
+                reply: Some(p.content_free.clone()),
+                description: None,
                 examples: Vec::new(),
                 p: 0.0,
             })

@@ -77,7 +77,7 @@ impl StubEngine {
     fn prefix_words(&self, c: &Candidate, prompt: &PromptConfig, prompt_key: u64) -> usize {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (prompt_key, &c.label, &c.description, &c.examples).hash(&mut h);
+        (prompt_key, &c.label, &c.reply, &c.description, &c.examples).hash(&mut h);
         let key = h.finish();
         let Ok(mut cache) = self.prefix_words.lock() else {
             return 0;
@@ -236,6 +236,7 @@ mod tests {
     fn cand(label: &str) -> Candidate {
         Candidate {
             label: label.into(),
+            reply: None,
             description: None,
             examples: vec![],
             p: 0.5,

@@ -98,12 +98,14 @@ fn rerank_job(text: &str) -> Job {
         candidates: vec![
             Candidate {
                 label: "card_arrival".into(),
+                reply: None,
                 description: None,
                 examples: vec![],
                 p: 0.4,
             },
             Candidate {
                 label: "exchange_rate".into(),
+                reply: None,
                 description: None,
                 examples: vec![],
                 p: 0.6,

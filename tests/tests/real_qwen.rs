@@ -120,6 +120,7 @@ fn qwen2_forward_matches_candle_quantized_qwen2() {
 fn cand(label: &str) -> Candidate {
     Candidate {
         label: label.into(),
+        reply: None,
         description: None,
         examples: Vec::new(),
         p: 0.25,

@@ -43,6 +43,7 @@ fn model_path() -> std::path::PathBuf {
 fn cand(label: &str, examples: &[&str]) -> Candidate {
     Candidate {
         label: label.into(),
+        reply: None,
         description: None,
         examples: examples.iter().map(|s| s.to_string()).collect(),
         p: 0.2,

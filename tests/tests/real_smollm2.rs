@@ -40,6 +40,7 @@ fn cand(label: &str) -> Candidate {
     };
     Candidate {
         label: label.into(),
+        reply: None,
         description: None,
         examples: examples.iter().map(|e| e.to_string()).collect(),
         p: 1.0 / 3.0,

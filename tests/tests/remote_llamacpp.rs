@@ -146,6 +146,7 @@ fn rig(port: u16) -> Rig {
 fn rerank(text: &str) -> Job {
     let cand = |label: &str, p: f32| Candidate {
         label: label.into(),
+        reply: None,
         description: None,
         examples: vec![],
         p,

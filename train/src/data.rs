@@ -164,6 +164,86 @@ fn data_error(path: &Path, line: usize, message: String) -> PrefilterError {
     }
 }
 
+/// One line of a labels file (`tiergate train --labels`): a label and its optional one-sentence description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelLine {
+    pub name: String,
+    pub description: Option<String>,
+}
+
+/// Reads a labels file: one label per line, optionally a tab and a one-sentence description; blank lines and
+/// lines starting with `#` are skipped. An empty name, a duplicate or fewer than two labels are refused with
+/// the line.
+pub fn read_labels(path: &Path) -> Result<Vec<LabelLine>> {
+    let raw = std::fs::read_to_string(path).map_err(|e| PrefilterError::file(path, e))?;
+    let mut out: Vec<LabelLine> = Vec::new();
+    for (i, line) in raw.lines().enumerate() {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        let (name, description) = match line.split_once('\t') {
+            Some((n, d)) => (n.trim(), Some(d.trim()).filter(|d| !d.is_empty())),
+            None => (line.trim(), None),
+        };
+        if name.is_empty() {
+            return Err(data_error(path, i + 1, "empty label name".into()));
+        }
+        if out.iter().any(|l| l.name == name) {
+            return Err(data_error(path, i + 1, format!("duplicate label `{name}`")));
+        }
+        out.push(LabelLine {
+            name: name.to_string(),
+            description: description.map(str::to_string),
+        });
+    }
+    if out.len() < 2 {
+        return Err(data_error(
+            path,
+            0,
+            format!("needs at least two labels, has {}", out.len()),
+        ));
+    }
+    Ok(out)
+}
+
+/// Holds the rows to a labels file: a row whose label the file does not name is refused (the out-of-scope
+/// label aside), and a label of the file with no training row gets one, its description (or its name as the
+/// LLM reads it), so every label of the file is a label of the head. Returns the rows added.
+pub fn hold_to_labels(
+    file: &[LabelLine],
+    train: &mut Vec<Example>,
+    dev: &[Example],
+    oos_label: Option<&str>,
+    path: &Path,
+) -> Result<usize> {
+    if let Some(e) = train
+        .iter()
+        .chain(dev)
+        .find(|e| Some(e.label.as_str()) != oos_label && !file.iter().any(|l| l.name == e.label))
+    {
+        return Err(PrefilterError::Training(format!(
+            "a row has label `{}`, which {} does not name",
+            e.label,
+            path.display()
+        )));
+    }
+    let mut added = 0;
+    for l in file {
+        if !train.iter().any(|e| e.label == l.name) {
+            let text = l
+                .description
+                .clone()
+                .unwrap_or_else(|| tiergate_config::display_label(&l.name));
+            train.push(Example {
+                text,
+                label: l.name.clone(),
+            });
+            added += 1;
+        }
+    }
+    Ok(added)
+}
+
 /// At most `k` rows of each label, drawn at random with `seed` (a label with fewer keeps all of its rows), in
 /// the data's order: the labelled examples a route starts from (`tiergate train --per-label K`).
 pub fn per_label(examples: &[Example], k: usize, seed: u64) -> Vec<Example> {

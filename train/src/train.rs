@@ -47,6 +47,8 @@ pub struct TrainOptions {
     pub oos_label: Option<String>,
     /// Use at most this many rows of each label (drawn with `seed`), dev rows included: a few-shot day-0 head.
     pub per_label: Option<usize>,
+    /// A labels file (`data::read_labels`): the head's labels are exactly its labels, with their descriptions.
+    pub labels: Option<PathBuf>,
 }
 
 /// What training measured.
@@ -103,7 +105,27 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     let (train_rows, dev_rows) = data::split(&examples, opts.dev_fraction, opts.seed);
     let is_oos = |e: &Example| opts.oos_label.as_deref() == Some(e.label.as_str());
     let dev_oos: Vec<Example> = dev_rows.iter().filter(|e| is_oos(e)).cloned().collect();
-    let train_rows: Vec<Example> = train_rows.into_iter().filter(|e| !is_oos(e)).collect();
+    let mut train_rows: Vec<Example> = train_rows.into_iter().filter(|e| !is_oos(e)).collect();
+    let file_labels = match &opts.labels {
+        Some(path) => {
+            let file = data::read_labels(path)?;
+            let added = data::hold_to_labels(
+                &file,
+                &mut train_rows,
+                &dev_rows,
+                opts.oos_label.as_deref(),
+                path,
+            )?;
+            if added > 0 {
+                progress(&format!(
+                    "{added} labels of {} have no training row: each trains on its description",
+                    path.display()
+                ));
+            }
+            file
+        }
+        None => Vec::new(),
+    };
     if let (Some(name), true) = (&opts.oos_label, dev_oos.is_empty()) {
         return Err(PrefilterError::Training(format!(
             "--oos-label {name}: no dev row has that label"
@@ -121,6 +143,19 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         ));
     }
     let index = |l: &str| labels.binary_search_by(|x| x.as_str().cmp(l)).ok();
+    let descriptions: Vec<Option<String>> = if file_labels.is_empty() {
+        Vec::new()
+    } else {
+        labels
+            .iter()
+            .map(|l| {
+                file_labels
+                    .iter()
+                    .find(|f| &f.name == l)
+                    .and_then(|f| f.description.clone())
+            })
+            .collect()
+    };
     let y_train: Vec<u32> = train_rows
         .iter()
         .filter_map(|e| index(&e.label).map(|i| i as u32))
@@ -232,6 +267,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         fine_tuned: opts.fine_tune,
         dev: dev.clone(),
         examples,
+        descriptions,
     };
     save_trained(&opts.out, &meta, &head_w, &head_b)?;
     calibration.save(&opts.out)?;
@@ -466,11 +502,18 @@ fn fit_linear_head(
     rng: &mut rand::rngs::StdRng,
     device: &Device,
 ) -> Result<Linear> {
-    let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, device);
-    let head = candle_nn::linear(x.dim(1)?, n_labels, vb.pp("head"))?;
+    // Weights drawn from the seeded generator (uniform ±1/√hidden, biases 0), so one seed trains one head.
+    use rand::Rng;
+    let hidden = x.dim(1)?;
+    let bound = 1.0 / (hidden as f32).sqrt();
+    let init: Vec<f32> = (0..n_labels * hidden)
+        .map(|_| rng.gen_range(-bound..bound))
+        .collect();
+    let w = Var::from_tensor(&Tensor::from_vec(init, (n_labels, hidden), device)?)?;
+    let b = Var::zeros(n_labels, DType::F32, device)?;
+    let head = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
     let mut opt = AdamW::new(
-        varmap.all_vars(),
+        vec![w, b],
         ParamsAdamW {
             lr: HEAD_LR,
             weight_decay: 1e-4,

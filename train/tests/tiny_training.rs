@@ -49,6 +49,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
             oos_recall: 0.95,
             oos_label: Some("oos".into()),
             per_label: None,
+            labels: None,
         },
         &mut |_| {},
     )
@@ -128,6 +129,7 @@ fn fine_tuning_writes_a_loadable_encoder() {
             oos_recall: 0.9,
             oos_label: None,
             per_label: None,
+            labels: None,
         },
         &mut |_| {},
     )
@@ -199,6 +201,7 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
                 oos_recall: 0.95,
                 oos_label: None,
                 per_label: k,
+                labels: None,
             },
             &mut |_| {},
         )
@@ -214,4 +217,89 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
     });
     let c = Classifier::from_config(&cfg_for(tiny.dir.path(), head)).unwrap();
     assert_eq!(c.labels(), ["greet", "lost", "pay"]);
+}
+
+/// `--labels FILE`: the head's labels are the file's, in the head's order, with their descriptions; a label
+/// of the file with no row trains on its description; a row the file does not name is refused; and where
+/// every label has rows the head is the one trained without the file (only the descriptions differ).
+#[test]
+fn a_labels_file_names_the_heads_labels_and_their_descriptions() {
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("d.csv");
+    let mut csv = String::from("text,category\n");
+    for (i, (text, label)) in [("card lost", "lost"), ("pay bill", "pay")]
+        .iter()
+        .cycle()
+        .take(24)
+        .enumerate()
+    {
+        csv.push_str(&format!("{text} {i},{label}\n"));
+    }
+    std::fs::write(&data, csv).unwrap();
+    let file = |name: &str, text: &str| {
+        let p = work.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let run = |labels: Option<std::path::PathBuf>, out: &str| {
+        train(
+            &TrainOptions {
+                encoder: tiny.dir.path().to_path_buf(),
+                data: DataSpec::new(&data),
+                dev_fraction: 0.25,
+                seed: 5,
+                fine_tune: false,
+                fine_tune_epochs: 1,
+                max_tokens: 16,
+                out: work.path().join(out),
+                precision: Precision::Auto,
+                oos_recall: 0.95,
+                oos_label: None,
+                per_label: None,
+                labels,
+            },
+            &mut |_| {},
+        )
+    };
+    let three = file(
+        "three.tsv",
+        "# labels\npay\nlost\tThe card is lost.\n\ngreet\tThe customer says hello.\n",
+    );
+    let r = run(Some(three), "three").unwrap();
+    // 12 rows a label, a quarter to dev: 9 + 9 training rows and greet's description.
+    assert_eq!((r.labels, r.train_n), (3, 19));
+    let load = |out: &str| {
+        let head = HeadConfig::Trained(TrainedHeadConfig {
+            dir: work.path().join(out),
+        });
+        Classifier::from_config(&cfg_for(tiny.dir.path(), head)).unwrap()
+    };
+    let c = load("three");
+    assert_eq!(c.labels(), ["greet", "lost", "pay"]);
+    assert_eq!(
+        c.descriptions,
+        [
+            Some("The customer says hello.".to_string()),
+            Some("The card is lost.".to_string()),
+            None
+        ]
+    );
+    let missing = file("one.tsv", "lost\nother\n");
+    let err = run(Some(missing), "one").unwrap_err().to_string();
+    assert!(err.contains("`pay`") && err.contains("one.tsv"), "{err}");
+    for bad in ["lost\nlost\tagain\n", "lost\n", "\tno name\npay\n"] {
+        assert!(run(Some(file("bad.tsv", bad)), "bad").is_err(), "{bad:?}");
+    }
+    // Both labels have rows: the same weights as without the file.
+    run(
+        Some(file("two.tsv", "lost\tThe card is lost.\npay\n")),
+        "two",
+    )
+    .unwrap();
+    run(None, "plain").unwrap();
+    let weights =
+        |out: &str| std::fs::read(work.path().join(out).join("head.safetensors")).unwrap();
+    assert_eq!(weights("two"), weights("plain"));
+    assert!(load("plain").descriptions.iter().all(Option::is_none));
 }

@@ -249,6 +249,7 @@ fn run_llm(
             &rows[i].top,
             classifier.labels(),
             &classifier.replies,
+            &classifier.descriptions,
             |l| classifier.examples_for(l, &rows[i].embedding),
             oos,
         );

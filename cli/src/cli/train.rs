@@ -47,6 +47,11 @@ pub struct TrainArgs {
     /// from one command.
     #[arg(long, value_name = "K")]
     pub per_label: Option<usize>,
+    /// A labels file: one label per line, optionally a tab and a one-sentence description. The head's labels
+    /// are exactly the file's (a row with another label is refused; a label without rows trains on its
+    /// description); the descriptions reach the judge's prompts (`{description}`).
+    #[arg(long, value_name = "FILE")]
+    pub labels: Option<PathBuf>,
 }
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
@@ -63,6 +68,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         oos_recall: args.oos_recall,
         oos_label: args.oos_label.clone(),
         per_label: args.per_label,
+        labels: args.labels.clone(),
     };
     let report = train(&opts, &mut |line| eprintln!("train: {line}"))?;
     println!(
