@@ -432,6 +432,7 @@ fn record(
             .unwrap_or("")
     };
     rec.write(&serde_json::json!({
+        "source": "llm",
         "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
         "route": route.name,
         "text": v.text,

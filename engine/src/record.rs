@@ -1,5 +1,8 @@
-//! `server.record_escalations`: every rerank the LLM answered, as one JSON line (the query text, Tier-0's
-//! candidates and distribution, the LLM's and the fused distribution), for `tiergate distill`. Opt-in (the
+//! `server.record_escalations`: what traffic teaches Tier-0, one JSON line per record, for `tiergate distill`:
+//! every rerank the LLM answered (`"source": "llm"`: the query text, Tier-0's candidates and distribution, the
+//! LLM's and the fused distribution), every audit an operator labels (`"audit"`: the text, the true label, the
+//! probability it was drawn with) and every trusted tenant's feedback that names the true label of an answer
+//! whose text was kept (`"feedback"`, with `server.record_text`). Opt-in (the
 //! text of users' requests lands on disk only when a path is set), size-capped with one rotation: past
 //! `server.record_max_bytes` the file moves to `FILE.1` (replacing the previous one) and a new one starts.
 //! A failed write is logged and never fails the request.
@@ -56,6 +59,34 @@ impl Recorder {
             Ok(()) => g.1 += line.len() as u64,
             Err(e) => tracing::warn!(error = %e, "cannot write an escalation record"),
         }
+    }
+}
+
+/// A gold record: the true `label` of an answer, from an operator's audit (`probability`: the rate it was
+/// drawn at) or a trusted tenant's feedback.
+pub struct Gold<'a> {
+    pub source: &'a str,
+    pub route: &'a str,
+    pub text: &'a str,
+    pub label: &'a str,
+    pub answered: Option<&'a str>,
+    pub ambiguity: Option<f64>,
+    pub probability: Option<f64>,
+}
+
+impl Recorder {
+    /// Appends a gold record.
+    pub fn write_gold(&self, g: &Gold<'_>) {
+        self.write(&serde_json::json!({
+            "source": g.source,
+            "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
+            "route": g.route,
+            "text": g.text,
+            "label": g.label,
+            "answered": g.answered,
+            "ambiguity": g.ambiguity,
+            "probability": g.probability,
+        }));
     }
 }
 

@@ -211,6 +211,20 @@ pub struct TrainedHeadMeta {
     /// One sentence per label saying what it means (label order; `tiergate train --labels`), shown to the judge.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub descriptions: Vec<Option<String>>,
+    /// How `tiergate train` drew its rows from the data, so that `distill` and `eval --split dev` can draw the
+    /// same held-out rows again (absent in heads written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<TrainSplit>,
+}
+
+/// The draw of a head's training and dev rows.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct TrainSplit {
+    pub dev_fraction: f64,
+    pub seed: u64,
+    /// `--per-label K`: at most K rows of each label, drawn before the split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_label: Option<usize>,
 }
 
 /// `fusion.json` next to a head: how the LLM's scores are fused with Tier-0's, fitted by `tiergate

@@ -318,3 +318,136 @@ async fn audits_sample_tier0_alone_and_their_labels_estimate_its_silent_error() 
         json!([])
     );
 }
+
+/// What traffic teaches Tier-0 lands in the record file (`server.record_escalations`) with its provenance: an
+/// escalation the LLM answered (`llm`, the fused distribution), an operator's audit label (`audit`, the text
+/// and the probability it was drawn with; once, however often it is labelled), and a trusted tenant's feedback
+/// naming the true label (`feedback`); an untrusted tenant's feedback and a bare right/wrong are not records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("records.jsonl");
+    let path = file.clone();
+    let r = rig(1, move |c| {
+        tenants(c);
+        for t in &mut c.tenants {
+            (t.rate_per_s, t.burst) = (None, None);
+        }
+        c.tenants[1].feedback = tiergate_config::FeedbackTrust::Trusted;
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+        c.routing.audit_rate = 1.0;
+        c.server.record_escalations = Some(path);
+        c.server.record_text = true;
+    });
+    let answer = |key: &'static str, text: &'static str, theta: Option<&'static str>| {
+        let app = r.app.clone();
+        async move {
+            let mut req = tenant_chat(key, text);
+            if let Some(t) = theta {
+                force(&mut req, t);
+            }
+            let (s, h, b) = call(&app, req).await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            let v: Value = serde_json::from_slice(&b).unwrap();
+            (v["id"].as_str().unwrap().to_string(), h)
+        }
+    };
+    let (_, h) = answer("key-b", "pay bill", Some("0")).await;
+    assert_eq!(h["x-tiergate-tier"], "llm");
+    let (_, h) = answer("key-b", "card lost", None).await;
+    assert_eq!(h["x-tiergate-tier"], "tier0");
+    let (trusted, _) = answer("key-b", "hello hi", None).await;
+    let (untrusted, _) = answer("key-a", "lost my card", None).await;
+
+    let audits = |uri: String, body: Option<Value>| {
+        Request::builder()
+            .method(if body.is_some() { "POST" } else { "GET" })
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+            .unwrap()
+    };
+    let t = Instant::now();
+    let item = loop {
+        let (_, _, b) = call(
+            &r.admin,
+            audits("/admin/audits?route=classify".into(), None),
+        )
+        .await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        let found = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["text"] == "card lost")
+            .cloned();
+        match found {
+            Some(i) => break i,
+            None if t.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            None => panic!("the answer to `card lost` was not queued for audit: {v}"),
+        }
+    };
+    let id = item["id"].as_str().unwrap();
+    for label in ["card_lost", "pay_bill"] {
+        let (s, _, b) = call(
+            &r.admin,
+            audits(format!("/admin/audits/{id}"), Some(json!({"label": label}))),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    }
+    let (s, v) = give_feedback(&r, "key-b", json!({"id": trusted, "label": "greeting"})).await;
+    assert_eq!(
+        (s, v["trusted"].as_bool()),
+        (StatusCode::OK, Some(true)),
+        "{v}"
+    );
+    let (s, v) = give_feedback(&r, "key-a", json!({"id": untrusted, "label": "card_lost"})).await;
+    assert_eq!(
+        (s, v["trusted"].as_bool()),
+        (StatusCode::OK, Some(false)),
+        "{v}"
+    );
+
+    let lines: Vec<Value> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sources: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["source"].as_str().unwrap(), l["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            ("llm", "pay bill"),
+            ("audit", "card lost"),
+            ("feedback", "hello hi")
+        ],
+        "{lines:?}"
+    );
+    let fused: f64 = lines[0]["fused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_f64().unwrap())
+        .sum();
+    assert!((fused - 1.0).abs() < 1e-3, "{}", lines[0]);
+    let audit = &lines[1];
+    assert_eq!(
+        (
+            audit["label"].as_str(),
+            audit["answered"].as_str(),
+            audit["probability"].as_f64()
+        ),
+        (Some("card_lost"), Some("card_lost"), Some(1.0)),
+        "the first label, and the rate it was drawn at: {audit}"
+    );
+    assert_eq!(lines[2]["label"], "greeting");
+    assert_eq!(lines[2]["route"], "classify");
+}

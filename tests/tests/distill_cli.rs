@@ -1,6 +1,7 @@
 //! Distillation end to end on the real MiniLM: `tiergate train` a head on the project's workload, serve it
 //! with `server.record_escalations` (stub LLM worker, θ = 0 so every request is a rerank the LLM answers),
-//! then `tiergate distill` those records into a new head that loads and serves.
+//! then `tiergate distill` those records, with labelled audits and trusted feedback beside them, into a new head
+//! that loads and serves.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
@@ -90,6 +91,32 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         );
     }
 
+    // Gold beside the LLM's verdicts, as the server writes it when an operator labels an audit or a trusted
+    // tenant names the true label: 20 audits drawn at 50% (weight 2; half held out to measure both heads on)
+    // and one feedback on a text the LLM answered, which replaces its verdict.
+    let rows: Vec<Value> = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut gold: Vec<String> = rows[40..60]
+        .iter()
+        .map(|r| {
+            json!({"source": "audit", "route": "classify", "text": r["text"], "label": r["label"],
+                "probability": 0.5})
+            .to_string()
+        })
+        .collect();
+    gold.push(
+        json!({"source": "feedback", "route": "classify", "text": rows[0]["text"], "label": rows[0]["label"]})
+            .to_string(),
+    );
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&records)
+        .unwrap();
+    std::io::Write::write_all(&mut file, (gold.join("\n") + "\n").as_bytes()).unwrap();
+
     let out = work.path().join("distilled");
     let report = work.path().join("report.json");
     let d = Command::new(binary("tiergate"))
@@ -106,6 +133,8 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
             "f32",
             "--epochs",
             "10",
+            "--holdout-audits",
+            "0.5",
             "--out",
         ])
         .arg(&out)
@@ -124,9 +153,31 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         "{stdout}"
     );
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    assert_eq!(r["records_used"], texts.len());
+    let h = &r["harvest"];
+    let held = r["audits_held_out"].as_u64().unwrap();
+    assert_eq!(
+        (
+            h["llm"].as_u64(),
+            h["audit"].as_u64(),
+            h["feedback"].as_u64(),
+            h["llm_overridden"].as_u64()
+        ),
+        (Some(texts.len() as u64 - 1), Some(20), Some(1), Some(1)),
+        "{r}"
+    );
+    assert!((1..20).contains(&held), "{r}");
+    assert_eq!(
+        r["records_used"].as_u64().unwrap(),
+        texts.len() as u64 - 1 + 20 - held + 1
+    );
+    assert!(stdout.contains("held-out audits"), "{stdout}");
     for side in ["before", "after"] {
-        for k in ["dev_accuracy", "dev_escalated_share", "records_agreement"] {
+        for k in [
+            "dev_accuracy",
+            "dev_escalated_share",
+            "records_agreement",
+            "audit_accuracy",
+        ] {
             let x = r[side][k].as_f64().unwrap();
             assert!((0.0..=1.0).contains(&x), "{side}.{k} = {x}");
         }

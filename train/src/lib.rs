@@ -6,6 +6,7 @@
 pub mod data;
 pub mod distill;
 pub mod eval;
+pub mod harvest;
 pub mod open_intent;
 pub mod risk;
 pub mod train;

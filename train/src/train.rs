@@ -15,7 +15,9 @@ use tiergate_prefilter::calibrate::{argmax, ece, fit_temperature, softmax};
 use tiergate_prefilter::classifier::{embed_texts, load_encoder};
 use tiergate_prefilter::encoder::Encoder;
 use tiergate_prefilter::error::{PrefilterError, Result};
-use tiergate_prefilter::heads::{save_trained, DevReport, TrainedHeadMeta, HEAD_FORMAT};
+use tiergate_prefilter::heads::{
+    save_trained, DevReport, TrainSplit, TrainedHeadMeta, HEAD_FORMAT,
+};
 use tiergate_prefilter::out_of_scope::{OosMeta, OutOfScope, OOS_FORMAT};
 use tiergate_prefilter::risk_rows::{CalibrationRows, CALIBRATION_FORMAT};
 use tiergate_prefilter::tokenize::{TextTokenizer, Tokens};
@@ -268,6 +270,11 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         dev: dev.clone(),
         examples,
         descriptions,
+        split: Some(TrainSplit {
+            dev_fraction: opts.dev_fraction,
+            seed: opts.seed,
+            per_label: opts.per_label,
+        }),
     };
     save_trained(&opts.out, &meta, &head_w, &head_b)?;
     calibration.save(&opts.out)?;

@@ -217,6 +217,16 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
     });
     let c = Classifier::from_config(&cfg_for(tiny.dir.path(), head)).unwrap();
     assert_eq!(c.labels(), ["greet", "lost", "pay"]);
+    // The draw is recorded, so `distill` finds the same dev rows without being told.
+    let (meta, _) = tiergate_prefilter::heads::load_trained(&work.path().join("few")).unwrap();
+    assert_eq!(
+        meta.split,
+        Some(tiergate_prefilter::heads::TrainSplit {
+            dev_fraction: 0.25,
+            seed: 5,
+            per_label: Some(6)
+        })
+    );
 }
 
 /// `--labels FILE`: the head's labels are the file's, in the head's order, with their descriptions; a label

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use tiergate_prefilter::heads::TrainSplit;
 use tiergate_train::distill::{distill, DistillOptions};
 
 use super::DataArgs;
@@ -12,18 +13,21 @@ pub struct DistillArgs {
     /// The trained head to refresh (a `tiergate train` folder).
     #[arg(long)]
     pub classifier: PathBuf,
-    /// The server's escalation records (`server.record_escalations`).
+    /// The server's records (`server.record_escalations`): LLM verdicts, labelled audits, trusted feedback.
     #[arg(long)]
     pub records: PathBuf,
     /// The head's original training data, mixed in so nothing is forgotten.
     #[command(flatten)]
     pub data: DataArgs,
-    /// The dev fraction `tiergate train` used (its dev rows recalibrate and measure).
-    #[arg(long, default_value_t = 0.1)]
-    pub dev_fraction: f64,
-    /// The seed `tiergate train` used.
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    /// The dev fraction `tiergate train` used (default: the one the head recorded, else 0.1).
+    #[arg(long)]
+    pub dev_fraction: Option<f64>,
+    /// The seed `tiergate train` used (default: the head's, else 42).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The `--per-label K` `tiergate train` used (default: the head's).
+    #[arg(long)]
+    pub per_label: Option<usize>,
     /// Softening temperature of the LLM's distributions.
     #[arg(long, default_value_t = 2.0)]
     pub temperature: f64,
@@ -33,6 +37,12 @@ pub struct DistillArgs {
     /// Passes over the training rows and records.
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,
+    /// A labelled audit counts 1/p training rows (p: the rate it was drawn at), at most this many.
+    #[arg(long, default_value_t = 20.0)]
+    pub max_audit_weight: f64,
+    /// Share of the labelled audits held out of training, to compare both heads on.
+    #[arg(long, default_value_t = 0.2)]
+    pub holdout_audits: f64,
     /// θ at which the escalated share is compared before and after.
     #[arg(long, default_value_t = 0.65)]
     pub theta: f64,
@@ -55,10 +65,11 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
         head: a.classifier.clone(),
         records: a.records.clone(),
         data: a.data.spec(),
-        dev_fraction: a.dev_fraction,
-        seed: a.seed,
+        split: split(a)?,
         temperature: a.temperature,
         weight: a.weight,
+        max_audit_weight: a.max_audit_weight,
+        holdout_audits: a.holdout_audits,
         epochs: a.epochs,
         theta: a.theta,
         max_tokens: a.max_tokens,
@@ -66,17 +77,29 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
         out: a.out.clone(),
     };
     let r = distill(&opts, &mut |line| eprintln!("distill: {line}"))?;
+    let h = &r.harvest;
     println!(
-        "distilled {} records ({} skipped) with {} training rows -> {}",
+        "distilled {} records ({} LLM verdicts, {} labelled audits, {} trusted feedback; {} skipped; {} LLM \
+         verdicts replaced by a gold label, {} of them wrong; {} audits held out) with {} training rows -> {}",
         r.records_used,
-        r.records_skipped,
+        h.llm,
+        h.audit - r.audits_held_out,
+        h.feedback,
+        h.skipped,
+        h.llm_overridden,
+        h.llm_contradicted,
+        r.audits_held_out,
         r.train_rows,
         a.out.display()
     );
     for (name, f) in [("before", &r.before), ("after", &r.after)] {
+        let audits = f
+            .audit_accuracy
+            .map_or(String::new(), |x| format!(", held-out audits {x:.4}"));
         println!(
-            "{name:>6}: dev accuracy {:.4}, ECE {:.4}, escalated at θ={} {:.1}%, agrees with the LLM on {:.1}% of records",
+            "{name:>6}: dev accuracy {:.4} ({} rows), ECE {:.4}, escalated at θ={} {:.1}%, agrees with the LLM on {:.1}% of its records{audits}",
             f.dev_accuracy,
+            r.dev_rows,
             f.dev_ece,
             r.theta,
             f.dev_escalated_share * 100.0,
@@ -87,4 +110,22 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
         std::fs::write(p, serde_json::to_vec_pretty(&r)?)?;
     }
     Ok(())
+}
+
+/// The draw of the head's dev rows: what the flags give, the rest from the head's record.
+fn split(a: &DistillArgs) -> anyhow::Result<Option<TrainSplit>> {
+    if a.dev_fraction.is_none() && a.seed.is_none() && a.per_label.is_none() {
+        return Ok(None);
+    }
+    let (meta, _) = tiergate_prefilter::heads::load_trained(&a.classifier)?;
+    let base = meta.split.unwrap_or(TrainSplit {
+        dev_fraction: 0.1,
+        seed: 42,
+        per_label: None,
+    });
+    Ok(Some(TrainSplit {
+        dev_fraction: a.dev_fraction.unwrap_or(base.dev_fraction),
+        seed: a.seed.unwrap_or(base.seed),
+        per_label: a.per_label.or(base.per_label),
+    }))
 }

@@ -17,6 +17,7 @@ use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use tiergate_engine::ledger::{now_ms, First, Ledger};
+use tiergate_engine::record::Gold;
 use tiergate_engine::state::AppState;
 
 fn ledger(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Arc<Ledger>, ApiError> {
@@ -100,6 +101,17 @@ pub async fn label(
             First::Written(l) => (l, false),
             First::Already(l) => (l, true),
         };
+        if let (false, Some(rec), Some(text)) = (duplicate, &state.recorder, &item.text) {
+            rec.write_gold(&Gold {
+                source: "audit",
+                route: &item.route,
+                text,
+                label: &label,
+                answered: Some(&item.answered),
+                ambiguity: Some(item.ambiguity),
+                probability: Some(item.probability),
+            });
+        }
         let mut body = json!({"object": "audit", "id": item.id, "route": item.route, "answered": item.answered,
             "label": label, "wrong": item.answered != label, "duplicate": duplicate});
         if duplicate {

@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use tiergate_engine::ledger::{now_ms, Feedback, First, Record};
+use tiergate_engine::record::Gold;
 use tiergate_engine::state::AppState;
 use tiergate_engine::tenants::TenantId;
 
@@ -129,6 +130,7 @@ async fn give(
         First::Already(f) => (f, true),
     };
     if !duplicate {
+        harvest(state, &rec, &stored);
         metrics::counter!(tiergate_engine::metrics::FEEDBACK_TOTAL, "route" => rec.route.clone(), "channel" => rec.channel.clone(),
             "trusted" => if trusted { "true" } else { "false" }, "correct" => if correct { "true" } else { "false" })
         .increment(1);
@@ -142,6 +144,24 @@ async fn give(
         body["note"] = json!("feedback on this answer was already given: the first stands");
     }
     Ok(axum::Json(body).into_response())
+}
+
+/// Trusted feedback naming the true label of an answer whose text was kept is a gold record for `tiergate
+/// distill` (with `server.record_escalations`).
+fn harvest(state: &AppState, rec: &Record, fb: &Feedback) {
+    if let (true, Some(r), Some(text), Some(label)) =
+        (fb.trusted, &state.recorder, &rec.text, &fb.label)
+    {
+        r.write_gold(&Gold {
+            source: "feedback",
+            route: &rec.route,
+            text,
+            label,
+            answered: rec.label.as_deref(),
+            ambiguity: rec.ambiguity,
+            probability: None,
+        });
+    }
 }
 
 /// The record of `key`. An answer a moment old may not be written yet (its replica's writer batches for up to
