@@ -9,6 +9,7 @@ mod batch;
 mod error;
 mod experiments;
 mod feedback;
+mod heads;
 mod load;
 mod models;
 mod prefilter;
@@ -24,6 +25,7 @@ pub use batch::BatchConfig;
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use feedback::{FeedbackConfig, FeedbackTrust};
+pub use heads::HeadsConfig;
 pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
 pub use models::{profile_for, profiles, template, ChatTemplate, Formulation, ModelProfile};
 pub use prefilter::{
@@ -77,6 +79,8 @@ pub struct Config {
     pub tenants_file: Option<std::path::PathBuf>,
     /// Decision records, feedback and audits.
     pub feedback: FeedbackConfig,
+    /// Live head swaps: the shadow and its checks.
+    pub heads: HeadsConfig,
 }
 
 impl Config {
@@ -126,6 +130,7 @@ impl Config {
         self.policy_store.validate("policy_store")?;
         self.batch.validate("batch")?;
         self.feedback.validate("feedback")?;
+        self.heads.validate("heads")?;
         self.brownout.validate("brownout")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()

@@ -150,6 +150,8 @@ pub mod header {
     pub const STAGE: &str = "x-tiergate-stage";
     /// The LLM backend of that stage that answered (one of the stage's alternatives).
     pub const BACKEND: &str = "x-tiergate-backend";
+    /// The version of the head that classified the request (classified routes).
+    pub const HEAD_VERSION: &str = "x-tiergate-head-version";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
 }

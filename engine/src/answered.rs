@@ -40,11 +40,8 @@ pub fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
         return;
     };
     let policy = state.policy.current();
-    let head = state
-        .routes
-        .get(&a.route)
-        .map(|r| r.head_version.clone())
-        .unwrap_or_default();
+    // The head that classified it (a head promoted since is not the one that answered).
+    let head = o.head.clone().unwrap_or_default();
     let rec = Record {
         id: a.id,
         alias: a.alias.map(|s| s.to_string()),

@@ -49,6 +49,8 @@ pub struct Meta {
     pub ambiguity: Option<f64>,
     /// Tier-0's top candidates by label (classified routes).
     pub top: Vec<(String, f32)>,
+    /// The version of the head that classified it (classified routes): `x-tiergate-head-version`.
+    pub head: Option<String>,
 }
 
 impl Meta {
@@ -66,6 +68,7 @@ impl Meta {
             top: self.top.clone(),
             stage: self.stage.clone(),
             backend: self.backend.clone(),
+            head: self.head.clone(),
         }
     }
 

@@ -102,6 +102,13 @@ pub const FEEDBACK_ACCURACY: &str = "tiergate_feedback_accuracy_ratio";
 /// tuned against).
 pub const OOS_SCORE: &str = "tiergate_oos_score";
 
+/// Live head swaps by route and outcome (`promoted`, `refused`, `abandoned`, `rolled_back`, `adopted`).
+pub const HEAD_SWAPS_TOTAL: &str = "tiergate_head_swaps_total";
+/// 1 while a replica does not serve the head the shared store says is promoted (it lacks the files).
+pub const HEAD_BEHIND: &str = "tiergate_head_behind";
+/// Requests a shadow head did not score because the prefilter's queue was above half full.
+pub const SHADOW_SKIPPED_TOTAL: &str = "tiergate_shadow_skipped_total";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
     60.0,
@@ -238,6 +245,18 @@ fn describe() {
     describe_gauge!(
         FEEDBACK_ACCURACY,
         "Accuracy of the answers by feedback, by route and channel (self-selected: not an estimate of error)"
+    );
+    describe_counter!(
+        HEAD_SWAPS_TOTAL,
+        "Live head swaps by route and outcome (promoted, refused, abandoned, rolled_back, adopted)"
+    );
+    describe_gauge!(
+        HEAD_BEHIND,
+        "1 while this replica lacks the files of the head the shared store says is promoted"
+    );
+    describe_counter!(
+        SHADOW_SKIPPED_TOTAL,
+        "Requests a shadow head did not score: the prefilter's queue was above half full"
     );
     describe_histogram!(
         OOS_SCORE,

@@ -37,6 +37,8 @@ pub struct Outcome {
     pub stage: Option<String>,
     /// The backend of that stage that answered (one of its alternatives).
     pub backend: Option<String>,
+    /// The version of the head that classified it (classified routes).
+    pub head: Option<String>,
 }
 
 impl Outcome {

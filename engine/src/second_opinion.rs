@@ -54,7 +54,7 @@ async fn score(state: &AppState, item: &Item) -> Scored {
         return Scored::Shed;
     };
     // Built only once it can run: a shed item costs nothing.
-    let Some((job, labels)) = job_of(route, item) else {
+    let Some((job, labels)) = job_of(&route, item) else {
         return Scored::Failed;
     };
     let Ok(handle) = llm

@@ -85,7 +85,11 @@ pub struct AppState {
     /// The effective config (served at `/info`, secrets redacted).
     pub config: Config,
     /// Routes by name.
-    pub routes: HashMap<String, Route>,
+    pub routes: crate::route_table::RouteTable,
+    /// The config as resolved at start (backends and routes): what a candidate head's route is built from.
+    pub resolved: Resolved,
+    /// Live head swaps: shadows, the heads they replaced, what happened.
+    pub heads: crate::heads::Heads,
     /// Route names in config order.
     pub route_order: Vec<String>,
     /// The routing policy.
@@ -203,7 +207,9 @@ impl AppState {
                 tiergate_config::StoreKind::Memory => None,
             },
             config,
-            routes,
+            routes: crate::route_table::RouteTable::new(routes),
+            resolved,
+            heads: crate::heads::Heads::default(),
             route_order: order,
             llm,
             others,
@@ -260,25 +266,27 @@ impl AppState {
     }
 
     /// The stage policy of `route`'s stage `stage` (after the first).
-    pub fn stage_policy(&self, route: &str, stage: &str) -> Option<&Arc<Policy>> {
+    pub fn stage_policy(&self, route: &str, stage: &str) -> Option<Arc<Policy>> {
         self.routes
             .get(route)?
             .stages
             .iter()
             .filter(|s| s.name == stage)
-            .find_map(|s| s.policy.as_ref())
+            .find_map(|s| s.policy.clone())
     }
 
-    /// Every stage policy, with its route and stage names.
-    pub fn stage_policies(&self) -> impl Iterator<Item = (&str, &str, &Arc<Policy>)> {
+    /// Every stage policy, with its route and stage names, in config order.
+    pub fn stage_policies(&self) -> Vec<(String, String, Arc<Policy>)> {
         self.route_order
             .iter()
             .filter_map(|n| self.routes.get(n))
             .flat_map(|r| {
-                r.stages.iter().filter_map(move |s| {
-                    Some((r.name.as_str(), s.name.as_str(), s.policy.as_ref()?))
-                })
+                r.stages
+                    .iter()
+                    .filter_map(|s| Some((r.name.clone(), s.name.clone(), s.policy.clone()?)))
+                    .collect::<Vec<_>>()
             })
+            .collect()
     }
 
     /// `server.admin_token`.
@@ -355,7 +363,7 @@ impl AppState {
 
     /// The generate routes whose first stage has backends with workers, none of them live: they cannot
     /// answer now.
-    pub fn unserved(&self) -> Vec<&str> {
+    pub fn unserved(&self) -> Vec<String> {
         self.route_order
             .iter()
             .filter_map(|n| self.routes.get(n))
@@ -370,7 +378,7 @@ impl AppState {
                     .peekable();
                 run.peek().is_some() && run.all(|l| l.client.live_workers() == 0)
             })
-            .map(|r| r.name.as_str())
+            .map(|r| r.name.clone())
             .collect()
     }
 }
@@ -384,52 +392,86 @@ fn build_routes(
     let mut routes = HashMap::new();
     let mut order = Vec::new();
     for r in &resolved.routes {
-        // The first stage's judge decides how candidates are shown (grounded or not).
-        let grounded = crate::judge::grounded(resolved.judge(r), &r.prompts);
-        let prefilter = if r.kind == RouteKind::Generate {
-            None
-        } else {
-            Some(prefilter_for(config, resolved, r, grounded, &mut handles)?)
-        };
         order.push(r.name.clone());
-        let stages = stages_of(r, resolved, prefilter.as_ref());
-        let fusion = stages[0].fusions[0].clone();
-        fusion.log_for(&r.name);
-        let out_of_scope = match (&r.out_of_scope, &prefilter) {
-            (Some(o), Some(p)) => Some(crate::out_of_scope::OutOfScopeRoute::resolve(
-                &r.name,
-                o,
-                p.out_of_scope(),
-            )?),
-            _ => None,
-        };
-        if let Some(o) = &out_of_scope {
-            tracing::info!(route = %r.name, method = o.method.name(), threshold = o.threshold, "out-of-scope outcome");
-        }
-        let risk = Arc::new(crate::risk::RouteRisk::of_head(prefilter.as_ref()));
-        let head_version = prefilter.as_ref().map_or_else(String::new, |p| {
-            let t = p.calibration().map_or(0.0, |c| c.temperature);
-            crate::ledger::head_version(p.labels(), t)
-        });
-        routes.insert(
-            r.name.clone(),
-            Route {
-                name: r.name.clone(),
-                kind: r.kind,
-                prefilter,
-                prompts: r.prompts.clone(),
-                fusion,
-                grounded,
-                out_of_scope,
-                deadline: r.deadline_ms.map(Duration::from_millis),
-                max_deadline: Duration::from_millis(r.max_deadline_ms),
-                stages,
-                risk,
-                head_version,
-            },
-        );
+        routes.insert(r.name.clone(), route_of(config, resolved, r, &mut handles)?);
     }
     Ok((routes, order))
+}
+
+/// Route `r` on its head: the prefilter (one of `handles` already started for the same head, else a new
+/// one), its cascade's fusions, out-of-scope outcome, error bound and head version.
+fn route_of(
+    config: &Config,
+    resolved: &Resolved,
+    r: &tiergate_config::Route,
+    handles: &mut Vec<(HeadConfig, PrefilterHandle)>,
+) -> anyhow::Result<Route> {
+    // The first stage's judge decides how candidates are shown (grounded or not).
+    let grounded = crate::judge::grounded(resolved.judge(r), &r.prompts);
+    let prefilter = if r.kind == RouteKind::Generate {
+        None
+    } else {
+        Some(prefilter_for(config, resolved, r, grounded, handles)?)
+    };
+    let stages = stages_of(r, resolved, prefilter.as_ref());
+    let fusion = stages[0].fusions[0].clone();
+    fusion.log_for(&r.name);
+    let out_of_scope = match (&r.out_of_scope, &prefilter) {
+        (Some(o), Some(p)) => Some(crate::out_of_scope::OutOfScopeRoute::resolve(
+            &r.name,
+            o,
+            p.out_of_scope(),
+        )?),
+        _ => None,
+    };
+    if let Some(o) = &out_of_scope {
+        tracing::info!(route = %r.name, method = o.method.name(), threshold = o.threshold, "out-of-scope outcome");
+    }
+    let risk = Arc::new(crate::risk::RouteRisk::of_head(prefilter.as_ref()));
+    // A trained head by its weights' fingerprint; a few-shot or checkpoint head by its labels and temperature.
+    let head_version = prefilter.as_ref().map_or_else(String::new, |p| {
+        if let Some(t) = p.trained() {
+            return t.fingerprint.clone();
+        }
+        let t = p.calibration().map_or(0.0, |c| c.temperature);
+        crate::ledger::head_version(p.labels(), t)
+    });
+    Ok(Route {
+        name: r.name.clone(),
+        kind: r.kind,
+        prefilter,
+        prompts: r.prompts.clone(),
+        fusion,
+        grounded,
+        out_of_scope,
+        deadline: r.deadline_ms.map(Duration::from_millis),
+        max_deadline: Duration::from_millis(r.max_deadline_ms),
+        stages,
+        risk,
+        head_version,
+    })
+}
+
+impl AppState {
+    /// Route `name` as it would be on the trained head in `dir` (its own prefilter, fusion and out-of-scope
+    /// files): a candidate for [`crate::heads`]. Blocking (loads the encoder).
+    pub fn candidate_route(&self, name: &str, dir: &std::path::Path) -> anyhow::Result<Route> {
+        let mut resolved = self.resolved.clone();
+        let r = resolved
+            .routes
+            .iter_mut()
+            .find(|r| r.name == name)
+            .ok_or_else(|| anyhow::anyhow!("no route `{name}`"))?;
+        anyhow::ensure!(
+            r.kind != RouteKind::Generate,
+            "route `{name}` generates: it has no head"
+        );
+        r.head = HeadConfig::Trained(tiergate_config::TrainedHeadConfig {
+            dir: dir.to_path_buf(),
+        });
+        let r = r.clone();
+        route_of(&self.config, &resolved, &r, &mut Vec::new())
+    }
 }
 
 /// Route `r`'s cascade with each alternative's fusion: the head's fit (`fusion.json` for the first stage,

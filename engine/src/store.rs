@@ -155,6 +155,42 @@ impl RedisStore {
         format!("{}:stage:{route}:{stage}", self.key)
     }
 
+    /// The key of `route`'s promoted head.
+    pub fn head_key(&self, route: &str) -> String {
+        format!("{}:head:{route}", self.key)
+    }
+
+    /// Publishes `route`'s promoted head.
+    pub async fn set_head(
+        &self,
+        route: &str,
+        head: &crate::heads::SharedHead,
+    ) -> redis::RedisResult<()> {
+        let key = self.head_key(route);
+        let json = serde_json::to_string(head).unwrap_or_default();
+        let r = async {
+            let mut c = self.connection().await?;
+            c.set::<_, _, ()>(&key, json).await
+        }
+        .await;
+        self.note(r).await
+    }
+
+    /// `route`'s promoted head, when one was published (an unreadable value reads as none).
+    pub async fn get_head(
+        &self,
+        route: &str,
+    ) -> redis::RedisResult<Option<crate::heads::SharedHead>> {
+        let key = self.head_key(route);
+        let r = async {
+            let mut c = self.connection().await?;
+            c.get::<_, Option<String>>(&key).await
+        }
+        .await;
+        let raw = self.note(r).await?;
+        Ok(raw.and_then(|s| serde_json::from_str(&s).ok()))
+    }
+
     /// The policy stored in the hash `key`.
     pub async fn fetch(&self, key: &str) -> redis::RedisResult<Stored> {
         let r = async {

@@ -49,8 +49,12 @@ pub async fn sample_utilization(state: Weak<AppState>) {
         let firsts: Vec<usize> = state
             .routes
             .values()
-            .filter_map(|r| r.stages.first())
-            .flat_map(|s| s.alternatives.iter().map(|(b, _)| *b))
+            .flat_map(|r| {
+                let first = r.stages.first();
+                first.map_or_else(Vec::new, |s| {
+                    s.alternatives.iter().map(|(b, _)| *b).collect()
+                })
+            })
             .collect();
         let u = feed(
             &state.policy,
@@ -135,6 +139,7 @@ pub fn sample_history(state: &AppState) {
             theta_eff: live.theta_eff,
             stage_theta: state
                 .stage_policies()
+                .into_iter()
                 .map(|(r, st, p)| (format!("{r}/{st}"), p.theta_eff(now)))
                 .collect(),
             escalated_share: live.escalated_share_60s,
@@ -248,4 +253,44 @@ pub fn unix_now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// The labelled rows of a file: CSV with a header (`text`, `category` or `label`) or JSONL (`.jsonl`, `text`
+/// and `label` fields). A head swap's held-out rows.
+pub fn labelled_rows(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let jsonl = path
+        .extension()
+        .is_some_and(|e| e == "jsonl" || e == "ndjson");
+    if jsonl {
+        let raw = std::fs::read_to_string(path).map_err(|e| at(&e))?;
+        return raw
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| {
+                let v: serde_json::Value =
+                    serde_json::from_str(l).map_err(|e| at(&format!("line {}: {e}", i + 1)))?;
+                match (v["text"].as_str(), v["label"].as_str()) {
+                    (Some(t), Some(l)) => Ok((t.to_string(), l.to_string())),
+                    _ => Err(at(&format!("line {}: needs `text` and `label`", i + 1))),
+                }
+            })
+            .collect();
+    }
+    let mut r = csv::Reader::from_path(path).map_err(|e| at(&e))?;
+    let headers = r.headers().map_err(|e| at(&e))?.clone();
+    let col = |names: &[&str]| headers.iter().position(|h| names.contains(&h));
+    let (Some(t), Some(l)) = (col(&["text"]), col(&["category", "label"])) else {
+        return Err(at(&"needs a `text` and a `category` (or `label`) column"));
+    };
+    r.records()
+        .map(|rec| {
+            let rec = rec.map_err(|e| at(&e))?;
+            match (rec.get(t), rec.get(l)) {
+                (Some(a), Some(b)) => Ok((a.to_string(), b.to_string())),
+                _ => Err(at(&"a row is short of columns")),
+            }
+        })
+        .collect()
 }

@@ -39,6 +39,21 @@ pub struct Classifier {
     pub representatives: Option<std::sync::Arc<crate::grounding::Representatives>>,
     /// The out-of-scope scorer (`oos.json` in a trained head's folder, or one set by the server for a route).
     pub out_of_scope: Option<crate::out_of_scope::OutOfScope>,
+    /// A trained head's identity and held-out figures (none for few-shot and checkpoint heads).
+    pub trained: Option<TrainedFacts>,
+}
+
+/// What a trained head's folder says about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainedFacts {
+    /// [`crate::heads::fingerprint`].
+    pub fingerprint: String,
+    /// Its dev accuracy as trained (or distilled).
+    pub dev_accuracy: f64,
+    /// The draw of its dev rows.
+    pub split: Option<crate::heads::TrainSplit>,
+    /// Why a fit in its folder is not used (fitted for another head), when one is not.
+    pub notes: Vec<String>,
 }
 
 /// What one forward computes per input.
@@ -92,6 +107,7 @@ impl Classifier {
                     calibration: None,
                     representatives: None,
                     out_of_scope: None,
+                    trained: None,
                 })
             }
         }
@@ -155,6 +171,34 @@ impl Classifier {
         examples.resize(head.labels.len(), Vec::new());
         let mut descriptions = meta.descriptions.clone();
         descriptions.resize(head.labels.len(), None);
+        let fingerprint = crate::heads::fingerprint(dir)?;
+        let mut notes = Vec::new();
+        let mut own = |f: crate::heads::FittedFusion, file: String| match &f.head {
+            Some(h) if *h != fingerprint => {
+                let note = format!(
+                    "{file} was fitted for head {h}, not this one ({fingerprint}): not used"
+                );
+                tracing::warn!(dir = %dir.display(), "{note}");
+                notes.push(note);
+                None
+            }
+            _ => Some(f),
+        };
+        let fusion = crate::heads::FittedFusion::load(dir)?
+            .and_then(|f| own(f, crate::heads::FittedFusion::FILE.to_string()));
+        let stage_fusions = crate::heads::FittedFusion::load_stages(dir)?
+            .into_iter()
+            .filter_map(|(st, f)| {
+                let file = crate::heads::FittedFusion::stage_file(&st);
+                Some((st, own(f, file)?))
+            })
+            .collect();
+        let trained = Some(TrainedFacts {
+            fingerprint: fingerprint.clone(),
+            dev_accuracy: meta.dev.accuracy,
+            split: meta.split,
+            notes,
+        });
         Ok(Self {
             tokenizer: tokenizer.into(),
             encoder,
@@ -162,8 +206,8 @@ impl Classifier {
             replies,
             descriptions,
             examples,
-            fusion: crate::heads::FittedFusion::load(dir)?,
-            stage_fusions: crate::heads::FittedFusion::load_stages(dir)?,
+            fusion,
+            stage_fusions,
             calibration: crate::risk_rows::CalibrationRows::load(dir)?,
             representatives: None,
             out_of_scope: crate::out_of_scope::OutOfScope::load(
@@ -172,6 +216,7 @@ impl Classifier {
                 meta.labels.len(),
             )?
             .map(|(s, _)| s),
+            trained,
         })
     }
 
@@ -202,6 +247,7 @@ impl Classifier {
             calibration: None,
             representatives: None,
             out_of_scope: None,
+            trained: None,
         })
     }
 

@@ -269,6 +269,34 @@ pub struct FittedFusion {
     /// distribution it fuses with (empty: the first stage, fused with Tier-0's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<String>,
+    /// The head it was fitted on ([`fingerprint`]): a fit copied next to another head is not used there.
+    /// Absent in fits made before it was recorded (used with any head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+}
+
+/// A trained head's fingerprint: FNV-1a over its labels, temperature and weights file, hex. Two heads with
+/// the same labels but other weights differ.
+pub fn fingerprint(dir: &Path) -> Result<String> {
+    let meta_path = dir.join("head.json");
+    let meta: TrainedHeadMeta = read_json(&meta_path)?;
+    let weights_path = dir.join("head.safetensors");
+    let weights =
+        std::fs::read(&weights_path).map_err(|e| PrefilterError::file(&weights_path, e))?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: &[u8]| {
+        for x in b {
+            h ^= u64::from(*x);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for l in &meta.labels {
+        eat(l.as_bytes());
+        eat(&[0]);
+    }
+    eat(&meta.temperature.to_bits().to_le_bytes());
+    eat(&weights);
+    Ok(format!("{h:016x}"))
 }
 
 impl FittedFusion {

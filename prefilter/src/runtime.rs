@@ -168,6 +168,7 @@ pub struct PrefilterHandle {
     calibration: Option<Arc<crate::risk_rows::CalibrationRows>>,
     oos: Option<(crate::oos::OosMethod, f32)>,
     capacity: usize,
+    trained: Option<Arc<crate::classifier::TrainedFacts>>,
 }
 
 impl PrefilterHandle {
@@ -195,6 +196,7 @@ impl PrefilterHandle {
                 .as_ref()
                 .map(|s| (s.method, s.threshold)),
             capacity: cfg.queue_capacity,
+            trained: classifier.trained.clone().map(Arc::new),
         };
         let top_k = cfg.top_k;
         let workers = match cfg.workers {
@@ -277,6 +279,16 @@ impl PrefilterHandle {
     /// The out-of-scope score predictions carry and its fitted (or configured) threshold, when scored.
     pub fn out_of_scope(&self) -> Option<(crate::oos::OosMethod, f32)> {
         self.oos
+    }
+
+    /// A trained head's fingerprint, dev accuracy and notes (none for few-shot and checkpoint heads).
+    pub fn trained(&self) -> Option<&crate::classifier::TrainedFacts> {
+        self.trained.as_deref()
+    }
+
+    /// The queue's capacity (`prefilter.queue_capacity`).
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Requests waiting for the batching thread now.

@@ -118,7 +118,7 @@ pub async fn data(
         "breaker": state.llm.is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
         "history": state.history.points(),
-        "stages": state.stage_policies().map(|(route, stage, p)| json!({
+        "stages": state.stage_policies().into_iter().map(|(route, stage, p)| json!({
             "route": route, "stage": stage, "theta_eff": p.theta_eff(now), "version": p.current().version,
             "mode": p.current().cfg.mode,
         })).collect::<Vec<_>>(),

@@ -195,10 +195,14 @@ fn start_background(
         for (route, stage, policy) in state.stage_policies() {
             tokio::spawn(tiergate_engine::store::sync_policy(
                 store.clone(),
-                store.stage_key(route, stage),
-                Arc::downgrade(policy),
+                store.stage_key(&route, &stage),
+                Arc::downgrade(&policy),
             ));
         }
+        tokio::spawn(tiergate_engine::heads::sync_heads(
+            store.clone(),
+            Arc::downgrade(state),
+        ));
         tokio::spawn(tiergate_engine::tenant_sync::sync_tenants(
             store.clone(),
             Arc::downgrade(state),
@@ -269,7 +273,7 @@ async fn follow_audits(state: std::sync::Weak<tiergate_engine::state::AppState>)
 
 /// Starts each classified route's breach counter at 0 for both actions, so that a rate over it (the alert in
 /// deploy/prometheus/rules.yml) has data before the first breach.
-fn zero_breach_counters(routes: &std::collections::HashMap<String, tiergate_engine::state::Route>) {
+fn zero_breach_counters(routes: &tiergate_engine::route_table::RouteTable) {
     for (name, _) in routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
         for action in ["degrade", "reject"] {
             metrics::counter!(tiergate_engine::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)

@@ -242,7 +242,11 @@ fn stages_are_named_apart_or_refused() {
     ]);
     c.validate().unwrap();
     let state = tiergate_engine::state::AppState::build(c, None, None).unwrap();
-    let names: Vec<&str> = state.stage_policies().map(|(_, stage, _)| stage).collect();
+    let names: Vec<String> = state
+        .stage_policies()
+        .into_iter()
+        .map(|(_, stage, _)| stage)
+        .collect();
     assert_eq!(names, ["b", "b-then-a"]);
 }
 

@@ -435,6 +435,7 @@ pub fn save_fit(
         p_value: fit.p_value,
         chosen_on: Some(fit.chosen_on),
         after: stage.map(|(_, a)| a.to_vec()).unwrap_or_default(),
+        head: Some(tiergate_prefilter::heads::fingerprint(dir)?),
     };
     f.save(dir, stage.map(|(s, _)| s))?;
     Ok(f)

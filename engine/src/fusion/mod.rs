@@ -205,6 +205,7 @@ mod tests {
             p_value: 0.3,
             chosen_on: None,
             after: vec!["small (channel)".into()],
+            head: None,
         };
         let backend = RerankerConfig {
             engine: tiergate_config::EngineKind::Stub,

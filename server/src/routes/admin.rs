@@ -17,15 +17,15 @@ use tiergate_engine::state::AppState;
 
 /// Which policy an `/admin/routing` request is about: the routing policy, or a cascade stage's
 /// (`?route=R&stage=S`, the stage's backend name).
-fn target<'a>(
-    state: &'a AppState,
+fn target(
+    state: &AppState,
     q: &std::collections::HashMap<String, String>,
-) -> Result<Option<&'a tiergate_engine::policy::Policy>, ApiError> {
+) -> Result<Option<Arc<tiergate_engine::policy::Policy>>, ApiError> {
     match (q.get("route"), q.get("stage")) {
         (None, None) => Ok(None),
         (Some(r), Some(st)) => state
             .stage_policy(r, st)
-            .map(|p| Some(&**p))
+            .map(Some)
             .ok_or_else(|| {
                 ApiError::NotFound(format!(
                     "route `{r}` has no stage `{st}` after its first (stages after the first have a policy)"
@@ -169,6 +169,7 @@ pub async fn get_routing(
     let run = || {
         authorize_admin(state.admin_token(), &headers, peer)?;
         let stage = target(&state, &q)?;
+        let stage = stage.as_deref();
         Ok::<_, ApiError>(with_etag(&state, stage, view(&state, stage)))
     };
     run().unwrap_or_else(IntoResponse::into_response)
@@ -210,6 +211,7 @@ async fn change(
 ) -> Result<Response, ApiError> {
     authorize_admin(state.admin_token(), headers, peer)?;
     let stage = target(state, q)?;
+    let stage = stage.as_deref();
     let patch = RoutingPatch::parse(body).map_err(invalid_policy)?;
     if full {
         if let Some(missing) = patch.missing() {

@@ -81,6 +81,7 @@ pub async fn label(
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("no audit item `{id}`")))?;
         let route = state.routes.get(&item.route);
+        let route = route.as_deref();
         // A label of the route, or its out-of-scope label (the query was one no label covers).
         let known = route
             .and_then(|r| r.prefilter.as_ref())

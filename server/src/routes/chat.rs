@@ -108,10 +108,12 @@ async fn classified(
     forced: Result<Option<f64>, ApiError>,
     started: Instant,
 ) -> Result<(Response, Outcome), ApiError> {
+    // The route as it is now, kept to the end of the request: a head promoted meanwhile is not half seen.
     let route = state
         .routes
         .get(&v.route)
         .ok_or_else(|| ApiError::UnknownModel(v.route.clone()))?;
+    let route = &*route;
     let prefilter = route
         .prefilter
         .as_ref()
@@ -129,9 +131,13 @@ async fn classified(
         confidence: Some(pred.confidence),
         prefilter_ms: started.elapsed().as_secs_f64() * 1e3,
         infer_ms: pred.timings.infer.as_secs_f64() * 1e3,
+        head: Some(route.head_version.clone()),
         ..Meta::default()
     };
     let d = decide(state, route, pred, forced?, &mut meta);
+    state
+        .heads
+        .shadow(state, route, &v.text, &d.pred, meta.threshold);
     meta.ambiguity = Some(1.0 - f64::from(d.pred.confidence));
     meta.top = d
         .top
@@ -280,7 +286,8 @@ async fn generate(
     };
     // A generate route's first stage generates: its alternatives in selection order, each retried while no
     // byte has come.
-    let Some(stage) = state.routes.get(&v.route).and_then(|r| r.stages.first()) else {
+    let route = state.routes.get(&v.route);
+    let Some(stage) = route.as_deref().and_then(|r| r.stages.first()) else {
         return Err(ApiError::Internal(format!(
             "route `{}` has no stage",
             v.route

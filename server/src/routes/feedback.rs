@@ -57,6 +57,7 @@ fn verdict(state: &AppState, rec: &Record, r: &FeedbackRequest) -> Result<bool, 
                 ));
             };
             let route = state.routes.get(&rec.route);
+            let route = route.as_deref();
             let known = route
                 .and_then(|r| r.prefilter.as_ref())
                 .is_some_and(|p| p.labels().contains(label))

@@ -5,6 +5,7 @@ pub mod audits;
 pub mod chat;
 mod escalate;
 pub mod feedback;
+pub mod heads;
 pub mod ops;
 mod respond;
 
@@ -136,6 +137,9 @@ pub fn admin_router_with(
         .route("/admin/audits", get(audits::list))
         .route("/admin/audits/{id}", post(audits::label))
         .route("/admin/feedback", get(audits::summary))
+        .route("/admin/heads", get(heads::list))
+        .route("/admin/heads/{route}", post(heads::start))
+        .route("/admin/heads/{route}/rollback", post(heads::rollback))
         .route("/admin/tenants/reload", post(admin::reload_tenants))
         .route("/info", get(ops::info))
         .route("/admin/console", get(crate::console::data))

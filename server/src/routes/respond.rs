@@ -40,6 +40,9 @@ pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) 
         "x-tiergate-policy-version",
         state.policy.current().version.to_string(),
     );
+    if let Some(v) = &meta.head {
+        put(header::HEAD_VERSION, v.clone());
+    }
     if let Some(d) = meta.degraded {
         put(header::DEGRADED, d.as_str().to_string());
     }
