@@ -249,6 +249,13 @@ impl Heads {
         self.slot(route, |s| s.dir.clone())
     }
 
+    /// The version of the head a rollback of `route` would put back.
+    pub fn previous_version(&self, route: &str) -> Option<String> {
+        self.slot(route, |s| {
+            s.previous.as_ref().map(|p| p.head_version.clone())
+        })
+    }
+
     /// Whether `route` has a head to roll back to.
     pub fn can_roll_back(&self, route: &str) -> bool {
         self.slot(route, |s| s.previous.is_some())
@@ -678,6 +685,12 @@ async fn adopt(
     shared: &SharedHead,
     warned: &mut HashMap<String, String>,
 ) {
+    // A rollback elsewhere: the head this replica replaced is the one in force there.
+    if s.heads.previous_version(name).as_deref() == Some(shared.version.as_str()) {
+        s.heads.roll_back(s, name);
+        metrics::gauge!(m::HEAD_BEHIND, "route" => name.to_string()).set(0.0);
+        return;
+    }
     let loaded = match &shared.dir {
         Some(dir) if dir.join("head.json").is_file() => {
             let (st, n, d) = (s.clone(), name.to_string(), dir.clone());

@@ -513,3 +513,157 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Trains a head on the project's workload (real MiniLM, f32) with `seed`: heads of the same labels and other
+/// weights.
+fn train_head(out: &std::path::Path, seed: &str) {
+    let t = Command::new(tiergate_tests::binary("tiergate"))
+        .args(["train", "--encoder"])
+        .arg(tiergate_tests::minilm_dir())
+        .arg("--data")
+        .arg(tiergate_tests::root().join("bench/workloads/bank24.jsonl"))
+        .arg("--out")
+        .arg(out)
+        .args([
+            "--dev-fraction",
+            "0.25",
+            "--precision",
+            "f32",
+            "--seed",
+            seed,
+        ])
+        .output()
+        .unwrap();
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+}
+
+fn head_of(base: &str) -> String {
+    let r = ureq::post(&format!("{base}/v1/chat/completions"))
+        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}))
+        .unwrap();
+    r.header("x-tiergate-head-version")
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Asks `base` until its answers name head `version` (10 s at most: a replica loads the head before it swaps).
+fn answers_with(base: &str, version: &str) {
+    let t = Instant::now();
+    while head_of(base) != version {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{base} never answered with head {version}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A head promoted on replica A (checked in shadow there) is published through the real Redis: replica B
+/// adopts it from the same folder and its answers name it; A's rollback reaches B too. A promoted head whose
+/// folder a replica lacks leaves that replica on its own head, saying so in `tiergate_head_behind`, and
+/// `/ready` stays 200.
+#[test]
+fn a_promoted_head_is_shared_through_redis_and_a_replica_without_its_files_keeps_its_own() {
+    let work = tempfile::tempdir().unwrap();
+    let (h0, h1) = (work.path().join("h0"), work.path().join("h1"));
+    train_head(&h0, "1");
+    train_head(&h1, "2");
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("policy_store.url=\"redis://127.0.0.1:{port}\"");
+    let head = format!(
+        "prefilter.head={{kind=\"trained\", dir=\"{}\"}}",
+        h0.display()
+    );
+    let args = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "policy_store.sync_ms=200",
+        "--set",
+        &head,
+        "--set",
+        "prefilter.precision=\"f32\"",
+        "--set",
+        "reranker.workers=0",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        // The checks are the in-process tests' (server/tests/heads.rs); here the swap's sharing is.
+        "--set",
+        "heads.max_accuracy_drop=1.0",
+        "--set",
+        "heads.max_p50_ratio=100.0",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let v0 = head_of(&a.base);
+    assert_eq!(head_of(&b.base), v0);
+    let holdout = tiergate_tests::root().join("bench/workloads/bank24.jsonl");
+    let r: Value = ureq::post(&format!("{}/admin/heads/classify", a.admin))
+        .send_json(json!({"dir": h1, "requests": 5, "holdout": holdout}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let v1 = r["version"].as_str().unwrap().to_string();
+    assert_ne!(v1, v0);
+    answers_with(&a.base, &v1);
+    answers_with(&b.base, &v1);
+    let hb: Value = ureq::get(&format!("{}/admin/heads", b.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert!(
+        hb["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "adopted" && e["version"] == v1.as_str()),
+        "{hb}"
+    );
+
+    // A's rollback reaches B.
+    ureq::post(&format!("{}/admin/heads/classify/rollback", a.admin))
+        .call()
+        .unwrap();
+    answers_with(&a.base, &v0);
+    answers_with(&b.base, &v0);
+
+    // A head promoted elsewhere whose folder this machine lacks.
+    let stored =
+        json!({"version": "feedfacefeedface", "dir": work.path().join("elsewhere"), "at_ms": 0});
+    assert_eq!(
+        redis_cli(
+            port,
+            &["SET", "tiergate:policy:head:classify", &stored.to_string()]
+        ),
+        "OK"
+    );
+    for s in [&a, &b] {
+        let t = Instant::now();
+        loop {
+            let m = ureq::get(&format!("{}/metrics", s.base))
+                .call()
+                .unwrap()
+                .into_string()
+                .unwrap();
+            if m.contains("tiergate_head_behind{route=\"classify\"} 1") {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "{m}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(head_of(&s.base), v0, "it keeps its own head");
+        assert_eq!(
+            ureq::get(&format!("{}/ready", s.base))
+                .call()
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+}
