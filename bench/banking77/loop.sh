@@ -3,7 +3,8 @@
 # rounds of 3,000 unlabelled queries from split.py's train rows (never the test rows) replayed as traffic
 # through `tiergate serve` with the JUDGE at a fixed θ and audits drawn at AUDIT_RATE and labelled from the
 # gold labels (the operator); each round's record file (the LLM's verdicts and the labelled audits) is
-# distilled into the next head. Round 2 starts on the day-0 head with round 1's head put in shadow (`POST
+# distilled into the next head, with Tier-0's own sure answers as pseudo-labels (`server.record_tier0`;
+# RECORD_TIER0=false leaves them out). Round 2 starts on the day-0 head with round 1's head put in shadow (`POST
 # /admin/heads/classify`, checked on the small dev set): it is promoted live, mid-traffic, and round 2's
 # records come from it. Then every head is scored on the untouched test rows (loop_report.sh).
 #
@@ -24,7 +25,7 @@ case "$judge" in
 esac
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/tiergate"
 b=/tmp/b77
-d=$b/loop-k$k-$judge
+d=$b/loop-k$k-$judge${TAG:-}
 mkdir -p "$d"
 [[ -d $d/head0 ]] || cp -r "$b/k$k/head-described" "$d/head0"
 rm -f "$d/head0/fusion.json"
@@ -43,7 +44,8 @@ serve() { # ROUND HEAD
     --set "prefilter.head={ kind = \"trained\", dir = \"$2\" }" --set "reranker.model=\"$model\"" \
     --set 'routing.mode="static"' --set "routing.theta_base=$theta" --set "routing.audit_rate=$rate" \
     --set "server.record_escalations=\"$d/rec$1.jsonl\"" --set "feedback.path=\"$d/fb$1.sqlite\"" \
-    --set reranker.rerank_deadline_ms=60000 --set heads.max_p50_ratio=1.5 >"$d/serve$1.log" 2>&1 &
+    --set "server.record_tier0=${RECORD_TIER0:-true}" --set reranker.rerank_deadline_ms=60000 \
+    --set heads.max_p50_ratio=1.5 >"$d/serve$1.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do
     curl -sf localhost:18380/ready >/dev/null 2>&1 && break

@@ -42,6 +42,8 @@ pub struct ChatResult {
     pub variant: Option<&'static str>,
     /// `x-tiergate-stage`: the cascade stage (LLM backend) that answered.
     pub stage: Option<&'static str>,
+    /// `x-tiergate-head-version`: the head that classified it.
+    pub head: Option<&'static str>,
     /// The completion id (`chatcmpl-…`), for feedback.
     pub id: Option<String>,
 }
@@ -60,6 +62,7 @@ impl ChatResult {
             model_ms: None,
             variant: None,
             stage: None,
+            head: None,
             id: None,
         }
     }
@@ -194,6 +197,7 @@ impl HttpClient {
                 .and_then(|v| server_timing(v, "model")),
             variant: header("x-tiergate-variant"),
             stage: header(tiergate_core::outcome::header::STAGE),
+            head: header(tiergate_core::outcome::header::HEAD_VERSION),
             id: None,
         };
         let body = resp.into_body();

@@ -48,9 +48,24 @@ pub struct RunReport {
     pub deadlines: Option<crate::deadlines::DeadlineReport>,
     /// LLM answers by the cascade stage that gave them (`x-tiergate-stage`), by name.
     pub stages: Vec<(String, u64)>,
+    /// Answers by the head that classified them (`x-tiergate-head-version`; `none`: an answer that names
+    /// none, e.g. a generation), when any answer named one.
+    pub heads: Vec<(String, u64)>,
     /// What the operator did (`--feedback`, `--label-audits`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operator: Option<crate::operator::Done>,
+}
+
+/// Answers per head version (`none` for answers without one), when any names one.
+fn by_head(os: &[Outcome]) -> Vec<(String, u64)> {
+    let mut m = std::collections::BTreeMap::<&str, u64>::new();
+    for o in os.iter().filter(|o| o.error.is_none()) {
+        *m.entry(o.head.unwrap_or("none")).or_default() += 1;
+    }
+    if m.keys().all(|k| *k == "none") {
+        return Vec::new();
+    }
+    m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 /// Answers per cascade stage, by name.
@@ -120,6 +135,7 @@ impl RunReport {
             cost: None,
             deadlines: crate::deadlines::report(os),
             stages: by_stage(os),
+            heads: by_head(os),
             operator: data.operator.clone(),
             scrape: data.scrape.clone(),
             channels,
@@ -297,6 +313,10 @@ impl RunReport {
                 .map(|(n, c)| format!("{n} {c}"))
                 .collect();
             let _ = writeln!(s, "  LLM answers by stage: {}", per.join(", "));
+        }
+        if !self.heads.is_empty() {
+            let per: Vec<String> = self.heads.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            let _ = writeln!(s, "  answers by head: {}", per.join(", "));
         }
         let c = &self.client;
         let _ = writeln!(

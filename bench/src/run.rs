@@ -190,6 +190,7 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
         variant: r.variant,
         budget_ms: p.budget_ms,
         stage: r.stage,
+        head: r.head,
     }
 }
 

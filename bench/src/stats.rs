@@ -33,6 +33,8 @@ pub struct Outcome {
     pub budget_ms: Option<u32>,
     /// The cascade stage (LLM backend) that answered (`x-tiergate-stage`).
     pub stage: Option<&'static str>,
+    /// The head that classified it (`x-tiergate-head-version`).
+    pub head: Option<&'static str>,
 }
 
 /// Most distinct strings [`intern`] keeps; past it, new values read `other` (a server sending a new tier or

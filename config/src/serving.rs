@@ -57,6 +57,9 @@ pub struct ServerConfig {
     /// Keep the request's text in its decision record (`[feedback]`); off by default: records hold the
     /// decision, not what users wrote (audited requests keep theirs until labelled).
     pub record_text: bool,
+    /// Also record each label Tier-0 answers alone and sure (not escalated, not degraded, not out of scope)
+    /// in `record_escalations`, as `"source": "tier0"`: pseudo-labels for `tiergate distill` (off by default).
+    pub record_tier0: bool,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +84,7 @@ impl Default for ServerConfig {
             record_escalations: None,
             record_max_bytes: 64 << 20,
             record_text: false,
+            record_tier0: false,
         }
     }
 }

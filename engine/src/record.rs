@@ -62,6 +62,20 @@ impl Recorder {
     }
 }
 
+impl Recorder {
+    /// Appends a label Tier-0 answered alone and sure, at `ambiguity` (a pseudo-label).
+    pub fn write_tier0(&self, route: &str, text: &str, label: &str, ambiguity: f64) {
+        self.write(&serde_json::json!({
+            "source": "tier0",
+            "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
+            "route": route,
+            "text": text,
+            "label": label,
+            "ambiguity": ambiguity,
+        }));
+    }
+}
+
 /// A gold record: the true `label` of an answer, from an operator's audit (`probability`: the rate it was
 /// drawn at) or a trusted tenant's feedback.
 pub struct Gold<'a> {

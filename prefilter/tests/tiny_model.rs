@@ -298,3 +298,91 @@ fn int8_precision_is_refused_where_it_cannot_run() {
     // `auto` falls back to f32 there.
     assert!(Classifier::from_dir(dir.path(), 16, Precision::Auto).is_ok());
 }
+
+/// A trained head is known by its weights' fingerprint; a `fusion.json` (or a stage's fit) fitted for another
+/// head is not used with this one, and the classifier says why; one fitted for it, or one from before fits
+/// named their head, is used.
+#[test]
+fn a_fusion_fitted_for_another_head_is_not_used() {
+    use tiergate_prefilter::heads::{
+        fingerprint, save_trained, DevReport, FittedFusion, TrainedHeadMeta, HEAD_FORMAT,
+    };
+    let tiny = TinyModel::create(2).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let write = |dir: &Path, scale: f32| {
+        let w = (Tensor::ones((2, tiny.hidden), DType::F32, &Device::Cpu).unwrap()
+            * f64::from(scale))
+        .unwrap();
+        let b = Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap();
+        let meta = TrainedHeadMeta {
+            format: HEAD_FORMAT,
+            labels: vec!["a".into(), "b".into()],
+            temperature: 1.0,
+            encoder: tiny.dir.path().to_path_buf(),
+            hidden_size: tiny.hidden,
+            fine_tuned: false,
+            dev: DevReport {
+                n: 1,
+                accuracy: 1.0,
+                ece_uncalibrated: 0.0,
+                ece: 0.0,
+                temperature_rows: 0,
+            },
+            examples: Vec::new(),
+            descriptions: Vec::new(),
+            split: None,
+        };
+        save_trained(dir, &meta, &w, &b).unwrap();
+    };
+    let (one, two) = (work.path().join("one"), work.path().join("two"));
+    write(&one, 1.0);
+    write(&two, 2.0);
+    let (f1, f2) = (fingerprint(&one).unwrap(), fingerprint(&two).unwrap());
+    assert_ne!(f1, f2, "same labels, other weights: another head");
+    let fit = |head: Option<String>| FittedFusion {
+        llm_weight: 0.3,
+        llm_temperature: 1.0,
+        llm: "stub (channel)".into(),
+        rows: 10,
+        tier0_accuracy: 0.5,
+        fused_accuracy: 0.6,
+        best_weight: 0.3,
+        best_temperature: 1.0,
+        rows_fixed: 2,
+        rows_broken: 0,
+        p_value: 0.25,
+        chosen_on: None,
+        after: Vec::new(),
+        head,
+    };
+    let load = |dir: &Path| {
+        Classifier::from_config(&cfg_for(
+            tiny.dir.path(),
+            HeadConfig::Trained(TrainedHeadConfig {
+                dir: dir.to_path_buf(),
+            }),
+        ))
+        .unwrap()
+    };
+    // Fitted on head one, copied next to head two.
+    fit(Some(f1.clone())).save(&one, None).unwrap();
+    fit(Some(f1.clone())).save(&two, None).unwrap();
+    fit(Some(f1.clone())).save(&two, Some("big")).unwrap();
+    let c1 = load(&one);
+    assert!(c1.fusion.is_some(), "its own fit is used");
+    assert_eq!(c1.trained.as_ref().unwrap().fingerprint, f1);
+    let c2 = load(&two);
+    assert!(
+        c2.fusion.is_none() && c2.stage_fusions.is_empty(),
+        "another head's fits are not"
+    );
+    let notes = &c2.trained.as_ref().unwrap().notes;
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(
+        notes[0].contains(&f1) && notes[0].contains(&f2),
+        "{notes:?}"
+    );
+    // A fit that names no head (written before fits named theirs) holds for any.
+    fit(None).save(&two, None).unwrap();
+    assert!(load(&two).fusion.is_some());
+}

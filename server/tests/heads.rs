@@ -226,6 +226,14 @@ async fn the_shadow_refuses_a_worse_head_promotes_a_better_one_and_rollback_rest
     assert_eq!(classify["version"], v1.as_str(), "{h}");
     assert_eq!(classify["can_roll_back"], true);
     assert_eq!(classify["dir"], json!(good));
+    let (_, _, b) = call(&r.admin, admin_req("GET", "/info", None)).await;
+    let info: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        info["heads"]["classify"]["version"],
+        v1.as_str(),
+        "{}",
+        info["heads"]
+    );
     let (s, _, b) = call(
         &r.admin,
         admin_req("POST", "/admin/heads/classify", Some(json!({"dir": good}))),

@@ -321,8 +321,9 @@ async fn audits_sample_tier0_alone_and_their_labels_estimate_its_silent_error() 
 
 /// What traffic teaches Tier-0 lands in the record file (`server.record_escalations`) with its provenance: an
 /// escalation the LLM answered (`llm`, the fused distribution), an operator's audit label (`audit`, the text
-/// and the probability it was drawn with; once, however often it is labelled), and a trusted tenant's feedback
-/// naming the true label (`feedback`); an untrusted tenant's feedback and a bare right/wrong are not records.
+/// and the probability it was drawn with; once, however often it is labelled), a trusted tenant's feedback
+/// naming the true label (`feedback`), and with `server.record_tier0` each label Tier-0 answered alone
+/// (`tier0`, a pseudo-label); an untrusted tenant's feedback and a bare right/wrong are not records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
     let dir = tempfile::tempdir().unwrap();
@@ -339,6 +340,7 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
         c.routing.audit_rate = 1.0;
         c.server.record_escalations = Some(path);
         c.server.record_text = true;
+        c.server.record_tier0 = true;
     });
     let answer = |key: &'static str, text: &'static str, theta: Option<&'static str>| {
         let app = r.app.clone();
@@ -426,6 +428,9 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
         sources,
         [
             ("llm", "pay bill"),
+            ("tier0", "card lost"),
+            ("tier0", "hello hi"),
+            ("tier0", "lost my card"),
             ("audit", "card lost"),
             ("feedback", "hello hi")
         ],
@@ -438,7 +443,13 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
         .map(|p| p.as_f64().unwrap())
         .sum();
     assert!((fused - 1.0).abs() < 1e-3, "{}", lines[0]);
-    let audit = &lines[1];
+    assert_eq!(
+        lines[1]["label"], "card_lost",
+        "Tier-0's own answer: {}",
+        lines[1]
+    );
+    assert!(lines[1]["ambiguity"].as_f64().unwrap() < 1.0);
+    let audit = &lines[4];
     assert_eq!(
         (
             audit["label"].as_str(),
@@ -448,6 +459,6 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
         (Some("card_lost"), Some("card_lost"), Some(1.0)),
         "the first label, and the rate it was drawn at: {audit}"
     );
-    assert_eq!(lines[2]["label"], "greeting");
-    assert_eq!(lines[2]["route"], "classify");
+    assert_eq!(lines[5]["label"], "greeting");
+    assert_eq!(lines[5]["route"], "classify");
 }

@@ -41,6 +41,8 @@ pub struct DistillOptions {
     pub temperature: f64,
     /// Weight of an LLM record's loss against a training row's.
     pub weight: f64,
+    /// Weight of a Tier-0 pseudo-label (`tier0` record) against a training row's.
+    pub tier0_weight: f64,
     /// An audit counts 1/p training rows, at most this many.
     pub max_audit_weight: f64,
     /// Share of the audited texts held out of training to measure both heads on.
@@ -234,7 +236,8 @@ fn record_tensors(x: Tensor, records: &[Harvested], o: &DistillOptions) -> Resul
                 (o.weight * o.temperature * o.temperature) as f32,
                 o.temperature as f32,
             ),
-            _ => (r.weight as f32, 1.0),
+            Source::Tier0 => ((r.weight * o.tier0_weight) as f32, 1.0),
+            Source::Audit | Source::Feedback => (r.weight as f32, 1.0),
         })
         .unzip();
     let m = records.len();
@@ -397,6 +400,7 @@ mod tests {
             split: None,
             temperature: 2.0,
             weight: 1.0,
+            tier0_weight: 1.0,
             max_audit_weight: 20.0,
             holdout_audits: 0.0,
             epochs: 600,

@@ -6,6 +6,8 @@
 //! - `audit` (an answer Tier-0 gave alone, drawn with probability p and labelled by an operator): the gold
 //!   label, weight 1/p (capped), so the audited answers stand for all the answers they were drawn from.
 //! - `feedback` (a trusted tenant's true label on an answer): the gold label, weight 1.
+//! - `tier0` (a label Tier-0 answered alone and sure, `server.record_tier0`): a pseudo-label, weight 1
+//!   (`distill --tier0-weight` scales it).
 //!
 //! Gold is preferred over the LLM's verdict: where a text has a gold record, its LLM records are dropped
 //! (and counted, with how often the LLM disagreed with the gold label).
@@ -24,12 +26,14 @@ pub enum Source {
     Llm,
     Audit,
     Feedback,
+    /// Tier-0's own sure answer: not gold.
+    Tier0,
 }
 
 impl Source {
     /// A gold label (an operator's or a trusted tenant's), not the LLM's verdict.
     pub fn is_gold(self) -> bool {
-        !matches!(self, Source::Llm)
+        matches!(self, Source::Audit | Source::Feedback)
     }
 }
 
@@ -50,10 +54,13 @@ pub struct HarvestCounts {
     pub llm: usize,
     pub audit: usize,
     pub feedback: usize,
+    pub tier0: usize,
     /// Lines not usable: bad JSON, no text, a label the head does not know (an out-of-scope answer), no mass.
     pub skipped: usize,
     /// LLM records dropped because the same text has a gold label.
     pub llm_overridden: usize,
+    /// Tier-0 pseudo-labels dropped because the same text has a gold label or an LLM verdict.
+    pub tier0_overridden: usize,
     /// Of those, the ones whose LLM verdict (fused top label) was not the gold label.
     pub llm_contradicted: usize,
     /// Audit weights cut to the cap.
@@ -84,12 +91,24 @@ pub fn read(
         .filter(|h| h.source.is_gold())
         .map(|h| (h.text.as_str(), argmax(&h.target).0))
         .collect();
+    let judged: HashSet<&str> = all
+        .iter()
+        .filter(|h| h.source == Source::Llm)
+        .map(|h| h.text.as_str())
+        .collect();
     let mut dropped = HashSet::new();
     for (i, h) in all.iter().enumerate() {
-        if let (Source::Llm, Some(&g)) = (h.source, gold.get(h.text.as_str())) {
-            dropped.insert(i);
-            counts.llm_overridden += 1;
-            counts.llm_contradicted += usize::from(argmax(&h.target).0 != g);
+        match (h.source, gold.get(h.text.as_str())) {
+            (Source::Llm, Some(&g)) => {
+                dropped.insert(i);
+                counts.llm_overridden += 1;
+                counts.llm_contradicted += usize::from(argmax(&h.target).0 != g);
+            }
+            (Source::Tier0, g) if g.is_some() || judged.contains(h.text.as_str()) => {
+                dropped.insert(i);
+                counts.tier0_overridden += 1;
+            }
+            _ => {}
         }
     }
     let kept: Vec<Harvested> = all
@@ -103,6 +122,7 @@ pub fn read(
             Source::Llm => counts.llm += 1,
             Source::Audit => counts.audit += 1,
             Source::Feedback => counts.feedback += 1,
+            Source::Tier0 => counts.tier0 += 1,
         }
     }
     Ok((kept, counts))
@@ -116,6 +136,7 @@ pub fn parse(line: &str, labels: &[String], max_audit_weight: f64) -> Option<(Ha
         None | Some("llm") => Source::Llm,
         Some("audit") => Source::Audit,
         Some("feedback") => Source::Feedback,
+        Some("tier0") => Source::Tier0,
         Some(_) => return None,
     };
     let (target, weight, capped) = match source {
@@ -131,7 +152,7 @@ pub fn parse(line: &str, labels: &[String], max_audit_weight: f64) -> Option<(Ha
                 w > max_audit_weight,
             )
         }
-        Source::Feedback => (one_hot(&v, labels)?, 1.0, false),
+        Source::Feedback | Source::Tier0 => (one_hot(&v, labels)?, 1.0, false),
     };
     let h = Harvested {
         text: text.to_string(),
@@ -232,6 +253,16 @@ mod tests {
             (fb.source, fb.target, fb.weight),
             (Source::Feedback, vec![0.0, 0.0, 1.0], 1.0)
         );
+        let (t0, _) = parse(
+            r#"{"source":"tier0","text":"z","label":"a","ambiguity":0.1}"#,
+            &l,
+            20.0,
+        )
+        .unwrap();
+        assert_eq!(
+            (t0.source, t0.target, t0.weight),
+            (Source::Tier0, vec![1.0, 0.0, 0.0], 1.0)
+        );
         for bad in [
             r#"{"candidates":["a"],"fused":[1.0]}"#,
             r#"{"text":"x","candidates":["z"],"fused":[1.0]}"#,
@@ -260,6 +291,9 @@ mod tests {
                 r#"{"text":"q3","candidates":["c","b"],"fused":[0.7,0.3]}"#,
                 r#"{"source":"audit","text":"q1","label":"b","probability":0.5}"#,
                 r#"{"source":"feedback","text":"q2","label":"b"}"#,
+                r#"{"source":"tier0","text":"q1","label":"a"}"#,
+                r#"{"source":"tier0","text":"q3","label":"c"}"#,
+                r#"{"source":"tier0","text":"q4","label":"c"}"#,
                 "garbage",
             ]
             .join("\n"),
@@ -272,8 +306,10 @@ mod tests {
             [
                 ("q3", Source::Llm),
                 ("q1", Source::Audit),
-                ("q2", Source::Feedback)
-            ]
+                ("q2", Source::Feedback),
+                ("q4", Source::Tier0)
+            ],
+            "Tier-0's own answer stands only where nothing better is known"
         );
         assert_eq!(
             counts,
@@ -281,8 +317,10 @@ mod tests {
                 llm: 1,
                 audit: 1,
                 feedback: 1,
+                tier0: 1,
                 skipped: 1,
                 llm_overridden: 2,
+                tier0_overridden: 2,
                 llm_contradicted: 1,
                 audit_weights_capped: 0,
             }

@@ -37,6 +37,9 @@ pub struct DistillArgs {
     /// Passes over the training rows and records.
     #[arg(long, default_value_t = 5)]
     pub epochs: usize,
+    /// How many training rows one Tier-0 pseudo-label (`server.record_tier0`) counts as.
+    #[arg(long, default_value_t = 1.0)]
+    pub tier0_weight: f64,
     /// A labelled audit counts 1/p training rows (p: the rate it was drawn at), at most this many.
     #[arg(long, default_value_t = 20.0)]
     pub max_audit_weight: f64,
@@ -69,6 +72,7 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
         temperature: a.temperature,
         weight: a.weight,
         max_audit_weight: a.max_audit_weight,
+        tier0_weight: a.tier0_weight,
         holdout_audits: a.holdout_audits,
         epochs: a.epochs,
         theta: a.theta,
@@ -79,12 +83,14 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
     let r = distill(&opts, &mut |line| eprintln!("distill: {line}"))?;
     let h = &r.harvest;
     println!(
-        "distilled {} records ({} LLM verdicts, {} labelled audits, {} trusted feedback; {} skipped; {} LLM \
-         verdicts replaced by a gold label, {} of them wrong; {} audits held out) with {} training rows -> {}",
+        "distilled {} records ({} LLM verdicts, {} labelled audits, {} trusted feedback, {} Tier-0 pseudo-labels; \
+         {} skipped; {} LLM verdicts replaced by a gold label, {} of them wrong; {} audits held out) with {} \
+         training rows -> {}",
         r.records_used,
         h.llm,
         h.audit - r.audits_held_out,
         h.feedback,
+        h.tier0,
         h.skipped,
         h.llm_overridden,
         h.llm_contradicted,

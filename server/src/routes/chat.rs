@@ -24,7 +24,7 @@ use tracing::Instrument;
 use super::escalate::escalate_answer;
 use super::respond::{respond_started, respond_text};
 use tiergate_engine::attempt::{attempt, first_event};
-use tiergate_engine::cascade::{decide, escalate_rerank, hold_bound, sampling, Meta};
+use tiergate_engine::cascade::{decide, escalate_rerank, hold_bound, sampling, Decided, Meta};
 
 /// The handler.
 pub async fn chat(
@@ -167,8 +167,36 @@ async fn classified(
                 .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
         }
     }
+    if !d.escalate() {
+        record_tier0(state, route, &v, &d, &final_probs);
+    }
     tracing::info_span!(target: TARGET, "response")
         .in_scope(|| respond_label(state, route, &v, &d.pred, final_probs, meta))
+}
+
+/// A label Tier-0 answered alone and sure, as a pseudo-label for `tiergate distill` (`server.record_tier0`).
+fn record_tier0(
+    state: &AppState,
+    route: &Route,
+    v: &ValidChat,
+    d: &Decided,
+    answer: &[(usize, f32)],
+) {
+    let (true, Some(rec), Some(p)) = (
+        state.config.server.record_tier0,
+        &state.recorder,
+        &route.prefilter,
+    ) else {
+        return;
+    };
+    if let Some(label) = answer.first().and_then(|(i, _)| p.labels().get(*i)) {
+        rec.write_tier0(
+            &route.name,
+            &v.text,
+            label,
+            1.0 - f64::from(d.pred.confidence),
+        );
+    }
 }
 
 /// The label answer (classify), or the label's reply (answer route, not escalated or degraded).

@@ -169,7 +169,19 @@ pub async fn info(
             (r.name.clone(), json!(per_stage))
         })
         .collect();
+    // Each classified route's head in force (a live swap's, with its folder) and the one in shadow.
+    let heads: serde_json::Map<String, serde_json::Value> = state
+        .route_order
+        .iter()
+        .filter_map(|n| state.routes.get(n))
+        .filter(|r| r.prefilter.is_some())
+        .map(|r| {
+            let shadow = state.heads.shadow_of(&r.name).map(|s| s.candidate.head_version.clone());
+            (r.name.clone(), json!({"version": r.head_version, "dir": state.heads.dir_of(&r.name), "shadow": shadow}))
+        })
+        .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
+                      "heads": heads,
                       "segment": state.llm.as_ref().map(|l| l.segment.clone()),
                       "segments": state.backends().map(|(_, l)| l.segment.clone()).collect::<Vec<_>>(), "fusion": fusion,
                       "backends": state.backend_names, "stages": stages,
