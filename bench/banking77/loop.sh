@@ -4,7 +4,8 @@
 # through `tiergate serve` with the JUDGE at a fixed θ and audits drawn at AUDIT_RATE and labelled from the
 # gold labels (the operator); each round's record file (the LLM's verdicts and the labelled audits) is
 # distilled into the next head, with Tier-0's own sure answers as pseudo-labels (`server.record_tier0`;
-# RECORD_TIER0=false leaves them out). Round 2 starts on the day-0 head with round 1's head put in shadow (`POST
+# RECORD_TIER0=false leaves them out). `distill --epochs` is EPOCHS (50: chosen on the K = 10 dev set among
+# 5, 20, 50, 100, 200 distilling round 1's records; docs/tier0.md). Round 2 starts on the day-0 head with round 1's head put in shadow (`POST
 # /admin/heads/classify`, checked on the small dev set): it is promoted live, mid-traffic, and round 2's
 # records come from it. Then every head is scored on the untouched test rows (loop_report.sh).
 #
@@ -56,13 +57,16 @@ stop() { kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true;
 trap stop EXIT
 distill() { # ROUND FROM TO
   "$bin" distill --classifier "$2" --records "$d/rec$1.jsonl" --data $b/train.csv --per-label "$k" --seed 1 \
-    --dev-fraction 0.1 --theta "$theta" --out "$3" --json "$d/distill$1.json" | tee "$d/distill$1.txt"
+    --dev-fraction 0.1 --theta "$theta" --epochs "${EPOCHS:-50}" --out "$3" --json "$d/distill$1.json" \
+    | tee "$d/distill$1.txt"
 }
 echo "== round 1 $(date -u +%T)"
-serve 1 "$d/head0"
-python3 bench/banking77/loop_replay.py http://127.0.0.1:18380 http://127.0.0.1:18381 "$d/traffic1.jsonl" \
-  $b/train.csv "$d/replay1.json"
-stop
+if [[ ! -s $d/replay1.json ]]; then # a rerun keeps round 1's traffic (it is served by head0 either way)
+  serve 1 "$d/head0"
+  python3 bench/banking77/loop_replay.py http://127.0.0.1:18380 http://127.0.0.1:18381 "$d/traffic1.jsonl" \
+    $b/train.csv "$d/replay1.json"
+  stop
+fi
 distill 1 "$d/head0" "$d/head1"
 echo "== round 2 $(date -u +%T): head1 in shadow on head0's traffic"
 serve 2 "$d/head0"
