@@ -359,9 +359,9 @@ mod tests {
         assert_eq!(intern("never-seen-before"), "other");
         assert_eq!(intern("tier0"), "tier0");
         // What the bench keeps per request (96 bytes before model time, the experiment's variant, the
-        // budget and the stage).
+        // budget, the stage and the head).
         assert!(
-            std::mem::size_of::<Outcome>() <= 144,
+            std::mem::size_of::<Outcome>() <= 160,
             "{}",
             std::mem::size_of::<Outcome>()
         );
