@@ -1,10 +1,10 @@
 //! The routes by name, each swappable whole: a request takes its route once ([`RouteTable::get`], an `Arc`)
-//! and keeps it to the end, so a head promoted meanwhile ([`crate::heads`]) is never half seen.
+//! and keeps it to the end, so a head promoted meanwhile (a live head swap) is never half seen.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use crate::state::Route;
+use crate::route::Route;
 
 /// Routes by name.
 pub struct RouteTable {

@@ -199,7 +199,7 @@ fn start_background(
                 Arc::downgrade(&policy),
             ));
         }
-        tokio::spawn(tiergate_engine::heads::sync_heads(
+        tokio::spawn(tiergate_engine::head_swap::sync_heads(
             store.clone(),
             Arc::downgrade(state),
         ));
