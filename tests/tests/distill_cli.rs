@@ -187,8 +187,19 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         r["after"]["records_agreement"].as_f64() >= r["before"]["records_agreement"].as_f64(),
         "{r}"
     );
-    // The refreshed head loads as a serving head.
+    // The refreshed head loads as a serving head, with its own risk calibration rows (the error bound of a
+    // promoted head rests on them) and its dev figures on the held half, as `train` writes them.
+    assert!(out.join("calibration.json").is_file());
+    let rows = tiergate_prefilter::risk_rows::CalibrationRows::load(&out)
+        .unwrap()
+        .unwrap();
     let (meta, _) = tiergate_prefilter::heads::load_trained(&out).unwrap();
+    assert_eq!(rows.rows.len(), meta.dev.n);
+    assert_eq!(
+        rows.rows.len() + rows.ordering.len(),
+        r["dev_rows"].as_u64().unwrap() as usize
+    );
+    assert_eq!(rows.temperature, meta.temperature);
     assert_eq!(
         meta.temperature,
         r["after"]["temperature"].as_f64().unwrap()

@@ -6,8 +6,9 @@
 //! a training row contributes cross-entropy on its gold label (so nothing is forgotten); an LLM record the
 //! cross-entropy against the fused distribution at temperature T, scaled by T² (the KL of knowledge
 //! distillation up to a constant) and by `weight`; a gold record (audit, feedback) cross-entropy on its label,
-//! scaled by its weight (an audit's 1/p). Then the head is recalibrated (temperature scaling) on the original
-//! dev split. The report compares the candidate with the current head on that dev split (accuracy, ECE, the
+//! scaled by its weight (an audit's 1/p). Then the head is recalibrated (temperature scaling) on half the
+//! original dev split and measured on the other half, as `tiergate train` does, and its risk calibration rows
+//! are written beside it. The report compares the candidate with the current head on that dev split (accuracy, ECE, the
 //! escalated share at θ), on the LLM records (agreement) and on a held-out share of the labelled audits.
 
 use std::path::PathBuf;
@@ -21,10 +22,12 @@ use tiergate_config::{PoolingConfig, Precision};
 
 use crate::data::{self, DataSpec};
 use crate::harvest::{self, HarvestCounts, Harvested, Source};
-use tiergate_prefilter::calibrate::{argmax, ece, fit_temperature, softmax};
+use crate::train::DevHalves;
+use tiergate_prefilter::calibrate::{argmax, fit_temperature, softmax};
 use tiergate_prefilter::classifier::{embed_texts, load_encoder};
 use tiergate_prefilter::error::{PrefilterError, Result};
-use tiergate_prefilter::heads::{load_trained, save_trained, TrainSplit};
+use tiergate_prefilter::heads::{load_trained, save_trained, DevReport, TrainSplit};
+use tiergate_prefilter::risk_rows::CalibrationRows;
 
 /// What `tiergate distill` needs.
 #[derive(Debug, Clone)]
@@ -305,7 +308,7 @@ pub fn distill(o: &DistillOptions, progress: &mut dyn FnMut(&str)) -> Result<Dis
             o.theta,
         )
     };
-    let before = measure(&w0, &b0)?;
+    let (before, _, _) = measure(&w0, &b0)?;
     progress("distilling");
     let (w, b) = distill_head(
         (&w0, &b0),
@@ -313,14 +316,13 @@ pub fn distill(o: &DistillOptions, progress: &mut dyn FnMut(&str)) -> Result<Dis
         &rec,
         (o.epochs, inp.split.seed),
     )?;
-    let after = measure(&w, &b)?;
+    let (after, dev_report, calibration) = measure(&w, &b)?;
     let mut meta = meta.clone();
     meta.encoder = encoder_dir
         .canonicalize()
         .map_err(|e| PrefilterError::file(&encoder_dir, e))?;
     meta.temperature = after.temperature;
-    meta.dev.accuracy = after.dev_accuracy;
-    meta.dev.ece = after.dev_ece;
+    meta.dev = dev_report;
     meta.split = Some(inp.split);
     save_trained(
         &o.out,
@@ -328,6 +330,8 @@ pub fn distill(o: &DistillOptions, progress: &mut dyn FnMut(&str)) -> Result<Dis
         &w.to_dtype(DType::F32)?,
         &b.to_dtype(DType::F32)?,
     )?;
+    // The error bound (`routing.max_error`) of the new head rests on its own held-out rows.
+    calibration.save(&o.out)?;
     Ok(DistillReport {
         records_used: inp.records.len(),
         records_skipped: inp.harvest.skipped,
@@ -352,23 +356,30 @@ fn accuracy(logits: &[Vec<f32>], y: &[usize]) -> f64 {
     right as f64 / y.len().max(1) as f64
 }
 
-/// A head's figures: calibrated on the dev split (its own temperature fitted there), then measured.
+/// A head's figures, the way `tiergate train` measures them: its temperature fitted on one half of the dev
+/// split (every other row of each label), everything on the other half (rows neither the head nor its
+/// temperature saw); with the dev report and the risk calibration rows written beside a head.
 fn figures(
     (w, b): (&Tensor, &Tensor),
     (x_dev, y_dev): (&Tensor, &[usize]),
     (x_llm, llm_top): (&Tensor, &[usize]),
     held: Option<(&Tensor, &[usize])>,
     theta: f64,
-) -> Result<Figures> {
+) -> Result<(Figures, DevReport, CalibrationRows)> {
     let logits = |x: &Tensor| -> Result<Vec<Vec<f32>>> {
         Ok(x.matmul(&w.t()?)?.broadcast_add(b)?.to_vec2::<f32>()?)
     };
     let dev_logits = logits(x_dev)?;
-    let temperature = fit_temperature(&dev_logits, y_dev);
+    let halves = DevHalves::of(y_dev);
+    let pick = |v: &[Vec<f32>]| halves.fit.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
+    let y_fit: Vec<usize> = halves.fit.iter().map(|&i| y_dev[i]).collect();
+    let temperature = fit_temperature(&pick(&dev_logits), &y_fit);
     let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
-    let escalated = cal
+    let report = halves.report(&dev_logits, &cal, y_dev);
+    let escalated = halves
+        .held
         .iter()
-        .filter(|p| 1.0 - f64::from(argmax(p).1) > theta)
+        .filter(|&&i| 1.0 - f64::from(argmax(&cal[i]).1) > theta)
         .count();
     let records_agreement = match llm_top.is_empty() {
         true => 0.0,
@@ -378,14 +389,15 @@ fn figures(
         Some((x, y)) => Some(accuracy(&logits(x)?, y)),
         None => None,
     };
-    Ok(Figures {
-        dev_accuracy: accuracy(&dev_logits, y_dev),
-        dev_ece: ece(&cal, y_dev, 15),
-        dev_escalated_share: escalated as f64 / y_dev.len() as f64,
+    let f = Figures {
+        dev_accuracy: report.accuracy,
+        dev_ece: report.ece,
+        dev_escalated_share: escalated as f64 / halves.held.len().max(1) as f64,
         records_agreement,
         audit_accuracy,
         temperature,
-    })
+    };
+    Ok((f, report, halves.calibration_rows(&cal, y_dev, temperature)))
 }
 
 #[cfg(test)]

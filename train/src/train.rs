@@ -321,13 +321,13 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
 /// The dev split in two halves, every other row of each label: `fit` fits the temperature and orders the
 /// risk grid, `held` (rows neither the head nor the temperature saw) gives the dev figures and the risk
 /// calibration rows. A dev split of one row is both halves (and says so: `temperature_rows` = `n`).
-struct DevHalves {
-    fit: Vec<usize>,
-    held: Vec<usize>,
+pub(crate) struct DevHalves {
+    pub(crate) fit: Vec<usize>,
+    pub(crate) held: Vec<usize>,
 }
 
 impl DevHalves {
-    fn of(y: &[usize]) -> Self {
+    pub(crate) fn of(y: &[usize]) -> Self {
         let mut seen = std::collections::HashMap::new();
         let (mut fit, mut held) = (Vec::new(), Vec::new());
         for (i, label) in y.iter().enumerate() {
@@ -345,7 +345,7 @@ impl DevHalves {
         Self { fit, held }
     }
 
-    fn report(&self, raw: &[Vec<f32>], cal: &[Vec<f32>], y: &[usize]) -> DevReport {
+    pub(crate) fn report(&self, raw: &[Vec<f32>], cal: &[Vec<f32>], y: &[usize]) -> DevReport {
         let pick = |v: &[Vec<f32>]| self.held.iter().map(|&i| v[i].clone()).collect::<Vec<_>>();
         let y_held: Vec<usize> = self.held.iter().map(|&i| y[i]).collect();
         let cal_held = pick(cal);
@@ -363,7 +363,12 @@ impl DevHalves {
         }
     }
 
-    fn calibration_rows(&self, cal: &[Vec<f32>], y: &[usize], temperature: f64) -> CalibrationRows {
+    pub(crate) fn calibration_rows(
+        &self,
+        cal: &[Vec<f32>],
+        y: &[usize],
+        temperature: f64,
+    ) -> CalibrationRows {
         let rows = |idx: &[usize]| {
             idx.iter()
                 .map(|&i| {
