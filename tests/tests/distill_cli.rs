@@ -200,6 +200,13 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         r["dev_rows"].as_u64().unwrap() as usize
     );
     assert_eq!(rows.temperature, meta.temperature);
+    for (k, x) in [
+        ("ece", meta.dev.ece),
+        ("ece_uncalibrated", meta.dev.ece_uncalibrated),
+        ("accuracy", meta.dev.accuracy),
+    ] {
+        assert!((0.0..=1.0).contains(&x), "dev.{k} = {x}");
+    }
     assert_eq!(
         meta.temperature,
         r["after"]["temperature"].as_f64().unwrap()

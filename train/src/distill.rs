@@ -375,7 +375,8 @@ fn figures(
     let y_fit: Vec<usize> = halves.fit.iter().map(|&i| y_dev[i]).collect();
     let temperature = fit_temperature(&pick(&dev_logits), &y_fit);
     let cal: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, temperature)).collect();
-    let report = halves.report(&dev_logits, &cal, y_dev);
+    let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
+    let report = halves.report(&raw, &cal, y_dev);
     let escalated = halves
         .held
         .iter()
