@@ -2,6 +2,7 @@
 //! latency bands (`bands`). No dependencies: everything else may build on it.
 
 pub mod bands;
+pub mod fnv;
 pub mod outcome;
 pub mod risk;
 pub mod stats;

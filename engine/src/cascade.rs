@@ -436,7 +436,7 @@ fn record(
     };
     rec.write(&serde_json::json!({
         "source": "llm",
-        "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
+        "ts": crate::ledger::now_ms() / 1000,
         "route": route.name,
         "text": v.text,
         "ambiguity": 1.0 - f64::from(d.pred.confidence),

@@ -84,11 +84,10 @@ impl Experiments {
 
 /// A key's place in [0, 1): FNV-1a (64 bits), the same on every replica and across restarts.
 pub fn bucket(key: &str) -> f64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in "tiergate-experiments:".bytes().chain(key.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let mut h = tiergate_core::fnv::Fnv::new()
+        .eat(b"tiergate-experiments:")
+        .eat(key.as_bytes())
+        .finish();
     // FNV's low bits mix poorly: fold the high half in before taking 53 bits.
     h ^= h >> 29;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -85,7 +85,7 @@ impl Heads {
             replaced: current.head_version.clone(),
             reason: format!("{} requests", shadow.target),
         });
-        spawn_accuracy(state, &current, &shadow, req.holdout.clone());
+        spawn_accuracy(&current, &shadow, req.holdout.clone());
         Ok(shadow)
     }
 
@@ -99,7 +99,7 @@ impl Heads {
         pred: &Prediction,
         theta: Option<f64>,
     ) {
-        let Some(shadow) = self.slot(&route.name, |s| s.shadow.clone()) else {
+        let Some(shadow) = self.shadow_of(&route.name) else {
             return;
         };
         if shadow.started.elapsed() > shadow.timeout {
@@ -208,12 +208,7 @@ impl Heads {
 /// Works out the candidate's held-out accuracy against the head in force, in the background: on `holdout`'s
 /// rows when given (both heads classify each row once), else from the dev accuracy both heads recorded on the
 /// same draw of rows.
-fn spawn_accuracy(
-    state: &Arc<AppState>,
-    current: &Arc<Route>,
-    shadow: &Arc<Shadow>,
-    holdout: Option<PathBuf>,
-) {
+fn spawn_accuracy(current: &Arc<Route>, shadow: &Arc<Shadow>, holdout: Option<PathBuf>) {
     let (Some(cur), Some(cand)) = (
         current.prefilter.clone(),
         shadow.candidate.prefilter.clone(),
@@ -221,7 +216,6 @@ fn spawn_accuracy(
         return;
     };
     let shadow = shadow.clone();
-    let _ = state;
     tokio::spawn(async move {
         let got = match holdout {
             Some(path) => on_rows(&cur, &cand, &path).await,

@@ -187,6 +187,8 @@ pub(crate) struct Slot {
 pub struct Heads {
     slots: Mutex<HashMap<String, Slot>>,
     history: Mutex<VecDeque<Event>>,
+    /// Whether any route has a shadow: without one, a classified request takes no lock here.
+    shadowing: std::sync::atomic::AtomicBool,
 }
 
 /// Why a head cannot be put in shadow.
@@ -217,9 +219,20 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl Heads {
+    /// Changes `route`'s slot (and keeps [`Heads::shadowing`] in step).
     pub(crate) fn slot<T>(&self, route: &str, f: impl FnOnce(&mut Slot) -> T) -> T {
         let mut g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        f(g.entry(route.to_string()).or_default())
+        let out = f(g.entry(route.to_string()).or_default());
+        let any = g.values().any(|s| s.shadow.is_some());
+        self.shadowing
+            .store(any, std::sync::atomic::Ordering::Release);
+        out
+    }
+
+    /// Reads `route`'s slot (nothing created for a route that has none).
+    fn peek<T>(&self, route: &str, f: impl FnOnce(&Slot) -> T) -> Option<T> {
+        let g = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        g.get(route).map(f)
     }
 
     pub(crate) fn log(&self, e: Event) {
@@ -245,24 +258,28 @@ impl Heads {
 
     /// The shadow of `route`, when one runs.
     pub fn shadow_of(&self, route: &str) -> Option<Arc<Shadow>> {
-        self.slot(route, |s| s.shadow.clone())
+        if !self.shadowing.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.peek(route, |s| s.shadow.clone()).flatten()
     }
 
     /// The folder of `route`'s head in force, when it came through a swap.
     pub fn dir_of(&self, route: &str) -> Option<PathBuf> {
-        self.slot(route, |s| s.dir.clone())
+        self.peek(route, |s| s.dir.clone()).flatten()
     }
 
     /// The version of the head a rollback of `route` would put back.
     pub fn previous_version(&self, route: &str) -> Option<String> {
-        self.slot(route, |s| {
+        self.peek(route, |s| {
             s.previous.as_ref().map(|p| p.head_version.clone())
         })
+        .flatten()
     }
 
     /// Whether `route` has a head to roll back to.
     pub fn can_roll_back(&self, route: &str) -> bool {
-        self.slot(route, |s| s.previous.is_some())
+        self.peek(route, |s| s.previous.is_some()).unwrap_or(false)
     }
 
     /// Ends `shadow` without promoting it.

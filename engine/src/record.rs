@@ -67,7 +67,7 @@ impl Recorder {
     pub fn write_tier0(&self, route: &str, text: &str, label: &str, ambiguity: f64) {
         self.write(&serde_json::json!({
             "source": "tier0",
-            "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
+            "ts": crate::ledger::now_ms() / 1000,
             "route": route,
             "text": text,
             "label": label,
@@ -93,7 +93,7 @@ impl Recorder {
     pub fn write_gold(&self, g: &Gold<'_>) {
         self.write(&serde_json::json!({
             "source": g.source,
-            "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs()),
+            "ts": crate::ledger::now_ms() / 1000,
             "route": g.route,
             "text": g.text,
             "label": g.label,

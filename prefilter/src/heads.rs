@@ -283,20 +283,13 @@ pub fn fingerprint(dir: &Path) -> Result<String> {
     let weights_path = dir.join("head.safetensors");
     let weights =
         std::fs::read(&weights_path).map_err(|e| PrefilterError::file(&weights_path, e))?;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: &[u8]| {
-        for x in b {
-            h ^= u64::from(*x);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
+    let mut h = tiergate_core::fnv::Fnv::new();
     for l in &meta.labels {
-        eat(l.as_bytes());
-        eat(&[0]);
+        h.eat(l.as_bytes()).eat(&[0]);
     }
-    eat(&meta.temperature.to_bits().to_le_bytes());
-    eat(&weights);
-    Ok(format!("{h:016x}"))
+    h.eat(&meta.temperature.to_bits().to_le_bytes())
+        .eat(&weights);
+    Ok(h.hex())
 }
 
 impl FittedFusion {

@@ -88,16 +88,6 @@ fn holdout(dir: &Path) -> PathBuf {
     p
 }
 
-fn admin_req(method: &str, uri: &str, body: Option<Value>) -> Request<Body> {
-    Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("content-type", "application/json")
-        .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-        .unwrap()
-}
-
 /// One classify request: (status, head version header, answered label).
 async fn ask(app: &axum::Router, text: &str) -> (StatusCode, String, String) {
     let (s, h, b) = call(app, post("/v1/chat/completions", chat("classify", text))).await;

@@ -182,15 +182,6 @@ async fn audits_sample_tier0_alone_and_their_labels_estimate_its_silent_error() 
         c.routing.theta_base = 1.0;
         c.routing.audit_rate = 1.0;
     });
-    let admin_req = |method: &str, uri: &str, body: Option<Value>| {
-        Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .header("content-type", "application/json")
-            .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-            .unwrap()
-    };
     for text in ["card lost", "hello hi"] {
         let (s, _, _) = call(&r.app, post("/v1/chat/completions", chat("classify", text))).await;
         assert_eq!(s, StatusCode::OK);
@@ -362,20 +353,11 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
     let (trusted, _) = answer("key-b", "hello hi", None).await;
     let (untrusted, _) = answer("key-a", "lost my card", None).await;
 
-    let audits = |uri: String, body: Option<Value>| {
-        Request::builder()
-            .method(if body.is_some() { "POST" } else { "GET" })
-            .uri(uri)
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .header("content-type", "application/json")
-            .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-            .unwrap()
-    };
     let t = Instant::now();
     let item = loop {
         let (_, _, b) = call(
             &r.admin,
-            audits("/admin/audits?route=classify".into(), None),
+            admin_req("GET", "/admin/audits?route=classify", None),
         )
         .await;
         let v: Value = serde_json::from_slice(&b).unwrap();
@@ -397,7 +379,11 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
     for label in ["card_lost", "pay_bill"] {
         let (s, _, b) = call(
             &r.admin,
-            audits(format!("/admin/audits/{id}"), Some(json!({"label": label}))),
+            admin_req(
+                "POST",
+                &format!("/admin/audits/{id}"),
+                Some(json!({"label": label})),
+            ),
         )
         .await;
         assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));

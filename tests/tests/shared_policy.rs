@@ -85,16 +85,16 @@ fn seen_within_2s(admin: &str, version: u64) -> Value {
     }
 }
 
-fn chat_version(base: &str) -> (u16, String) {
+/// One classify request to `base`: its status and its `header`.
+fn chat_header(base: &str, header: &str) -> (u16, String) {
     let r = ureq::post(&format!("{base}/v1/chat/completions"))
         .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}))
         .unwrap();
-    (
-        r.status(),
-        r.header("x-tiergate-policy-version")
-            .unwrap_or("")
-            .to_string(),
-    )
+    (r.status(), r.header(header).unwrap_or("").to_string())
+}
+
+fn chat_version(base: &str) -> (u16, String) {
+    chat_header(base, "x-tiergate-policy-version")
 }
 
 #[test]
@@ -538,12 +538,7 @@ fn train_head(out: &std::path::Path, seed: &str) {
 }
 
 fn head_of(base: &str) -> String {
-    let r = ureq::post(&format!("{base}/v1/chat/completions"))
-        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": "my card was stolen"}]}))
-        .unwrap();
-    r.header("x-tiergate-head-version")
-        .unwrap_or("")
-        .to_string()
+    chat_header(base, "x-tiergate-head-version").1
 }
 
 /// Asks `base` until its answers name head `version` (10 s at most: a replica loads the head before it swaps).

@@ -38,8 +38,11 @@ pub struct DistillOptions {
     pub records: PathBuf,
     /// The head's original training data (mixed in; its dev split recalibrates and measures).
     pub data: DataSpec,
-    /// The draw `tiergate train` made (fraction, seed, per-label K); `None`: the one the head recorded.
-    pub split: Option<TrainSplit>,
+    /// The draw `tiergate train` made: what the head recorded (or 0.1, 42, all rows for a head from before
+    /// it recorded one), with these fields replaced where given.
+    pub dev_fraction: Option<f64>,
+    pub seed: Option<u64>,
+    pub per_label: Option<usize>,
     /// Softening temperature of the LLM records' distributions.
     pub temperature: f64,
     /// Weight of an LLM record's loss against a training row's.
@@ -183,11 +186,16 @@ fn inputs(o: &DistillOptions, labels: &[String], recorded: Option<TrainSplit>) -
             held.len()
         )));
     }
-    let split = o.split.or(recorded).unwrap_or(TrainSplit {
+    let base = recorded.unwrap_or(TrainSplit {
         dev_fraction: 0.1,
         seed: 42,
         per_label: None,
     });
+    let split = TrainSplit {
+        dev_fraction: o.dev_fraction.unwrap_or(base.dev_fraction),
+        seed: o.seed.unwrap_or(base.seed),
+        per_label: o.per_label.or(base.per_label),
+    };
     let dataset = data::read(&o.data)?;
     let rows = match split.per_label {
         Some(k) => data::per_label(&dataset.examples, k, split.seed),
@@ -410,7 +418,9 @@ mod tests {
             head: PathBuf::new(),
             records: PathBuf::new(),
             data: DataSpec::new(PathBuf::new()),
-            split: None,
+            dev_fraction: None,
+            seed: None,
+            per_label: None,
             temperature: 2.0,
             weight: 1.0,
             tier0_weight: 1.0,

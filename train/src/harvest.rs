@@ -197,16 +197,10 @@ fn soft_target(v: &serde_json::Value, labels: &[String]) -> Option<Vec<f32>> {
 
 /// Whether a text is held out of training (for the report), by a seeded hash: about `share` of the texts.
 pub fn held_out(text: &str, share: f64, seed: u64) -> bool {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
-    for b in text.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    // splitmix64's finaliser: FNV's high bits barely move between texts that differ in their last bytes.
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^= h >> 31;
-    ((h >> 11) as f64 / (1u64 << 53) as f64) < share
+    tiergate_core::fnv::Fnv::seeded(seed)
+        .eat(text.as_bytes())
+        .unit()
+        < share
 }
 
 #[cfg(test)]

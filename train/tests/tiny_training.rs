@@ -169,6 +169,29 @@ fn fine_tuning_writes_a_loadable_encoder() {
     assert!(diff.to_scalar::<f32>().unwrap() > 0.0);
 }
 
+/// A frozen-encoder training of `data` into `out` on the tiny encoder: a quarter to dev, seed 5.
+fn frozen(
+    encoder: &std::path::Path,
+    data: &std::path::Path,
+    out: &std::path::Path,
+) -> TrainOptions {
+    TrainOptions {
+        encoder: encoder.to_path_buf(),
+        data: DataSpec::new(data),
+        dev_fraction: 0.25,
+        seed: 5,
+        fine_tune: false,
+        fine_tune_epochs: 1,
+        max_tokens: 16,
+        out: out.to_path_buf(),
+        precision: Precision::Auto,
+        oos_recall: 0.95,
+        oos_label: None,
+        per_label: None,
+        labels: None,
+    }
+}
+
 /// `--per-label K`: a few-shot head from at most K rows of each label (the dev share included), drawn by the
 /// seed; the head it writes loads as any trained head does.
 #[test]
@@ -189,19 +212,8 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
     let run = |k: Option<usize>, out: &str| {
         train(
             &TrainOptions {
-                encoder: tiny.dir.path().to_path_buf(),
-                data: DataSpec::new(&data),
-                dev_fraction: 0.25,
-                seed: 5,
-                fine_tune: false,
-                fine_tune_epochs: 1,
-                max_tokens: 16,
-                out: work.path().join(out),
-                precision: Precision::Auto,
-                oos_recall: 0.95,
-                oos_label: None,
                 per_label: k,
-                labels: None,
+                ..frozen(tiny.dir.path(), &data, &work.path().join(out))
             },
             &mut |_| {},
         )
@@ -255,19 +267,8 @@ fn a_labels_file_names_the_heads_labels_and_their_descriptions() {
     let run = |labels: Option<std::path::PathBuf>, out: &str| {
         train(
             &TrainOptions {
-                encoder: tiny.dir.path().to_path_buf(),
-                data: DataSpec::new(&data),
-                dev_fraction: 0.25,
-                seed: 5,
-                fine_tune: false,
-                fine_tune_epochs: 1,
-                max_tokens: 16,
-                out: work.path().join(out),
-                precision: Precision::Auto,
-                oos_recall: 0.95,
-                oos_label: None,
-                per_label: None,
                 labels,
+                ..frozen(tiny.dir.path(), &data, &work.path().join(out))
             },
             &mut |_| {},
         )

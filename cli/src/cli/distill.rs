@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use tiergate_prefilter::heads::TrainSplit;
 use tiergate_train::distill::{distill, DistillOptions};
 
 use super::DataArgs;
@@ -68,7 +67,9 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
         head: a.classifier.clone(),
         records: a.records.clone(),
         data: a.data.spec(),
-        split: split(a)?,
+        dev_fraction: a.dev_fraction,
+        seed: a.seed,
+        per_label: a.per_label,
         temperature: a.temperature,
         weight: a.weight,
         max_audit_weight: a.max_audit_weight,
@@ -116,22 +117,4 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
         std::fs::write(p, serde_json::to_vec_pretty(&r)?)?;
     }
     Ok(())
-}
-
-/// The draw of the head's dev rows: what the flags give, the rest from the head's record.
-fn split(a: &DistillArgs) -> anyhow::Result<Option<TrainSplit>> {
-    if a.dev_fraction.is_none() && a.seed.is_none() && a.per_label.is_none() {
-        return Ok(None);
-    }
-    let (meta, _) = tiergate_prefilter::heads::load_trained(&a.classifier)?;
-    let base = meta.split.unwrap_or(TrainSplit {
-        dev_fraction: 0.1,
-        seed: 42,
-        per_label: None,
-    });
-    Ok(Some(TrainSplit {
-        dev_fraction: a.dev_fraction.unwrap_or(base.dev_fraction),
-        seed: a.seed.unwrap_or(base.seed),
-        per_label: a.per_label.or(base.per_label),
-    }))
 }

@@ -367,19 +367,11 @@ impl AuditItem {
 
 /// A head's version: FNV-1a of its labels and temperature, hex.
 pub fn head_version(labels: &[String], temperature: f64) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: &[u8]| {
-        for x in b {
-            h ^= u64::from(*x);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
+    let mut h = tiergate_core::fnv::Fnv::new();
     for l in labels {
-        eat(l.as_bytes());
-        eat(&[0]);
+        h.eat(l.as_bytes()).eat(&[0]);
     }
-    eat(&temperature.to_bits().to_le_bytes());
-    format!("{h:016x}")
+    h.eat(&temperature.to_bits().to_le_bytes()).hex()
 }
 
 #[cfg(test)]

@@ -53,6 +53,17 @@ pub fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
 
 pub const TOKEN: &str = "secret-token";
 
+/// An admin-listener request with the admin token, and a JSON body when given.
+pub fn admin_req(method: &str, uri: &str, body: Option<Value>) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+        .unwrap()
+}
+
 /// Forces θ on a chat request the way an operator may: the override header plus the admin token.
 pub fn force(req: &mut Request<Body>, theta: &str) {
     req.headers_mut()
