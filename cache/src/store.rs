@@ -202,12 +202,17 @@ impl<V: Weighed> Store<V> {
         if b.dim != q.embedding.len() || b.dim == 0 {
             return out;
         }
+        // Stored vectors are unit: the cosine is the dot product over the query's norm.
+        let norm = dot(q.embedding, q.embedding).sqrt();
+        if norm <= 0.0 {
+            return out;
+        }
         let mut above: Vec<(f32, usize)> = b
             .embeddings
             .chunks_exact(b.dim)
             .enumerate()
             .filter(|(i, _)| b.expires[*i] > now)
-            .map(|(i, e)| (dot(e, q.embedding), i))
+            .map(|(i, e)| (dot(e, q.embedding) / norm, i))
             .filter(|(s, _)| *s >= self.limits.tau)
             .collect();
         above.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -444,7 +449,9 @@ mod tests {
                 t,
             )
         };
-        let hit = ask(&mut s, 7, "my card still has not come", &near);
+        // The query need not be unit: its cosine is what counts.
+        let scaled: Vec<f32> = near.iter().map(|x| x * 3.0).collect();
+        let hit = ask(&mut s, 7, "my card still has not come", &scaled);
         let hit = hit.hit.expect("near, same bucket, guards agree");
         assert_eq!(hit.kind, HitKind::Semantic);
         assert!((hit.similarity - 0.95).abs() < 1e-3);

@@ -6,6 +6,7 @@
 
 mod backends;
 mod batch;
+mod cache;
 mod error;
 mod experiments;
 mod feedback;
@@ -22,6 +23,7 @@ mod worker;
 
 pub use backends::{LlmEntry, DEFAULT_BACKEND};
 pub use batch::BatchConfig;
+pub use cache::{CacheConfig, CacheKind};
 pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use feedback::{FeedbackConfig, FeedbackTrust};
@@ -81,6 +83,8 @@ pub struct Config {
     pub feedback: FeedbackConfig,
     /// Live head swaps: the shadow and its checks.
     pub heads: HeadsConfig,
+    /// Tier −1: the answer cache in front of the LLM tier.
+    pub cache: CacheConfig,
 }
 
 impl Config {
@@ -131,6 +135,7 @@ impl Config {
         self.batch.validate("batch")?;
         self.feedback.validate("feedback")?;
         self.heads.validate("heads")?;
+        self.cache.validate("cache")?;
         self.brownout.validate("brownout")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()

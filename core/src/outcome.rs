@@ -9,11 +9,13 @@ pub enum Tier {
     Tier0,
     /// The LLM tier.
     Llm,
+    /// Tier −1: an LLM verdict found again in the answer cache (exact or semantic), not computed.
+    Cache,
 }
 
 impl Tier {
     /// Every tier.
-    pub const ALL: [Tier; 2] = [Tier::Tier0, Tier::Llm];
+    pub const ALL: [Tier; 3] = [Tier::Tier0, Tier::Llm, Tier::Cache];
 
     /// The tier named by an `x-tiergate-tier` value.
     pub fn parse(s: &str) -> Option<Self> {
@@ -25,6 +27,7 @@ impl Tier {
         match self {
             Tier::Tier0 => "tier0",
             Tier::Llm => "llm",
+            Tier::Cache => "cache",
         }
     }
 }
@@ -40,15 +43,18 @@ pub enum Channel {
     Degraded,
     /// Tier-0 answered that no label covers the query, without an escalation.
     OutOfScope,
+    /// An escalation answered from the answer cache (Tier −1): no LLM job ran for it.
+    Cache,
 }
 
 impl Channel {
     /// Every channel.
-    pub const ALL: [Channel; 4] = [
+    pub const ALL: [Channel; 5] = [
         Channel::Tier0,
         Channel::Escalated,
         Channel::Degraded,
         Channel::OutOfScope,
+        Channel::Cache,
     ];
 
     /// The channel of an answer by `tier`, `degraded` when an escalation fell back, `out_of_scope` when the
@@ -57,6 +63,7 @@ impl Channel {
         match (degraded, tier) {
             (true, _) => Channel::Degraded,
             (false, Tier::Llm) => Channel::Escalated,
+            (false, Tier::Cache) => Channel::Cache,
             (false, Tier::Tier0) if out_of_scope => Channel::OutOfScope,
             (false, Tier::Tier0) => Channel::Tier0,
         }
@@ -69,6 +76,7 @@ impl Channel {
             Channel::Escalated => "escalated",
             Channel::Degraded => "degraded",
             Channel::OutOfScope => "out_of_scope",
+            Channel::Cache => "cache",
         }
     }
 }
@@ -133,7 +141,7 @@ impl DegradeReason {
 
 /// Response headers that say what became of a request.
 pub mod header {
-    /// `tier0` or `llm`.
+    /// `tier0`, `llm` or `cache`.
     pub const TIER: &str = "x-tiergate-tier";
     /// Why an escalation fell back to Tier-0 (absent when none did).
     pub const DEGRADED: &str = "x-tiergate-degraded";
@@ -152,6 +160,10 @@ pub mod header {
     pub const BACKEND: &str = "x-tiergate-backend";
     /// The version of the head that classified the request (classified routes).
     pub const HEAD_VERSION: &str = "x-tiergate-head-version";
+    /// `exact` or `semantic` when the answer came from the answer cache (absent otherwise).
+    pub const CACHE: &str = "x-tiergate-cache";
+    /// The cosine between the query and the cached one (1 for an exact hit).
+    pub const CACHE_SIMILARITY: &str = "x-tiergate-cache-similarity";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
 }
@@ -169,6 +181,9 @@ mod tests {
         // The LLM's "none of these", and a degraded escalation's out-of-scope fallback, keep their channel.
         assert_eq!(Channel::of(Tier::Llm, false, true), Channel::Escalated);
         assert_eq!(Channel::of(Tier::Tier0, true, true), Channel::Degraded);
+        assert_eq!(Channel::of(Tier::Cache, false, false), Channel::Cache);
+        assert_eq!(Channel::of(Tier::Cache, false, true), Channel::Cache);
+        assert_eq!(Channel::of(Tier::Cache, true, false), Channel::Degraded);
         assert_eq!(Tier::default().as_str(), "tier0");
         assert_eq!(Channel::Degraded.as_str(), "degraded");
         assert_eq!(DegradeReason::QueueFull.as_str(), "queue_full");

@@ -51,6 +51,15 @@ pub struct Meta {
     pub top: Vec<(String, f32)>,
     /// The version of the head that classified it (classified routes): `x-tiergate-head-version`.
     pub head: Option<String>,
+    /// How the answer cache answered, when it did (`x-tiergate-cache`).
+    pub cache: Option<CacheHit>,
+}
+
+/// An answer from the cache: `exact` or `semantic`, and the cosine to the cached query.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheHit {
+    pub kind: tiergate_cache::HitKind,
+    pub similarity: f32,
 }
 
 impl Meta {
@@ -298,7 +307,9 @@ pub async fn escalate_rerank(
     if route.prefilter.is_none() {
         return Ok(None);
     }
-    if state.brownout() >= crate::brownout::Step::Tier0Only {
+    // At `tier0_only` no LLM job runs; the answer cache still answers what it holds.
+    let shed = state.brownout() >= crate::brownout::Step::Tier0Only;
+    if shed && state.cache.is_none() {
         fall_back(meta, DegradeReason::Brownout);
         return Ok(None);
     }
@@ -326,7 +337,7 @@ pub async fn escalate_rerank(
                 break;
             }
         }
-        match rerank_stage(state, route, v, d, meta, k, &current).await? {
+        match rerank_stage(state, route, v, d, meta, (k, shed), &current).await? {
             Some(fused) => {
                 current = fused.clone();
                 answer = Some(fused);
@@ -335,20 +346,27 @@ pub async fn escalate_rerank(
         }
     }
     if answer.is_some() {
-        meta.tier = Tier::Llm;
+        // The last stage that answered says whose answer it is: the LLM's, or one the cache held.
+        meta.tier = if meta.cache.is_some() {
+            Tier::Cache
+        } else {
+            Tier::Llm
+        };
     }
     Ok(answer)
 }
 
-/// Stage `k` of the cascade reranks `prior` (candidate, mass); its fused distribution, sorted, or `None` when
-/// it did not answer (the first stage degrades or rejects as configured; a later one always degrades).
+/// Stage `k` of the cascade reranks `prior` (candidate, mass): from the answer cache when it holds the
+/// verdict, else by its LLM (not when `shed`: the brownout ladder runs no LLM job). Its fused distribution,
+/// sorted, or `None` when it did not answer (the first stage degrades or rejects as configured; a later one
+/// always degrades).
 async fn rerank_stage(
     state: &Arc<AppState>,
     route: &Route,
     v: &ValidChat,
     d: &Decided,
     meta: &mut Meta,
-    k: usize,
+    (k, shed): (usize, bool),
     prior: &[(usize, f32)],
 ) -> Result<Option<Vec<(usize, f32)>>, EngineError> {
     let Some(prefilter) = route.prefilter.as_ref() else {
@@ -368,15 +386,30 @@ async fn rerank_stage(
         },
         route.out_of_scope.as_ref(),
     );
+    let Some(stage) = route.stages.get(k) else {
+        return Ok(None);
+    };
+    let probe = crate::cached::probe(state, v, &d.pred, stage, prior);
+    if let Some(fused) = crate::cached::answer(state, route, v, stage, prior, probe.as_ref()).await
+    {
+        meta.cache = Some(CacheHit {
+            kind: fused.kind,
+            similarity: fused.similarity,
+        });
+        meta.stage = Some(stage.name.clone());
+        meta.backend = Some(fused.backend);
+        return Ok(Some(fused.fused));
+    }
+    if shed {
+        fall_back(meta, DegradeReason::Brownout);
+        return Ok(None);
+    }
     let job = Job::Rerank {
         text: v.text.clone(),
         candidates,
         prompt: route.prompts.clone(),
     };
     let t = Instant::now();
-    let Some(stage) = route.stages.get(k) else {
-        return Ok(None);
-    };
     let n = prior.len();
     let (scores, by) = match attempt(state, stage, v, &job, |s| rerank_scores(s, n)).await {
         Ok(answered) => answered,
@@ -394,8 +427,12 @@ async fn rerank_stage(
         .record(t.elapsed().as_secs_f64());
     let fusion = stage.fusion_of(&by);
     let s = crate::fusion::step(prior, &scores, fusion.llm_weight, fusion.llm_temperature);
+    if let Some(p) = probe {
+        crate::cached::keep(state, route, v, p, prior, scores, &s.fused, &by);
+    }
     meta.stage = Some(stage.name.clone());
     meta.backend = Some(by);
+    meta.cache = None;
     if k == 0 {
         record(state, route, v, d, prior, &s.llm, &s.fused_p);
     }

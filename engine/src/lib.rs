@@ -14,6 +14,8 @@ pub mod attempt;
 pub mod auditor;
 pub mod breaker;
 pub mod brownout;
+pub mod cache;
+pub mod cached;
 pub mod cascade;
 pub mod deadline;
 pub mod error;

@@ -109,6 +109,18 @@ pub const HEAD_BEHIND: &str = "tiergate_head_behind";
 /// Requests a shadow head did not score because the prefilter's queue was above half full.
 pub const SHADOW_SKIPPED_TOTAL: &str = "tiergate_shadow_skipped_total";
 
+/// Answer-cache lookups by route, stage and result (`exact`, `semantic`, `miss`).
+pub const CACHE_LOOKUPS_TOTAL: &str = "tiergate_cache_lookups_total";
+/// Semantic candidates above τ the guards refused, by guard (`negation`, `quantity`, `exclusive`).
+pub const CACHE_GUARD_REFUSALS_TOTAL: &str = "tiergate_cache_guard_refusals_total";
+/// Verdicts stored in the answer cache, by route.
+pub const CACHE_STORES_TOTAL: &str = "tiergate_cache_stores_total";
+/// Entries and bytes the in-process answer cache holds.
+pub const CACHE_ENTRIES: &str = "tiergate_cache_entries";
+pub const CACHE_BYTES: &str = "tiergate_cache_bytes";
+/// 1 while the shared (Redis) answer cache answers, 0 while lookups miss without it.
+pub const CACHE_SHARED_UP: &str = "tiergate_cache_shared_up";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
     60.0,
@@ -257,6 +269,27 @@ fn describe() {
     describe_counter!(
         SHADOW_SKIPPED_TOTAL,
         "Requests a shadow head did not score: the prefilter's queue was above half full"
+    );
+    describe_counter!(
+        CACHE_LOOKUPS_TOTAL,
+        "Answer-cache lookups before the LLM, by route, stage and result (exact, semantic, miss)"
+    );
+    describe_counter!(
+        CACHE_GUARD_REFUSALS_TOTAL,
+        "Semantic cache candidates above tau that a guard refused, by guard (negation, quantity, exclusive)"
+    );
+    describe_counter!(
+        CACHE_STORES_TOTAL,
+        "LLM verdicts stored in the answer cache, by route"
+    );
+    describe_gauge!(CACHE_ENTRIES, "Entries in the in-process answer cache");
+    describe_gauge!(
+        CACHE_BYTES,
+        "Bytes the in-process answer cache holds (as its bound counts them)"
+    );
+    describe_gauge!(
+        CACHE_SHARED_UP,
+        "1 while the shared answer cache (Redis) answers, 0 while it is skipped (lookups miss, nothing fails)"
     );
     describe_histogram!(
         OOS_SCORE,

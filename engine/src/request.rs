@@ -14,6 +14,15 @@ pub struct ValidMessage {
     pub content: String,
 }
 
+/// What the request's `Cache-Control` lets the answer cache do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheControl {
+    /// `no-cache`: do not answer from the cache (the LLM computes it).
+    pub no_cache: bool,
+    /// `no-store`: do not keep this request's verdict.
+    pub no_store: bool,
+}
+
 /// A validated chat request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidChat {
@@ -55,4 +64,6 @@ pub struct ValidChat {
     pub deadline: Option<Instant>,
     /// The completion id its answer carries (what feedback names).
     pub id: String,
+    /// What the answer cache may do for it (`Cache-Control`).
+    pub cache: CacheControl,
 }

@@ -60,6 +60,9 @@ pub struct Stage {
     /// How each alternative's scores are fused with the distribution so far (Tier-0's for the first stage,
     /// the previous stage's fused one after), in `alternatives` order: the head's fit, or the backend's values.
     pub fusions: Vec<crate::fusion::Fusion>,
+    /// Its answer-cache scope ([`crate::cache::scope`]): the part of a cached verdict's key that changes with
+    /// anything that makes its verdicts valid.
+    pub cache_scope: u64,
 }
 
 impl Stage {

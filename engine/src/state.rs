@@ -68,6 +68,8 @@ pub struct AppState {
     pub auditor: Option<crate::auditor::Auditor>,
     /// Latency-injection experiments in force.
     pub experiments: crate::experiments::Experiments,
+    /// Tier −1, the answer cache (`[cache] enabled`).
+    pub cache: Option<crate::cache::AnswerCache>,
     /// Start time.
     pub started: Instant,
 }
@@ -114,6 +116,7 @@ impl AppState {
         let mut llms = llms.into_iter();
         let llm = llms.next().flatten();
         let others = llms.collect();
+        let cache = crate::cache::AnswerCache::new(&config.cache)?;
         Ok(Self {
             policy: Arc::new(Policy::new(config.routing.clone())),
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
@@ -153,6 +156,7 @@ impl AppState {
             others,
             backend_names,
             metrics,
+            cache,
             started: Instant::now(),
         })
     }
@@ -351,7 +355,7 @@ fn route_of(
     } else {
         Some(prefilter_for(config, resolved, r, grounded, handles)?)
     };
-    let stages = stages_of(r, resolved, prefilter.as_ref());
+    let mut stages = stages_of(r, resolved, prefilter.as_ref());
     let fusion = stages[0].fusions[0].clone();
     fusion.log_for(&r.name);
     let out_of_scope = match (&r.out_of_scope, &prefilter) {
@@ -374,6 +378,16 @@ fn route_of(
         let t = p.calibration().map_or(0.0, |c| c.temperature);
         crate::ledger::head_version(p.labels(), t)
     });
+    for (k, s) in stages.iter_mut().enumerate() {
+        s.cache_scope = crate::cache::scope(
+            r,
+            &resolved.backends,
+            prefilter.as_ref(),
+            &head_version,
+            k,
+            s,
+        );
+    }
     Ok(Route {
         name: r.name.clone(),
         kind: r.kind,
@@ -461,6 +475,7 @@ fn stages_of(
                 theta: st.theta,
                 policy: st.policy.clone().map(|p| Arc::new(Policy::new(p))),
                 fusions,
+                cache_scope: 0,
             }
         })
         .collect()
@@ -484,6 +499,8 @@ fn prefilter_for(
     if grounded {
         classifier.ground()?;
     }
+    // The semantic cache looks escalations up by the query's Tier-0 embedding.
+    classifier.keep_embeddings = config.cache.enabled && config.cache.semantic;
     // The out-of-scope score costs a product with the reference rows per query: only heads a route with an
     // out-of-scope outcome reads compute it.
     let wanted = resolved

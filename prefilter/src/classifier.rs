@@ -37,6 +37,9 @@ pub struct Classifier {
     /// The examples with their embeddings, once [`Classifier::ground`] ran: predictions then carry the
     /// query's embedding so the examples nearest it can be shown to a judge.
     pub representatives: Option<std::sync::Arc<crate::grounding::Representatives>>,
+    /// Predictions carry the query's pooled embedding even when not grounded (the answer cache's semantic
+    /// lookup reads it).
+    pub keep_embeddings: bool,
     /// The out-of-scope scorer (`oos.json` in a trained head's folder, or one set by the server for a route).
     pub out_of_scope: Option<crate::out_of_scope::OutOfScope>,
     /// A trained head's identity and held-out figures (none for few-shot and checkpoint heads).
@@ -61,7 +64,7 @@ pub struct TrainedFacts {
 pub struct Forward {
     /// Calibrated probabilities.
     pub probs: Rows,
-    /// Pooled embeddings when grounded (else empty rows).
+    /// Pooled embeddings when grounded or asked for (else empty rows).
     pub embeddings: Rows,
     /// Out-of-scope scores when the classifier has a scorer (else empty).
     pub oos: Vec<f32>,
@@ -106,6 +109,7 @@ impl Classifier {
                     stage_fusions: Vec::new(),
                     calibration: None,
                     representatives: None,
+                    keep_embeddings: false,
                     out_of_scope: None,
                     trained: None,
                 })
@@ -210,6 +214,7 @@ impl Classifier {
             stage_fusions,
             calibration: crate::risk_rows::CalibrationRows::load(dir)?,
             representatives: None,
+            keep_embeddings: false,
             out_of_scope: crate::out_of_scope::OutOfScope::load(
                 dir,
                 meta.hidden_size,
@@ -246,6 +251,7 @@ impl Classifier {
             stage_fusions: Vec::new(),
             calibration: None,
             representatives: None,
+            keep_embeddings: false,
             out_of_scope: None,
             trained: None,
         })
@@ -268,7 +274,7 @@ impl Classifier {
         }
         let x = self.encoder.embed(inputs)?;
         let probs = self.head.probabilities(&x)?.to_vec2::<f32>()?;
-        let embeddings = if self.representatives.is_some() {
+        let embeddings = if self.representatives.is_some() || self.keep_embeddings {
             x.pooled.to_vec2::<f32>()?
         } else {
             vec![Vec::new(); probs.len()]

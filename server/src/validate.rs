@@ -103,7 +103,24 @@ pub fn validate(
         tenant: caller.tenant,
         deadline,
         id: completion_id(),
+        cache: cache_control(caller.headers),
     })
+}
+
+/// What `Cache-Control` lets the answer cache do: `no-cache` skips the lookup, `no-store` the write
+/// (directives are case-insensitive; others are ignored, as an HTTP cache would).
+pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::request::CacheControl {
+    let mut c = tiergate_engine::request::CacheControl::default();
+    for v in headers.get_all(axum::http::header::CACHE_CONTROL) {
+        for d in v.to_str().unwrap_or("").split(',') {
+            match d.trim().to_ascii_lowercase().as_str() {
+                "no-cache" => c.no_cache = true,
+                "no-store" => c.no_store = true,
+                _ => {}
+            }
+        }
+    }
+    c
 }
 
 /// A completion id unique across replicas: the time, a per-process random salt and a counter.
@@ -348,6 +365,19 @@ mod tests {
             .as_str()
             .unwrap_or("")
             .to_string()
+    }
+
+    #[test]
+    fn cache_control_reads_no_cache_and_no_store_in_any_case_and_order() {
+        use axum::http::header::CACHE_CONTROL;
+        let mut h = HeaderMap::new();
+        assert_eq!(cache_control(&h), Default::default());
+        h.insert(CACHE_CONTROL, "max-age=0, No-Store".parse().unwrap());
+        let c = cache_control(&h);
+        assert!(c.no_store && !c.no_cache);
+        h.append(CACHE_CONTROL, "no-cache".parse().unwrap());
+        let c = cache_control(&h);
+        assert!(c.no_store && c.no_cache);
     }
 
     #[test]

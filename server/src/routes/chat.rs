@@ -161,7 +161,8 @@ async fn classified(
             final_probs = fused;
         }
         hold_bound(state, route, &d, &mut meta)?;
-        if !meta.forced {
+        // The escalated latency the policy steers by is the LLM's: a cache hit costs it nothing.
+        if !meta.forced && meta.tier != Tier::Cache {
             state
                 .policy
                 .record_escalated_latency(Instant::now(), started.elapsed().as_secs_f64() * 1e3);
@@ -225,7 +226,7 @@ fn respond_label(
         .first()
         .copied()
         .unwrap_or((pred.label, pred.confidence));
-    if meta.tier == Tier::Llm {
+    if matches!(meta.tier, Tier::Llm | Tier::Cache) {
         meta.confidence = Some(best_p);
     }
     meta.out_of_scope = best == NONE;

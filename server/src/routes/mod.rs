@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod audits;
+pub mod cache;
 pub mod chat;
 mod escalate;
 pub mod feedback;
@@ -137,6 +138,7 @@ pub fn admin_router_with(
         .route("/admin/audits", get(audits::list))
         .route("/admin/audits/{id}", post(audits::label))
         .route("/admin/feedback", get(audits::summary))
+        .route("/admin/cache", get(cache::show).delete(cache::clear))
         .route("/admin/heads", get(heads::list))
         .route("/admin/heads/{route}", post(heads::start))
         .route("/admin/heads/{route}/rollback", post(heads::rollback))

@@ -52,6 +52,10 @@ pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) 
     if let Some(b) = &meta.backend {
         put(header::BACKEND, b.clone());
     }
+    if let Some(c) = &meta.cache {
+        put(header::CACHE, c.kind.as_str().to_string());
+        put(header::CACHE_SIMILARITY, format!("{:.4}", c.similarity));
+    }
     if let Some(s) = meta.oos_score {
         put(header::OOS_SCORE, format!("{s:.4}"));
     }

@@ -1,0 +1,241 @@
+//! Tier −1 as the engine runs it: an LLM stage's verdict found again instead of computed. The key is the
+//! stage's scope (a fingerprint of everything that makes a verdict valid, [`scope`]), the candidates it was
+//! asked about and the normalised text; a miss there looks in the shared store (`kind = "redis"`), then —
+//! with `semantic` — in the stage's bucket for Tier-0's top label ([`tiergate_cache`]). The store's lock is
+//! never held across an await; the shared store fails open (a miss, never an error).
+
+pub mod scope;
+pub mod shared;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tiergate_cache::{Features, Guards, Hit, HitKind, Limits, Query, Store, Weighed};
+use tiergate_config::{CacheConfig, CacheKind};
+use tiergate_core::fnv::Fnv;
+
+use crate::metrics as m;
+
+pub use scope::scope;
+
+/// A stage's cached verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The full key it was stored under (a shared entry is checked against it: its Redis key is a hash).
+    pub key: String,
+    /// The candidates the LLM scored (label indices; "none of these" is [`crate::out_of_scope::NONE`]).
+    pub candidates: Vec<usize>,
+    /// The LLM's score per candidate.
+    pub scores: Vec<f32>,
+    /// The stage's fused answer (label index, probability), most likely first.
+    pub fused: Vec<(usize, f32)>,
+    /// The backend that computed it.
+    pub backend: String,
+    /// When it was computed, Unix milliseconds.
+    pub at_ms: u64,
+}
+
+impl Weighed for Verdict {
+    fn bytes(&self) -> usize {
+        self.key.len()
+            + self.backend.len()
+            + self.candidates.len() * 8
+            + self.scores.len() * 4
+            + self.fused.len() * 16
+            + 64
+    }
+}
+
+/// One lookup's question: its key, its semantic bucket, the query's embedding and what the guards read.
+pub struct Probe {
+    pub key: String,
+    pub bucket: u64,
+    pub embedding: Vec<f32>,
+    pub features: Features,
+}
+
+/// A found verdict, and how.
+pub struct Found {
+    pub verdict: std::sync::Arc<Verdict>,
+    pub kind: HitKind,
+    pub similarity: f32,
+}
+
+/// The cache.
+pub struct AnswerCache {
+    store: Mutex<Store<Verdict>>,
+    guards: Guards,
+    semantic: bool,
+    shared: Option<shared::Shared>,
+}
+
+impl AnswerCache {
+    /// The cache `[cache]` describes; `None` when it is off.
+    pub fn new(cfg: &CacheConfig) -> anyhow::Result<Option<Self>> {
+        if !cfg.enabled {
+            return Ok(None);
+        }
+        let words = match &cfg.guards {
+            Some(p) => {
+                tiergate_cache::GuardWords::parse(&std::fs::read_to_string(p).map_err(|e| {
+                    anyhow::anyhow!("cache.guards: cannot read {}: {e}", p.display())
+                })?)?
+            }
+            None => tiergate_cache::GuardWords::english()?,
+        };
+        let shared = match cfg.kind {
+            CacheKind::Memory => None,
+            CacheKind::Redis => Some(shared::Shared::new(cfg)?),
+        };
+        Ok(Some(Self {
+            store: Mutex::new(Store::new(Limits {
+                max_bytes: usize::try_from(cfg.max_bytes).unwrap_or(usize::MAX),
+                ttl: Duration::from_secs(cfg.ttl_s),
+                bucket_cap: cfg.bucket_cap,
+                tau: cfg.tau,
+            })),
+            guards: Guards::new(&words)?,
+            semantic: cfg.semantic,
+            shared,
+        }))
+    }
+
+    /// What the guards' lists cover.
+    pub fn covers(&self) -> &str {
+        self.guards.covers()
+    }
+
+    /// The question for stage scope `scope`, `candidates` (in the order the LLM sees them), the query `text`,
+    /// Tier-0's top label and the query's embedding (empty: exact lookups only).
+    pub fn probe(
+        &self,
+        scope: u64,
+        candidates: &[usize],
+        text: &str,
+        label: usize,
+        embedding: &[f32],
+    ) -> Probe {
+        let list: Vec<String> = candidates.iter().map(|c| c.to_string()).collect();
+        let key = format!(
+            "{scope:016x}|{}|{}",
+            list.join(","),
+            tiergate_cache::normalise(text)
+        );
+        let bucket = Fnv::new()
+            .eat(&scope.to_le_bytes())
+            .eat(&(label as u64).to_le_bytes())
+            .finish();
+        Probe {
+            key,
+            bucket,
+            embedding: if self.semantic {
+                embedding.to_vec()
+            } else {
+                Vec::new()
+            },
+            features: self.guards.features(text),
+        }
+    }
+
+    /// The verdict for `p`: exact here, exact in the shared store, then semantic here.
+    pub async fn lookup(&self, p: &Probe) -> Option<Found> {
+        let now = Instant::now();
+        if let Some(h) = self.with_store(|s| s.exact(&p.key, now)).flatten() {
+            return Some(found(h));
+        }
+        if let Some(sh) = &self.shared {
+            if let Some(v) = sh.get::<Verdict>(&p.key).await {
+                // A shared verdict joins this replica's store, and its semantic index under this query.
+                self.put(p, v.clone());
+                return Some(Found {
+                    verdict: std::sync::Arc::new(v),
+                    kind: HitKind::Exact,
+                    similarity: 1.0,
+                });
+            }
+        }
+        if p.embedding.is_empty() {
+            return None;
+        }
+        let q = Query {
+            bucket: p.bucket,
+            embedding: &p.embedding,
+            features: &p.features,
+        };
+        let looked = self.with_store(|s| s.semantic(&q, &self.guards, now))?;
+        if let Some(r) = &looked.refused {
+            metrics::counter!(m::CACHE_GUARD_REFUSALS_TOTAL, "guard" => r.as_str()).increment(1);
+        }
+        looked.hit.map(found)
+    }
+
+    /// Whether verdicts are also shared through Redis ([`AnswerCache::share`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Writes a fresh verdict to the shared store (bounded by its timeout; a failure is a skipped write).
+    pub async fn share(&self, key: &str, v: &Verdict) {
+        if let Some(sh) = &self.shared {
+            sh.set(key, v).await;
+        }
+    }
+
+    /// Stores a fresh verdict here (in its semantic bucket too, when the probe has an embedding).
+    pub fn put(&self, p: &Probe, v: Verdict) {
+        let semantic =
+            (!p.embedding.is_empty()).then(|| (p.bucket, p.embedding.clone(), p.features.clone()));
+        self.with_store(|s| {
+            s.insert(&p.key, v, semantic, Instant::now());
+            metrics::gauge!(m::CACHE_ENTRIES).set(s.len() as f64);
+            metrics::gauge!(m::CACHE_BYTES).set(s.bytes() as f64);
+        });
+    }
+
+    /// Drops every entry here and in the shared store's namespace: (entries dropped here, keys deleted there).
+    pub async fn clear(&self) -> (usize, Option<usize>) {
+        let here = self
+            .with_store(|s| {
+                let n = s.len();
+                s.clear();
+                metrics::gauge!(m::CACHE_ENTRIES).set(0.0);
+                metrics::gauge!(m::CACHE_BYTES).set(0.0);
+                n
+            })
+            .unwrap_or(0);
+        let there = match &self.shared {
+            Some(sh) => sh.clear().await,
+            None => None,
+        };
+        (here, there)
+    }
+
+    /// Entries and bytes held here.
+    pub fn size(&self) -> (usize, usize) {
+        self.with_store(|s| (s.len(), s.bytes())).unwrap_or((0, 0))
+    }
+
+    /// Whether the shared store answered last time (`None`: there is none).
+    pub fn shared_up(&self) -> Option<bool> {
+        self.shared.as_ref().map(shared::Shared::is_up)
+    }
+
+    fn with_store<T>(&self, f: impl FnOnce(&mut Store<Verdict>) -> T) -> Option<T> {
+        self.store.lock().ok().map(|mut s| f(&mut s))
+    }
+}
+
+impl shared::HasKey for Verdict {
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+fn found(h: Hit<Verdict>) -> Found {
+    Found {
+        verdict: h.value,
+        kind: h.kind,
+        similarity: h.similarity,
+    }
+}

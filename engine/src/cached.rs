@@ -1,0 +1,122 @@
+//! The cascade's Tier −1 step, before each stage's LLM: the probe (the stage's scope, the candidates in the
+//! order the LLM would see them, the text, Tier-0's top label and embedding), the lookup — unless the request
+//! says `Cache-Control: no-cache` — and, after a fresh verdict, keeping it — unless it says `no-store`. An exact
+//! hit's scores are fused anew with this request's prior (the same candidates: they are in the key); a semantic
+//! hit answers with its neighbour's fused verdict. A hit runs no LLM job: it takes no fair-share slot and
+//! charges no tenant budget, and it is served under brownout.
+
+use std::sync::Arc;
+
+use tiergate_cache::HitKind;
+use tiergate_prefilter::Prediction;
+
+use crate::cache::{Probe, Verdict};
+use crate::metrics as m;
+use crate::request::ValidChat;
+use crate::route::{Route, Stage};
+use crate::state::AppState;
+
+/// A stage's answer from the cache.
+pub struct FromCache {
+    /// The fused distribution, most likely first.
+    pub fused: Vec<(usize, f32)>,
+    pub kind: HitKind,
+    pub similarity: f32,
+    /// The backend that computed the verdict.
+    pub backend: String,
+}
+
+/// The probe for stage `stage` on `prior`, when the cache is on and the request lets it look or keep.
+pub fn probe(
+    state: &AppState,
+    v: &ValidChat,
+    pred: &Prediction,
+    stage: &Stage,
+    prior: &[(usize, f32)],
+) -> Option<Probe> {
+    let cache = state.cache.as_ref()?;
+    if v.cache.no_cache && v.cache.no_store {
+        return None;
+    }
+    let candidates: Vec<usize> = prior.iter().map(|(i, _)| *i).collect();
+    Some(cache.probe(
+        stage.cache_scope,
+        &candidates,
+        &v.text,
+        pred.label,
+        &pred.embedding,
+    ))
+}
+
+/// The stage's answer from the cache, when it holds one the request may take.
+pub async fn answer(
+    state: &AppState,
+    route: &Route,
+    v: &ValidChat,
+    stage: &Stage,
+    prior: &[(usize, f32)],
+    probe: Option<&Probe>,
+) -> Option<FromCache> {
+    let (cache, p) = (state.cache.as_ref()?, probe?);
+    if v.cache.no_cache {
+        return None;
+    }
+    let found = cache.lookup(p).await;
+    let result = found.as_ref().map_or("miss", |f| f.kind.as_str());
+    metrics::counter!(m::CACHE_LOOKUPS_TOTAL, "route" => route.name.clone(), "stage" => stage.name.clone(), "result" => result).increment(1);
+    let f = found?;
+    let v = &f.verdict;
+    let same = v.candidates.len() == prior.len()
+        && v.candidates.iter().zip(prior).all(|(c, (i, _))| c == i)
+        && v.scores.len() == prior.len();
+    let fused = if f.kind == HitKind::Exact && same {
+        let fusion = stage.fusion_of(&v.backend);
+        crate::fusion::step(prior, &v.scores, fusion.llm_weight, fusion.llm_temperature).fused
+    } else {
+        v.fused.clone()
+    };
+    Some(FromCache {
+        fused,
+        kind: f.kind,
+        similarity: f.similarity,
+        backend: v.backend.clone(),
+    })
+}
+
+/// Keeps a fresh verdict: here at once, in the shared store in the background.
+#[allow(clippy::too_many_arguments)]
+pub fn keep(
+    state: &Arc<AppState>,
+    route: &Route,
+    v: &ValidChat,
+    p: Probe,
+    prior: &[(usize, f32)],
+    scores: Vec<f32>,
+    fused: &[(usize, f32)],
+    by: &str,
+) {
+    let Some(cache) = state.cache.as_ref() else {
+        return;
+    };
+    if v.cache.no_store {
+        return;
+    }
+    let verdict = Verdict {
+        key: p.key.clone(),
+        candidates: prior.iter().map(|(i, _)| *i).collect(),
+        scores,
+        fused: fused.to_vec(),
+        backend: by.to_string(),
+        at_ms: crate::ledger::now_ms(),
+    };
+    metrics::counter!(m::CACHE_STORES_TOTAL, "route" => route.name.clone()).increment(1);
+    if cache.is_shared() {
+        let (state, key, shared) = (state.clone(), p.key.clone(), verdict.clone());
+        tokio::spawn(async move {
+            if let Some(c) = &state.cache {
+                c.share(&key, &shared).await;
+            }
+        });
+    }
+    cache.put(&p, verdict);
+}
