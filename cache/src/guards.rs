@@ -59,8 +59,14 @@ pub enum GuardError {
 #[derive(Debug, Clone, Copy)]
 enum Role {
     Negation,
+    /// A number (its group names one with a digit): compared in order.
+    Number(u64),
+    /// A currency, date or unit: compared as a multiset.
     Quantity(u64),
-    Exclusive { class: u16, value: u16 },
+    Exclusive {
+        class: u16,
+        value: u16,
+    },
 }
 
 /// The compiled word lists.
@@ -77,7 +83,9 @@ pub struct Guards {
 pub struct Features {
     /// It is negated.
     pub negated: bool,
-    /// Its quantities, dates and currencies, sorted (a canonical id each).
+    /// Its numbers in the order they appear ("20 instead of 100" is not "100 instead of 20").
+    pub numbers: Vec<u64>,
+    /// Its currencies, dates and units, sorted ("£50" and "50 pounds" agree).
     pub quantities: Vec<u64>,
     /// Its exclusive values (class, value) in the order they appear.
     pub exclusive: Vec<(u16, u16)>,
@@ -86,7 +94,9 @@ pub struct Features {
 impl Features {
     /// Bytes it holds (the store's bound counts them).
     pub fn bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.quantities.len() * 8 + self.exclusive.len() * 4
+        std::mem::size_of::<Self>()
+            + (self.numbers.len() + self.quantities.len()) * 8
+            + self.exclusive.len() * 4
     }
 }
 
@@ -145,8 +155,13 @@ impl Guards {
             // A group stands for its first word (a digit group for a number word, so "two" and "2" agree).
             let Some(first) = group.first() else { continue };
             let id = quantity_id(&canonical_number(first));
+            let role = if first.chars().any(|c| c.is_ascii_digit()) {
+                Role::Number(id)
+            } else {
+                Role::Quantity(id)
+            };
             for w in group {
-                add(w, Role::Quantity(id))?;
+                add(w, role)?;
             }
         }
         for (c, class) in words.exclusive.iter().enumerate() {
@@ -183,12 +198,13 @@ impl Guards {
                 f.negated = true;
             }
             if t.chars().any(|c| c.is_ascii_digit()) && !self.roles.contains_key(&t) {
-                f.quantities.push(quantity_id(&canonical_number(&t)));
+                f.numbers.push(quantity_id(&canonical_number(&t)));
                 continue;
             }
             for role in self.roles.get(&t).map(Vec::as_slice).unwrap_or_default() {
                 match *role {
                     Role::Negation => f.negated = true,
+                    Role::Number(id) => f.numbers.push(id),
                     Role::Quantity(id) => f.quantities.push(id),
                     Role::Exclusive { class, value } => f.exclusive.push((class, value)),
                 }
@@ -204,7 +220,7 @@ impl Guards {
         if cached.negated != asked.negated {
             return Err(Refusal::Negation);
         }
-        if cached.quantities != asked.quantities {
+        if cached.numbers != asked.numbers || cached.quantities != asked.quantities {
             return Err(Refusal::Quantity);
         }
         for (c, name) in self.classes.iter().enumerate() {
@@ -272,6 +288,13 @@ mod tests {
         );
         assert_eq!(agree("send £50", "send $50"), Err(Refusal::Quantity));
         assert_eq!(agree("send £50", "send 50 pounds"), Ok(()));
+        assert_eq!(
+            agree(
+                "it gave me 20 instead of 100",
+                "it gave me 100 instead of 20"
+            ),
+            Err(Refusal::Quantity)
+        );
         assert_eq!(agree("charged two times", "charged 2 times"), Ok(()));
         assert_eq!(agree("a fee of 1,000.00", "a fee of 1000"), Ok(()));
         assert!(matches!(

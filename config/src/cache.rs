@@ -55,7 +55,7 @@ impl Default for CacheConfig {
             max_bytes: 64 << 20,
             ttl_s: 3600,
             semantic: true,
-            tau: 0.9,
+            tau: 0.94,
             bucket_cap: 512,
             guards: None,
             url: "redis://127.0.0.1:6379/0".into(),

@@ -138,7 +138,7 @@ pub fn risk_rows(
 
 /// Every row's prediction through the batching thread, with a window of requests in flight so it always has a
 /// full batch to take.
-fn predict_all(
+pub(crate) fn predict_all(
     handle: &PrefilterHandle,
     rows: &[Example],
     cfg: &PrefilterConfig,

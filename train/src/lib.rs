@@ -3,6 +3,7 @@
 //! latency, the hybrid's escalation curve). The server's `tiergate train / eval / distill` commands call it;
 //! the serving crates do not depend on it (`tests/tests/layout.rs`).
 
+pub mod cache_eval;
 pub mod data;
 pub mod distill;
 pub mod eval;

@@ -72,6 +72,22 @@ pub struct EvalArgs {
     /// sizes), choose θ each time and count how often the realised error stayed ≤ ε (and the naive choice's).
     #[arg(long, requires = "risk")]
     pub coverage: Option<usize>,
+    /// Replay the rows through the answer cache with a Zipf repetition profile: LLM jobs saved, false hits
+    /// (a hit whose cached label is not the gold one), lookup time; exact and semantic.
+    #[arg(long)]
+    pub cache: bool,
+    /// With --cache: requests drawn.
+    #[arg(long, default_value_t = 5000, requires = "cache")]
+    pub cache_requests: usize,
+    /// With --cache: the Zipf exponent of the repetition profile (rank r drawn ∝ r^-s).
+    #[arg(long, default_value_t = 1.0, requires = "cache")]
+    pub zipf_s: f64,
+    /// With --cache: θ (requests with ambiguity above it escalate and meet the cache).
+    #[arg(long, default_value_t = 0.25, requires = "cache")]
+    pub cache_theta: f64,
+    /// With --cache: τ (default: `[cache] tau`).
+    #[arg(long, requires = "cache")]
+    pub cache_tau: Option<f32>,
     /// Queries timed one at a time for the latency figures.
     #[arg(long, default_value_t = 300)]
     pub latency_samples: usize,
@@ -103,6 +119,9 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
     }
     if args.risk {
         return run_risk(args, &cfg, classifier, &rows);
+    }
+    if args.cache {
+        return super::cache::run_replay(args, &cfg, classifier, &rows);
     }
     let report = evaluate(classifier, &rows, &opts)?;
     if args.json {

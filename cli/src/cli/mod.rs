@@ -1,6 +1,7 @@
 //! Command-line interface: `tiergate serve`, `tiergate train`, `tiergate eval`, `tiergate fit-fusion`,
 //! `tiergate distill`, `tiergate config`.
 
+mod cache;
 mod config;
 mod distill;
 mod eval;
@@ -37,6 +38,9 @@ pub enum Command {
     Distill(distill::DistillArgs),
     /// Print the embedded default config (`--default`), or check a config file (`--check FILE`).
     Config(config::ConfigArgs),
+    /// Measure the answer cache's semantic hits on an adversarial set of query pairs (paraphrases that must
+    /// hit; negations, numbers, antonyms, entities that must not): τ chosen on one half, figures on the other.
+    CachePairs(cache::CachePairsArgs),
 }
 
 /// Where the data comes from and how to read it.
@@ -91,6 +95,7 @@ pub fn run(cli: Cli, env: impl IntoIterator<Item = (String, String)>) -> anyhow:
         Command::FitFusion(args) => fit::run(&args, env),
         Command::Distill(args) => distill::run(&args),
         Command::Config(args) => config::run(&args, env),
+        Command::CachePairs(args) => cache::run_pairs(&args, env),
     }
 }
 
