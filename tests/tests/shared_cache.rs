@@ -1,0 +1,142 @@
+//! Two real `tiergate serve` replicas sharing the answer cache's exact store through a real `redis-server`
+//! (started by the test on a free loopback port), with stub LLM workers: a verdict computed on one is an
+//! exact hit on the other; `DELETE /admin/cache` clears the shared namespace; with Redis killed both keep
+//! answering (the shared store is a miss, never an error).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+use common::{free_port, start, Killed};
+
+fn redis(port: u16) -> Killed {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (Debian package `redis-server`; .ci/run installs it)");
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Killed(child)
+}
+
+fn keys(port: u16) -> usize {
+    let out = Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "--scan",
+            "--pattern",
+            "tiergate:cache:*",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// One classify request: status, `x-tiergate-tier`, `x-tiergate-cache`, the label.
+fn ask(base: &str, text: &str) -> (u16, String, String, String) {
+    let r = ureq::post(&format!("{base}/v1/chat/completions"))
+        .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": text}]}))
+        .unwrap();
+    let h = |k: &str| r.header(k).unwrap_or("").to_string();
+    let (status, tier, cache) = (r.status(), h("x-tiergate-tier"), h("x-tiergate-cache"));
+    let v: Value = r.into_json().unwrap();
+    let label = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (status, tier, cache, label)
+}
+
+#[test]
+fn a_verdict_computed_on_one_replica_is_an_exact_hit_on_the_other() {
+    let port = free_port();
+    let mut redis_proc = redis(port);
+    let url = format!("cache.url=\"redis://127.0.0.1:{port}/0\"");
+    let args = [
+        "--set",
+        "cache.enabled=true",
+        "--set",
+        "cache.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.workers=1",
+        // Every classify request escalates.
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let text = "my card never arrived in the post";
+    let (s, tier, _, fresh) = ask(&a.base, text);
+    assert_eq!((s, tier.as_str()), (200, "llm"));
+    // The write to Redis is in the background: wait for the key.
+    let t = Instant::now();
+    while keys(port) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no key written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (s, tier, cache, label) = ask(&b.base, text);
+    assert_eq!((s, tier.as_str(), cache.as_str()), (200, "cache", "exact"));
+    assert_eq!(label, fresh, "B answers with A's verdict");
+    // Another question is not a hit on either.
+    let (_, tier, _, _) = ask(&b.base, "how do i change my pin");
+    assert_eq!(tier, "llm");
+
+    // DELETE on A clears A and the shared namespace; B keeps what it took into its own store.
+    let v: Value = ureq::delete(&format!("{}/admin/cache", a.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert!(v["shared_cleared"].as_u64().unwrap() >= 2, "{v}");
+    assert_eq!(keys(port), 0);
+    let (_, tier, _, _) = ask(&a.base, text);
+    assert_eq!(tier, "llm", "cleared on A");
+    let (_, tier, _, _) = ask(&b.base, text);
+    assert_eq!(
+        tier, "cache",
+        "B's own entry stays until its TTL or its own DELETE"
+    );
+
+    // Redis gone: both answer; a question neither has seen goes to the LLM, one B holds is still a hit.
+    redis_proc.kill();
+    for base in [&a.base, &b.base] {
+        let (s, tier, _, _) = ask(base, "what is the exchange rate for euros");
+        assert_eq!((s, tier.as_str()), (200, "llm"));
+    }
+    let (s, tier, _, _) = ask(&b.base, text);
+    assert_eq!((s, tier.as_str()), (200, "cache"));
+    let info: Value = ureq::get(&format!("{}/admin/cache", b.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(info["shared_up"], false, "{info}");
+}
