@@ -158,6 +158,11 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub drift_at: Option<u64>,
 
+    /// Repetition profile: draw workload rows with Zipf exponent S (the r-th row of a seeded shuffle ∝ r^-S;
+    /// repeated questions, as support traffic has) instead of uniformly.
+    #[arg(long, value_name = "S")]
+    pub zipf: Option<f64>,
+
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,

@@ -127,6 +127,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         "feedback": args.feedback,
         "label_audits": args.label_audits,
         "drift_at": args.drift_at,
+        "zipf": args.zipf,
     });
     let plan = Plan {
         items: Arc::new(items),
@@ -139,6 +140,7 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
         window,
         requests: args.requests,
         seed: args.seed,
+        zipf: args.zipf,
         extra_headers: args.headers.clone(),
         admin_token: args.admin_token.clone(),
         admin: admin.clone(),

@@ -103,6 +103,21 @@ impl RunReport {
                 )
             })
             .collect();
+        // With the answer cache: every request decided to escalate (the LLM's, the cache's and the degraded
+        // answers), the channel a cache shortens.
+        if os.iter().any(|o| Channel::of(o) == Channel::Cache) {
+            channels.push(ChannelStats::of(
+                "escalations",
+                os.iter().filter(|o| {
+                    matches!(
+                        Channel::of(o),
+                        Channel::Escalated | Channel::Cache | Channel::Degraded
+                    )
+                }),
+                total,
+                e,
+            ));
+        }
         channels.push(ChannelStats::of(
             "served",
             os.iter().filter(|o| o.error.is_none()),
@@ -203,10 +218,11 @@ impl RunReport {
         self.channels.iter().find(|c| c.channel == name)
     }
 
-    /// Escalated + degraded over served answers.
+    /// Escalated + degraded (+ cache hits: escalations that cost no LLM job) over served answers.
     pub fn escalation_share(&self) -> Option<f64> {
         let served = self.channel("served")?.count;
-        let esc = self.channel("escalated")?.count + self.channel("degraded")?.count;
+        let cache = self.channel("cache").map_or(0, |c| c.count);
+        let esc = self.channel("escalated")?.count + self.channel("degraded")?.count + cache;
         (served > 0).then(|| esc as f64 / served as f64)
     }
 
@@ -302,7 +318,7 @@ impl RunReport {
         if let Some(share) = self.escalation_share() {
             let _ = writeln!(
                 s,
-                "  escalation share (escalated + degraded of served): {:.1}%",
+                "  escalation share (escalated + degraded + cache of served): {:.1}%",
                 share * 100.0
             );
         }

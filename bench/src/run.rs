@@ -45,6 +45,8 @@ pub struct Plan {
     pub window: Option<Duration>,
     pub requests: Option<u64>,
     pub seed: u64,
+    /// Draw rows with this Zipf exponent (`--zipf`), else uniformly.
+    pub zipf: Option<f64>,
     pub extra_headers: Vec<(String, String)>,
     pub admin_token: Option<String>,
     /// The server's admin listener (scraped once a second).
@@ -371,7 +373,7 @@ fn open_loop(
     stop: watch::Receiver<bool>,
 ) {
     let sem = Arc::new(Semaphore::new(max_in_flight));
-    let mut sampler = Sampler::new(plan.items.len(), plan.seed);
+    let mut sampler = Sampler::new(plan.items.len(), plan.seed, plan.zipf);
     let start = shared.start;
     'arrivals: for (n, offset) in schedule.arrivals(poisson, plan.seed).enumerate() {
         if plan.requests.is_some_and(|r| n as u64 >= r) || *stop.borrow() {
@@ -429,7 +431,11 @@ async fn closed_loop(
     sent: Arc<AtomicU64>,
     stop: watch::Receiver<bool>,
 ) {
-    let sampler = Arc::new(Mutex::new(Sampler::new(plan.items.len(), plan.seed)));
+    let sampler = Arc::new(Mutex::new(Sampler::new(
+        plan.items.len(),
+        plan.seed,
+        plan.zipf,
+    )));
     let end = plan.window.map(|w| shared.start + w);
     let plan = Arc::new(plan);
     let mut tasks = Vec::with_capacity(clients);

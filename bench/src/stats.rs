@@ -82,6 +82,8 @@ pub enum Channel {
     Degraded,
     /// Tier-0 answered that no label covers the query.
     OutOfScope,
+    /// An escalation answered from the answer cache (Tier −1): no LLM job ran for it.
+    Cache,
     /// A 2xx answer without tiergate's tier header (another server).
     Untiered,
     /// No answer.
@@ -89,11 +91,12 @@ pub enum Channel {
 }
 
 impl Channel {
-    pub const ALL: [Channel; 6] = [
+    pub const ALL: [Channel; 7] = [
         Channel::Tier0,
         Channel::Escalated,
         Channel::Degraded,
         Channel::OutOfScope,
+        Channel::Cache,
         Channel::Untiered,
         Channel::Errors,
     ];
@@ -106,12 +109,14 @@ impl Channel {
             Channel::Escalated => Served::Escalated.as_str(),
             Channel::Degraded => Served::Degraded.as_str(),
             Channel::OutOfScope => Served::OutOfScope.as_str(),
+            Channel::Cache => Served::Cache.as_str(),
             Channel::Untiered => "untiered",
             Channel::Errors => "errors",
         }
     }
 
-    /// The channel of a response, from tiergate's headers (any tier but Tier-0 counts as escalated).
+    /// The channel of a response, from tiergate's headers (any tier but Tier-0 and the cache counts as
+    /// escalated).
     pub fn of(o: &Outcome) -> Channel {
         use tiergate_core::outcome::Tier;
         if o.error.is_some() {
@@ -122,6 +127,7 @@ impl Channel {
             match o.tier.map(Tier::parse) {
                 Some(Some(Tier::Tier0)) if o.out_of_scope => Channel::OutOfScope,
                 Some(Some(Tier::Tier0)) => Channel::Tier0,
+                Some(Some(Tier::Cache)) => Channel::Cache,
                 Some(_) => Channel::Escalated,
                 None => Channel::Untiered,
             }

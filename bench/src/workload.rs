@@ -211,29 +211,76 @@ pub fn synthetic(n: usize, seed: u64) -> Vec<Item> {
         .collect()
 }
 
-/// Picks items uniformly with a seed: the same seed gives the same request sequence (so --compare variants
-/// see the same workload).
+/// Picks items with a seed, uniformly or with a Zipf profile (`zipf`: the exponent s; the r-th item of a seeded
+/// shuffle is drawn with probability ∝ r^-s): the same seed gives the same request sequence (so --compare
+/// variants see the same workload).
 pub struct Sampler {
     rng: StdRng,
     n: usize,
+    /// Zipf: the shuffled order and the cumulative probabilities of its ranks.
+    zipf: Option<(Vec<usize>, Vec<f64>)>,
 }
 
 impl Sampler {
-    pub fn new(n: usize, seed: u64) -> Self {
-        Self {
-            rng: StdRng::seed_from_u64(seed),
-            n,
-        }
+    pub fn new(n: usize, seed: u64, zipf: Option<f64>) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let zipf = zipf.map(|s| {
+            let mut order: Vec<usize> = (0..n.max(1)).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.gen_range(0..=i));
+            }
+            let w: Vec<f64> = (1..=order.len()).map(|r| (r as f64).powf(-s)).collect();
+            let total: f64 = w.iter().sum();
+            let mut acc = 0.0;
+            let cdf = w
+                .iter()
+                .map(|x| {
+                    acc += x / total;
+                    acc
+                })
+                .collect();
+            (order, cdf)
+        });
+        Self { rng, n, zipf }
     }
 
     pub fn next_index(&mut self) -> usize {
-        self.rng.gen_range(0..self.n.max(1))
+        match &self.zipf {
+            None => self.rng.gen_range(0..self.n.max(1)),
+            Some((order, cdf)) => {
+                let u: f64 = self.rng.gen();
+                order[cdf.partition_point(|c| *c < u).min(order.len() - 1)]
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zipf_sampler_repeats_its_head_rows_and_is_seeded() {
+        let draw = |seed| {
+            let mut s = Sampler::new(1000, seed, Some(1.0));
+            (0..5000).map(|_| s.next_index()).collect::<Vec<_>>()
+        };
+        let a = draw(3);
+        assert_eq!(a, draw(3));
+        let mut counts = std::collections::HashMap::new();
+        for i in &a {
+            *counts.entry(*i).or_insert(0usize) += 1;
+        }
+        let mut c: Vec<usize> = counts.values().copied().collect();
+        c.sort_unstable_by(|x, y| y.cmp(x));
+        // Rank 1 of Zipf(1) over 1000 is drawn with p = 1/H(1000) ≈ 0.134: some 670 of 5000.
+        assert!((550..800).contains(&c[0]), "{}", c[0]);
+        assert!(
+            counts.len() < 900,
+            "repeats: {} distinct of 5000",
+            counts.len()
+        );
+    }
 
     #[test]
     fn csv_with_header_and_quotes() {
@@ -284,11 +331,11 @@ mod tests {
     #[test]
     fn sampling_and_synthetic_are_seeded() {
         let a: Vec<usize> = {
-            let mut s = Sampler::new(10, 3);
+            let mut s = Sampler::new(10, 3, None);
             (0..50).map(|_| s.next_index()).collect()
         };
         let b: Vec<usize> = {
-            let mut s = Sampler::new(10, 3);
+            let mut s = Sampler::new(10, 3, None);
             (0..50).map(|_| s.next_index()).collect()
         };
         assert_eq!(a, b);

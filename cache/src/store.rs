@@ -315,8 +315,10 @@ impl<V: Weighed> Store<V> {
         b.keys.push(key.clone());
         let scale = e.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        b.codes
-            .extend(e.iter().map(|x| (x * inv).round().clamp(-127.0, 127.0) as i8));
+        b.codes.extend(
+            e.iter()
+                .map(|x| (x * inv).round().clamp(-127.0, 127.0) as i8),
+        );
         b.scales.push(scale);
         b.features.push(f);
         b.values.push(value.clone());
@@ -597,14 +599,27 @@ mod tests {
         let f = g.features("");
         let mut worst = 0f32;
         for k in 0..200u64 {
-            let a: Vec<f32> = (0..384).map(|i| ((i as f32 + k as f32) * 0.37).sin()).collect();
+            let a: Vec<f32> = (0..384)
+                .map(|i| ((i as f32 + k as f32) * 0.37).sin())
+                .collect();
             let b: Vec<f32> = (0..384)
                 .map(|i| ((i as f32 + k as f32) * 0.37).sin() + 0.3 * ((i * 7) as f32).cos())
                 .collect();
-            let mut s1 = Store::new(Limits { tau: -1.0, ..limits(1 << 24) });
+            let mut s1 = Store::new(Limits {
+                tau: -1.0,
+                ..limits(1 << 24)
+            });
             s1.insert("x", V(String::new()), Some((1, a.clone(), f.clone())), t);
             let got = s1
-                .semantic(&Query { bucket: 1, embedding: &b, features: &f }, &g, t)
+                .semantic(
+                    &Query {
+                        bucket: 1,
+                        embedding: &b,
+                        features: &f,
+                    },
+                    &g,
+                    t,
+                )
                 .hit
                 .expect("τ = -1 takes anything")
                 .similarity;

@@ -54,6 +54,8 @@ pub struct Route {
     /// A request's budget when it asks for none, and the largest it may ask for (milliseconds).
     pub deadline_ms: Option<u64>,
     pub max_deadline_ms: u64,
+    /// Its written answers and generations at temperature 0 may be cached.
+    pub cache_generations: bool,
 }
 
 /// The config as every reader takes it.
@@ -110,6 +112,7 @@ impl Config {
             deadline_ms: None,
             max_deadline_ms: None,
             stages: None,
+            cache_generations: false,
         }];
         let listed: &[RouteConfig] = if self.routes.is_empty() {
             &implicit
@@ -169,6 +172,7 @@ impl Config {
             out_of_scope: r.out_of_scope.clone(),
             deadline_ms: r.deadline_ms,
             max_deadline_ms: r.max_deadline_ms_in_force(),
+            cache_generations: r.cache_generations,
         })
     }
 }

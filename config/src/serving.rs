@@ -816,6 +816,11 @@ pub struct RouteConfig {
     /// Unset: the first backend alone.
     #[serde(default)]
     pub stages: Option<Vec<StageConfig>>,
+    /// With `[cache] enabled`: its LLM-written answers (answer routes) and generations (generate routes) at
+    /// temperature 0 may be answered from the cache, keyed by the whole conversation, the sampling and the
+    /// tenant (off: only rerank verdicts are cached).
+    #[serde(default)]
+    pub cache_generations: bool,
 }
 
 /// One stage of a route's cascade: a backend's name, or a table.

@@ -37,6 +37,8 @@ pub struct Route {
     pub risk: Arc<crate::risk::RouteRisk>,
     /// Its head's version in decision records (a fingerprint of labels and temperature).
     pub head_version: String,
+    /// Its LLM-written answers and generations at temperature 0 may be cached (`cache_generations`).
+    pub cache_generations: bool,
 }
 
 /// One stage of a route's cascade.

@@ -401,6 +401,7 @@ fn route_of(
         stages,
         risk,
         head_version,
+        cache_generations: r.cache_generations,
     })
 }
 

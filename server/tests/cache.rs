@@ -257,3 +257,130 @@ async fn a_redis_that_is_gone_is_a_miss_never_an_error() {
         "Redis did not answer: {v}"
     );
 }
+
+/// The text an SSE body's chunks carry, joined.
+fn sse_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect()
+}
+
+/// A chat request with `temperature`, θ forced to 0 (an answer route escalates), extra headers; the status,
+/// headers and the reply's text.
+async fn written(
+    r: &Rig,
+    model: &str,
+    text: &str,
+    temperature: f64,
+    headers: &[(&'static str, &str)],
+) -> (HeaderMap, String) {
+    let mut body = chat(model, text);
+    body["temperature"] = json!(temperature);
+    let mut req = post("/v1/chat/completions", body);
+    force(&mut req, "0");
+    for (k, v) in headers {
+        req.headers_mut().insert(*k, v.parse().unwrap());
+    }
+    let (s, h, b) = call(&r.app, req).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    (
+        h,
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    )
+}
+
+/// LLM-written answers are cached only where the route says `cache_generations`, only at temperature 0, and
+/// per tenant: one tenant's conversation never answers another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn written_answers_are_cached_at_temperature_0_per_tenant_where_the_route_allows() {
+    let r = rig(1, |c| {
+        cached(c);
+        for route in c.routes.iter_mut().filter(|r| r.name == "answer") {
+            route.cache_generations = true;
+        }
+        c.tenants = ["a", "b"]
+            .iter()
+            .map(|n| tiergate_config::TenantConfig {
+                name: (*n).into(),
+                key_sha256: digest(&format!("key-{n}")),
+                ..Default::default()
+            })
+            .collect();
+    });
+    let (ka, kb) = (
+        [("authorization", "Bearer key-a")],
+        [("authorization", "Bearer key-b")],
+    );
+    let (h, fresh) = written(&r, "answer", "card lost", 0.0, &ka).await;
+    assert_eq!(tier(&h), "llm");
+    let (h, hit) = written(&r, "answer", "card lost", 0.0, &ka).await;
+    assert_eq!(tier(&h), "cache", "{h:?}");
+    assert_eq!(h["x-tiergate-cache"], "exact");
+    assert_eq!(hit, fresh);
+    let (h, _) = written(&r, "answer", "card lost", 0.0, &kb).await;
+    assert_eq!(tier(&h), "llm", "another tenant's answer is not a hit");
+    for _ in 0..2 {
+        let (h, _) = written(&r, "answer", "pay bill", 0.7, &ka).await;
+        assert_eq!(tier(&h), "llm", "not at temperature 0.7");
+    }
+    for _ in 0..2 {
+        let (h, _) = written(&r, "generate", "hello there", 0.0, &ka).await;
+        assert_eq!(tier(&h), "llm", "the generate route does not allow it");
+    }
+}
+
+/// A generate route that allows it: a generation at temperature 0 is kept when it ends (streamed or not),
+/// and a hit streams as SSE like a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_at_temperature_0_is_kept_when_it_ends_and_a_hit_streams() {
+    let r = rig(1, |c| {
+        cached(c);
+        for route in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            route.cache_generations = true;
+        }
+    });
+    // Kept from a stream.
+    let mut body = chat("generate", "one two three");
+    body["temperature"] = json!(0.0);
+    body["stream"] = json!(true);
+    let (s, h, b) = call(&r.app, post("/v1/chat/completions", body.clone())).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(tier(&h), "llm");
+    let fresh = String::from_utf8(b).unwrap();
+    let (s, h, b) = call(&r.app, post("/v1/chat/completions", body)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(tier(&h), "cache", "{h:?}");
+    let hit = String::from_utf8(b).unwrap();
+    assert!(hit.contains("\"content\":\"stub: one two three\""), "{hit}");
+    assert!(hit.trim_end().ends_with("data: [DONE]"), "{hit}");
+    assert_eq!(
+        sse_text(&fresh),
+        sse_text(&hit),
+        "the hit's text is the stream's, whole"
+    );
+    // The same question collected: the same text, from the cache.
+    let (h, text) = written(&r, "generate", "one two three", 0.0, &[]).await;
+    assert_eq!((tier(&h), text.as_str()), ("cache", "stub: one two three"));
+    // no-store: a new question is not kept.
+    let (h, _) = written(
+        &r,
+        "generate",
+        "four five",
+        0.0,
+        &[("cache-control", "no-store")],
+    )
+    .await;
+    assert_eq!(tier(&h), "llm");
+    let (h, _) = written(&r, "generate", "four five", 0.0, &[]).await;
+    assert_eq!(tier(&h), "llm");
+}

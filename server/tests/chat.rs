@@ -439,6 +439,7 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 deadline_ms: None,
                 max_deadline_ms: Some(30_000),
                 stages: None,
+                cache_generations: false,
             },
             tiergate_config::RouteConfig {
                 name: "generate".into(),
@@ -449,6 +450,7 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 deadline_ms: Some(50),
                 max_deadline_ms: None,
                 stages: None,
+                cache_generations: false,
             },
         ];
     });

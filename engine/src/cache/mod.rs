@@ -18,6 +18,7 @@ use tiergate_core::fnv::Fnv;
 use crate::metrics as m;
 
 pub use scope::scope;
+pub use tiergate_cache::HitKind as CacheHitKind;
 
 /// A stage's cached verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +35,14 @@ pub struct Verdict {
     pub backend: String,
     /// When it was computed, Unix milliseconds.
     pub at_ms: u64,
+    /// A written answer or generation: its text (a rerank verdict has none).
+    #[serde(default)]
+    pub text: Option<String>,
+    /// A written answer's finish reason and completion tokens.
+    #[serde(default)]
+    pub finish_reason: String,
+    #[serde(default)]
+    pub completion_tokens: u32,
 }
 
 impl Weighed for Verdict {
@@ -43,6 +52,8 @@ impl Weighed for Verdict {
             + self.candidates.len() * 8
             + self.scores.len() * 4
             + self.fused.len() * 16
+            + self.text.as_ref().map_or(0, String::len)
+            + self.finish_reason.len()
             + 64
     }
 }
@@ -135,6 +146,17 @@ impl AnswerCache {
                 Vec::new()
             },
             features: self.guards.features(text),
+        }
+    }
+
+    /// The question for a written answer or generation: exact only, under `key` (the caller's fingerprint of
+    /// the stage, the tenant, the whole job and its sampling).
+    pub fn exact_probe(&self, key: String) -> Probe {
+        Probe {
+            key,
+            bucket: 0,
+            embedding: Vec::new(),
+            features: Features::default(),
         }
     }
 

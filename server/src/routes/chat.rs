@@ -24,6 +24,7 @@ use tracing::Instrument;
 use super::escalate::escalate_answer;
 use super::respond::{respond_started, respond_text};
 use tiergate_engine::attempt::{attempt, first_event};
+use tiergate_engine::cached;
 use tiergate_engine::cascade::{decide, escalate_rerank, hold_bound, sampling, Decided, Meta};
 
 /// The handler.
@@ -316,22 +317,29 @@ async fn generate(
     // A generate route's first stage generates: its alternatives in selection order, each retried while no
     // byte has come.
     let route = state.routes.get(&v.route);
-    let Some(stage) = route.as_deref().and_then(|r| r.stages.first()) else {
+    let Some((route, stage)) = route.as_deref().and_then(|r| Some((r, r.stages.first()?))) else {
         return Err(ApiError::Internal(format!(
             "route `{}` has no stage",
             v.route
         )));
     };
+    let probe = cached::generation_probe(state, route, stage, &v, &job);
+    let mut meta = Meta::default();
+    if let Some(hit) = cached::written(state, route, stage, &v, probe.as_ref()).await {
+        let resp = super::escalate::respond_cached(state, &v, &hit, &mut meta, stage, 0);
+        return Ok((resp, meta.outcome(None)));
+    }
     let (gen, by) = attempt(state, stage, &v, &job, first_event)
         .await
         .map_err(|r| ApiError::refused_generation(r, &v.tenant.0))?;
+    let keep = cached::KeepWritten::new(state, route, &v, probe, &by);
     let meta = Meta {
         tier: Tier::Llm,
         stage: Some(stage.name.clone()),
         backend: Some(by),
-        ..Meta::default()
+        ..meta
     };
     let outcome = meta.outcome(None);
-    let resp = respond_started(state, &v, gen, meta, 0, started).await?;
+    let resp = respond_started(state, &v, gen, meta, 0, started, keep).await?;
     Ok((resp, outcome))
 }

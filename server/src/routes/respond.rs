@@ -167,6 +167,7 @@ pub(super) async fn respond_started(
     mut meta: Meta,
     extra_prompt_tokens: u32,
     started: Instant,
+    keep: Option<tiergate_engine::cached::KeepWritten>,
 ) -> Result<Response, ApiError> {
     let tiergate_engine::attempt::Started {
         handle,
@@ -185,6 +186,7 @@ pub(super) async fn respond_started(
         created: tiergate_engine::util::unix_now_s(),
         route: v.route.clone(),
         extra_prompt_tokens,
+        keep,
     };
     let t = Instant::now();
     let mut resp = if v.stream {
@@ -205,6 +207,8 @@ struct Generation {
     route: String,
     /// Prompt tokens the worker did not see (Tier-0's, for an escalated answer).
     extra_prompt_tokens: u32,
+    /// Keeps the whole text in the answer cache once the generation has ended well.
+    keep: Option<tiergate_engine::cached::KeepWritten>,
 }
 
 impl Generation {
@@ -234,7 +238,7 @@ async fn next_event(handle: &tiergate_queue::JobHandle) -> Result<Event, ApiErro
 
 /// The whole generation as one `chat.completion`.
 async fn collect(
-    g: Generation,
+    mut g: Generation,
     handle: &tiergate_queue::JobHandle,
     first: Event,
 ) -> Result<Response, ApiError> {
@@ -243,7 +247,12 @@ async fn collect(
     let usage = loop {
         match ev {
             Event::Chunk(c) => text.push_str(&c),
-            Event::Reply(Reply::Generated(u)) => break u,
+            Event::Reply(Reply::Generated(u)) => {
+                if let Some(k) = g.keep.take() {
+                    k.keep(text.clone(), finish_reason(&u), u.completion_tokens);
+                }
+                break u;
+            }
             Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
             Event::Error(e) => return Err(ApiError::from(e)),
         }
@@ -259,7 +268,7 @@ async fn collect(
 }
 
 /// The generation as server-sent events, fed by a task that ends (cancelling the job) when the client goes.
-fn stream(g: Generation, running: Running, first: Event, include_usage: bool) -> Response {
+fn stream(mut g: Generation, running: Running, first: Event, include_usage: bool) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     tokio::spawn(
         async move {
@@ -267,6 +276,7 @@ fn stream(g: Generation, running: Running, first: Event, include_usage: bool) ->
                 handle,
                 slot: _slot,
             } = running;
+            let mut keep = g.keep.take();
             let send = |delta: Value, finish: Option<&str>| {
                 chunk(&g.id, g.created, &g.route, delta, finish, None)
             };
@@ -274,14 +284,25 @@ fn stream(g: Generation, running: Running, first: Event, include_usage: bool) ->
                 .send(send(json!({"role": "assistant", "content": ""}), None))
                 .await;
             let mut ev = first;
+            let mut text = String::new();
             loop {
                 match ev {
                     Event::Chunk(c) => {
+                        if keep.is_some() {
+                            text.push_str(&c);
+                        }
                         if tx.send(send(json!({"content": c}), None)).await.is_err() {
                             return; // client gone: dropping the handle cancels the job
                         }
                     }
                     Event::Reply(Reply::Generated(u)) => {
+                        if let Some(k) = keep.take() {
+                            k.keep(
+                                std::mem::take(&mut text),
+                                finish_reason(&u),
+                                u.completion_tokens,
+                            );
+                        }
                         let _ = tx.send(send(json!({}), Some(finish_reason(&u)))).await;
                         if include_usage {
                             let usage = usage_chunk(&g.id, g.created, &g.route, &g.usage(&u));

@@ -72,6 +72,7 @@ pub fn config(tiny: &TinyModel) -> Config {
         deadline_ms: None,
         max_deadline_ms: None,
         stages: None,
+        cache_generations: false,
     })
     .collect();
     cfg

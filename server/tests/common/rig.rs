@@ -223,6 +223,7 @@ pub fn guarded(c: &mut Config) {
             deadline_ms: None,
             max_deadline_ms: None,
             stages: None,
+            cache_generations: false,
         });
     }
 }
