@@ -143,8 +143,18 @@ fn print_row(f: &PairFigures, half: &str) {
 
 /// `tiergate eval --cache`: `rows` replayed with a Zipf profile, with the exact cache alone and with the
 /// semantic one.
+/// What `eval --cache` replays with.
+pub struct ReplayArgs {
+    pub json: bool,
+    pub cache_requests: usize,
+    pub zipf_s: f64,
+    pub cache_theta: f64,
+    pub cache_tau: Option<f32>,
+    pub seed: u64,
+}
+
 pub fn run_replay(
-    args: &super::eval::EvalArgs,
+    args: &ReplayArgs,
     cfg: &tiergate_config::Config,
     classifier: tiergate_prefilter::Classifier,
     rows: &[tiergate_train::data::Example],

@@ -121,7 +121,15 @@ pub fn run(args: &EvalArgs, env: impl IntoIterator<Item = (String, String)>) -> 
         return run_risk(args, &cfg, classifier, &rows);
     }
     if args.cache {
-        return super::cache::run_replay(args, &cfg, classifier, &rows);
+        let replay = super::cache::ReplayArgs {
+            json: args.json,
+            cache_requests: args.cache_requests,
+            zipf_s: args.zipf_s,
+            cache_theta: args.cache_theta,
+            cache_tau: args.cache_tau,
+            seed: args.seed,
+        };
+        return super::cache::run_replay(&replay, &cfg, classifier, &rows);
     }
     let report = evaluate(classifier, &rows, &opts)?;
     if args.json {
