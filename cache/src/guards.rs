@@ -132,6 +132,17 @@ impl GuardWords {
     pub fn english() -> Result<Self, GuardError> {
         Self::parse(ENGLISH)
     }
+
+    /// The lists in `path` (`[cache] guards`), else the embedded English ones.
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, GuardError> {
+        match path {
+            Some(p) => Self::parse(
+                &std::fs::read_to_string(p)
+                    .map_err(|e| GuardError::Parse(format!("cannot read {}: {e}", p.display())))?,
+            ),
+            None => Self::english(),
+        }
+    }
 }
 
 impl Guards {

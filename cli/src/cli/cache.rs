@@ -31,12 +31,7 @@ pub struct CachePairsArgs {
 
 /// The guards `[cache]` names (the embedded English lists by default).
 pub fn guards(cfg: &tiergate_config::Config) -> anyhow::Result<Guards> {
-    let words = match &cfg.cache.guards {
-        Some(p) => tiergate_cache::GuardWords::parse(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        )?,
-        None => tiergate_cache::GuardWords::english()?,
-    };
+    let words = tiergate_cache::GuardWords::load(cfg.cache.guards.as_deref())?;
     Ok(Guards::new(&words)?)
 }
 

@@ -87,14 +87,7 @@ impl AnswerCache {
         if !cfg.enabled {
             return Ok(None);
         }
-        let words = match &cfg.guards {
-            Some(p) => {
-                tiergate_cache::GuardWords::parse(&std::fs::read_to_string(p).map_err(|e| {
-                    anyhow::anyhow!("cache.guards: cannot read {}: {e}", p.display())
-                })?)?
-            }
-            None => tiergate_cache::GuardWords::english()?,
-        };
+        let words = tiergate_cache::GuardWords::load(cfg.guards.as_deref())?;
         let shared = match cfg.kind {
             CacheKind::Memory => None,
             CacheKind::Redis => Some(shared::Shared::new(cfg)?),
