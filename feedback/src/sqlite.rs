@@ -64,9 +64,7 @@ impl SqliteStore {
         let conn = Connection::open(path)?;
         // Several servers may share one file (each waits for the other's write).
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA)?;
+        init(&conn)?;
         Ok(Self {
             conn: Mutex::new(conn),
             max_bytes,
@@ -78,6 +76,41 @@ impl SqliteStore {
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// WAL mode and the schema. Servers started together on a file nobody created yet race here, and SQLite
+/// answers some of those races "busy" at once instead of calling the busy handler (the WAL switch, a read
+/// snapshot that went stale before its write): such a start waits and tries again, up to 10 s.
+fn init(conn: &Connection) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        match try_init(conn) {
+            Err(LocalError::Sqlite(e)) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn try_init(conn: &Connection) -> Result<()> {
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // One write transaction from its start, so that the busy handler covers the whole schema.
+    conn.execute_batch(&format!("BEGIN IMMEDIATE;{SCHEMA}COMMIT;"))
+        .inspect_err(|_| {
+            let _ = conn.execute_batch("ROLLBACK");
+        })?;
+    Ok(())
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Deletes expired decisions and pending audits, then the oldest decisions while over `max_bytes`.
@@ -407,6 +440,27 @@ mod tests {
 
     fn store(dir: &Path, max_bytes: u64) -> SqliteStore {
         SqliteStore::open(&dir.join("ledger/f.sqlite"), max_bytes, 60).unwrap()
+    }
+
+    #[test]
+    fn servers_opening_one_fresh_file_at_once_all_succeed() {
+        // Replicas (and parallel tests) start together on a file nobody created yet: the schema and the WAL
+        // switch race, and a lost race must wait, not fail the start.
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(format!("f{round}.sqlite"));
+            let opened: Vec<_> = (0..6)
+                .map(|_| {
+                    let path = path.clone();
+                    std::thread::spawn(move || SqliteStore::open(&path, 1 << 20, 60).map(|_| ()))
+                })
+                .collect();
+            for t in opened {
+                if let Err(e) = t.join().unwrap() {
+                    panic!("round {round}: {e}");
+                }
+            }
+        }
     }
 
     #[test]
