@@ -1,7 +1,7 @@
 //! `/console`: an operator's page embedded in the binary (no CDN, no build step), served on the admin
 //! listener, and the data it polls (`GET /admin/console`): the live policy view, the ambiguity histogram of the
 //! last 60 s, per-channel P95 of recent answers, per-tenant figures, the backends, the last 15 minutes as time
-//! series ([`tiergate_engine::history`]), and the last decisions (no request text is kept).
+//! series ([`tiergate_engine::history`]), the answer cache, and the last decisions (no request text is kept).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,6 +123,7 @@ pub async fn data(
             "mode": p.current().cfg.mode,
         })).collect::<Vec<_>>(),
         "quality": quality(&state),
+        "cache": cache(&state, &recent),
         "token_required": state.config.server.admin_token.is_some(),
     }))
     .into_response()
@@ -150,4 +151,21 @@ fn quality(state: &AppState) -> Vec<serde_json::Value> {
             v
         })
         .collect()
+}
+
+/// The answer cache (`null` when off): its size, and the share of the recent decisions it answered.
+fn cache(state: &AppState, recent: &[Decision]) -> serde_json::Value {
+    let Some(cache) = &state.cache else {
+        return serde_json::Value::Null;
+    };
+    let (entries, bytes) = cache.size();
+    let hits = recent
+        .iter()
+        .filter(|d| d.channel == Channel::Cache.as_str())
+        .count();
+    json!({
+        "entries": entries, "bytes": bytes, "max_bytes": state.config.cache.max_bytes,
+        "hits_recent": hits, "hit_share_recent": hits as f64 / recent.len().max(1) as f64,
+        "shared_up": cache.shared_up(),
+    })
 }

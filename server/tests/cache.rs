@@ -224,6 +224,13 @@ async fn a_hit_counts_as_an_escalation_in_the_share() {
         live.escalated_share_60s, 1.0,
         "four decisions, four escalations"
     );
+    // The console shows the cache's share of them.
+    let (s, _, b) = call(&r.admin, admin_req("GET", "/admin/console", None)).await;
+    assert_eq!(s, StatusCode::OK);
+    let c = &serde_json::from_slice::<Value>(&b).unwrap()["cache"];
+    assert_eq!(c["hits_recent"], 3, "{c}");
+    assert_eq!(c["hit_share_recent"], 0.75, "{c}");
+    assert_eq!(c["entries"], 1, "{c}");
 }
 
 /// `kind = "redis"` with Redis gone: every request is answered (the shared store is a miss, its write is
@@ -383,4 +390,41 @@ async fn a_generation_at_temperature_0_is_kept_when_it_ends_and_a_hit_streams() 
     assert_eq!(tier(&h), "llm");
     let (h, _) = written(&r, "generate", "four five", 0.0, &[]).await;
     assert_eq!(tier(&h), "llm");
+}
+
+/// Under brownout a generate route's generations are paused, but a kept one runs no LLM job: it is served
+/// (marked with the step), and a new question is refused 429 `overloaded` with Retry-After as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_generation_is_served_while_generation_is_paused() {
+    let r = rig(1, |c| {
+        cached(c);
+        for route in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            route.cache_generations = true;
+        }
+        c.brownout.enabled = true;
+        c.brownout.hold_ms = 0;
+    });
+    let (h, fresh) = written(&r, "generate", "one two three", 0.0, &[]).await;
+    assert_eq!(tier(&h), "llm");
+    for _ in 0..4 {
+        tiergate_engine::util::observe_brownout(&r.state, 5.0);
+    }
+    assert_eq!(r.state.brownout().as_str(), "tier0_only");
+    let (h, hit) = written(&r, "generate", "one two three", 0.0, &[]).await;
+    assert_eq!((tier(&h), hit.as_str()), ("cache", fresh.as_str()));
+    assert_eq!(h["x-tiergate-brownout"], "tier0_only");
+    let mut body = chat("generate", "a question never asked");
+    body["temperature"] = json!(0.0);
+    let (s, h, b) = call(&r.app, post("/v1/chat/completions", body)).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert!(h.contains_key("retry-after"), "{h:?}");
+    assert_eq!(h["x-tiergate-brownout"], "tier0_only");
+    let e: Value = serde_json::from_slice(&b).unwrap();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("generation is paused"),
+        "{e}"
+    );
 }

@@ -5,7 +5,7 @@
 
 Loads the page, waits for live data, moves the θ_base control and applies it (PATCH with If-Match from the
 page), waits for the page to show the new policy version, then submits an invalid change and reads the
-server's error from the page, and saves a screenshot. Prints one JSON line with what it saw."""
+server's error from the page, reads the answer cache card, and saves a screenshot. Prints one JSON line with what it saw."""
 
 import base64
 import json
@@ -115,6 +115,8 @@ def main():
                  " e.dispatchEvent(new Event('input', {bubbles: true})); return true })()")
         cdp.eval("document.getElementById('apply').click()")
         error = cdp.wait("document.getElementById('error').textContent", "the server's error")
+        cache = cdp.wait("(() => { const t = document.getElementById('cache').textContent; "
+                         "return / hits /.test(t) ? t : null })()", "the answer cache card")
         rows = cdp.eval("document.querySelectorAll('#decisions tr').length")
         points = cdp.eval("Number(document.getElementById('series').dataset.points)")
         png = cdp.call("Page.captureScreenshot", format="png")["data"]
@@ -122,7 +124,7 @@ def main():
             f.write(base64.b64decode(png))
         print(json.dumps({"v0": v0, "v1": v1, "ok": ok, "theta_before": theta_before,
                           "theta_after": theta_after, "error": error, "decision_rows": rows,
-                          "series_points": points}))
+                          "series_points": points, "cache": cache}))
     finally:
         proc.kill()
         proc.wait()

@@ -21,11 +21,17 @@ fn the_console_shows_live_data_and_changes_the_policy_in_a_real_browser() {
         "reranker.engine=\"stub\"",
         "--set",
         "routing.mode=\"static\"",
+        // Every request escalates, and the answer cache is on: the repeated question is a hit.
+        "--set",
+        "routing.theta_base=0.0",
+        "--set",
+        "cache.enabled=true",
     ]);
     for text in [
         "my card was stolen",
         "hmm something odd",
         "what is the exchange rate",
+        "my card was stolen",
     ] {
         let _ = ureq::post(&format!("{}/v1/chat/completions", s.base)).send_json(
             json!({"model": "classify", "messages": [{"role": "user", "content": text}]}),
@@ -72,6 +78,21 @@ fn the_console_shows_live_data_and_changes_the_policy_in_a_real_browser() {
     assert_eq!(r["version"].as_u64(), Some(v1));
     assert_eq!(r["theta_base"].as_f64(), Some(0.33));
     assert_eq!(r["k"].as_f64(), Some(0.15));
+    // The cache card: one hit among the four decisions, as the data behind it says.
+    let live: Value = ureq::get(&format!("{}/admin/console", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(live["cache"]["hits_recent"], 1, "{}", live["cache"]);
+    let share = live["cache"]["hit_share_recent"].as_f64().unwrap();
+    assert!(
+        seen["cache"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{:.1}% hits · ", 100.0 * share)),
+        "{seen}"
+    );
     let png = std::fs::read(&shot).unwrap();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 10_000,

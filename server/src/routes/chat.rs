@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai::{ChatRequest, Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::{validate, Caller, RouteFacts, ValidChat};
+use tiergate_engine::brownout::Step;
 use tiergate_engine::metrics as m;
 use tiergate_engine::out_of_scope::NONE;
 use tiergate_engine::outcome::{Outcome, Tier};
@@ -58,7 +59,9 @@ pub async fn chat(
         return ApiError::from(e).into_response();
     }
     let step = state.brownout();
-    if let Some(e) = tiergate_engine::brownout::refusal(step, valid.kind) {
+    // A generation paused under brownout is refused after its cache lookup (a hit runs no LLM job).
+    let paused = tiergate_engine::brownout::refusal(step, valid.kind);
+    if let Some(e) = paused.filter(|_| valid.kind != RouteKind::Generate || step == Step::Shed) {
         return crate::adapt::mark_brownout(ApiError::from(e).into_response(), step);
     }
     let route = valid.route.clone();
@@ -71,7 +74,9 @@ pub async fn chat(
     let result = match valid.kind {
         RouteKind::Generate => {
             let span = tracing::info_span!(target: TARGET, "generation");
-            generate(&state, valid, started).instrument(span).await
+            generate(&state, valid, started, step)
+                .instrument(span)
+                .await
         }
         RouteKind::Classify | RouteKind::Answer => {
             classified(&state, valid, asking.forced.clone(), started).await
@@ -301,6 +306,7 @@ async fn generate(
     state: &Arc<AppState>,
     v: ValidChat,
     started: Instant,
+    step: Step,
 ) -> Result<(Response, Outcome), ApiError> {
     let messages = v
         .messages
@@ -328,6 +334,9 @@ async fn generate(
     if let Some(hit) = cached::written(state, route, stage, &v, probe.as_ref()).await {
         let resp = super::escalate::respond_cached(state, &v, &hit, &mut meta, stage, 0);
         return Ok((resp, meta.outcome(None)));
+    }
+    if let Some(e) = tiergate_engine::brownout::refusal(step, RouteKind::Generate) {
+        return Err(e.into());
     }
     let (gen, by) = attempt(state, stage, &v, &job, first_event)
         .await
