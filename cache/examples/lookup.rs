@@ -1,6 +1,6 @@
-//! The answer cache's lookup time at 100k entries: `cargo run -p tiergate-cache --example lookup`.
-//! 100,000 entries with 384-dimension embeddings (MiniLM's) in 200 semantic buckets of at most 512 (every bucket
-//! full); then 100,000 lookups of each kind, timed one by one: an exact hit, and an exact miss followed by a
+//! The answer cache's lookup time at 100k entries: `cargo run -p tiergate-cache --example lookup [CAP]`.
+//! 100,000 entries with 384-dimension embeddings (MiniLM's) in 200 semantic buckets of at most CAP (256, the
+//! default `bucket_cap`; every bucket full); then 100,000 lookups of each kind, timed one by one: an exact hit, and an exact miss followed by a
 //! semantic scan of a full bucket (the worst case: every entry's cosine computed). Prints p50, p99, max.
 
 use std::time::{Duration, Instant};
@@ -35,11 +35,17 @@ fn quantiles(mut t: Vec<Duration>) -> (f64, f64, f64) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (n, dim, buckets) = (100_000usize, 384usize, 200u64);
+    let cap: usize = match std::env::args().nth(1) {
+        Some(a) => a
+            .parse()
+            .map_err(|_| format!("CAP must be a count, not {a:?}"))?,
+        None => 256,
+    };
     let guards = Guards::new(&GuardWords::english()?)?;
     let mut store: Store<V> = Store::new(Limits {
         max_bytes: 1 << 30,
         ttl: Duration::from_secs(3600),
-        bucket_cap: 512,
+        bucket_cap: cap,
         tau: 0.94,
     });
     let now = Instant::now();
@@ -90,6 +96,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (p50, p99, max) = quantiles(exact);
     println!("exact hit:                      p50 {p50:.1} µs  p99 {p99:.1} µs  max {max:.1} µs");
     let (p50, p99, max) = quantiles(scan);
-    println!("miss + full-bucket scan (512):  p50 {p50:.1} µs  p99 {p99:.1} µs  max {max:.1} µs");
+    println!("miss + full-bucket scan ({cap}):  p50 {p50:.1} µs  p99 {p99:.1} µs  max {max:.1} µs");
     Ok(())
 }

@@ -251,7 +251,7 @@ pub fn replay(
     let mut store: Store<Label> = Store::new(Limits {
         max_bytes: 1 << 30,
         ttl: Duration::from_secs(86_400),
-        bucket_cap: 512,
+        bucket_cap: tiergate_config::CacheConfig::default().bucket_cap,
         tau,
     });
     let mut r = ReplayReport {
