@@ -1,7 +1,8 @@
 //! The answer cache's lookup time at 100k entries: `cargo run -p tiergate-cache --example lookup [CAP]`.
-//! 100,000 entries with 384-dimension embeddings (MiniLM's) in 200 semantic buckets of at most CAP (256, the
-//! default `bucket_cap`; every bucket full); then 100,000 lookups of each kind, timed one by one: an exact hit, and an exact miss followed by a
-//! semantic scan of a full bucket (the worst case: every entry's cosine computed). Prints p50, p99, max.
+//! 100,000 entries with 384-dimension embeddings (MiniLM's) in 200 semantic buckets of at most CAP (256, as
+//! `[cache] bucket_cap` by default; every bucket full); then 100,000 lookups of each kind, timed one by one: an
+//! exact hit, and an exact miss followed by a semantic scan of a full bucket (the worst case: every entry's
+//! cosine computed). Prints p50, p99, max.
 
 use std::time::{Duration, Instant};
 

@@ -222,7 +222,7 @@ pub struct ReplayReport {
 
 /// Replays `requests` draws over `seen` (with their gold labels) with a Zipf(`s`) repetition profile over a
 /// seeded shuffle of the rows; escalates at `theta`; answers from a real [`Store`] (exact by normalised text,
-/// semantic in the top-label bucket at `tau` when `semantic`).
+/// semantic in the top-label bucket of at most `bucket_cap` entries at `tau` when `semantic`).
 #[allow(clippy::too_many_arguments)]
 pub fn replay(
     seen: &[Seen],
@@ -232,6 +232,7 @@ pub fn replay(
     s: f64,
     theta: f64,
     tau: f32,
+    bucket_cap: usize,
     semantic: bool,
     seed: u64,
 ) -> ReplayReport {
@@ -251,7 +252,7 @@ pub fn replay(
     let mut store: Store<Label> = Store::new(Limits {
         max_bytes: 1 << 30,
         ttl: Duration::from_secs(86_400),
-        bucket_cap: tiergate_config::CacheConfig::default().bucket_cap,
+        bucket_cap,
         tau,
     });
     let mut r = ReplayReport {
@@ -385,7 +386,7 @@ mod tests {
             seen("card stolen", 0, vec![0.98, 0.2]),
         ];
         let gold = vec![0, 0, 1];
-        let r = replay(&rows, &gold, &guards(), 500, 1.0, 0.5, 0.95, true, 7);
+        let r = replay(&rows, &gold, &guards(), 500, 1.0, 0.5, 0.95, 256, true, 7);
         assert_eq!(r.escalated, 500);
         assert_eq!(
             r.llm_jobs, 1,
@@ -393,7 +394,7 @@ mod tests {
         );
         assert_eq!(r.exact_hits + r.semantic_hits, 499);
         assert!(r.false_hits > 0, "card stolen takes card lost's verdict");
-        let exact_only = replay(&rows, &gold, &guards(), 500, 1.0, 0.5, 0.95, false, 7);
+        let exact_only = replay(&rows, &gold, &guards(), 500, 1.0, 0.5, 0.95, 256, false, 7);
         assert_eq!((exact_only.llm_jobs, exact_only.false_hits), (3, 0));
     }
 }

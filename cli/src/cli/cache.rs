@@ -179,6 +179,7 @@ pub fn run_replay(
                 args.zipf_s,
                 args.cache_theta,
                 tau,
+                cfg.cache.bucket_cap,
                 semantic,
                 args.seed,
             )
