@@ -96,3 +96,58 @@ impl CacheConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+
+    use super::*;
+
+    /// A change that makes the section invalid.
+    type Bad = fn(&mut CacheConfig);
+
+    fn field(c: &CacheConfig) -> Option<String> {
+        match c.validate("cache") {
+            Ok(()) => None,
+            Err(ConfigError::Invalid { field, .. }) => Some(field),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn every_bad_value_is_refused_naming_its_field() {
+        assert_eq!(field(&CacheConfig::default()), None);
+        let cases: [(Bad, &str); 9] = [
+            (|c| c.max_bytes = 4095, "cache.max_bytes"),
+            (|c| c.ttl_s = 0, "cache.ttl_s"),
+            (|c| c.tau = 0.0, "cache.tau"),
+            (|c| c.tau = 1.01, "cache.tau"),
+            (|c| c.tau = f32::NAN, "cache.tau"),
+            (|c| c.bucket_cap = 0, "cache.bucket_cap"),
+            (|c| c.bucket_cap = 100_001, "cache.bucket_cap"),
+            (
+                |c| (c.kind, c.url) = (CacheKind::Redis, String::new()),
+                "cache.url",
+            ),
+            (
+                |c| (c.kind, c.namespace) = (CacheKind::Redis, String::new()),
+                "cache.namespace",
+            ),
+        ];
+        for (bad, name) in cases {
+            let mut c = CacheConfig::default();
+            bad(&mut c);
+            assert_eq!(field(&c).as_deref(), Some(name), "{c:?}");
+        }
+        let mut c = CacheConfig {
+            kind: CacheKind::Redis,
+            redis_timeout_ms: 0,
+            ..CacheConfig::default()
+        };
+        assert_eq!(field(&c).as_deref(), Some("cache.redis_timeout_ms"));
+        // The Redis fields matter only for `redis`; the edges of each range are allowed.
+        (c.kind, c.url, c.namespace) = (CacheKind::Memory, String::new(), String::new());
+        (c.max_bytes, c.ttl_s, c.tau, c.bucket_cap) = (4096, 1, 1.0, 100_000);
+        assert_eq!(field(&c), None);
+    }
+}

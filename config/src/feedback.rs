@@ -81,3 +81,47 @@ pub enum FeedbackTrust {
     /// Recorded, reported, and counted as evidence.
     Trusted,
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+
+    use super::*;
+
+    /// A change that makes the section invalid.
+    type Bad = fn(&mut FeedbackConfig);
+
+    fn field(c: &FeedbackConfig) -> Option<String> {
+        match c.validate("feedback") {
+            Ok(()) => None,
+            Err(ConfigError::Invalid { field, .. }) => Some(field),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn every_bad_value_is_refused_naming_its_field() {
+        assert_eq!(field(&FeedbackConfig::default()), None);
+        let cases: [(Bad, &str); 4] = [
+            (|c| c.window_s = 0, "feedback.window_s"),
+            (|c| c.max_bytes = (1 << 16) - 1, "feedback.max_bytes"),
+            (|c| c.queue = 0, "feedback.queue"),
+            (|c| c.path = PathBuf::new(), "feedback.path"),
+        ];
+        for (bad, name) in cases {
+            let mut c = FeedbackConfig::default();
+            bad(&mut c);
+            assert_eq!(field(&c).as_deref(), Some(name), "{c:?}");
+        }
+        // Switched off, it needs no file; the edges of each range are allowed.
+        let off = FeedbackConfig {
+            enabled: false,
+            path: PathBuf::new(),
+            window_s: 1,
+            max_bytes: 1 << 16,
+            queue: 1,
+            ..FeedbackConfig::default()
+        };
+        assert_eq!(field(&off), None);
+    }
+}

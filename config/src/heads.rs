@@ -68,3 +68,58 @@ impl HeadsConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)] // test code: failing loudly is the point
+
+    use super::*;
+
+    /// A change that makes the section invalid.
+    type Bad = fn(&mut HeadsConfig);
+
+    fn field(c: &HeadsConfig) -> Option<String> {
+        match c.validate("heads") {
+            Ok(()) => None,
+            Err(ConfigError::Invalid { field, .. }) => Some(field),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn every_bad_value_is_refused_naming_its_field() {
+        assert_eq!(field(&HeadsConfig::default()), None);
+        let cases: [(Bad, &str); 8] = [
+            (|c| c.shadow_requests = 0, "heads.shadow_requests"),
+            (|c| c.max_accuracy_drop = -0.01, "heads.max_accuracy_drop"),
+            (
+                |c| c.max_accuracy_drop = f64::NAN,
+                "heads.max_accuracy_drop",
+            ),
+            (
+                |c| c.max_escalated_increase = 1.5,
+                "heads.max_escalated_increase",
+            ),
+            (|c| c.max_p50_ratio = 0.99, "heads.max_p50_ratio"),
+            (|c| c.max_p50_ratio = f64::INFINITY, "heads.max_p50_ratio"),
+            (|c| c.shadow_timeout_s = 0, "heads.shadow_timeout_s"),
+            (
+                |c| c.max_escalated_increase = -1.0,
+                "heads.max_escalated_increase",
+            ),
+        ];
+        for (bad, name) in cases {
+            let mut c = HeadsConfig::default();
+            bad(&mut c);
+            assert_eq!(field(&c).as_deref(), Some(name), "{c:?}");
+        }
+        let edges = HeadsConfig {
+            shadow_requests: 1,
+            max_accuracy_drop: 1.0,
+            max_escalated_increase: 0.0,
+            max_p50_ratio: 1.0,
+            shadow_timeout_s: 1,
+        };
+        assert_eq!(field(&edges), None);
+    }
+}

@@ -176,3 +176,168 @@ impl Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+    use super::*;
+    use crate::{EngineKind, Prefer};
+
+    /// A config from TOML over every key's default, with a checkpoint head (valid without labels).
+    fn config(text: &str) -> Config {
+        let mut c: Config = toml::from_str(text).unwrap();
+        if c.prefilter.head == HeadConfig::default() {
+            c.prefilter.head = HeadConfig::Checkpoint;
+        }
+        c
+    }
+
+    fn invalid_field(e: ConfigError) -> String {
+        match e {
+            ConfigError::Invalid { field, .. } => field,
+            other => panic!("not a field error: {other}"),
+        }
+    }
+
+    #[test]
+    fn reranker_alone_is_the_default_backend_and_no_routes_is_one_classify_route() {
+        let c = config("[reranker]\nworkers = 3\ncandidates = 4\n");
+        let r = c.resolve().unwrap();
+        assert_eq!(r.backends.len(), 1);
+        assert_eq!(r.backends[0].name, crate::DEFAULT_BACKEND);
+        assert_eq!(r.backends[0].config, c.reranker);
+        assert_eq!(r.routes.len(), 1);
+        let route = &r.routes[0];
+        assert_eq!(
+            (route.name.as_str(), route.kind),
+            ("classify", RouteKind::Classify)
+        );
+        assert_eq!(route.head, HeadConfig::Checkpoint);
+        assert_eq!(route.prompts, c.reranker.prompts);
+        assert_eq!(route.stages.len(), 1);
+        assert_eq!(route.stages[0].alternatives, [0]);
+        assert_eq!(route.stages[0].theta, 0.0);
+        assert!(
+            route.stages[0].policy.is_none(),
+            "the first stage follows [routing]"
+        );
+        assert_eq!(r.route("classify").map(|x| &x.name), Some(&route.name));
+        assert!(r.route("answer").is_none());
+        assert_eq!(
+            r.classify_route().map(|x| x.name.as_str()),
+            Some("classify")
+        );
+    }
+
+    #[test]
+    fn llm_entries_are_merged_over_reranker_and_stages_name_them_by_index() {
+        let c = config(
+            r#"
+            [reranker]
+            workers = 2
+            engine = "stub"
+            rerank_deadline_ms = 1234
+
+            [[llm]]
+            name = "small"
+
+            [[llm]]
+            name = "big"
+            workers = 5
+            rerank_deadline_ms = 9000
+
+            [[routes]]
+            name = "classify"
+            kind = "classify"
+            stages = ["small", { any = ["big", "small"], prefer = "latency", theta = 0.4 }]
+
+            [[routes]]
+            name = "gen"
+            kind = "generate"
+            stages = ["big"]
+            head = { kind = "checkpoint" }
+            "#,
+        );
+        let r = c.resolve().unwrap();
+        let names: Vec<&str> = r.backends.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["small", "big"]);
+        // `[reranker]` is every entry's base; an entry's own field wins.
+        assert_eq!(r.backends[0].config.workers, 2);
+        assert_eq!(r.backends[0].config.rerank_deadline_ms, 1234);
+        assert_eq!(r.backends[0].config.engine, EngineKind::Stub);
+        assert_eq!(r.backends[1].config.workers, 5);
+        assert_eq!(r.backends[1].config.rerank_deadline_ms, 9000);
+        assert_eq!(r.backends[1].config.engine, EngineKind::Stub);
+
+        let classify = r.route("classify").unwrap();
+        assert_eq!(classify.stages.len(), 2);
+        assert_eq!(classify.stages[0].alternatives, [0]);
+        assert_eq!(classify.stages[0].name, "small");
+        assert_eq!(classify.stages[1].alternatives, [1, 0]);
+        assert_eq!(classify.stages[1].prefer, Prefer::Latency);
+        assert_eq!(classify.stages[1].theta, 0.4);
+        assert_eq!(classify.stages[1].first(), 1);
+        let policy = classify.stages[1].policy.as_ref().unwrap();
+        assert_eq!(
+            policy.theta_base, 0.4,
+            "a later stage's policy is a static θ = theta"
+        );
+        assert_eq!(r.judge(classify), &r.backends[0].config);
+        assert_eq!(r.offline_judge().0.name, "small");
+        let generate = r.route("gen").unwrap();
+        assert_eq!(generate.stages[0].alternatives, [1]);
+        assert_eq!(generate.head, HeadConfig::Checkpoint);
+    }
+
+    #[test]
+    fn a_route_keeps_its_own_head_and_prompts_over_the_shared_ones() {
+        let mut c = config("[[routes]]\nname = \"a\"\nkind = \"answer\"\n[[routes]]\nname = \"b\"\nkind = \"classify\"\n");
+        let mut own = c.reranker.prompts.clone();
+        own.answer_system = format!("Route a's own. {}", own.answer_system);
+        c.routes[0].prompts = Some(own.clone());
+        c.routes[0].head = Some(HeadConfig::Trained(crate::TrainedHeadConfig {
+            dir: "heads/a".into(),
+        }));
+        let r = c.resolve().unwrap();
+        assert_eq!(r.routes[0].prompts, own);
+        assert!(
+            matches!(&r.routes[0].head, HeadConfig::Trained(t) if t.dir == std::path::Path::new("heads/a"))
+        );
+        assert_eq!(r.routes[1].prompts, c.reranker.prompts);
+        assert_eq!(r.routes[1].head, HeadConfig::Checkpoint);
+        // Without a classify route the offline tools take the first backend and the first route's prompts.
+        c.routes[1].kind = RouteKind::Generate;
+        let r = c.resolve().unwrap();
+        assert!(r.classify_route().is_none());
+        assert_eq!(r.offline_judge().1, &own);
+    }
+
+    #[test]
+    fn resolve_refuses_what_it_cannot_resolve_naming_the_field() {
+        for (text, field) in [
+            (
+                "[[llm]]\nname = \"a\"\n[[llm]]\nname = \"a\"\n",
+                "llm[1].name",
+            ),
+            (
+                "[[llm]]\nname = \"a\"\n[[routes]]\nname = \"classify\"\nkind = \"classify\"\nstages = [\"nope\"]\n",
+                "routes[0].stages[0]",
+            ),
+            (
+                "[[routes]]\nname = \"x\"\nkind = \"classify\"\nstages = []\n",
+                "routes[0].stages",
+            ),
+            (
+                "[[routes]]\nname = \"x\"\nkind = \"classify\"\n[[routes]]\nname = \"x\"\nkind = \"answer\"\n",
+                "routes[1].name",
+            ),
+            ("[cache]\ntau = 0.0\n", "cache.tau"),
+            ("[heads]\nshadow_requests = 0\n", "heads.shadow_requests"),
+            ("[feedback]\nwindow_s = 0\n", "feedback.window_s"),
+        ] {
+            let e = config(text).resolve().unwrap_err();
+            assert_eq!(invalid_field(e), field, "{text}");
+        }
+    }
+}
