@@ -133,9 +133,19 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
             "--oos-label {name}: no dev row has that label"
         )));
     }
-    let mut labels: Vec<String> = train_rows.iter().map(|e| e.label.clone()).collect();
-    labels.sort();
-    labels.dedup();
+    // A labels file's order is the head's (a user's label list is theirs); without one, sorted.
+    let labels: Vec<String> = if file_labels.is_empty() {
+        let mut l: Vec<String> = train_rows.iter().map(|e| e.label.clone()).collect();
+        l.sort();
+        l.dedup();
+        l
+    } else {
+        file_labels
+            .iter()
+            .filter(|f| train_rows.iter().any(|e| e.label == f.name))
+            .map(|f| f.name.clone())
+            .collect()
+    };
     if labels.len() < 2 {
         return Err(PrefilterError::Training("need at least two labels".into()));
     }
@@ -144,7 +154,12 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
             "the dev split is empty: add rows or raise --dev-fraction".into(),
         ));
     }
-    let index = |l: &str| labels.binary_search_by(|x| x.as_str().cmp(l)).ok();
+    let positions: std::collections::HashMap<&str, usize> = labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.as_str(), i))
+        .collect();
+    let index = |l: &str| positions.get(l).copied();
     let descriptions: Vec<Option<String>> = if file_labels.is_empty() {
         Vec::new()
     } else {
@@ -249,6 +264,12 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     };
     let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
     let halves = DevHalves::of(&y_dev);
+    if let Some(w) = halves.warning() {
+        progress(&format!(
+            "warning: calibration rows: {w}; `routing.max_error` and `mode = \"risk\"` refuse this head unless \
+             routing.allow_flawed_calibration = true"
+        ));
+    }
     let temperature = fit_temperature(
         &halves
             .fit
@@ -324,6 +345,10 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
 pub(crate) struct DevHalves {
     pub(crate) fit: Vec<usize>,
     pub(crate) held: Vec<usize>,
+    /// No label had a second dev row: `held` is `fit` (in-sample).
+    pub(crate) in_sample: bool,
+    /// Labels whose only dev row is in `fit` (absent from `held`), when `held` is its own half.
+    pub(crate) labels_left_out: usize,
 }
 
 impl DevHalves {
@@ -339,10 +364,38 @@ impl DevHalves {
             }
             *k += 1;
         }
-        if held.is_empty() {
+        let in_sample = held.is_empty();
+        if in_sample {
             held.clone_from(&fit);
         }
-        Self { fit, held }
+        let labels_left_out = if in_sample {
+            0
+        } else {
+            seen.values().filter(|&&k| k == 1).count()
+        };
+        Self {
+            fit,
+            held,
+            in_sample,
+            labels_left_out,
+        }
+    }
+
+    /// What `train` and `distill` say about these halves, when the calibration rows are not a sound sample.
+    pub(crate) fn warning(&self) -> Option<String> {
+        self.rows_flaw()
+    }
+
+    fn rows_flaw(&self) -> Option<String> {
+        CalibrationRows {
+            format: CALIBRATION_FORMAT,
+            temperature: 1.0,
+            ordering: Vec::new(),
+            rows: Vec::new(),
+            in_sample: self.in_sample,
+            labels_left_out: self.labels_left_out,
+        }
+        .flaw()
     }
 
     pub(crate) fn report(&self, raw: &[Vec<f32>], cal: &[Vec<f32>], y: &[usize]) -> DevReport {
@@ -360,6 +413,7 @@ impl DevHalves {
             ece_uncalibrated: ece(&pick(raw), &y_held, 15),
             ece: ece(&cal_held, &y_held, 15),
             temperature_rows: self.fit.len(),
+            calibration_flaw: self.rows_flaw(),
         }
     }
 
@@ -382,6 +436,8 @@ impl DevHalves {
             temperature,
             ordering: rows(&self.fit),
             rows: rows(&self.held),
+            in_sample: self.in_sample,
+            labels_left_out: self.labels_left_out,
         }
     }
 }

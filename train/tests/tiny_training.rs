@@ -241,7 +241,7 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
     );
 }
 
-/// `--labels FILE`: the head's labels are the file's, in the head's order, with their descriptions; a label
+/// `--labels FILE`: the head's labels are the file's, in the file's order, with their descriptions; a label
 /// of the file with no row trains on its description; a row the file does not name is refused; and where
 /// every label has rows the head is the one trained without the file (only the descriptions differ).
 #[test]
@@ -287,15 +287,31 @@ fn a_labels_file_names_the_heads_labels_and_their_descriptions() {
         Classifier::from_config(&cfg_for(tiny.dir.path(), head)).unwrap()
     };
     let c = load("three");
-    assert_eq!(c.labels(), ["greet", "lost", "pay"]);
+    // The file's order, not sorted: the user's list is theirs.
+    assert_eq!(c.labels(), ["pay", "lost", "greet"]);
     assert_eq!(
         c.descriptions,
         [
-            Some("The customer says hello.".to_string()),
+            None,
             Some("The card is lost.".to_string()),
-            None
+            Some("The customer says hello.".to_string()),
         ]
     );
+    // The head answers in that order: its probabilities name training rows' labels through the file's order
+    // (names in one order over weights in another would name most of them wrongly).
+    let right = (0..24)
+        .filter(|i| {
+            let (text, label) = if i % 2 == 0 {
+                ("card lost", "lost")
+            } else {
+                ("pay bill", "pay")
+            };
+            let t = c.tokenizer.encode(&format!("{text} {i}")).unwrap();
+            let p = c.probabilities(&[&t]).unwrap();
+            c.labels()[tiergate_prefilter::calibrate::argmax(&p[0]).0] == label
+        })
+        .count();
+    assert!(right >= 20, "{right} of 24 training rows named right");
     let missing = file("one.tsv", "lost\nother\n");
     let err = run(Some(missing), "one").unwrap_err().to_string();
     assert!(err.contains("`pay`") && err.contains("one.tsv"), "{err}");
