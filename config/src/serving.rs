@@ -429,6 +429,11 @@ pub struct RoutingConfig {
     /// Share of the answers Tier-0 gives alone (degraded ones included) kept with their text in the audit
     /// queue for labelling (`/admin/audits`), drawn at random: an unbiased sample of Tier-0's silent error.
     pub audit_rate: f64,
+    /// Use a head's calibration rows for `max_error` even when they are flawed (in-sample halves of a dev
+    /// split too small to halve, or labels with no calibration row): off, such a head's bound allows θ = 0
+    /// (every request escalates) and says why. On, the bound is used and shown flagged — its proof does not
+    /// hold on such rows.
+    pub allow_flawed_calibration: bool,
 }
 
 impl Default for RoutingConfig {
@@ -450,6 +455,7 @@ impl Default for RoutingConfig {
             confidence: 0.95,
             on_breach: OnBreach::Degrade,
             audit_rate: 0.0,
+            allow_flawed_calibration: false,
         }
     }
 }

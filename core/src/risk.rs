@@ -106,6 +106,180 @@ pub fn clopper_pearson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
     )
 }
 
+/// ln Γ(x) for x > 0 (Lanczos, g = 7, nine terms: ~1e-15 relative).
+fn ln_gamma(x: f64) -> f64 {
+    const G: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        // Reflection.
+        return (std::f64::consts::PI / (std::f64::consts::PI * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let t = x + 7.5;
+    let sum = G[1..]
+        .iter()
+        .enumerate()
+        .fold(G[0], |s, (i, g)| s + g / (x + i as f64 + 1.0));
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + sum.ln()
+}
+
+/// The continued fraction of the incomplete beta function (modified Lentz).
+fn beta_cf(a: f64, b: f64, x: f64) -> f64 {
+    const TINY: f64 = 1e-300;
+    let (qab, qap, qam) = (a + b, a + 1.0, a - 1.0);
+    let mut c = 1.0;
+    let mut d = 1.0 - qab * x / qap;
+    d = 1.0 / if d.abs() < TINY { TINY } else { d };
+    let mut h = d;
+    for m in 1..=300 {
+        let m = f64::from(m);
+        let m2 = 2.0 * m;
+        let aa = m * (b - m) * x / ((qam + m2) * (a + m2));
+        d = 1.0 + aa * d;
+        d = 1.0 / if d.abs() < TINY { TINY } else { d };
+        c = 1.0 + aa / c;
+        c = if c.abs() < TINY { TINY } else { c };
+        h *= d * c;
+        let aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+        d = 1.0 + aa * d;
+        d = 1.0 / if d.abs() < TINY { TINY } else { d };
+        c = 1.0 + aa / c;
+        c = if c.abs() < TINY { TINY } else { c };
+        let del = d * c;
+        h *= del;
+        if (del - 1.0).abs() < 1e-15 {
+            break;
+        }
+    }
+    h
+}
+
+/// The regularized incomplete beta function I_x(a, b), a, b > 0, x in [0, 1].
+pub fn beta_inc(a: f64, b: f64, x: f64) -> f64 {
+    if x <= 0.0 {
+        return 0.0;
+    }
+    if x >= 1.0 {
+        return 1.0;
+    }
+    let front =
+        (ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln()).exp();
+    if x < (a + 1.0) / (a + b + 2.0) {
+        front * beta_cf(a, b, x) / a
+    } else {
+        1.0 - front * beta_cf(b, a, 1.0 - x) / b
+    }
+}
+
+/// The two-sided Clopper–Pearson interval for a real-valued count: `k` events in `n` trials (the beta
+/// quantiles `B(tail; k, n − k + 1)` and `B(1 − tail; k + 1, n − k)`). For whole numbers it is
+/// [`clopper_pearson`] up to the bisection's precision.
+pub fn clopper_pearson_real(k: f64, n: f64, confidence: f64) -> (f64, f64) {
+    let tail = (1.0 - confidence) / 2.0;
+    if n.is_nan() || n <= 0.0 {
+        return (0.0, 1.0);
+    }
+    let k = k.clamp(0.0, n);
+    // I_p(a, b) increases with p: the p where it crosses `target`.
+    let solve = |a: f64, b: f64, target: f64| {
+        let (mut lo, mut hi) = (0.0, 1.0);
+        for _ in 0..100 {
+            let mid = 0.5 * (lo + hi);
+            if beta_inc(a, b, mid) < target {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        0.5 * (lo + hi)
+    };
+    let lower = if k <= 0.0 {
+        0.0
+    } else {
+        solve(k, n - k + 1.0, tail)
+    };
+    let upper = if k >= n {
+        1.0
+    } else {
+        solve(k + 1.0, n - k, 1.0 - tail)
+    };
+    (lower, upper)
+}
+
+/// Sums over weighted observations of a rate (each weight the inverse of the probability it was sampled
+/// with): enough for the weighted estimate and its Kish effective sample size.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WeightedCount {
+    /// Observations, and how many were events (unweighted).
+    pub n: u64,
+    pub k: u64,
+    /// Σw, Σw², Σw over the events.
+    pub w: f64,
+    pub w2: f64,
+    pub wk: f64,
+}
+
+impl WeightedCount {
+    /// Adds one observation with weight `w`.
+    pub fn add(&mut self, w: f64, event: bool) {
+        self.n += 1;
+        self.k += u64::from(event);
+        self.w += w;
+        self.w2 += w * w;
+        if event {
+            self.wk += w;
+        }
+    }
+
+    /// Adds another's sums.
+    pub fn merge(&mut self, o: &WeightedCount) {
+        self.n += o.n;
+        self.k += o.k;
+        self.w += o.w;
+        self.w2 += o.w2;
+        self.wk += o.wk;
+    }
+
+    /// The weighted (Horvitz–Thompson ratio) estimate Σw·event / Σw.
+    pub fn estimate(&self) -> Option<f64> {
+        (self.w > 0.0).then(|| self.wk / self.w)
+    }
+
+    /// Kish's effective sample size (Σw)² / Σw²: `n` when every weight is the same.
+    pub fn effective_n(&self) -> f64 {
+        if self.w2 > 0.0 {
+            self.w * self.w / self.w2
+        } else {
+            0.0
+        }
+    }
+
+    /// The estimate with a Clopper–Pearson interval on the Kish effective sample size (Korn and Graubard's
+    /// adaptation for weighted samples): `p̂·n_eff` events in `n_eff` trials. With equal weights n_eff = n and
+    /// p̂·n_eff = k, and the interval is the exact one ([`clopper_pearson`]).
+    pub fn interval(&self, confidence: f64) -> Option<(f64, f64, f64)> {
+        let p = self.estimate()?;
+        let n_eff = self.effective_n();
+        let equal = (n_eff - self.n as f64).abs() < 1e-6 * self.n as f64
+            && (p * self.n as f64 - self.k as f64).abs() < 1e-6;
+        let (lo, hi) = if equal {
+            clopper_pearson(self.k, self.n, confidence)
+        } else {
+            clopper_pearson_real(p * n_eff, n_eff, confidence)
+        };
+        Some((p, lo, hi))
+    }
+}
+
 /// One labelled calibration row: Tier-0's ambiguity and whether its answer was wrong.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Row {
@@ -442,5 +616,50 @@ mod tests {
         assert_eq!(g.last().copied(), Some(0.99));
         assert!(g.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(grid(&[], 0.05).len(), 100);
+    }
+
+    #[test]
+    fn the_real_valued_interval_matches_the_exact_one_on_whole_counts() {
+        for (k, n) in [(0u64, 10u64), (1, 2), (5, 100), (10, 10), (3, 47)] {
+            let exact = clopper_pearson(k, n, 0.95);
+            let real = clopper_pearson_real(k as f64, n as f64, 0.95);
+            assert!(
+                (exact.0 - real.0).abs() < 1e-7 && (exact.1 - real.1).abs() < 1e-7,
+                "{k}/{n}: {exact:?} vs {real:?}"
+            );
+        }
+        assert!((beta_inc(2.0, 3.0, 0.4) - 0.5248).abs() < 1e-12);
+    }
+
+    #[test]
+    fn weighted_counts_use_the_kish_effective_size_and_reduce_to_the_exact_interval() {
+        // A constant rate: every weight 1 / 0.2 = 5, so the figures are the unweighted ones, exactly.
+        let mut same = WeightedCount::default();
+        for i in 0..100 {
+            same.add(5.0, i % 20 == 0);
+        }
+        let (p, lo, hi) = same.interval(0.95).unwrap();
+        assert_eq!((p, (lo, hi)), (0.05, clopper_pearson(5, 100, 0.95)));
+        assert!((same.effective_n() - 100.0).abs() < 1e-9);
+        // Two rates: 50 audits drawn at 0.5 (weight 2, none wrong) and 50 at 0.05 (weight 20, 10 wrong). The
+        // unweighted share (10%) understates the traffic's error; weighted it is 200 / 1100.
+        let mut mixed = WeightedCount::default();
+        for _ in 0..50 {
+            mixed.add(2.0, false);
+        }
+        for i in 0..50 {
+            mixed.add(20.0, i % 5 == 0);
+        }
+        let (p, lo, hi) = mixed.interval(0.95).unwrap();
+        assert!((p - 200.0 / 1100.0).abs() < 1e-12);
+        let n_eff = mixed.effective_n();
+        assert!((n_eff - 1100.0 * 1100.0 / 20200.0).abs() < 1e-9 && n_eff < 100.0);
+        // Wider than an interval on 100 unweighted rows at the same share.
+        let plain = clopper_pearson_real(p * 100.0, 100.0, 0.95);
+        assert!(
+            lo < plain.0 && hi > plain.1 && lo < p && p < hi,
+            "{lo} {hi} {plain:?}"
+        );
+        assert_eq!(WeightedCount::default().interval(0.95), None);
     }
 }

@@ -64,9 +64,11 @@ pub fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
             .record_text
             .then(|| a.text.clone())
             .flatten(),
+        forced: o.forced,
     };
     let rate = policy.cfg.audit_rate;
-    if rec.tier0_alone() && !o.out_of_scope && rate > 0.0 && rand::random::<f64>() < rate {
+    // Only answers decided under the policy's own θ are drawn: a forced θ says nothing about the traffic.
+    if rec.is_evidence() && !o.out_of_scope && rate > 0.0 && rand::random::<f64>() < rate {
         if let (Some(auditor), Some(text)) = (&state.auditor, &a.text) {
             auditor.offer(crate::auditor::Item {
                 route: rec.route.clone(),
@@ -85,6 +87,7 @@ pub fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
             answered: rec.label.clone().unwrap_or_default(),
             channel: rec.channel.clone(),
             text: a.text,
+            head: rec.head.clone(),
             label: None,
         })));
     }

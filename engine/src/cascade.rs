@@ -78,6 +78,7 @@ impl Meta {
             stage: self.stage.clone(),
             backend: self.backend.clone(),
             head: self.head.clone(),
+            forced: self.forced,
         }
     }
 

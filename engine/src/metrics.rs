@@ -75,6 +75,9 @@ pub const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failure
 pub const RISK_BREACHES_TOTAL: &str = "tiergate_risk_breaches_total";
 /// The θ the error bound allows per route (`routing.max_error` set).
 pub const RISK_THETA: &str = "tiergate_risk_theta_ratio";
+/// 1 while a route's head has flawed calibration rows (in-sample halves, labels left out) and the bound is
+/// set, else 0: refused (θ 0) unless `routing.allow_flawed_calibration`, flagged either way.
+pub const RISK_CALIBRATION_FLAWED: &str = "tiergate_risk_calibration_flawed";
 /// 1 while a route's labelled audits show the error bound broken on live traffic at the calibration rows' θ
 /// (then θ is chosen on the audits), else 0 (also without a bound).
 pub const RISK_AUDIT_BREACH: &str = "tiergate_risk_audit_breach";
@@ -224,6 +227,10 @@ fn describe() {
     describe_gauge!(
         RISK_THETA,
         "The theta the error bound (routing.max_error) allows, by route"
+    );
+    describe_gauge!(
+        RISK_CALIBRATION_FLAWED,
+        "1 while a route's error bound rests on flawed (in-sample or incomplete) calibration rows, by route"
     );
     describe_gauge!(
         RISK_AUDIT_BREACH,

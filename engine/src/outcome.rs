@@ -39,6 +39,8 @@ pub struct Outcome {
     pub backend: Option<String>,
     /// The version of the head that classified it (classified routes).
     pub head: Option<String>,
+    /// θ was forced by an operator's override header: the answer is no evidence about the traffic.
+    pub forced: bool,
 }
 
 impl Outcome {

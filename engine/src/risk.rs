@@ -19,8 +19,18 @@ pub struct RouteRisk {
     audits: Mutex<Vec<Audited>>,
     /// Trusted tenants' feedback on Tier-0's lone answers within the window (the same refresh).
     feedback: Mutex<Vec<Audited>>,
-    cache: Mutex<Option<((u64, u64), Bound)>>,
+    cache: Mutex<Option<(ChoiceKey, Bound)>>,
+    /// Why the head's calibration rows are not a sound held-out sample, when they are not.
+    flaw: Option<String>,
 }
+
+/// Why θ is 0 when a head's flawed calibration rows are refused.
+const FLAWED: &str =
+    "the head's calibration rows are flawed (see calibration_flaw): the bound is not computed on \
+                      them unless routing.allow_flawed_calibration = true; every request escalates";
+
+/// What a cached choice was made for: ε and the confidence (their bits), and whether flawed rows were allowed.
+type ChoiceKey = (u64, u64, bool);
 
 /// The bound's θ and its two sources of evidence.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +88,10 @@ pub struct RiskView {
     pub feedback_p_value: f64,
     /// Calibration rows the choice was made on.
     pub n_calibration: usize,
+    /// Why those rows are not the held-out sample the bound's proof needs, when they are not; with
+    /// `calibration_flaw_allowed` false the bound refuses them (θ = 0).
+    pub calibration_flaw: Option<String>,
+    pub calibration_flaw_allowed: bool,
     /// Of them, rows with ambiguity ≤ θ, and their errors.
     pub accepted: u64,
     pub errors: u64,
@@ -85,6 +99,17 @@ pub struct RiskView {
     pub upper_bound: f64,
     /// Why θ is 0, when it is.
     pub note: Option<&'static str>,
+    /// The first θ of the grid the fixed-sequence test ran over (`None` without calibration rows): a policy
+    /// θ below it (load mode at low load, say) is outside the proof — answers accepted there are a subset the
+    /// test never checked — and is flagged, not capped.
+    pub grid_start: Option<f64>,
+}
+
+impl RiskView {
+    /// Whether a θ in force lies outside the proof: above 0 and below the grid's first θ.
+    pub fn outside_proof(&self, theta: f64) -> bool {
+        theta > 0.0 && self.grid_start.is_some_and(|g| theta < g)
+    }
 }
 
 impl RouteRisk {
@@ -97,7 +122,13 @@ impl RouteRisk {
             audits: Mutex::new(Vec::new()),
             feedback: Mutex::new(Vec::new()),
             cache: Mutex::new(None),
+            flaw: cal.and_then(|c| c.flaw()),
         }
+    }
+
+    /// Why the head's calibration rows are flawed, when they are.
+    pub fn flaw(&self) -> Option<&str> {
+        self.flaw.as_deref()
     }
 
     /// Installs the labelled audits in the window (the cached choice is made again when they changed).
@@ -119,9 +150,10 @@ impl RouteRisk {
         }
     }
 
-    /// The bound for (`eps`, `confidence`), computed once per pair and set of audits.
-    pub fn choice(&self, eps: f64, confidence: f64) -> Bound {
-        let key = (eps.to_bits(), confidence.to_bits());
+    /// The bound for (`eps`, `confidence`), computed once per pair and set of audits. Flawed calibration rows
+    /// are refused (θ = 0) unless `allow_flawed`.
+    pub fn choice(&self, eps: f64, confidence: f64, allow_flawed: bool) -> Bound {
+        let key = (eps.to_bits(), confidence.to_bits(), allow_flawed);
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((k, b)) = &*cache {
             if *k == key {
@@ -129,7 +161,18 @@ impl RouteRisk {
             }
         }
         let delta = 1.0 - confidence;
-        let calibration = choose(&self.ordering, &self.rows, eps, delta);
+        let calibration = if self.flaw.is_some() && !allow_flawed {
+            Choice {
+                theta: 0.0,
+                accepted: 0,
+                errors: 0,
+                upper_bound: 0.0,
+                tested: 0,
+                reason: Some(FLAWED),
+            }
+        } else {
+            choose(&self.ordering, &self.rows, eps, delta)
+        };
         let audits = self.audits.lock().map(|a| a.clone()).unwrap_or_default();
         // The audits check the calibration rows' θ on live traffic; only a breach they show at level δ
         // re-chooses θ on them (a re-choice on few audits would lower θ for lack of power, not of accuracy).
@@ -166,14 +209,16 @@ impl RouteRisk {
 
     /// The θ the bound allows under `cfg`, when it sets one (`max_error`).
     pub fn theta(&self, cfg: &RoutingConfig) -> Option<f64> {
-        cfg.max_error
-            .map(|e| self.choice(e, cfg.confidence).theta())
+        cfg.max_error.map(|e| {
+            self.choice(e, cfg.confidence, cfg.allow_flawed_calibration)
+                .theta()
+        })
     }
 
     /// The view of the bound under `cfg`, when it sets one.
     pub fn view(&self, cfg: &RoutingConfig) -> Option<RiskView> {
         let eps = cfg.max_error?;
-        let b = self.choice(eps, cfg.confidence);
+        let b = self.choice(eps, cfg.confidence, cfg.allow_flawed_calibration);
         let c = &b.calibration;
         Some(RiskView {
             max_error: eps,
@@ -190,9 +235,18 @@ impl RouteRisk {
             feedback_wrong_at_theta: b.feedback_check.1,
             feedback_p_value: b.feedback_check.2,
             n_calibration: self.rows.len(),
+            calibration_flaw: self.flaw.clone(),
+            calibration_flaw_allowed: cfg.allow_flawed_calibration,
             accepted: c.accepted,
             errors: c.errors,
             upper_bound: c.upper_bound,
+            grid_start: (!self.rows.is_empty())
+                .then(|| {
+                    tiergate_core::risk::grid(&self.ordering, eps)
+                        .first()
+                        .copied()
+                })
+                .flatten(),
             note: if b.theta() == 0.0 && c.theta > 0.0 {
                 Some("the labelled audits of live traffic do not show the bound at any θ: every request escalates")
             } else {
@@ -220,7 +274,43 @@ mod tests {
             audits: Mutex::new(Vec::new()),
             feedback: Mutex::new(Vec::new()),
             cache: Mutex::new(None),
+            flaw: None,
         }
+    }
+
+    /// Flawed calibration rows (in-sample halves) are refused unless the config opts in: θ = 0 with the
+    /// reason, the flag in the view either way.
+    #[test]
+    fn flawed_calibration_rows_are_refused_unless_allowed() {
+        let rows: Vec<Row> = (0..2000)
+            .map(|i| Row {
+                ambiguity: f64::from(i) / 2000.0,
+                wrong: i >= 1000,
+            })
+            .collect();
+        let mut r = risk(rows);
+        r.flaw = Some("in-sample".into());
+        let mut cfg = RoutingConfig {
+            max_error: Some(0.05),
+            ..RoutingConfig::default()
+        };
+        let v = r.view(&cfg).unwrap();
+        assert_eq!(v.theta, 0.0);
+        assert_eq!(v.note, Some(FLAWED));
+        assert_eq!(
+            (v.calibration_flaw.as_deref(), v.calibration_flaw_allowed),
+            (Some("in-sample"), false)
+        );
+        cfg.allow_flawed_calibration = true;
+        let v = r.view(&cfg).unwrap();
+        assert!(v.theta > 0.45, "{v:?}");
+        assert_eq!(
+            (v.calibration_flaw.as_deref(), v.calibration_flaw_allowed),
+            (Some("in-sample"), true)
+        );
+        r.flaw = None;
+        cfg.allow_flawed_calibration = false;
+        assert!(r.view(&cfg).unwrap().calibration_flaw.is_none());
     }
 
     #[test]
@@ -256,6 +346,11 @@ mod tests {
         );
         let v = r.view(&cfg).unwrap();
         assert!(v.upper_bound <= 0.05 && v.note.is_none(), "{v:?}");
+        // A θ below the grid's first point is outside the proof (flagged); the bound's own θ and 0 are not.
+        let start = v.grid_start.unwrap();
+        assert!(start > 0.0 && start <= t, "{v:?}");
+        assert!(v.outside_proof(start / 2.0));
+        assert!(!v.outside_proof(t) && !v.outside_proof(0.0) && !v.outside_proof(start));
         // Audits of a live traffic that is worse than the calibration rows lower θ; audits agreeing do not
         // raise it.
         let worse: Vec<Audited> = (0..2000)

@@ -33,6 +33,7 @@ fn record(i: usize, at: u64) -> Record {
         policy_version: 3,
         head: "0123456789abcdef".into(),
         text: None,
+        forced: false,
     }
 }
 

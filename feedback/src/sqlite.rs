@@ -167,10 +167,11 @@ fn json_all<T: serde::de::DeserializeOwned>(
 }
 
 impl SqliteStore {
-    /// Trusted feedback on `route`'s Tier-0-alone answers since `since_ms`, as evidence rows.
+    /// Trusted feedback on `route`'s Tier-0-alone answers by head `head` since `since_ms`, as evidence rows.
     pub fn trusted_feedback(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>> {
         let conn = self.conn();
@@ -185,16 +186,20 @@ impl SqliteStore {
         for row in rows {
             let (rec, fb) = row?;
             let rec: Record = serde_json::from_str(&rec)?;
+            if rec.head != head {
+                continue;
+            }
             let fb: Feedback = serde_json::from_str(&fb)?;
             out.extend(rec.as_evidence(&fb));
         }
         Ok(out)
     }
 
-    /// Labelled audits of `route` drawn since `since_ms`.
+    /// Labelled audits of `route`'s head `head` drawn since `since_ms`.
     pub fn labelled(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>> {
         let items: Vec<AuditItem> = json_all(
@@ -202,7 +207,7 @@ impl SqliteStore {
             "SELECT item FROM audits WHERE route = ?1 AND label IS NOT NULL AND at_ms >= ?2",
             params![route, since_ms as i64],
         )?;
-        Ok(items.iter().filter_map(AuditItem::audited).collect())
+        Ok(items.iter().filter_map(|a| a.audited(head)).collect())
     }
 
     /// See [`Store::put`].
@@ -217,7 +222,7 @@ impl SqliteStore {
                     tx.execute(
                         "INSERT OR IGNORE INTO decisions (id, alias, tenant, route, channel, at_ms, expires_ms, bytes, record) \
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                        params![r.id, r.alias, r.tenant, r.route, r.channel, r.at_ms as i64, expires, text.len() as i64, text],
+                        params![r.id, r.alias, r.tenant, r.route, r.feedback_channel(), r.at_ms as i64, expires, text.len() as i64, text],
                     )?;
                 }
                 Entry::Audit(a) => {
@@ -266,19 +271,30 @@ impl SqliteStore {
         let rec: Record = serde_json::from_str(&record)?;
         tx.execute(
             "UPDATE decisions SET feedback = ?2, fb_correct = ?3, fb_trusted = ?4, fb_tier0 = ?5 WHERE id = ?1",
-            params![rec.id, serde_json::to_string(fb)?, fb.correct, fb.trusted, rec.tier0_alone()],
+            params![rec.id, serde_json::to_string(fb)?, fb.correct, fb.trusted, rec.is_evidence()],
         )?;
         tx.commit()?;
         Ok(First::Written(fb.clone()))
     }
 
     /// See [`Store::pending`].
-    pub fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>> {
-        json_all(
+    pub fn pending(
+        &self,
+        route: Option<&str>,
+        heads: Option<&tiergate_engine::ledger::Heads>,
+        limit: usize,
+    ) -> Result<Vec<AuditItem>> {
+        // With a head filter every pending item is read (oldest first) and those of other heads skipped.
+        let all: Vec<AuditItem> = json_all(
             &self.conn(),
             "SELECT item FROM audits WHERE label IS NULL AND (?1 IS NULL OR route = ?1) ORDER BY at_ms LIMIT ?2",
-            params![route, limit as i64],
-        )
+            params![route, if heads.is_some() { -1 } else { limit as i64 }],
+        )?;
+        Ok(all
+            .into_iter()
+            .filter(|a| a.of_heads(heads))
+            .take(limit)
+            .collect())
     }
 
     /// See [`Store::audit`].
@@ -316,24 +332,20 @@ impl SqliteStore {
     pub fn summary(&self, now_ms: u64) -> Result<Summary> {
         let conn = self.conn();
         let mut s = Summary::default();
-        let mut stmt = conn.prepare(
-            "SELECT route, COUNT(*) FILTER (WHERE label IS NULL AND expires_ms > ?1), \
-             COUNT(label), COALESCE(SUM(wrong), 0) FROM audits GROUP BY route",
+        // Audits in the window, by the head that answered: pending ones not expired, labelled ones drawn
+        // within the window.
+        let items: Vec<AuditItem> = json_all(
+            &conn,
+            "SELECT item FROM audits WHERE (label IS NULL AND expires_ms > ?1) OR \
+             (label IS NOT NULL AND at_ms >= ?2)",
+            params![now_ms as i64, now_ms.saturating_sub(self.window_ms) as i64],
         )?;
-        let rows = stmt.query_map(params![now_ms as i64], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        })?;
-        for row in rows {
-            let (route, pending, labelled, wrong) = row?;
-            let e = s.route(&route);
-            e.audits_pending = pending as u64;
-            e.audits_labelled = labelled as u64;
-            e.audits_wrong = wrong as u64;
+        for a in items {
+            let e = s.route(&a.route);
+            match &a.label {
+                None => e.add_pending(&a.head, 1),
+                Some(l) => e.add_audit(&a.head, &a.channel, a.probability, *l != a.answered),
+            }
         }
         let mut stmt = conn.prepare(
             "SELECT route, channel, fb_trusted, COUNT(*), COALESCE(SUM(fb_correct), 0) FROM decisions \
@@ -384,9 +396,10 @@ impl Store for SqliteStore {
     fn pending(
         &self,
         route: Option<&str>,
+        heads: Option<&tiergate_engine::ledger::Heads>,
         limit: usize,
     ) -> std::result::Result<Vec<AuditItem>, StoreError> {
-        Self::pending(self, route, limit).map_err(Into::into)
+        Self::pending(self, route, heads, limit).map_err(Into::into)
     }
     fn audit(&self, id: &str) -> std::result::Result<Option<AuditItem>, StoreError> {
         Self::audit(self, id).map_err(Into::into)
@@ -400,16 +413,18 @@ impl Store for SqliteStore {
     fn labelled(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> std::result::Result<Vec<tiergate_core::risk::Audited>, StoreError> {
-        Self::labelled(self, route, since_ms).map_err(Into::into)
+        Self::labelled(self, route, head, since_ms).map_err(Into::into)
     }
     fn trusted_feedback(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> std::result::Result<Vec<tiergate_core::risk::Audited>, StoreError> {
-        Self::trusted_feedback(self, route, since_ms).map_err(Into::into)
+        Self::trusted_feedback(self, route, head, since_ms).map_err(Into::into)
     }
 }
 
@@ -435,6 +450,7 @@ mod tests {
             policy_version: 1,
             head: String::new(),
             text: None,
+            forced: false,
         }
     }
 
@@ -488,8 +504,14 @@ mod tests {
             First::Written(fb.clone())
         );
         // Trusted feedback on a Tier-0 answer is evidence for the bound: right, decided under θ = 0.5.
-        let ev = s.trusted_feedback("classify", 0).unwrap();
+        let ev = s.trusted_feedback("classify", "", 0).unwrap();
         assert_eq!(ev.len(), 1);
+        assert!(
+            s.trusted_feedback("classify", "another-head", 0)
+                .unwrap()
+                .is_empty(),
+            "evidence about another head"
+        );
         assert!(!ev[0].row.wrong && (ev[0].drawn_at - 0.5).abs() < 1e-12);
         let other = Feedback {
             correct: false,
@@ -567,6 +589,7 @@ mod tests {
             answered: "card_lost".into(),
             channel: "tier0".into(),
             text: Some("my card is gone".into()),
+            head: "h1".into(),
             label: None,
         };
         s.put(
@@ -577,12 +600,12 @@ mod tests {
             20,
         )
         .unwrap();
-        let p = s.pending(Some("classify"), 10).unwrap();
+        let p = s.pending(Some("classify"), None, 10).unwrap();
         assert_eq!(
             p.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
             ["a1", "a2"]
         );
-        assert!(s.pending(Some("other"), 10).unwrap().is_empty());
+        assert!(s.pending(Some("other"), None, 10).unwrap().is_empty());
         assert_eq!(
             s.label("a1", "card_stolen").unwrap(),
             First::Written("card_stolen".into())
@@ -593,21 +616,24 @@ mod tests {
         );
         let a = s.audit("a1").unwrap().unwrap();
         assert_eq!((a.label.as_deref(), a.text), (Some("card_stolen"), None));
-        assert_eq!(s.pending(None, 10).unwrap().len(), 1);
+        assert_eq!(s.pending(None, None, 10).unwrap().len(), 1);
         // The labelled one is live evidence for the bound: wrong, drawn under θ = 0.4.
-        let live = s.labelled("classify", 0).unwrap();
+        let live = s.labelled("classify", "h1", 0).unwrap();
         assert_eq!(live.len(), 1);
         assert!(live[0].row.wrong && (live[0].drawn_at - 0.4).abs() < 1e-12);
         assert!(
-            s.labelled("classify", 11).unwrap().is_empty(),
+            s.labelled("classify", "h1", 11).unwrap().is_empty(),
             "drawn before `since`"
+        );
+        assert!(
+            s.labelled("classify", "h2", 0).unwrap().is_empty(),
+            "another head's evidence"
         );
         let sum = s.summary(20).unwrap();
         let c = &sum.routes["classify"];
-        assert_eq!(
-            (c.audits_pending, c.audits_labelled, c.audits_wrong),
-            (1, 1, 1)
-        );
+        let e = c.silent_error(Some("h1")).unwrap();
+        assert_eq!((c.pending_of(Some("h1")), e.n, e.wrong), (1, 1, 1));
+        assert_eq!(c.silent_error(Some("h2")), None);
         assert!(s.label("nope", "x").is_err());
     }
 }

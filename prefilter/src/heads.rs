@@ -370,6 +370,10 @@ pub struct DevReport {
     /// Dev rows the temperature was fitted on (the other half).
     #[serde(default)]
     pub temperature_rows: usize,
+    /// Why its calibration rows are not a sound held-out sample (in-sample halves, labels left out), when
+    /// they are not: the same flag as `calibration.json`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_flaw: Option<String>,
 }
 
 /// Current `head.json` format.

@@ -26,6 +26,18 @@ pub struct CalibrationRows {
     pub ordering: Vec<(f64, bool)>,
     /// Rows neither the head nor its temperature saw, `[ambiguity, wrong]`: what the bound is computed on.
     pub rows: Vec<(f64, bool)>,
+    /// The dev split was too small for two disjoint halves (no label had two dev rows): `rows` are the rows
+    /// that fitted the temperature and ordered the grid — in-sample, so the bound's proof does not hold.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_sample: bool,
+    /// Labels with dev rows but none among `rows` (a label's one dev row goes to the temperature's half): the
+    /// rows do not sample the traffic of these labels.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub labels_left_out: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn to_rows(v: &[(f64, bool)]) -> Vec<Row> {
@@ -46,6 +58,24 @@ impl CalibrationRows {
     /// The calibration rows as [`Row`]s.
     pub fn calibration_rows(&self) -> Vec<Row> {
         to_rows(&self.rows)
+    }
+
+    /// Why the rows are not the held-out sample the bound's proof needs, when they are not (`None`: sound).
+    pub fn flaw(&self) -> Option<String> {
+        if self.in_sample {
+            return Some(
+                "in-sample: the dev split was too small for disjoint halves, so the calibration rows are the rows \
+                 that fitted the temperature (train with more dev rows: --dev-fraction, or more rows per label)"
+                    .into(),
+            );
+        }
+        (self.labels_left_out > 0).then(|| {
+            format!(
+                "{} labels have no calibration row (one dev row each, used to fit the temperature): the rows do \
+                 not sample their traffic",
+                self.labels_left_out
+            )
+        })
     }
 
     /// Reads `dir/calibration.json` when present (heads trained before it, checkpoint and few-shot heads have
@@ -90,6 +120,8 @@ mod tests {
             temperature: 1.5,
             ordering: vec![(0.1, false)],
             rows: vec![(0.2, true), (0.0, false)],
+            in_sample: false,
+            labels_left_out: 0,
         };
         c.save(dir.path()).unwrap();
         let back = CalibrationRows::load(dir.path()).unwrap().unwrap();

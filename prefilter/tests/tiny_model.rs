@@ -327,6 +327,7 @@ fn a_fusion_fitted_for_another_head_is_not_used() {
                 ece_uncalibrated: 0.0,
                 ece: 0.0,
                 temperature_rows: 0,
+                calibration_flaw: None,
             },
             examples: Vec::new(),
             descriptions: Vec::new(),

@@ -97,10 +97,20 @@ pub async fn data(
         .filter(|d| d.channel == Channel::Degraded.as_str())
         .count() as f64
         / recent.len().max(1) as f64;
+    // θ in force once the error bound caps the policy's (the smallest over the routes it caps).
+    let capped = state
+        .routes
+        .values()
+        .filter(|r| r.prefilter.is_some())
+        .filter_map(|r| r.risk.theta(&current.cfg))
+        .map(|b| tiergate_engine::risk::cap(live.theta_eff, Some(b)))
+        .reduce(f64::min);
     axum::Json(json!({
         "version": current.version,
         "policy": current.cfg,
-        "theta_eff": live.theta_eff,
+        "theta_eff": capped.unwrap_or(live.theta_eff),
+        "theta_policy": live.theta_eff,
+        "theta_capped_by_bound": capped.is_some_and(|c| c < live.theta_eff),
         "utilization": live.utilization,
         "utilization_in_use": live.utilization_in_use,
         "escalated_share_60s": live.escalated_share_60s,
@@ -144,7 +154,12 @@ fn quality(state: &AppState) -> Vec<serde_json::Value> {
         .filter_map(|name| Some((name, state.routes.get(name)?)))
         .filter(|(_, r)| r.prefilter.is_some())
         .map(|(name, r)| {
-            let mut v = summary.routes.get(name).cloned().unwrap_or_default().view();
+            let mut v = summary
+                .routes
+                .get(name)
+                .cloned()
+                .unwrap_or_default()
+                .view(Some(&r.head_version));
             v["route"] = json!(name);
             v["risk"] = json!(r.risk.view(&cfg));
             v["llm_agreement"] = agreement.get(name).map(|a| a.view()).into();

@@ -237,27 +237,29 @@ async fn follow_audits(state: std::sync::Weak<tiergate_engine::state::AppState>)
             continue;
         }
         let since = tiergate_engine::ledger::now_ms().saturating_sub(ledger.window_ms());
-        let routes: Vec<String> = s
+        // Evidence belongs to the head that answered: each route's head in force.
+        let routes: Vec<(String, String)> = s
             .routes
             .iter()
             .filter(|(_, r)| r.prefilter.is_some())
-            .map(|(n, _)| n.clone())
+            .map(|(n, r)| (n.clone(), r.head_version.clone()))
             .collect();
         drop(s);
-        for name in routes {
+        for (name, head) in routes {
             let store = ledger.store();
-            let route = name.clone();
+            let (route, of) = (name.clone(), head.clone());
             let read = tokio::task::spawn_blocking(move || {
                 Ok::<_, tiergate_engine::ledger::StoreError>((
-                    store.labelled(&route, since)?,
-                    store.trusted_feedback(&route, since)?,
+                    store.labelled(&route, &of, since)?,
+                    store.trusted_feedback(&route, &of, since)?,
                 ))
             })
             .await;
             let Some(s) = state.upgrade() else { return };
             match read {
                 Ok(Ok((audits, feedback))) => {
-                    if let Some(r) = s.routes.get(&name) {
+                    // A head swapped in meanwhile starts with its own (none yet).
+                    if let Some(r) = s.routes.get(&name).filter(|r| r.head_version == head) {
                         r.risk.set_audits(audits);
                         r.risk.set_feedback(feedback);
                     }

@@ -62,6 +62,7 @@ fn write_head(r: &Rig, out: &Path, rows: [usize; 3], scale: f64, dev_accuracy: f
             ece_uncalibrated: 0.0,
             ece: 0.0,
             temperature_rows: 0,
+            calibration_flaw: None,
         },
         examples: Vec::new(),
         descriptions: Vec::new(),

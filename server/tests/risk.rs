@@ -73,6 +73,195 @@ async fn the_error_bound_escalates_what_it_needs_and_a_breach_degrades_or_reject
     assert!(h.get("x-tiergate-degraded").is_none());
 }
 
+/// Writes a trained head over the rig's tiny encoder: label i's row is the normalised mean embedding of its
+/// examples, times `scale` (the few-shot head's labels).
+fn write_head(r: &Rig, out: &std::path::Path, scale: f64) {
+    use candle_core::{DType, Tensor};
+    let labels: [(&str, &[&str]); 3] = [
+        ("card_lost", &["card lost", "card stolen"]),
+        ("pay_bill", &["pay bill"]),
+        ("greeting", &["hello hi"]),
+    ];
+    let (tok, enc) = tiergate_prefilter::classifier::load_encoder(
+        r.tiny.dir.path(),
+        tiergate_config::PoolingConfig::Auto,
+        16,
+    )
+    .unwrap();
+    let protos: Vec<Tensor> = labels
+        .iter()
+        .map(|(_, texts)| {
+            let e = tiergate_prefilter::classifier::embed_texts(&tok, &enc, texts, 8).unwrap();
+            let m = e.mean(0).unwrap();
+            let norm = m.sqr().unwrap().sum_all().unwrap().sqrt().unwrap();
+            m.broadcast_div(&norm).unwrap()
+        })
+        .collect();
+    let w = (Tensor::stack(&protos, 0).unwrap() * scale)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let b = Tensor::zeros(3, DType::F32, &candle_core::Device::Cpu).unwrap();
+    let meta = tiergate_prefilter::heads::TrainedHeadMeta {
+        format: tiergate_prefilter::heads::HEAD_FORMAT,
+        labels: labels.iter().map(|(l, _)| l.to_string()).collect(),
+        temperature: 1.0,
+        encoder: r.tiny.dir.path().to_path_buf(),
+        hidden_size: r.tiny.hidden,
+        fine_tuned: false,
+        dev: tiergate_prefilter::heads::DevReport {
+            n: 1000,
+            accuracy: 0.9,
+            ece_uncalibrated: 0.0,
+            ece: 0.0,
+            temperature_rows: 1000,
+            calibration_flaw: None,
+        },
+        examples: Vec::new(),
+        descriptions: Vec::new(),
+        split: None,
+    };
+    tiergate_prefilter::heads::save_trained(out, &meta, &w, &b).unwrap();
+}
+
+/// Texts of the tiny vocabulary, from clear to mixed.
+const TEXTS: [&str; 24] = [
+    "card lost",
+    "card stolen",
+    "pay bill",
+    "hello hi",
+    "my card is lost",
+    "i want to pay the bill",
+    "hello",
+    "bye",
+    "card bill",
+    "lost money",
+    "send money",
+    "transfer money",
+    "account balance",
+    "what is my balance",
+    "how to pay",
+    "please help",
+    "hi card",
+    "pay my card",
+    "stolen account",
+    "hello pay",
+    "i lost the bill",
+    "help my account",
+    "what was sent",
+    "the card was stolen",
+];
+
+async fn tier_and_ambiguity(r: &Rig, text: &str, forced: Option<&str>) -> (String, f64, String) {
+    let mut req = post("/v1/chat/completions", chat("classify", text));
+    if let Some(t) = forced {
+        force(&mut req, t);
+    }
+    let (s, h, b) = call(&r.app, req).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let get = |k: &str| h[k].to_str().unwrap().to_string();
+    let c: f64 = get("x-tiergate-confidence").parse().unwrap();
+    (get("x-tiergate-tier"), 1.0 - c, get("x-tiergate-threshold"))
+}
+
+/// The bound at a θ inside the traffic's ambiguities: a trained head whose `calibration.json` is wrong only
+/// above a known ambiguity. The server's θ is the Learn-then-Test choice on exactly those rows (recomputed
+/// here), it caps a static θ of 1, and each request escalates exactly when Tier-0's ambiguity is above it —
+/// answers both ways, so a server that ignored the file (θ 1: nothing escalates; θ 0: everything does) fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_error_bound_follows_the_heads_calibration_rows() {
+    use tiergate_core::risk::{choose, Row};
+    let base = rig(0, |_| {});
+    let dir = tempfile::tempdir().unwrap();
+    let head = dir.path().join("head");
+    write_head(&base, &head, 8.0);
+    let trained = |c: &mut Config| {
+        c.prefilter.head =
+            tiergate_config::HeadConfig::Trained(tiergate_config::TrainedHeadConfig {
+                dir: head.clone(),
+            });
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+    };
+    // The head's ambiguity on each text, Tier-0 alone.
+    let mut ambiguities = Vec::new();
+    {
+        let r = rig(0, trained);
+        for t in TEXTS {
+            let (tier, a, _) = tier_and_ambiguity(&r, t, None).await;
+            assert_eq!(tier, "tier0");
+            ambiguities.push(a);
+        }
+    }
+    let mut sorted = ambiguities.clone();
+    sorted.sort_by(f64::total_cmp);
+    let (lo, hi) = (sorted[0], sorted[sorted.len() - 1]);
+    assert!(
+        hi - lo > 0.05,
+        "the texts' ambiguities are spread: {sorted:?}"
+    );
+    // Calibration rows wrong only above the 40th percentile of those ambiguities.
+    let edge = sorted[sorted.len() * 2 / 5];
+    let rows: Vec<(f64, bool)> = (0..2000)
+        .map(|i| {
+            let a = f64::from(i) / 2000.0 * 0.7;
+            (a, a > edge)
+        })
+        .collect();
+    let as_rows: Vec<Row> = rows
+        .iter()
+        .map(|&(ambiguity, wrong)| Row { ambiguity, wrong })
+        .collect();
+    let want = choose(&as_rows, &as_rows, 0.05, 0.05);
+    assert!(want.theta > 0.0 && want.reason.is_none(), "{want:?}");
+    tiergate_prefilter::risk_rows::CalibrationRows {
+        format: tiergate_prefilter::risk_rows::CALIBRATION_FORMAT,
+        temperature: 1.0,
+        ordering: rows.clone(),
+        rows,
+        in_sample: false,
+        labels_left_out: 0,
+    }
+    .save(&head)
+    .unwrap();
+
+    let r = rig(1, |c| {
+        trained(c);
+        c.routing.max_error = Some(0.05);
+        c.routing.confidence = 0.95;
+    });
+    let (_, _, b) = call(&r.admin, admin("GET", None, true, None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let risk = &v["risk"]["classify"];
+    assert_eq!(risk["theta"].as_f64(), Some(want.theta), "{v}");
+    assert_eq!(risk["n_calibration"], 2000);
+    assert_eq!(risk["accepted"].as_u64(), Some(want.accepted));
+    let (mut escalated, mut alone) = (0, 0);
+    for (t, a) in TEXTS.iter().zip(&ambiguities) {
+        let (tier, _, theta) = tier_and_ambiguity(&r, t, None).await;
+        assert_eq!(theta, format!("{:.4}", want.theta));
+        if (a - want.theta).abs() < 1e-4 {
+            continue;
+        }
+        let expected = if *a > want.theta { "llm" } else { "tier0" };
+        assert_eq!(tier, expected, "{t}: ambiguity {a:.4}, θ {:.4}", want.theta);
+        match expected {
+            "llm" => escalated += 1,
+            _ => alone += 1,
+        }
+    }
+    assert!(
+        escalated > 0 && alone > 0,
+        "θ {:.4} is inside the ambiguities {sorted:?}: escalated {escalated}, alone {alone}",
+        want.theta
+    );
+    // Without the bound the same server answers every one of them alone.
+    patch_routing(&r, json!({"max_error": null})).await;
+    for t in TEXTS {
+        assert_eq!(tier_and_ambiguity(&r, t, None).await.0, "tier0");
+    }
+}
+
 /// Feedback joins the decision behind an answer: right or wrong from the true label, the first of repeated
 /// feedback stands (and the reply says so), another tenant's answer reads as unknown, and bad input is a 400
 /// naming the field; trusted and untrusted feedback are counted apart. (This server keeps its records in
@@ -447,4 +636,82 @@ async fn audits_and_trusted_feedback_are_harvested_with_their_provenance() {
     );
     assert_eq!(lines[5]["label"], "greeting");
     assert_eq!(lines[5]["route"], "classify");
+}
+
+/// A forced θ is not evidence: with every lone answer drawn for audit (`audit_rate = 1`), an answer under an
+/// operator's forced θ of 1 (Tier-0 alone) is never drawn, and a trusted tenant's feedback on it is counted in
+/// the `forced` channel, not the `tier0` one, and never joins the bound's evidence; the same request under the
+/// policy's θ is drawn and its feedback is `tier0`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_theta_is_neither_audited_nor_evidence() {
+    let r = rig(0, |c| {
+        tenants(c);
+        for t in &mut c.tenants {
+            (t.rate_per_s, t.burst) = (None, None);
+        }
+        c.tenants[1].feedback = tiergate_config::FeedbackTrust::Trusted;
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 1.0;
+        c.routing.audit_rate = 1.0;
+    });
+    let ask = |forced: bool, text: &'static str| {
+        let app = r.app.clone();
+        async move {
+            let mut req = tenant_chat("key-b", text);
+            if forced {
+                force(&mut req, "1");
+            }
+            let (s, h, b) = call(&app, req).await;
+            assert_eq!(s, StatusCode::OK);
+            assert_eq!(h["x-tiergate-tier"], "tier0");
+            serde_json::from_slice::<Value>(&b).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let forced = ask(true, "card stolen").await;
+    let plain = ask(false, "pay bill").await;
+    let t = Instant::now();
+    let texts = loop {
+        let (_, _, b) = call(
+            &r.admin,
+            admin_req("GET", "/admin/audits?route=classify", None),
+        )
+        .await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        let texts: Vec<String> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["text"].as_str().unwrap().to_string())
+            .collect();
+        if !texts.is_empty() || t.elapsed() > Duration::from_secs(5) {
+            break texts;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(texts, ["pay bill"], "the forced answer is not drawn");
+    for id in [&forced, &plain] {
+        let (s, v) = give_feedback(&r, "key-b", json!({"id": id, "correct": false})).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    let t = Instant::now();
+    let fb = loop {
+        let (_, _, b) = call(&r.admin, admin_req("GET", "/admin/feedback", None)).await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        let fb = v["routes"]["classify"]["feedback"].clone();
+        if fb.get("forced").is_some() || t.elapsed() > Duration::from_secs(5) {
+            break fb;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(fb["forced"]["trusted_n"], 1, "{fb}");
+    assert_eq!(fb["tier0"]["trusted_n"], 1, "{fb}");
+    // Only the policy-θ answer is evidence for the bound.
+    let head = r.state.routes.get("classify").unwrap().head_version.clone();
+    let store = r.state.ledger.as_ref().unwrap().store();
+    let evidence = store.trusted_feedback("classify", &head, 0).unwrap();
+    assert_eq!(evidence.len(), 1, "{evidence:?}");
+    assert!(evidence[0].row.wrong);
 }

@@ -85,6 +85,9 @@ pub struct DistillReport {
     /// Records trained on (the held-out audits excluded).
     pub records_used: usize,
     pub records_skipped: usize,
+    /// Records dropped because their text is a row of the dev split the report measures on (the head would
+    /// otherwise be taught the rows it is judged on).
+    pub records_in_dev: usize,
     /// Labelled audits held out of training, to measure on.
     pub audits_held_out: usize,
     pub train_rows: usize,
@@ -167,6 +170,8 @@ struct Inputs {
     dev: Vec<(String, usize)>,
     /// Records trained on.
     records: Vec<Harvested>,
+    /// Records dropped for being dev rows.
+    in_dev: usize,
     /// Labelled audits held out: text and gold label index.
     held_out: Vec<(String, usize)>,
     harvest: HarvestCounts,
@@ -216,6 +221,21 @@ fn inputs(o: &DistillOptions, labels: &[String], recorded: Option<TrainSplit>) -
             "the training data shares no label with the head".into(),
         ));
     }
+    // No record may teach a dev row: the dev split is what both heads are measured (and the new head
+    // calibrated) on.
+    let dev_texts: std::collections::HashSet<&str> = dev.iter().map(|(t, _)| t.trim()).collect();
+    let before = records.len();
+    let records: Vec<Harvested> = records
+        .into_iter()
+        .filter(|r| !dev_texts.contains(r.text.trim()))
+        .collect();
+    let in_dev = before - records.len();
+    if records.is_empty() {
+        return Err(PrefilterError::Training(format!(
+            "{}: every usable record is a row of the dev split ({in_dev})",
+            o.records.display()
+        )));
+    }
     let held_out = held
         .into_iter()
         .map(|h| {
@@ -227,6 +247,7 @@ fn inputs(o: &DistillOptions, labels: &[String], recorded: Option<TrainSplit>) -
         train,
         dev,
         records,
+        in_dev,
         held_out,
         harvest,
         split,
@@ -343,6 +364,7 @@ pub fn distill(o: &DistillOptions, progress: &mut dyn FnMut(&str)) -> Result<Dis
     Ok(DistillReport {
         records_used: inp.records.len(),
         records_skipped: inp.harvest.skipped,
+        records_in_dev: inp.in_dev,
         audits_held_out: inp.held_out.len(),
         harvest: inp.harvest,
         train_rows: inp.train.len(),

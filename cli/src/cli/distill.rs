@@ -85,14 +85,15 @@ pub fn run(a: &DistillArgs) -> anyhow::Result<()> {
     let h = &r.harvest;
     println!(
         "distilled {} records ({} LLM verdicts, {} labelled audits, {} trusted feedback, {} Tier-0 pseudo-labels; \
-         {} skipped; {} LLM verdicts replaced by a gold label, {} of them wrong; {} audits held out) with {} \
-         training rows -> {}",
+         {} skipped; {} dropped as dev rows; {} LLM verdicts replaced by a gold label, {} of them wrong; {} audits \
+         held out) with {} training rows -> {}",
         r.records_used,
         h.llm,
         h.audit - r.audits_held_out,
         h.feedback,
         h.tier0,
         h.skipped,
+        r.records_in_dev,
         h.llm_overridden,
         h.llm_contradicted,
         r.audits_held_out,

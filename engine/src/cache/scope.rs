@@ -124,4 +124,70 @@ mod tests {
             assert_ne!(s, base, "{what} changed and the scope did not");
         }
     }
+
+    /// A trained head at `dir` over `tiny`'s encoder, with `weights` scaling its rows and `examples` per label.
+    fn trained_head(
+        tiny: &tiergate_prefilter::testing::TinyModel,
+        dir: &std::path::Path,
+        weights: f32,
+        examples: &[&str],
+    ) -> PrefilterHandle {
+        use candle_core::{DType, Device, Tensor};
+        let w = (Tensor::ones((2, tiny.hidden), DType::F32, &Device::Cpu).unwrap()
+            * f64::from(weights))
+        .unwrap();
+        let b = Tensor::new(&[0.5f32, -0.5], &Device::Cpu).unwrap();
+        let meta = tiergate_prefilter::heads::TrainedHeadMeta {
+            format: tiergate_prefilter::heads::HEAD_FORMAT,
+            labels: vec!["a".into(), "b".into()],
+            temperature: 1.0,
+            encoder: tiny.dir.path().to_path_buf(),
+            hidden_size: tiny.hidden,
+            fine_tuned: false,
+            dev: tiergate_prefilter::heads::DevReport {
+                n: 2,
+                accuracy: 1.0,
+                ece_uncalibrated: 0.0,
+                ece: 0.0,
+                temperature_rows: 2,
+                calibration_flaw: None,
+            },
+            examples: examples.iter().map(|e| vec![e.to_string()]).collect(),
+            descriptions: Vec::new(),
+            split: None,
+        };
+        tiergate_prefilter::heads::save_trained(dir, &meta, &w, &b).unwrap();
+        let head = tiergate_config::HeadConfig::Trained(tiergate_config::TrainedHeadConfig {
+            dir: dir.to_path_buf(),
+        });
+        let cfg = tiergate_prefilter::testing::tiny_config(tiny.dir.path(), head);
+        let c = tiergate_prefilter::Classifier::from_config(&cfg).unwrap();
+        PrefilterHandle::start(c, &cfg).unwrap()
+    }
+
+    /// The head in the prefilter is part of the scope, not only its config and version string: the same
+    /// folder retrained (other weights) or re-grounded (other examples) under an unchanged config and version
+    /// string is another scope, and the same head loaded twice is the same.
+    #[test]
+    fn the_head_itself_is_part_of_the_scope() {
+        let cfg: tiergate_config::Config =
+            toml::from_str(tiergate_config::DEFAULT_CONFIG).expect("the embedded config parses");
+        let resolved = cfg.resolve().expect("the default config resolves");
+        let (r, b) = (&resolved.routes[0], &resolved.backends);
+        let tiny = tiergate_prefilter::testing::TinyModel::create(2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let head = dir.path().join("head");
+        let of = |p: &PrefilterHandle| scope(r, b, Some(p), "v1", 0, &stage(0.5));
+        let first = of(&trained_head(&tiny, &head, 1.0, &["x", "y"]));
+        assert_eq!(first, of(&trained_head(&tiny, &head, 1.0, &["x", "y"])));
+        assert_ne!(
+            first,
+            scope(r, b, None, "v1", 0, &stage(0.5)),
+            "the head's facts enter the scope"
+        );
+        let retrained = of(&trained_head(&tiny, &head, 2.0, &["x", "y"]));
+        assert_ne!(first, retrained, "other weights in the same folder");
+        let regrounded = of(&trained_head(&tiny, &head, 1.0, &["x", "z"]));
+        assert_ne!(first, regrounded, "other examples the judge reads");
+    }
 }

@@ -106,12 +106,18 @@ impl Store for MemoryStore {
         }
     }
 
-    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError> {
+    fn pending(
+        &self,
+        route: Option<&str>,
+        heads: Option<&super::Heads>,
+        limit: usize,
+    ) -> Result<Vec<AuditItem>, StoreError> {
         let mut out: Vec<AuditItem> = self
             .held()
             .audits
             .values()
             .filter(|a| a.label.is_none() && route.is_none_or(|r| a.route == r))
+            .filter(|a| a.of_heads(heads))
             .cloned()
             .collect();
         out.sort_by_key(|a| a.at_ms);
@@ -146,18 +152,17 @@ impl Store for MemoryStore {
             let e = s.route(&r.route);
             e.decisions += 1;
             if let Some(f) = fb {
-                e.add_feedback(&r.channel, f.trusted, 1, u64::from(f.correct));
+                e.add_feedback(r.feedback_channel(), f.trusted, 1, u64::from(f.correct));
             }
         }
         for a in h.audits.values() {
+            if a.at_ms + self.window_ms <= now_ms {
+                continue;
+            }
             let e = s.route(&a.route);
             match &a.label {
-                None if a.at_ms + self.window_ms > now_ms => e.audits_pending += 1,
-                None => {}
-                Some(l) => {
-                    e.audits_labelled += 1;
-                    e.audits_wrong += u64::from(*l != a.answered);
-                }
+                None => e.add_pending(&a.head, 1),
+                Some(l) => e.add_audit(&a.head, &a.channel, a.probability, *l != a.answered),
             }
         }
         Ok(s)
@@ -166,13 +171,14 @@ impl Store for MemoryStore {
     fn trusted_feedback(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
         Ok(self
             .held()
             .decisions
             .values()
-            .filter(|(r, _, _)| r.route == route && r.at_ms >= since_ms)
+            .filter(|(r, _, _)| r.route == route && r.head == head && r.at_ms >= since_ms)
             .filter_map(|(r, _, fb)| r.as_evidence(fb.as_ref()?))
             .collect())
     }
@@ -180,6 +186,7 @@ impl Store for MemoryStore {
     fn labelled(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
         Ok(self
@@ -187,7 +194,68 @@ impl Store for MemoryStore {
             .audits
             .values()
             .filter(|a| a.route == route && a.at_ms >= since_ms)
-            .filter_map(AuditItem::audited)
+            .filter_map(|a| a.audited(head))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(id: &str, head: &str, channel: &str, at_ms: u64) -> AuditItem {
+        AuditItem {
+            id: id.into(),
+            route: "classify".into(),
+            at_ms,
+            probability: 0.5,
+            theta: 0.6,
+            ambiguity: 0.1,
+            answered: "card_lost".into(),
+            channel: channel.into(),
+            text: Some("t".into()),
+            head: head.into(),
+            label: None,
+        }
+    }
+
+    /// Evidence belongs to a head: the bound's audits, the pending list and the summary read one head's
+    /// items; degraded answers' audits are not the bound's evidence and are counted apart.
+    #[test]
+    fn audits_are_read_by_the_head_that_answered() {
+        let s = MemoryStore::new(1 << 20, 60);
+        let now = 10_000;
+        let items = [
+            item("a", "h1", "tier0", now),
+            item("b", "h2", "tier0", now),
+            item("c", "h1", "degraded", now),
+            item("d", "h1", "tier0", now),
+        ];
+        let entries: Vec<Entry> = items
+            .iter()
+            .map(|i| Entry::Audit(Box::new(i.clone())))
+            .collect();
+        s.put(&entries, now).unwrap();
+        for id in ["a", "b", "c"] {
+            s.label(id, "card_stolen").unwrap();
+        }
+        let live = s.labelled("classify", "h1", 0).unwrap();
+        assert_eq!(
+            live.len(),
+            1,
+            "h1's lone answer only (not h2's, not the degraded one)"
+        );
+        assert_eq!(s.labelled("classify", "h2", 0).unwrap().len(), 1);
+        let heads: super::super::Heads = [("classify".to_string(), "h2".to_string())].into();
+        assert!(s.pending(None, Some(&heads), 10).unwrap().is_empty());
+        let heads: super::super::Heads = [("classify".to_string(), "h1".to_string())].into();
+        let p = s.pending(None, Some(&heads), 10).unwrap();
+        assert_eq!(p.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), ["d"]);
+        let sum = s.summary(now).unwrap();
+        let r = &sum.routes["classify"];
+        assert_eq!(r.silent_error(Some("h1")).unwrap().n, 1);
+        assert_eq!(r.degraded_error(Some("h1")).unwrap().n, 1);
+        assert_eq!(r.silent_error(Some("h2")).unwrap().n, 1);
+        assert_eq!(r.pending_of(Some("h1")), 1);
     }
 }

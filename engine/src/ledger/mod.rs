@@ -60,12 +60,33 @@ pub struct Record {
     /// The request's text (`server.record_text`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// θ was forced by an operator (`x-tiergate-threshold`): the answer says nothing about the traffic, so it
+    /// is never drawn for audit and its feedback is no evidence (counted in the `forced` channel).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forced: bool,
 }
+
+/// The feedback channel of answers decided under a forced θ.
+pub const FORCED: &str = "forced";
 
 impl Record {
     /// Tier-0 gave this answer alone (not escalated, or escalated and degraded back to Tier-0).
     pub fn tier0_alone(&self) -> bool {
         self.tier == "tier0" && self.label.is_some()
+    }
+
+    /// Tier-0's lone answer under the policy's own θ: what audits and trusted feedback are evidence about.
+    pub fn is_evidence(&self) -> bool {
+        self.tier0_alone() && !self.forced
+    }
+
+    /// The channel its feedback is counted in: its own, or `forced`.
+    pub fn feedback_channel(&self) -> &str {
+        if self.forced {
+            FORCED
+        } else {
+            &self.channel
+        }
     }
 }
 
@@ -105,9 +126,23 @@ pub struct AuditItem {
     /// The request's text (dropped once labelled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The version of the head that answered (empty in items from before it was recorded): evidence about
+    /// that head only.
+    #[serde(default)]
+    pub head: String,
     /// The true label, once labelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+}
+
+/// Route → the version of its head in force.
+pub type Heads = std::collections::HashMap<String, String>;
+
+impl AuditItem {
+    /// Whether it is about the head `heads` names for its route (every item when `heads` is `None`).
+    pub fn of_heads(&self, heads: Option<&Heads>) -> bool {
+        heads.is_none_or(|h| h.get(&self.route) == Some(&self.head))
+    }
 }
 
 /// What the background writer stores.
@@ -154,25 +189,34 @@ pub trait Store: Send + Sync {
     fn decision(&self, id: &str, now_ms: u64) -> Result<Option<Record>, StoreError>;
     /// Feedback on `id`'s record; the first stands.
     fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError>;
-    /// Audit items waiting for a label, oldest first.
-    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError>;
+    /// Audit items waiting for a label, oldest first; with `heads` (route → head version) only those of
+    /// each route's head (the one in force: an item about another head is no evidence about it).
+    fn pending(
+        &self,
+        route: Option<&str>,
+        heads: Option<&Heads>,
+        limit: usize,
+    ) -> Result<Vec<AuditItem>, StoreError>;
     /// One audit item, pending or labelled.
     fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError>;
     /// Labels an audit item (its text dropped); the first label stands.
     fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError>;
     /// Per route counts of audits and feedback.
     fn summary(&self, now_ms: u64) -> Result<Summary, StoreError>;
-    /// Route `route`'s labelled audits drawn since `since_ms`: the live evidence of the error bound.
+    /// Route `route`'s labelled audits of head `head`'s lone Tier-0 answers (not the degraded ones) drawn
+    /// since `since_ms`: the live evidence of the error bound.
     fn labelled(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError>;
-    /// Route `route`'s trusted feedback on answers Tier-0 gave alone since `since_ms`, as rows (the answer's
-    /// ambiguity, wrong, the θ it was decided with).
+    /// Route `route`'s trusted feedback on answers head `head` gave alone under the policy's θ since
+    /// `since_ms`, as rows (the answer's ambiguity, wrong, the θ it was decided with).
     fn trusted_feedback(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError>;
 }
@@ -341,7 +385,7 @@ impl Record {
     /// Trusted feedback `fb` on this answer as a row of evidence for the bound (Tier-0's lone label answers
     /// only).
     pub fn as_evidence(&self, fb: &Feedback) -> Option<tiergate_core::risk::Audited> {
-        (fb.trusted && self.tier0_alone()).then(|| tiergate_core::risk::Audited {
+        (fb.trusted && self.is_evidence()).then(|| tiergate_core::risk::Audited {
             row: tiergate_core::risk::Row {
                 ambiguity: self.ambiguity.unwrap_or(1.0),
                 wrong: !fb.correct,
@@ -352,8 +396,12 @@ impl Record {
 }
 
 impl AuditItem {
-    /// As evidence for the bound, once labelled.
-    pub fn audited(&self) -> Option<tiergate_core::risk::Audited> {
+    /// As evidence for the bound about head `head`, once labelled (an audit of a degraded answer or of
+    /// another head is not).
+    pub fn audited(&self, head: &str) -> Option<tiergate_core::risk::Audited> {
+        if self.head != head || self.channel != summary::TIER0 {
+            return None;
+        }
         let label = self.label.as_ref()?;
         Some(tiergate_core::risk::Audited {
             row: tiergate_core::risk::Row {
@@ -396,6 +444,7 @@ mod tests {
             policy_version: 1,
             head: head_version(&["a".into()], 1.0),
             text: None,
+            forced: false,
         }
     }
 

@@ -1,7 +1,8 @@
 //! The ledger in Redis, under the policy store's key (`{key}:ledger:…`), so that every replica joins feedback
 //! that reaches any of them. Records and pending audits carry the window as their TTL; a labelled audit is
-//! kept (without its text). Feedback and labels are first-write-wins (`SET … NX`). Counts for the summary are
-//! hashes updated with each feedback and label. Synchronous (the writer thread and `spawn_blocking` call it);
+//! kept (without its text). Feedback and labels are first-write-wins (`SET … NX`). Feedback counts for the
+//! summary are hashes updated with each feedback; audits are counted from the labelled and pending items in the
+//! window, by the head that answered. Synchronous (the writer thread and `spawn_blocking` call it);
 //! with Redis gone, writes fail (counted, logged) and lookups answer 503.
 
 use std::sync::Mutex;
@@ -9,6 +10,18 @@ use std::sync::Mutex;
 use redis::Commands;
 
 use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
+
+/// One route's summary read: three trims, the pending ids, the decisions kept, the feedback counts and the
+/// labelled audit items in the window.
+type SummaryRead = (
+    (),
+    (),
+    (),
+    Vec<String>,
+    u64,
+    std::collections::HashMap<String, i64>,
+    Vec<String>,
+);
 
 /// The store.
 pub struct RedisLedger {
@@ -67,6 +80,7 @@ impl Store for RedisLedger {
     fn trusted_feedback(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
         self.with(|c| {
@@ -78,7 +92,11 @@ impl Store for RedisLedger {
                 let Some((_, json)) = m.split_once(':') else {
                     continue;
                 };
-                let v: (f64, bool, f64) = serde_json::from_str(json)?;
+                // [ambiguity, wrong, θ, head] (rows written before the head was recorded have none).
+                let v: (f64, bool, f64, Option<String>) = serde_json::from_str(json)?;
+                if v.3.as_deref().unwrap_or("") != head {
+                    continue;
+                }
                 out.push(tiergate_core::risk::Audited {
                     row: tiergate_core::risk::Row {
                         ambiguity: v.0,
@@ -94,6 +112,7 @@ impl Store for RedisLedger {
     fn labelled(
         &self,
         route: &str,
+        head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
         self.with(|c| {
@@ -103,7 +122,7 @@ impl Store for RedisLedger {
             let mut out = Vec::new();
             for t in items {
                 let item: AuditItem = serde_json::from_str(&t)?;
-                out.extend(item.audited());
+                out.extend(item.audited(head));
             }
             Ok(out)
         })
@@ -186,7 +205,8 @@ impl Store for RedisLedger {
             }
             if let Some(row) = rec.as_evidence(fb) {
                 let evidence =
-                    serde_json::json!([row.row.ambiguity, row.row.wrong, row.drawn_at]).to_string();
+                    serde_json::json!([row.row.ambiguity, row.row.wrong, row.drawn_at, rec.head])
+                        .to_string();
                 let _: () = c.zadd(
                     self.k(&format!("trusted:{}", rec.route)),
                     format!("{}:{evidence}", rec.id),
@@ -195,11 +215,12 @@ impl Store for RedisLedger {
             }
             let stats = self.k(&format!("stats:{}", rec.route));
             let who = if fb.trusted { "t" } else { "u" };
+            let channel = rec.feedback_channel();
             let _: () = redis::pipe()
-                .hincr(&stats, format!("fb:{}:{who}:n", rec.channel), 1)
+                .hincr(&stats, format!("fb:{channel}:{who}:n"), 1)
                 .hincr(
                     &stats,
-                    format!("fb:{}:{who}:correct", rec.channel),
+                    format!("fb:{channel}:{who}:correct"),
                     i64::from(fb.correct),
                 )
                 .query(c)?;
@@ -207,7 +228,12 @@ impl Store for RedisLedger {
         })
     }
 
-    fn pending(&self, route: Option<&str>, limit: usize) -> Result<Vec<AuditItem>, StoreError> {
+    fn pending(
+        &self,
+        route: Option<&str>,
+        heads: Option<&super::Heads>,
+        limit: usize,
+    ) -> Result<Vec<AuditItem>, StoreError> {
         self.with(|c| {
             let routes: Vec<String> = match route {
                 Some(r) => vec![r.to_string()],
@@ -215,11 +241,14 @@ impl Store for RedisLedger {
             };
             let mut out: Vec<AuditItem> = Vec::new();
             for r in routes {
-                let ids: Vec<String> =
-                    c.zrange(self.k(&format!("pending:{r}")), 0, limit as isize)?;
+                // Without a head filter the first `limit` ids are enough; with one, every pending id of the
+                // window is read (items of other heads are skipped).
+                let last = if heads.is_some() { -1 } else { limit as isize };
+                let ids: Vec<String> = c.zrange(self.k(&format!("pending:{r}")), 0, last)?;
                 for id in ids {
                     let item: Option<AuditItem> = parse(c.get(self.k(&format!("audit:{id}")))?)?;
                     match item {
+                        Some(a) if a.label.is_none() && !a.of_heads(heads) => {}
                         Some(a) if a.label.is_none() => out.push(a),
                         _ => {
                             let _: () = c.zrem(self.k(&format!("pending:{r}")), &id)?;
@@ -256,7 +285,6 @@ impl Store for RedisLedger {
             }
             a.label = Some(label.to_string());
             a.text = None;
-            let stats = self.k(&format!("stats:{}", a.route));
             let labelled = serde_json::to_string(&a)?;
             let _: () = redis::pipe()
                 .set(&key, &labelled)
@@ -266,8 +294,6 @@ impl Store for RedisLedger {
                     a.at_ms as f64,
                 )
                 .zrem(self.k(&format!("pending:{}", a.route)), id)
-                .hincr(&stats, "audits_labelled", 1)
-                .hincr(&stats, "audits_wrong", i64::from(a.answered != label))
                 .query(c)?;
             Ok(First::Written(label.to_string()))
         })
@@ -281,25 +307,38 @@ impl Store for RedisLedger {
             for r in routes {
                 let pending = self.k(&format!("pending:{r}"));
                 let decisions = self.k(&format!("decisions:{r}"));
-                let (_, _, n_pending, n_decisions, stats): (
-                    (),
-                    (),
-                    u64,
-                    u64,
-                    std::collections::HashMap<String, i64>,
-                ) = redis::pipe()
+                let labelled = self.k(&format!("labelled:{r}"));
+                let (_, _, _, pending_ids, n_decisions, stats, items): SummaryRead = redis::pipe()
                     .zrembyscore(&pending, 0.0, expired)
                     .zrembyscore(&decisions, 0.0, expired)
-                    .zcard(&pending)
+                    .zrembyscore(&labelled, 0.0, expired)
+                    .zrange(&pending, 0, -1)
                     .zcard(&decisions)
                     .hgetall(self.k(&format!("stats:{r}")))
+                    .zrange(&labelled, 0, -1)
                     .query(c)?;
                 let e = s.route(&r);
-                e.audits_pending = n_pending;
                 e.decisions = n_decisions;
+                for t in items {
+                    let a: AuditItem = serde_json::from_str(&t)?;
+                    if let Some(l) = &a.label {
+                        e.add_audit(&a.head, &a.channel, a.probability, *l != a.answered);
+                    }
+                }
+                for ids in pending_ids.chunks(500) {
+                    let keys: Vec<String> = ids
+                        .iter()
+                        .map(|id| self.k(&format!("audit:{id}")))
+                        .collect();
+                    let found: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query(c)?;
+                    for a in found.into_iter().flatten() {
+                        let a: AuditItem = serde_json::from_str(&a)?;
+                        if a.label.is_none() {
+                            e.add_pending(&a.head, 1);
+                        }
+                    }
+                }
                 let get = |f: &str| stats.get(f).copied().unwrap_or(0).max(0) as u64;
-                e.audits_labelled = get("audits_labelled");
-                e.audits_wrong = get("audits_wrong");
                 for field in stats.keys().filter(|f| f.ends_with(":n")) {
                     let mut parts = field.split(':');
                     let (Some("fb"), Some(ch), Some(who)) =

@@ -27,7 +27,8 @@ fn ledger(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Arc<Ledge
     })
 }
 
-/// `GET /admin/audits?route=&limit=`: pending items, oldest first (default 50, at most 1000).
+/// `GET /admin/audits?route=&limit=&head=any`: pending items of each route's head in force (`head=any`: of
+/// every head), oldest first (default 50, at most 1000).
 pub async fn list(
     State(state): State<Arc<AppState>>,
     peer: Peer,
@@ -50,8 +51,22 @@ pub async fn list(
                 return Err(ApiError::UnknownModel(r.clone()));
             }
         }
+        // Items about each route's head in force only (`?head=any`: every head's).
+        let heads: Option<tiergate_engine::ledger::Heads> = match q.get("head").map(String::as_str)
+        {
+            Some("any") => None,
+            None => Some(
+                state
+                    .routes
+                    .iter()
+                    .map(|(n, r)| (n, r.head_version.clone()))
+                    .collect(),
+            ),
+            Some(_) => return Err(ApiError::invalid("head", "only `any` (every head's items)")),
+        };
         let store = ledger.store();
-        let items = blocking(move || store.pending(route.as_deref(), limit)).await?;
+        let items =
+            blocking(move || store.pending(route.as_deref(), heads.as_ref(), limit)).await?;
         Ok::<_, ApiError>(axum::Json(json!({"object": "list", "data": items})).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -134,15 +149,17 @@ pub async fn summary(
         let store = ledger.store();
         let s = blocking(move || store.summary(now_ms())).await?;
         let agreement = state.agreement();
+        // Each route's figures are of its head in force (a swap starts its evidence anew).
+        let head = |r: &str| state.routes.get(r).map(|x| x.head_version.clone());
         let mut routes: serde_json::Map<String, serde_json::Value> = s
             .routes
             .iter()
-            .map(|(r, v)| (r.clone(), v.view()))
+            .map(|(r, v)| (r.clone(), v.view(head(r).as_deref())))
             .collect();
         for (r, a) in &agreement {
-            let v = routes
-                .entry(r.clone())
-                .or_insert_with(|| tiergate_engine::ledger::RouteSummary::default().view());
+            let v = routes.entry(r.clone()).or_insert_with(|| {
+                tiergate_engine::ledger::RouteSummary::default().view(head(r).as_deref())
+            });
             v["llm_agreement"] = a.view();
         }
         Ok::<_, ApiError>(

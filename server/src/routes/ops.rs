@@ -51,7 +51,7 @@ pub fn refresh_gauges(state: &AppState) {
     let policy = state.policy.current();
     metrics::gauge!(m::POLICY_VERSION).set(policy.version as f64);
     if let Some(ledger) = &state.ledger {
-        ledger_gauges(&ledger.summary());
+        ledger_gauges(state, &ledger.summary());
     }
     for (name, route) in state.routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
         let view = route.risk.view(&policy.cfg);
@@ -60,6 +60,8 @@ pub fn refresh_gauges(state: &AppState) {
             .set(f64::from(u8::from(broken)));
         if let Some(v) = view {
             metrics::gauge!(m::RISK_THETA, "route" => name.clone()).set(v.theta);
+            metrics::gauge!(m::RISK_CALIBRATION_FLAWED, "route" => name.clone())
+                .set(f64::from(u8::from(v.calibration_flaw.is_some())));
             metrics::gauge!(m::RISK_UPPER_BOUND, "route" => name.clone()).set(v.upper_bound);
         }
     }
@@ -189,14 +191,17 @@ pub async fn info(
         .into_response()
 }
 
-/// The ledger's gauges: silent error with its interval, audits, feedback accuracy.
-fn ledger_gauges(s: &tiergate_engine::ledger::Summary) {
+/// The ledger's gauges, of each route's head in force: silent error with its interval, audits, feedback
+/// accuracy (trusted feedback).
+fn ledger_gauges(state: &AppState, s: &tiergate_engine::ledger::Summary) {
     for (route, r) in &s.routes {
+        let head = state.routes.get(route).map(|x| x.head_version.clone());
+        let head = head.as_deref();
         metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "pending")
-            .set(r.audits_pending as f64);
+            .set(r.pending_of(head) as f64);
         metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "labelled")
-            .set(r.audits_labelled as f64);
-        if let Some(e) = r.silent_error() {
+            .set(r.audits(head, tiergate_engine::ledger::summary::TIER0).n as f64);
+        if let Some(e) = r.silent_error(head) {
             for (bound, v) in [
                 ("estimate", e.estimate),
                 ("lower", e.lower),
