@@ -6,8 +6,9 @@
 # distilled into the next head, with Tier-0's own sure answers as pseudo-labels (`server.record_tier0`;
 # RECORD_TIER0=false leaves them out). `distill --epochs` is EPOCHS (50: chosen on the K = 10 dev set among
 # 5, 20, 50, 100, 200 distilling round 1's records; docs/tier0.md). Round 2 starts on the day-0 head with round 1's head put in shadow (`POST
-# /admin/heads/classify`, checked on the small dev set): it is promoted live, mid-traffic, and round 2's
-# records come from it. Then every head is scored on the untouched test rows (loop_report.sh).
+# /admin/heads/classify`, checked on K rows a label of split.py's dev rows that the epochs were not chosen
+# on): it is promoted live, mid-traffic, and round 2's records come from it. `distill` drops records whose
+# text is a row of its own dev split (the traffic is drawn from the file the day-0 head's rows came from). Then every head is scored on the untouched test rows (loop_report.sh).
 #
 # usage: bench/banking77/loop.sh [K] [JUDGE] [THETA] [AUDIT_RATE]   (defaults 10 qwen1.5 0.25 0.05)
 #   θ = 0.25 escalates 19% of the K = 10 dev set (chosen on dev, from dayzero.sh's grid).
@@ -38,6 +39,25 @@ for i in (1, 2):
     with open(f"{sys.argv[2]}/traffic{i}.jsonl", "w") as o:
         for t in rows[(i - 1) * 3000 : i * 3000]:
             o.write(json.dumps({"text": t}) + "\n")
+PY
+# The shadow's holdout: K rows a label of split.py's dev rows that are NOT the day-0 dev set the epochs were
+# chosen on (a promotion judged on the rows a setting was chosen on would be in-sample).
+[[ -s $d/shadow_holdout.csv ]] || python3 - "$b/dev.csv" "$b/k$k/dev.csv" "$k" "$d/shadow_holdout.csv" <<'PY'
+import csv, random, sys
+from collections import defaultdict
+used = {r["text"] for r in csv.DictReader(open(sys.argv[2], newline=""))}
+by = defaultdict(list)
+for r in csv.DictReader(open(sys.argv[1], newline="")):
+    if r["text"] not in used:
+        by[r["category"]].append(r["text"])
+rng = random.Random(13)
+with open(sys.argv[4], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["text", "category"])
+    for label in sorted(by):
+        rows = by[label]
+        rng.shuffle(rows)
+        w.writerows((t, label) for t in rows[: int(sys.argv[3])])
 PY
 serve() { # ROUND HEAD
   rm -f "$d/rec$1.jsonl" "$d/fb$1.sqlite"
@@ -71,7 +91,7 @@ distill 1 "$d/head0" "$d/head1"
 echo "== round 2 $(date -u +%T): head1 in shadow on head0's traffic"
 serve 2 "$d/head0"
 curl -sf -X POST localhost:18381/admin/heads/classify -H 'content-type: application/json' \
-  -d "{\"dir\": \"$d/head1\", \"holdout\": \"$b/k$k/dev.csv\", \"requests\": 200}" | tee "$d/shadow2.json"
+  -d "{\"dir\": \"$d/head1\", \"holdout\": \"$d/shadow_holdout.csv\", \"requests\": 200}" | tee "$d/shadow2.json"
 echo
 python3 bench/banking77/loop_replay.py http://127.0.0.1:18380 http://127.0.0.1:18381 "$d/traffic2.jsonl" \
   $b/train.csv "$d/replay2.json"

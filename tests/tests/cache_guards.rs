@@ -58,3 +58,74 @@ fn the_guards_keep_negations_and_numbers_out_of_semantic_hits_on_the_report_half
         "without guards the same τ lets negations or numbers through: {unguarded}"
     );
 }
+
+mod common;
+
+/// A semantic hit end to end on the real server and the real MiniLM (the embedded head, the stub LLM, every
+/// request escalated by the operator's θ = 0): a paraphrase of an answered question is a semantic hit in
+/// Tier-0's top label bucket with its cosine at or above τ and the first answer's label; an unrelated
+/// question in the same bucket, a negation and another number are misses that the LLM answers.
+#[test]
+fn a_paraphrase_is_a_semantic_hit_through_http_and_near_misses_are_not() {
+    let s = common::start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "cache.enabled=true",
+        "--set",
+        "routing.allow_header_override=true",
+        "--set",
+        "server.admin_token=\"cache-token\"",
+    ]);
+    let ask = |text: &str| {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .set("x-tiergate-threshold", "0")
+            .set("x-tiergate-admin-token", "cache-token")
+            .send_json(serde_json::json!({"model": "classify",
+                "messages": [{"role": "user", "content": text}]}))
+            .unwrap();
+        let h = |k: &str| r.header(k).map(str::to_string);
+        let (tier, kind, sim) = (
+            h("x-tiergate-tier").unwrap(),
+            h("x-tiergate-cache"),
+            h("x-tiergate-cache-similarity").map(|v| v.parse::<f64>().unwrap()),
+        );
+        let v: Value = r.into_json().unwrap();
+        let label = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (tier, kind, sim, label)
+    };
+    let (tier, kind, _, first) = ask("when will my card arrive");
+    assert_eq!((tier.as_str(), kind), ("llm", None));
+    let (tier, kind, sim, label) = ask("when is my card going to arrive");
+    assert_eq!(tier, "cache", "the paraphrase is a hit");
+    assert_eq!(kind.as_deref(), Some("semantic"));
+    let sim = sim.unwrap();
+    assert!(
+        (0.94..1.0).contains(&sim),
+        "cosine {sim} at or above τ 0.94 and not exact"
+    );
+    assert_eq!(label, first, "the neighbour's verdict");
+    // Near misses: another question about cards, a negation, a number swap. Each is the LLM's.
+    ask("my new card still hasn't arrived after 3 days");
+    for text in [
+        "how do I activate my card",
+        "my new card has arrived",
+        "my new card still hasn't arrived after 5 days",
+    ] {
+        let (tier, kind, sim, _) = ask(text);
+        assert_eq!(
+            (tier.as_str(), kind.as_deref()),
+            ("llm", None),
+            "{text}: {sim:?}"
+        );
+    }
+    // The repeat of an answered question is an exact hit, cosine 1.
+    let (tier, kind, sim, _) = ask("how do I activate my card");
+    assert_eq!(
+        (tier.as_str(), kind.as_deref(), sim),
+        ("cache", Some("exact"), Some(1.0))
+    );
+}

@@ -13,6 +13,9 @@ use tiergate_tests::{binary, minilm_dir, root};
 mod common;
 use common::start;
 
+/// Text no label of the workload is about.
+const PROBE: &str = "zebra quilt violin marmalade";
+
 #[test]
 fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
     let work = tempfile::tempdir().unwrap();
@@ -52,10 +55,11 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         "--set",
         &format!("server.record_escalations=\"{}\"", records.display()),
     ]);
-    let texts: Vec<String> = std::fs::read_to_string(&data)
+    // 39 rows of the workload and a probe no label is about: its record tells what the old head answers there.
+    let mut texts: Vec<String> = std::fs::read_to_string(&data)
         .unwrap()
         .lines()
-        .take(40)
+        .take(39)
         .map(|l| {
             serde_json::from_str::<Value>(l).unwrap()["text"]
                 .as_str()
@@ -63,11 +67,14 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
                 .to_string()
         })
         .collect();
+    texts.push(format!("{PROBE} 0"));
+    let mut old_version = String::new();
     for t in &texts {
         let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
             .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": t}]}))
             .unwrap();
         assert_eq!(r.header("x-tiergate-tier"), Some("llm"));
+        old_version = r.header("x-tiergate-head-version").unwrap().to_string();
     }
     drop(s);
     let lines: Vec<Value> = std::fs::read_to_string(&records)
@@ -99,6 +106,18 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    // The old head's top label on the probe, and a label it does not answer there: trusted feedback on 24
+    // variants of the probe names that label, which only a distill that changes the head can learn.
+    let probe_record = lines.last().unwrap();
+    let labels: Vec<&str> = probe_record["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let old_top = labels[0];
+    let taught = labels[labels.len() - 1];
+    assert_ne!(old_top, taught);
     let mut gold: Vec<String> = rows[40..60]
         .iter()
         .map(|r| {
@@ -111,6 +130,12 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
         json!({"source": "feedback", "route": "classify", "text": rows[0]["text"], "label": rows[0]["label"]})
             .to_string(),
     );
+    for i in 1..=24 {
+        gold.push(
+            json!({"source": "feedback", "route": "classify", "text": format!("{PROBE} {i}"), "label": taught})
+                .to_string(),
+        );
+    }
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .open(&records)
@@ -132,7 +157,7 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
             "--precision",
             "f32",
             "--epochs",
-            "10",
+            "60",
             "--holdout-audits",
             "0.5",
             "--out",
@@ -162,30 +187,33 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
             h["feedback"].as_u64(),
             h["llm_overridden"].as_u64()
         ),
-        (Some(texts.len() as u64 - 1), Some(20), Some(1), Some(1)),
+        (Some(texts.len() as u64 - 1), Some(20), Some(25), Some(1)),
         "{r}"
     );
     assert!((1..20).contains(&held), "{r}");
+    // Records whose text is a dev row (the rows both heads are measured on) are not trained on: with a
+    // quarter of the workload in dev, some of the 59 workload texts are.
+    let in_dev = r["records_in_dev"].as_u64().unwrap();
+    assert!(in_dev > 0 && in_dev < 40, "{r}");
     assert_eq!(
-        r["records_used"].as_u64().unwrap(),
-        texts.len() as u64 - 1 + 20 - held + 1
+        r["records_used"].as_u64().unwrap() + in_dev,
+        texts.len() as u64 - 1 + 20 - held + 25
     );
     assert!(stdout.contains("held-out audits"), "{stdout}");
-    for side in ["before", "after"] {
-        for k in [
-            "dev_accuracy",
-            "dev_escalated_share",
-            "records_agreement",
-            "audit_accuracy",
-        ] {
-            let x = r[side][k].as_f64().unwrap();
-            assert!((0.0..=1.0).contains(&x), "{side}.{k} = {x}");
-        }
-    }
-    // The LLM's verdicts pulled the head towards them.
+    // Both heads are measured on the same dev rows (none of them trained on: see records_in_dev).
+    let (before, after) = (&r["before"], &r["after"]);
     assert!(
-        r["after"]["records_agreement"].as_f64() >= r["before"]["records_agreement"].as_f64(),
+        before["dev_accuracy"].is_number() && after["dev_accuracy"].is_number(),
         "{r}"
+    );
+    assert!(
+        after["audit_accuracy"].is_number() && before["audit_accuracy"].is_number(),
+        "{r}"
+    );
+    // The weights changed (a distill that copies the head writes the same file).
+    assert_ne!(
+        std::fs::read(out.join("head.safetensors")).unwrap(),
+        std::fs::read(head.join("head.safetensors")).unwrap()
     );
     // The refreshed head loads as a serving head, with its own risk calibration rows (the error bound of a
     // promoted head rests on them) and its dev figures on the held half, as `train` writes them.
@@ -210,5 +238,45 @@ fn escalations_are_recorded_and_distilled_into_a_head_that_serves() {
     assert_eq!(
         meta.temperature,
         r["after"]["temperature"].as_f64().unwrap()
+    );
+
+    // The distilled head serves: Tier-0 alone (θ = 1) answers new variants of the probe with the taught label,
+    // where the old head answered another, under a new head version.
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        "--set",
+        "prefilter.precision=\"f32\"",
+        "--set",
+        &format!(
+            "prefilter.head={{kind=\"trained\", dir=\"{}\"}}",
+            out.display()
+        ),
+    ]);
+    let mut answered = Vec::new();
+    for i in [31, 57, 88] {
+        let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+            .send_json(json!({"model": "classify", "messages": [{"role": "user", "content": format!("{PROBE} {i}")}]}))
+            .unwrap();
+        assert_eq!(r.header("x-tiergate-tier"), Some("tier0"));
+        assert_ne!(
+            r.header("x-tiergate-head-version"),
+            Some(old_version.as_str())
+        );
+        let v: Value = r.into_json().unwrap();
+        answered.push(
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert!(
+        answered.iter().all(|a| a == taught),
+        "the distilled head answers {answered:?} where it was taught `{taught}` (the old head: `{old_top}`)"
     );
 }

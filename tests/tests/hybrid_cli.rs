@@ -738,3 +738,106 @@ fn a_stage_fit_starts_from_the_earlier_stage_and_the_cascade_is_measured() {
         .iter()
         .all(|p| p["second_rows"].as_u64() <= p["first_rows"].as_u64()));
 }
+
+/// `eval --risk` on a checkpoint (no `calibration.json`): calibrated on a seeded quarter of the rows it is
+/// given and measured on the half neither ordered nor calibrated θ; every θ is the Learn-then-Test choice
+/// recomputed here from the checkpoint's own probabilities and the same split.
+#[test]
+fn eval_risk_works_on_a_checkpoint_by_calibrating_on_held_rows() {
+    use tiergate_core::risk::{choose, Row};
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let classifier = eval_classifier(&tiny);
+    let words = tiergate_prefilter::testing::TINY_WORDS;
+    // 400 texts of the tiny vocabulary; the gold label is the checkpoint's own answer but on every 15th row,
+    // so its confident answers are mostly right and θ can be above 0.
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut evaluated: Vec<Row> = Vec::new();
+    for i in 0..400usize {
+        let text = (0..2 + i % 3)
+            .map(|j| words[(i * 7 + j * 11 + i / 25) % words.len()])
+            .collect::<Vec<_>>()
+            .join(" ");
+        let t = classifier.tokenizer.encode(&text).unwrap();
+        let p = &classifier.probabilities(&[&t]).unwrap()[0];
+        let (top, conf) = tiergate_prefilter::calibrate::argmax(p);
+        let wrong = i % 15 == 0;
+        let gold = if wrong { (top + 1) % 3 } else { top };
+        evaluated.push(Row {
+            ambiguity: (1.0 - f64::from(conf)).clamp(0.0, 1.0),
+            wrong,
+        });
+        rows.push((text, format!("label{gold}")));
+    }
+    let refs: Vec<(&str, &str)> = rows.iter().map(|(t, l)| (t.as_str(), l.as_str())).collect();
+    let data = write_rows(dir.path(), &refs);
+    let out = Command::new(binary("tiergate"))
+        .args(["eval", "--classifier"])
+        .arg(tiny.dir.path())
+        .arg("--data")
+        .arg(&data)
+        .args(["--risk", "--json", "--seed", "9"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "eval --risk on a checkpoint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["calibration_source"], "data", "{v}");
+    assert!(v["calibration_flaw"].is_null());
+    assert_eq!(v["rows"], 200, "measured on the half that chose nothing");
+    let (ordering, calibration, _) = tiergate_train::risk::split_rows(&evaluated, 9);
+    let mut positive = 0;
+    for r in v["risk"].as_array().unwrap() {
+        assert_eq!(r["n_calibration"], 100);
+        let want = choose(
+            &ordering,
+            &calibration,
+            r["max_error"].as_f64().unwrap(),
+            0.05,
+        );
+        let got = r["theta"].as_f64().unwrap();
+        assert!((got - want.theta).abs() < 1e-5, "{r} against {want:?}");
+        positive += usize::from(got > 0.0);
+    }
+    assert!(positive > 0, "some ε is shown on 100 rows: {v}");
+}
+
+/// A head whose dev split is too small to halve is flagged by `train` and by `eval --risk`.
+#[test]
+fn a_head_with_in_sample_calibration_rows_is_flagged() {
+    let tiny = TinyModel::create(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // One dev row a label at most: the halves are the same rows.
+    let few: Vec<(&str, &str)> = rows().into_iter().chain(rows()).collect();
+    let (data, head) = train_head(&tiny, dir.path(), &few, &["--seed", "3"]);
+    let cal = tiergate_prefilter::risk_rows::CalibrationRows::load(&head)
+        .unwrap()
+        .unwrap();
+    let (meta, _) = tiergate_prefilter::heads::load_trained(&head).unwrap();
+    assert_eq!(
+        meta.dev.calibration_flaw,
+        cal.flaw(),
+        "head.json carries the flag"
+    );
+    let out = Command::new(binary("tiergate"))
+        .args(["eval", "--classifier"])
+        .arg(&head)
+        .arg("--data")
+        .arg(&data)
+        .args(["--risk"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    match cal.flaw() {
+        Some(f) => assert!(text.contains("WARNING") && text.contains(&f), "{text}"),
+        None => panic!("16 rows over 3 labels with 30% dev should not halve cleanly: {cal:?}"),
+    }
+}

@@ -152,16 +152,24 @@ fn run_risk(
         "--confidence {} must be in (0, 1)",
         args.confidence
     );
-    let cal = CalibrationRows::load(&args.classifier)?.with_context(|| {
-        format!(
-            "{} has no {}: train the head with `tiergate train` (checkpoint and few-shot heads have no \
-             calibration rows)",
-            args.classifier.display(),
-            CalibrationRows::FILE
-        )
-    })?;
-    let test = tiergate_train::eval::risk_rows(classifier, rows, &cfg.prefilter)?;
-    let (ordering, calibration) = (cal.ordering_rows(), cal.calibration_rows());
+    use tiergate_train::risk::CalibrationSource;
+    let evaluated = tiergate_train::eval::risk_rows(classifier, rows, &cfg.prefilter)?;
+    // A head without calibration rows (a checkpoint, a head trained before them) is calibrated on a quarter of
+    // the evaluated rows and measured on the half that neither ordered nor calibrated θ.
+    let cal = CalibrationRows::load(&args.classifier)?;
+    let (ordering, calibration, test, source) = match &cal {
+        Some(c) => (
+            c.ordering_rows(),
+            c.calibration_rows(),
+            evaluated,
+            CalibrationSource::Head,
+        ),
+        None => {
+            let (o, c, t) = tiergate_train::risk::split_rows(&evaluated, args.seed);
+            (o, c, t, CalibrationSource::Data)
+        }
+    };
+    let flaw = cal.as_ref().and_then(CalibrationRows::flaw);
     let risk = tiergate_train::risk::report(&ordering, &calibration, &test, args.confidence);
     let coverage: Vec<_> = args.coverage.map_or_else(Vec::new, |n| {
         tiergate_train::risk::MAX_ERRORS
@@ -180,7 +188,8 @@ fn run_risk(
             .collect()
     });
     if args.json {
-        let mut out = serde_json::json!({ "rows": test.len(), "risk": risk });
+        let mut out = serde_json::json!({ "rows": test.len(), "risk": risk,
+            "calibration_source": source, "calibration_flaw": flaw });
         if args.coverage.is_some() {
             out["coverage"] = serde_json::to_value(&coverage)?;
         }
@@ -193,6 +202,20 @@ fn run_risk(
         args.confidence,
         test.len()
     );
+    if source == CalibrationSource::Data {
+        println!(
+            "{} has no {}: θ ordered on {} and calibrated on {} of these rows (seed {}), measured on the other {}",
+            args.classifier.display(),
+            CalibrationRows::FILE,
+            ordering.len(),
+            calibration.len(),
+            args.seed,
+            test.len()
+        );
+    }
+    if let Some(f) = &flaw {
+        println!("WARNING: the head's calibration rows are flawed: {f}");
+    }
     println!("max_error  theta   upper_bound  escalated  realised_error");
     for r in &risk {
         let realised = r
