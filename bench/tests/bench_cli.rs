@@ -132,6 +132,7 @@ fn mock() -> (SocketAddr, Mock) {
             "manual_utilization": null, "allow_header_override": true,
             "oos_threshold": null, "oos_margin": 0.0,
             "max_error": null, "confidence": 0.95, "on_breach": "degrade", "audit_rate": 0.0,
+            "allow_flawed_calibration": false,
         }))),
         patches: Arc::new(Mutex::new(Vec::new())),
     };

@@ -171,6 +171,9 @@ impl Heads {
             s.previous = Some(old.clone());
             s.dir = Some(dir.clone());
         });
+        // Audits and feedback are evidence about the head that answered: the new head's start at none.
+        tracing::info!(route = %name, version = %version, replaced = %old.head_version,
+            "head in force changed: its silent error and the bound's live evidence start anew");
         self.log(Event {
             at_ms: now_ms(),
             route: name,
@@ -178,7 +181,10 @@ impl Heads {
             version,
             dir: Some(dir),
             replaced: old.head_version.clone(),
-            reason,
+            reason: format!(
+                "{reason}; the silent error and the bound's live evidence (audits, trusted feedback) start anew \
+                 for this head"
+            ),
         });
     }
 

@@ -23,8 +23,9 @@ use crate::policy::Policy;
 
 /// The format this replica writes and reads: the policy as `RoutingConfig`'s JSON (the routing policy's hash and
 /// the stages' have the same shape). 1: the replicas before the error bound; 2 adds `mode = "risk"`,
-/// `max_error`, `confidence`, `on_breach` and `audit_rate`, which a format-1 replica would refuse to parse.
-pub const FORMAT: u64 = 2;
+/// `max_error`, `confidence`, `on_breach` and `audit_rate`, which a format-1 replica would refuse to parse;
+/// 3 adds `allow_flawed_calibration`.
+pub const FORMAT: u64 = 3;
 
 const CAS: &str = r"
 local fmt = tonumber(redis.call('HGET', KEYS[1], 'format') or '1')

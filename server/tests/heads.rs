@@ -201,6 +201,7 @@ async fn the_shadow_refuses_a_worse_head_promotes_a_better_one_and_rollback_rest
     let e = verdict(&r, &v1).await;
     assert_eq!(e["action"], "promoted", "{e}");
     assert_eq!(e["replaced"], v0.as_str());
+    assert!(e["reason"].as_str().unwrap().contains("start anew"), "{e}");
     let (s, v, label) = ask(&r.app, "card lost").await;
     assert_eq!(
         (s, v.as_str(), label.as_str()),

@@ -309,7 +309,7 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
     assert_eq!(changed["version"].as_u64(), Some(v0 + 1));
     let seen = until_2s(&b.admin, stage, |v| v["version"].as_u64() == Some(v0 + 1));
     assert_eq!(seen["theta_base"].as_f64(), Some(0.33));
-    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "2");
+    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "3");
     assert_eq!(routing(&b.admin)["version"].as_u64(), routing_before);
 
     // Written without a format, as the replicas before this one write the routing policy: read as format 1.
@@ -345,7 +345,7 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
             "policy",
             &policy.to_string(),
             "format",
-            "3",
+            "4",
         ],
     );
     std::thread::sleep(Duration::from_millis(800));
@@ -357,7 +357,7 @@ fn stage_policies_are_shared_and_a_newer_format_is_neither_misread_nor_overwritt
             Err(409)
         );
     }
-    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "3");
+    assert_eq!(redis_cli(port, &["HGET", key, "format"]), "4");
     assert_eq!(
         redis_cli(port, &["HGET", key, "version"]),
         (v0 + 3).to_string()
@@ -456,10 +456,13 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
         let c = &sum["routes"]["classify"];
         assert_eq!(c["audits"]["labelled"].as_u64(), Some(1), "{sum}");
         assert_eq!(c["silent_error"]["estimate"].as_f64(), Some(0.0));
-        assert_eq!(c["feedback"]["tier0"]["n"].as_u64(), Some(1));
+        // A server without tenants trusts no feedback: it is reported apart, never in `n` or `accuracy`.
+        assert_eq!(c["feedback"]["tier0"]["untrusted_n"].as_u64(), Some(1));
+        assert_eq!(c["feedback"]["tier0"]["n"].as_u64(), Some(0));
+        assert!(c["feedback"]["tier0"]["accuracy"].is_null(), "{sum}");
     }
 
-    // `mode = "risk"` is a policy like the others: set on A, in force on B (format 2 in the hash).
+    // `mode = "risk"` is a policy like the others: set on A, in force on B (format 3 in the hash).
     let before = routing(&b.admin)["version"].as_u64().unwrap();
     patch(
         &a.admin,
@@ -474,7 +477,7 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
         "{v}"
     );
     assert!(v["risk"]["classify"]["theta"].is_number(), "{v}");
-    assert_eq!(redis_cli(port, &["HGET", "tiergate:policy", "format"]), "2");
+    assert_eq!(redis_cli(port, &["HGET", "tiergate:policy", "format"]), "3");
     // The audit labelled on B is live evidence for the bound on A too (read from Redis every 2 s).
     let t = Instant::now();
     loop {
