@@ -19,7 +19,7 @@ mkdir -p "$d"
 [[ -s $d/test.csv ]] || cp /tmp/b77/test.csv "$d/test.csv"
 if [[ ! -f $d/head-described/head.json ]]; then
   "$bin" train --encoder models/all-MiniLM-L6-v2 --data /tmp/b77/train.csv --per-label "$k" --seed 1 \
-    --labels bench/banking77/labels.tsv --out "$d/head-described"
+    --labels bench/banking77/labels.tsv --out "$d/head-described" --rows-out "$d/head_rows.csv"
 fi
 if [[ ! -f $d/head-names/head.json ]]; then
   cp -r "$d/head-described" "$d/head-names"

@@ -7,8 +7,8 @@
 # RECORD_TIER0=false leaves them out). `distill --epochs` is EPOCHS (50: chosen on the K = 10 dev set among
 # 5, 20, 50, 100, 200 distilling round 1's records; docs/tier0.md). Round 2 starts on the day-0 head with round 1's head put in shadow (`POST
 # /admin/heads/classify`, checked on K rows a label of split.py's dev rows that the epochs were not chosen
-# on): it is promoted live, mid-traffic, and round 2's records come from it. `distill` drops records whose
-# text is a row of its own dev split (the traffic is drawn from the file the day-0 head's rows came from). Then every head is scored on the untouched test rows (loop_report.sh).
+# on): it is promoted live, mid-traffic, and round 2's records come from it. The traffic leaves out every row
+# the day-0 head drew (dayzero.sh's `--rows-out`), and `distill` drops any record whose text is a dev row. Then every head is scored on the untouched test rows (loop_report.sh).
 #
 # usage: bench/banking77/loop.sh [K] [JUDGE] [THETA] [AUDIT_RATE]   (defaults 10 qwen1.5 0.25 0.05)
 #   θ = 0.25 escalates 19% of the K = 10 dev set (chosen on dev, from dayzero.sh's grid).
@@ -31,9 +31,14 @@ d=$b/loop-k$k-$judge${TAG:-}
 mkdir -p "$d"
 [[ -d $d/head0 ]] || cp -r "$b/k$k/head-described" "$d/head0"
 rm -f "$d/head0/fusion.json"
-python3 - "$b/train.csv" "$d" <<'PY'
+# The traffic: split.py's train rows less the rows the day-0 head drew (its training and dev/calibration rows,
+# written by dayzero.sh's `train --rows-out`), so no replayed query is one the head or its bound was fitted on.
+rows_of_head="$b/k$k/head_rows.csv"
+[[ -s $rows_of_head ]] || { echo "loop: $rows_of_head missing: remove $b/k$k/head-described and rerun dayzero.sh (train --rows-out)" >&2; exit 1; }
+python3 - "$b/train.csv" "$d" "$rows_of_head" <<'PY'
 import csv, json, random, sys
-rows = [r["text"] for r in csv.DictReader(open(sys.argv[1], newline=""))]
+seen = {r["text"] for r in csv.DictReader(open(sys.argv[3], newline=""))}
+rows = [r["text"] for r in csv.DictReader(open(sys.argv[1], newline="")) if r["text"] not in seen]
 random.Random(11).shuffle(rows)
 for i in (1, 2):
     with open(f"{sys.argv[2]}/traffic{i}.jsonl", "w") as o:

@@ -51,6 +51,9 @@ pub struct TrainOptions {
     pub per_label: Option<usize>,
     /// A labels file (`data::read_labels`): the head's labels are exactly its labels, with their descriptions.
     pub labels: Option<PathBuf>,
+    /// Also write the rows drawn (CSV `text,category,part` with part `train` or `dev`): what the head saw, so
+    /// that traffic or test rows can be kept apart from them.
+    pub rows_out: Option<PathBuf>,
 }
 
 /// What training measured.
@@ -105,6 +108,9 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         None => dataset.examples.clone(),
     };
     let (train_rows, dev_rows) = data::split(&examples, opts.dev_fraction, opts.seed);
+    if let Some(path) = &opts.rows_out {
+        write_rows(path, &train_rows, &dev_rows)?;
+    }
     let is_oos = |e: &Example| opts.oos_label.as_deref() == Some(e.label.as_str());
     let dev_oos: Vec<Example> = dev_rows.iter().filter(|e| is_oos(e)).cloned().collect();
     let mut train_rows: Vec<Example> = train_rows.into_iter().filter(|e| !is_oos(e)).collect();
@@ -337,6 +343,22 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         oos,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Writes the drawn rows as CSV `text,category,part`.
+fn write_rows(path: &std::path::Path, train: &[Example], dev: &[Example]) -> Result<()> {
+    let mut w = csv::Writer::from_path(path).map_err(|e| PrefilterError::file(path, e))?;
+    let rows = train
+        .iter()
+        .map(|e| (e, "train"))
+        .chain(dev.iter().map(|e| (e, "dev")));
+    w.write_record(["text", "category", "part"])
+        .map_err(|e| PrefilterError::file(path, e))?;
+    for (e, part) in rows {
+        w.write_record([e.text.as_str(), e.label.as_str(), part])
+            .map_err(|e| PrefilterError::file(path, e))?;
+    }
+    w.flush().map_err(|e| PrefilterError::file(path, e))
 }
 
 /// The dev split in two halves, every other row of each label: `fit` fits the temperature and orders the

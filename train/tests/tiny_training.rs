@@ -50,6 +50,7 @@ fn trained_head_round_trips_through_disk_and_classifies_training_texts() {
             oos_label: Some("oos".into()),
             per_label: None,
             labels: None,
+            rows_out: None,
         },
         &mut |_| {},
     )
@@ -130,6 +131,7 @@ fn fine_tuning_writes_a_loadable_encoder() {
             oos_label: None,
             per_label: None,
             labels: None,
+            rows_out: None,
         },
         &mut |_| {},
     )
@@ -189,6 +191,7 @@ fn frozen(
         oos_label: None,
         per_label: None,
         labels: None,
+        rows_out: None,
     }
 }
 
@@ -209,10 +212,12 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
         csv.push_str(&format!("{text} {i},{label}\n"));
     }
     std::fs::write(&data, csv).unwrap();
+    let rows_out = work.path().join("drawn.csv");
     let run = |k: Option<usize>, out: &str| {
         train(
             &TrainOptions {
                 per_label: k,
+                rows_out: Some(rows_out.clone()),
                 ..frozen(tiny.dir.path(), &data, &work.path().join(out))
             },
             &mut |_| {},
@@ -221,6 +226,16 @@ fn per_label_trains_a_few_shot_head_from_at_most_k_rows_a_label() {
     // 20 rows a label; K = 6: 2 of each to dev (a quarter, rounded), 4 to train.
     let few = run(Some(6), "few").unwrap();
     assert_eq!((few.labels, few.train_n), (3, 12));
+    // The rows drawn are written: 12 train, 6 dev, each a row of the data.
+    let drawn = std::fs::read_to_string(&rows_out).unwrap();
+    let data_text = std::fs::read_to_string(&data).unwrap();
+    let lines: Vec<&str> = drawn.lines().skip(1).collect();
+    assert_eq!(lines.iter().filter(|l| l.ends_with(",train")).count(), 12);
+    assert_eq!(lines.iter().filter(|l| l.ends_with(",dev")).count(), 6);
+    for l in &lines {
+        let row = l.rsplit_once(',').unwrap().0;
+        assert!(data_text.lines().any(|d| d == row), "{l}");
+    }
     let all = run(None, "all").unwrap();
     assert_eq!(all.train_n, 45);
     assert!(run(Some(0), "none").is_err());

@@ -52,6 +52,10 @@ pub struct TrainArgs {
     /// description); the descriptions reach the judge's prompts (`{description}`).
     #[arg(long, value_name = "FILE")]
     pub labels: Option<PathBuf>,
+    /// Also write the rows drawn for training and dev to FILE (CSV `text,category,part`): what the head saw,
+    /// so that replayed traffic or test rows can be kept apart from them.
+    #[arg(long, value_name = "FILE")]
+    pub rows_out: Option<PathBuf>,
 }
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
@@ -69,6 +73,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         oos_label: args.oos_label.clone(),
         per_label: args.per_label,
         labels: args.labels.clone(),
+        rows_out: args.rows_out.clone(),
     };
     let report = train(&opts, &mut |line| eprintln!("train: {line}"))?;
     println!(
