@@ -132,7 +132,7 @@ pub async fn data(
             "route": route, "stage": stage, "theta_eff": p.theta_eff(now), "version": p.current().version,
             "mode": p.current().cfg.mode,
         })).collect::<Vec<_>>(),
-        "quality": quality(&state),
+        "quality": quality(&state, live.theta_eff),
         "cache": cache(&state, &recent),
         "token_required": state.config.server.admin_token.is_some(),
     }))
@@ -140,7 +140,7 @@ pub async fn data(
 }
 
 /// Per classified route: the ledger's figures (silent error, audits, feedback) and the error bound in force.
-fn quality(state: &AppState) -> Vec<serde_json::Value> {
+fn quality(state: &AppState, theta_eff: f64) -> Vec<serde_json::Value> {
     let summary = state
         .ledger
         .as_ref()
@@ -161,7 +161,13 @@ fn quality(state: &AppState) -> Vec<serde_json::Value> {
                 .unwrap_or_default()
                 .view(Some(&r.head_version));
             v["route"] = json!(name);
-            v["risk"] = json!(r.risk.view(&cfg));
+            let risk = r.risk.view(&cfg);
+            v["risk"] = json!(risk);
+            if let Some(b) = &risk {
+                // Below the grid's first θ the bound's proof says nothing: flagged, not capped.
+                let in_force = tiergate_engine::risk::cap(theta_eff, Some(b.theta));
+                v["risk"]["outside_proof"] = json!(b.outside_proof(in_force));
+            }
             v["llm_agreement"] = agreement.get(name).map(|a| a.view()).into();
             v
         })

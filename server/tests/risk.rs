@@ -255,8 +255,18 @@ async fn the_error_bound_follows_the_heads_calibration_rows() {
         "θ {:.4} is inside the ambiguities {sorted:?}: escalated {escalated}, alone {alone}",
         want.theta
     );
+    assert_eq!(risk["outside_proof"], false, "{risk}");
+    // A policy θ below the grid's first θ is outside the proof: flagged, not capped (it escalates more).
+    let start = risk["grid_start"].as_f64().unwrap();
+    assert!(start > 0.0 && start <= want.theta, "{risk}");
+    patch_routing(&r, json!({"theta_base": start / 2.0})).await;
+    let (_, _, b) = call(&r.admin, admin("GET", None, true, None)).await;
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    let risk = &v["risk"]["classify"];
+    assert_eq!(risk["outside_proof"], true, "{risk}");
+    assert_eq!(risk["theta_eff"].as_f64(), Some(start / 2.0), "not capped");
     // Without the bound the same server answers every one of them alone.
-    patch_routing(&r, json!({"max_error": null})).await;
+    patch_routing(&r, json!({"max_error": null, "theta_base": 1.0})).await;
     for t in TEXTS {
         assert_eq!(tier_and_ambiguity(&r, t, None).await.0, "tier0");
     }

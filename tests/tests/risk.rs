@@ -189,6 +189,11 @@ fn calibration_rows_are_stored_the_bound_is_reported_and_the_server_caps_theta_w
         "{admin}"
     );
     assert_eq!(admin["risk"]["classify"]["theta_eff"].as_f64(), Some(theta));
+    assert_eq!(admin["risk"]["classify"]["outside_proof"], false, "{admin}");
+    assert!(
+        admin["risk"]["classify"]["calibration_flaw"].is_null(),
+        "{admin}"
+    );
     // Each text twice: under a forced θ = 1 (the operator's override: Tier-0 alone) for Tier-0's own
     // ambiguity, then as a client sends it, decided by the bound's θ.
     let ask = |text: &Value, force: bool| {
