@@ -332,20 +332,50 @@ impl SqliteStore {
     pub fn summary(&self, now_ms: u64) -> Result<Summary> {
         let conn = self.conn();
         let mut s = Summary::default();
-        // Audits in the window, by the head that answered: pending ones not expired, labelled ones drawn
-        // within the window.
-        let items: Vec<AuditItem> = json_all(
-            &conn,
-            "SELECT item FROM audits WHERE (label IS NULL AND expires_ms > ?1) OR \
-             (label IS NOT NULL AND at_ms >= ?2)",
-            params![now_ms as i64, now_ms.saturating_sub(self.window_ms) as i64],
-        )?;
-        for a in items {
-            let e = s.route(&a.route);
-            match &a.label {
-                None => e.add_pending(&a.head, 1),
-                Some(l) => e.add_audit(&a.head, &a.channel, a.probability, *l != a.answered),
-            }
+        // Audits in the window, by the head that answered, aggregated in SQL (the items, texts included, are
+        // not read): pending ones not expired; labelled ones drawn within the window, with the sums of their
+        // weights 1/p that the weighted estimate needs.
+        let head = "COALESCE(json_extract(item, '$.head'), '')";
+        let mut stmt = conn.prepare(&format!(
+            "SELECT route, {head}, COUNT(*) FROM audits WHERE label IS NULL AND expires_ms > ?1 \
+             GROUP BY 1, 2"
+        ))?;
+        let rows = stmt.query_map(params![now_ms as i64], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        for row in rows {
+            let (route, head, n) = row?;
+            s.route(&route).add_pending(&head, n as u64);
+        }
+        let w = "(1.0 / MAX(COALESCE(json_extract(item, '$.probability'), 1.0), 1e-12))";
+        let mut stmt = conn.prepare(&format!(
+            "SELECT route, {head}, COALESCE(json_extract(item, '$.channel'), 'tier0'), COUNT(*), \
+             COALESCE(SUM(wrong), 0), SUM({w}), SUM({w} * {w}), COALESCE(SUM(CASE WHEN wrong THEN {w} END), 0) \
+             FROM audits WHERE label IS NOT NULL AND at_ms >= ?1 GROUP BY 1, 2, 3"
+        ))?;
+        let rows = stmt.query_map(params![now_ms.saturating_sub(self.window_ms) as i64], |r| {
+            Ok((
+                (
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ),
+                tiergate_core::risk::WeightedCount {
+                    n: r.get::<_, i64>(3)? as u64,
+                    k: r.get::<_, i64>(4)? as u64,
+                    w: r.get(5)?,
+                    w2: r.get(6)?,
+                    wk: r.get(7)?,
+                },
+            ))
+        })?;
+        for row in rows {
+            let ((route, head, channel), c) = row?;
+            s.route(&route).add_audits(&head, &channel, &c);
         }
         let mut stmt = conn.prepare(
             "SELECT route, channel, fb_trusted, COUNT(*), COALESCE(SUM(fb_correct), 0) FROM decisions \
@@ -634,6 +664,16 @@ mod tests {
         let e = c.silent_error(Some("h1")).unwrap();
         assert_eq!((c.pending_of(Some("h1")), e.n, e.wrong), (1, 1, 1));
         assert_eq!(c.silent_error(Some("h2")), None);
+        // A second audit drawn at another rate: the estimate is weighted by 1/p (2 wrong of 2 + 4).
+        let mut a3 = item("a3", 20);
+        a3.probability = 0.25;
+        s.put(&[Entry::Audit(Box::new(a3))], 20).unwrap();
+        s.label("a3", "card_lost").unwrap();
+        let sum = s.summary(20).unwrap();
+        let e = sum.routes["classify"].silent_error(Some("h1")).unwrap();
+        assert_eq!((e.n, e.wrong), (2, 1));
+        assert!((e.estimate - 2.0 / 6.0).abs() < 1e-12, "{e:?}");
+        assert!((e.effective_n - 36.0 / 20.0).abs() < 1e-9, "{e:?}");
         assert!(s.label("nope", "x").is_err());
     }
 }

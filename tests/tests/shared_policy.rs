@@ -441,6 +441,21 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
         .unwrap_or_else(|| panic!("{items}"))
         .clone();
     assert_eq!(item["text"], "I lost my card");
+    // Counted as pending for the head that answered (Redis keeps the pending ids per head).
+    let sum: Value = ureq::get(&format!("{}/admin/feedback", b.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(
+        sum["routes"]["classify"]["audits"]["pending"].as_u64(),
+        Some(1),
+        "{sum}"
+    );
+    assert_eq!(
+        sum["routes"]["classify"]["audits"]["other_heads_pending"].as_u64(),
+        Some(0)
+    );
     let v: Value = ureq::post(&format!("{}/admin/audits/{id}", b.admin))
         .send_json(json!({"label": answered}))
         .unwrap()
@@ -455,6 +470,7 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
             .unwrap();
         let c = &sum["routes"]["classify"];
         assert_eq!(c["audits"]["labelled"].as_u64(), Some(1), "{sum}");
+        assert_eq!(c["audits"]["pending"].as_u64(), Some(0), "{sum}");
         assert_eq!(c["silent_error"]["estimate"].as_f64(), Some(0.0));
         // A server without tenants trusts no feedback: it is reported apart, never in `n` or `accuracy`.
         assert_eq!(c["feedback"]["tier0"]["untrusted_n"].as_u64(), Some(1));

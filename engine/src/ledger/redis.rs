@@ -1,8 +1,8 @@
 //! The ledger in Redis, under the policy store's key (`{key}:ledger:…`), so that every replica joins feedback
 //! that reaches any of them. Records and pending audits carry the window as their TTL; a labelled audit is
 //! kept (without its text). Feedback and labels are first-write-wins (`SET … NX`). Feedback counts for the
-//! summary are hashes updated with each feedback; audits are counted from the labelled and pending items in the
-//! window, by the head that answered. Synchronous (the writer thread and `spawn_blocking` call it);
+//! summary are hashes updated with each feedback; labelled audits are counted from the labelled items in the
+//! window (a set an operator's labelling bounds), pending ones from a sorted set of ids per head that answered. Synchronous (the writer thread and `spawn_blocking` call it);
 //! with Redis gone, writes fail (counted, logged) and lookups answer 503.
 
 use std::sync::Mutex;
@@ -11,8 +11,8 @@ use redis::Commands;
 
 use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
 
-/// One route's summary read: three trims, the pending ids, the decisions kept, the feedback counts and the
-/// labelled audit items in the window.
+/// One route's summary read: three trims, the heads with pending audits, the decisions kept, the feedback
+/// counts and the labelled audit items in the window.
 type SummaryRead = (
     (),
     (),
@@ -44,6 +44,11 @@ impl RedisLedger {
 
     fn k(&self, rest: &str) -> String {
         format!("{}{rest}", self.prefix)
+    }
+
+    /// The pending audit ids of `route` answered by head `head`.
+    fn pending_of_head(&self, route: &str, head: &str) -> String {
+        self.k(&format!("pending:{route}:head:{head}"))
     }
 
     /// Runs `f` on the connection (opened, or opened again after an error).
@@ -160,6 +165,12 @@ impl Store for RedisLedger {
                         let pending = self.k(&format!("pending:{}", a.route));
                         p.zadd(&pending, &a.id, a.at_ms as f64).ignore();
                         p.zrembyscore(&pending, 0.0, expired).ignore();
+                        // The same ids by the head that answered (counted and listed per head).
+                        let of_head = self.pending_of_head(&a.route, &a.head);
+                        p.zadd(&of_head, &a.id, a.at_ms as f64).ignore();
+                        p.zrembyscore(&of_head, 0.0, expired).ignore();
+                        p.sadd(self.k(&format!("heads:{}", a.route)), &a.head)
+                            .ignore();
                         p.sadd(self.k("routes"), &a.route).ignore();
                     }
                 }
@@ -241,17 +252,21 @@ impl Store for RedisLedger {
             };
             let mut out: Vec<AuditItem> = Vec::new();
             for r in routes {
-                // Without a head filter the first `limit` ids are enough; with one, every pending id of the
-                // window is read (items of other heads are skipped).
-                let last = if heads.is_some() { -1 } else { limit as isize };
-                let ids: Vec<String> = c.zrange(self.k(&format!("pending:{r}")), 0, last)?;
+                // With a head filter, the ids of that head's answers only.
+                let list = match heads {
+                    None => self.k(&format!("pending:{r}")),
+                    Some(h) => match h.get(&r) {
+                        Some(head) => self.pending_of_head(&r, head),
+                        None => continue,
+                    },
+                };
+                let ids: Vec<String> = c.zrange(&list, 0, limit as isize)?;
                 for id in ids {
                     let item: Option<AuditItem> = parse(c.get(self.k(&format!("audit:{id}")))?)?;
                     match item {
-                        Some(a) if a.label.is_none() && !a.of_heads(heads) => {}
-                        Some(a) if a.label.is_none() => out.push(a),
+                        Some(a) if a.label.is_none() && a.of_heads(heads) => out.push(a),
                         _ => {
-                            let _: () = c.zrem(self.k(&format!("pending:{r}")), &id)?;
+                            let _: () = c.zrem(&list, &id)?;
                         }
                     }
                 }
@@ -294,6 +309,7 @@ impl Store for RedisLedger {
                     a.at_ms as f64,
                 )
                 .zrem(self.k(&format!("pending:{}", a.route)), id)
+                .zrem(self.pending_of_head(&a.route, &a.head), id)
                 .query(c)?;
             Ok(First::Written(label.to_string()))
         })
@@ -308,11 +324,11 @@ impl Store for RedisLedger {
                 let pending = self.k(&format!("pending:{r}"));
                 let decisions = self.k(&format!("decisions:{r}"));
                 let labelled = self.k(&format!("labelled:{r}"));
-                let (_, _, _, pending_ids, n_decisions, stats, items): SummaryRead = redis::pipe()
+                let (_, _, _, heads, n_decisions, stats, items): SummaryRead = redis::pipe()
                     .zrembyscore(&pending, 0.0, expired)
                     .zrembyscore(&decisions, 0.0, expired)
                     .zrembyscore(&labelled, 0.0, expired)
-                    .zrange(&pending, 0, -1)
+                    .smembers(self.k(&format!("heads:{r}")))
                     .zcard(&decisions)
                     .hgetall(self.k(&format!("stats:{r}")))
                     .zrange(&labelled, 0, -1)
@@ -325,18 +341,14 @@ impl Store for RedisLedger {
                         e.add_audit(&a.head, &a.channel, a.probability, *l != a.answered);
                     }
                 }
-                for ids in pending_ids.chunks(500) {
-                    let keys: Vec<String> = ids
-                        .iter()
-                        .map(|id| self.k(&format!("audit:{id}")))
-                        .collect();
-                    let found: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query(c)?;
-                    for a in found.into_iter().flatten() {
-                        let a: AuditItem = serde_json::from_str(&a)?;
-                        if a.label.is_none() {
-                            e.add_pending(&a.head, 1);
-                        }
-                    }
+                // Pending audits by head: each head's id set, its expired ids trimmed, counted.
+                for head in heads {
+                    let of_head = self.pending_of_head(&r, &head);
+                    let (_, n): ((), u64) = redis::pipe()
+                        .zrembyscore(&of_head, 0.0, expired)
+                        .zcard(&of_head)
+                        .query(c)?;
+                    e.add_pending(&head, n);
                 }
                 let get = |f: &str| stats.get(f).copied().unwrap_or(0).max(0) as u64;
                 for field in stats.keys().filter(|f| f.ends_with(":n")) {

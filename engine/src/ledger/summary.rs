@@ -124,6 +124,16 @@ impl RouteSummary {
             .add(w, wrong);
     }
 
+    /// Adds labelled audits of `head`'s answers on `channel`, already summed.
+    pub fn add_audits(&mut self, head: &str, channel: &str, c: &WeightedCount) {
+        self.labelled
+            .entry(head.to_string())
+            .or_default()
+            .entry(channel.to_string())
+            .or_default()
+            .merge(c);
+    }
+
     /// The labelled audits of `head` (every head's when `None`) on `channel`.
     pub fn audits(&self, head: Option<&str>, channel: &str) -> WeightedCount {
         let mut out = WeightedCount::default();
