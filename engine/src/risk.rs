@@ -110,6 +110,12 @@ impl RiskView {
     pub fn outside_proof(&self, theta: f64) -> bool {
         theta > 0.0 && self.grid_start.is_some_and(|g| theta < g)
     }
+
+    /// The θ in force once the bound caps the policy's `theta_eff`, and whether it is outside the proof.
+    pub fn in_force(&self, theta_eff: f64) -> (f64, bool) {
+        let theta = cap(theta_eff, Some(self.theta));
+        (theta, self.outside_proof(theta))
+    }
 }
 
 impl RouteRisk {

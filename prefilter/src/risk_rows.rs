@@ -46,6 +46,24 @@ fn to_rows(v: &[(f64, bool)]) -> Vec<Row> {
         .collect()
 }
 
+/// Why calibration rows with these properties are not the held-out sample the bound's proof needs (`None`:
+/// sound): in-sample halves, or labels with no calibration row. What `train` warns and `head.json` records.
+pub fn flaw(in_sample: bool, labels_left_out: usize) -> Option<String> {
+    if in_sample {
+        return Some(
+            "in-sample: the dev split was too small for disjoint halves, so the calibration rows are the rows \
+             that fitted the temperature (train with more dev rows: --dev-fraction, or more rows per label)"
+                .into(),
+        );
+    }
+    (labels_left_out > 0).then(|| {
+        format!(
+            "{labels_left_out} labels have no calibration row (one dev row each, used to fit the temperature): \
+             the rows do not sample their traffic"
+        )
+    })
+}
+
 impl CalibrationRows {
     /// File name inside the head folder.
     pub const FILE: &'static str = "calibration.json";
@@ -62,20 +80,7 @@ impl CalibrationRows {
 
     /// Why the rows are not the held-out sample the bound's proof needs, when they are not (`None`: sound).
     pub fn flaw(&self) -> Option<String> {
-        if self.in_sample {
-            return Some(
-                "in-sample: the dev split was too small for disjoint halves, so the calibration rows are the rows \
-                 that fitted the temperature (train with more dev rows: --dev-fraction, or more rows per label)"
-                    .into(),
-            );
-        }
-        (self.labels_left_out > 0).then(|| {
-            format!(
-                "{} labels have no calibration row (one dev row each, used to fit the temperature): the rows do \
-                 not sample their traffic",
-                self.labels_left_out
-            )
-        })
+        flaw(self.in_sample, self.labels_left_out)
     }
 
     /// Reads `dir/calibration.json` when present (heads trained before it, checkpoint and few-shot heads have

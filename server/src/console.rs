@@ -165,8 +165,7 @@ fn quality(state: &AppState, theta_eff: f64) -> Vec<serde_json::Value> {
             v["risk"] = json!(risk);
             if let Some(b) = &risk {
                 // Below the grid's first θ the bound's proof says nothing: flagged, not capped.
-                let in_force = tiergate_engine::risk::cap(theta_eff, Some(b.theta));
-                v["risk"]["outside_proof"] = json!(b.outside_proof(in_force));
+                v["risk"]["outside_proof"] = json!(b.in_force(theta_eff).1);
             }
             v["llm_agreement"] = agreement.get(name).map(|a| a.view()).into();
             v

@@ -12,11 +12,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use candle_core::{DType, Tensor};
 use serde_json::{json, Value};
-use tiergate_prefilter::heads::{
-    save_trained, DevReport, TrainSplit, TrainedHeadMeta, HEAD_FORMAT,
-};
+use tiergate_prefilter::heads::{DevReport, TrainSplit};
 
 mod common;
 use common::rig::*;
@@ -31,48 +28,20 @@ const LABELS: [(&str, &[&str]); 3] = [
 /// Writes a trained head whose row for label i is `rows[i]`'s prototype (its examples' mean embedding,
 /// normalised) times `scale`.
 fn write_head(r: &Rig, out: &Path, rows: [usize; 3], scale: f64, dev_accuracy: f64) {
-    let (tok, enc) = tiergate_prefilter::classifier::load_encoder(
-        r.tiny.dir.path(),
-        tiergate_config::PoolingConfig::Auto,
-        16,
-    )
-    .unwrap();
-    let protos: Vec<Tensor> = LABELS
-        .iter()
-        .map(|(_, texts)| {
-            let e = tiergate_prefilter::classifier::embed_texts(&tok, &enc, texts, 8).unwrap();
-            let m = e.mean(0).unwrap();
-            let norm = m.sqr().unwrap().sum_all().unwrap().sqrt().unwrap();
-            m.broadcast_div(&norm).unwrap()
-        })
-        .collect();
-    let w = Tensor::stack(&rows.map(|i| protos[i].clone()), 0).unwrap();
-    let w = (w * scale).unwrap().to_dtype(DType::F32).unwrap();
-    let b = Tensor::zeros(3, DType::F32, &candle_core::Device::Cpu).unwrap();
-    let meta = TrainedHeadMeta {
-        format: HEAD_FORMAT,
-        labels: LABELS.iter().map(|(l, _)| l.to_string()).collect(),
-        temperature: 1.0,
-        encoder: r.tiny.dir.path().to_path_buf(),
-        hidden_size: r.tiny.hidden,
-        fine_tuned: false,
-        dev: DevReport {
-            n: 4,
-            accuracy: dev_accuracy,
-            ece_uncalibrated: 0.0,
-            ece: 0.0,
-            temperature_rows: 0,
-            calibration_flaw: None,
-        },
-        examples: Vec::new(),
-        descriptions: Vec::new(),
-        split: Some(TrainSplit {
-            dev_fraction: 0.25,
-            seed: 1,
-            per_label: None,
-        }),
+    let dev = DevReport {
+        n: 4,
+        accuracy: dev_accuracy,
+        ece_uncalibrated: 0.0,
+        ece: 0.0,
+        temperature_rows: 0,
+        calibration_flaw: None,
     };
-    save_trained(out, &meta, &w, &b).unwrap();
+    let split = Some(TrainSplit {
+        dev_fraction: 0.25,
+        seed: 1,
+        per_label: None,
+    });
+    write_prototype_head(r, out, &LABELS, &rows, scale, dev, split);
 }
 
 fn holdout(dir: &Path) -> PathBuf {

@@ -76,52 +76,20 @@ async fn the_error_bound_escalates_what_it_needs_and_a_breach_degrades_or_reject
 /// Writes a trained head over the rig's tiny encoder: label i's row is the normalised mean embedding of its
 /// examples, times `scale` (the few-shot head's labels).
 fn write_head(r: &Rig, out: &std::path::Path, scale: f64) {
-    use candle_core::{DType, Tensor};
     let labels: [(&str, &[&str]); 3] = [
         ("card_lost", &["card lost", "card stolen"]),
         ("pay_bill", &["pay bill"]),
         ("greeting", &["hello hi"]),
     ];
-    let (tok, enc) = tiergate_prefilter::classifier::load_encoder(
-        r.tiny.dir.path(),
-        tiergate_config::PoolingConfig::Auto,
-        16,
-    )
-    .unwrap();
-    let protos: Vec<Tensor> = labels
-        .iter()
-        .map(|(_, texts)| {
-            let e = tiergate_prefilter::classifier::embed_texts(&tok, &enc, texts, 8).unwrap();
-            let m = e.mean(0).unwrap();
-            let norm = m.sqr().unwrap().sum_all().unwrap().sqrt().unwrap();
-            m.broadcast_div(&norm).unwrap()
-        })
-        .collect();
-    let w = (Tensor::stack(&protos, 0).unwrap() * scale)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap();
-    let b = Tensor::zeros(3, DType::F32, &candle_core::Device::Cpu).unwrap();
-    let meta = tiergate_prefilter::heads::TrainedHeadMeta {
-        format: tiergate_prefilter::heads::HEAD_FORMAT,
-        labels: labels.iter().map(|(l, _)| l.to_string()).collect(),
-        temperature: 1.0,
-        encoder: r.tiny.dir.path().to_path_buf(),
-        hidden_size: r.tiny.hidden,
-        fine_tuned: false,
-        dev: tiergate_prefilter::heads::DevReport {
-            n: 1000,
-            accuracy: 0.9,
-            ece_uncalibrated: 0.0,
-            ece: 0.0,
-            temperature_rows: 1000,
-            calibration_flaw: None,
-        },
-        examples: Vec::new(),
-        descriptions: Vec::new(),
-        split: None,
+    let dev = tiergate_prefilter::heads::DevReport {
+        n: 1000,
+        accuracy: 0.9,
+        ece_uncalibrated: 0.0,
+        ece: 0.0,
+        temperature_rows: 1000,
+        calibration_flaw: None,
     };
-    tiergate_prefilter::heads::save_trained(out, &meta, &w, &b).unwrap();
+    write_prototype_head(r, out, &labels, &[0, 1, 2], scale, dev, None);
 }
 
 /// Texts of the tiny vocabulary, from clear to mixed.

@@ -146,9 +146,11 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
         l.dedup();
         l
     } else {
+        let present: std::collections::HashSet<&str> =
+            train_rows.iter().map(|e| e.label.as_str()).collect();
         file_labels
             .iter()
-            .filter(|f| train_rows.iter().any(|e| e.label == f.name))
+            .filter(|f| present.contains(f.name.as_str()))
             .map(|f| f.name.clone())
             .collect()
     };
@@ -270,7 +272,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn FnMut(&str)) -> Result<Trai
     };
     let raw: Vec<Vec<f32>> = dev_logits.iter().map(|l| softmax(l, 1.0)).collect();
     let halves = DevHalves::of(&y_dev);
-    if let Some(w) = halves.warning() {
+    if let Some(w) = halves.flaw() {
         progress(&format!(
             "warning: calibration rows: {w}; `routing.max_error` and `mode = \"risk\"` refuse this head unless \
              routing.allow_flawed_calibration = true"
@@ -403,21 +405,9 @@ impl DevHalves {
         }
     }
 
-    /// What `train` and `distill` say about these halves, when the calibration rows are not a sound sample.
-    pub(crate) fn warning(&self) -> Option<String> {
-        self.rows_flaw()
-    }
-
-    fn rows_flaw(&self) -> Option<String> {
-        CalibrationRows {
-            format: CALIBRATION_FORMAT,
-            temperature: 1.0,
-            ordering: Vec::new(),
-            rows: Vec::new(),
-            in_sample: self.in_sample,
-            labels_left_out: self.labels_left_out,
-        }
-        .flaw()
+    /// Why the calibration rows of these halves are flawed, when they are.
+    pub(crate) fn flaw(&self) -> Option<String> {
+        tiergate_prefilter::risk_rows::flaw(self.in_sample, self.labels_left_out)
     }
 
     pub(crate) fn report(&self, raw: &[Vec<f32>], cal: &[Vec<f32>], y: &[usize]) -> DevReport {
@@ -435,7 +425,7 @@ impl DevHalves {
             ece_uncalibrated: ece(&pick(raw), &y_held, 15),
             ece: ece(&cal_held, &y_held, 15),
             temperature_rows: self.fit.len(),
-            calibration_flaw: self.rows_flaw(),
+            calibration_flaw: self.flaw(),
         }
     }
 

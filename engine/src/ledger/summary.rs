@@ -116,22 +116,20 @@ impl RouteSummary {
         } else {
             1.0
         };
-        self.labelled
-            .entry(head.to_string())
-            .or_default()
-            .entry(channel.to_string())
-            .or_default()
-            .add(w, wrong);
+        self.slot(head, channel).add(w, wrong);
     }
 
     /// Adds labelled audits of `head`'s answers on `channel`, already summed.
     pub fn add_audits(&mut self, head: &str, channel: &str, c: &WeightedCount) {
+        self.slot(head, channel).merge(c);
+    }
+
+    fn slot(&mut self, head: &str, channel: &str) -> &mut WeightedCount {
         self.labelled
             .entry(head.to_string())
             .or_default()
             .entry(channel.to_string())
             .or_default()
-            .merge(c);
     }
 
     /// The labelled audits of `head` (every head's when `None`) on `channel`.

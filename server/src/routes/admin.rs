@@ -73,10 +73,10 @@ fn risk_view(state: &AppState, cfg: &tiergate_config::RoutingConfig, theta_eff: 
         .filter_map(|(name, r)| {
             let v = r.risk.view(cfg)?;
             let mut j = serde_json::to_value(&v).ok()?;
-            let in_force = tiergate_engine::risk::cap(theta_eff, Some(v.theta));
-            j["theta_eff"] = json!(in_force);
             // Below the grid's first θ the fixed-sequence proof says nothing: flagged, not capped.
-            j["outside_proof"] = json!(v.outside_proof(in_force));
+            let (in_force, outside) = v.in_force(theta_eff);
+            j["theta_eff"] = json!(in_force);
+            j["outside_proof"] = json!(outside);
             Some((name.clone(), j))
         })
         .collect::<serde_json::Map<_, _>>()

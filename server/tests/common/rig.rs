@@ -227,3 +227,51 @@ pub fn guarded(c: &mut Config) {
         });
     }
 }
+
+/// Writes a trained head over the rig's tiny encoder: for each label of `labels`, the row of label `rows[i]`
+/// is that label's prototype (its examples' mean embedding, normalised) times `scale`; zero bias.
+pub fn write_prototype_head(
+    r: &Rig,
+    out: &std::path::Path,
+    labels: &[(&str, &[&str])],
+    rows: &[usize],
+    scale: f64,
+    dev: tiergate_prefilter::heads::DevReport,
+    split: Option<tiergate_prefilter::heads::TrainSplit>,
+) {
+    use candle_core::{DType, Tensor};
+    let (tok, enc) = tiergate_prefilter::classifier::load_encoder(
+        r.tiny.dir.path(),
+        tiergate_config::PoolingConfig::Auto,
+        16,
+    )
+    .unwrap();
+    let protos: Vec<Tensor> = labels
+        .iter()
+        .map(|(_, texts)| {
+            let e = tiergate_prefilter::classifier::embed_texts(&tok, &enc, texts, 8).unwrap();
+            let m = e.mean(0).unwrap();
+            let norm = m.sqr().unwrap().sum_all().unwrap().sqrt().unwrap();
+            m.broadcast_div(&norm).unwrap()
+        })
+        .collect();
+    let picked: Vec<Tensor> = rows.iter().map(|&i| protos[i].clone()).collect();
+    let w = (Tensor::stack(&picked, 0).unwrap() * scale)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let b = Tensor::zeros(labels.len(), DType::F32, &candle_core::Device::Cpu).unwrap();
+    let meta = tiergate_prefilter::heads::TrainedHeadMeta {
+        format: tiergate_prefilter::heads::HEAD_FORMAT,
+        labels: labels.iter().map(|(l, _)| l.to_string()).collect(),
+        temperature: 1.0,
+        encoder: r.tiny.dir.path().to_path_buf(),
+        hidden_size: r.tiny.hidden,
+        fine_tuned: false,
+        dev,
+        examples: Vec::new(),
+        descriptions: Vec::new(),
+        split,
+    };
+    tiergate_prefilter::heads::save_trained(out, &meta, &w, &b).unwrap();
+}
