@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: fetch the models (once), make sure the `openai` Python package (conformance test),
+# The whole test suite: fetch the models (once), make sure the `openai` and `anthropic` Python packages (conformance tests),
 # llama-cpp-python's server (openai engine test), Prometheus and Redis (fleet and replica tests) are there, then every
 # unit, integration, multi-process and real-model test.
 set -euo pipefail
@@ -12,6 +12,10 @@ python="${PYTHON:-python3}"
 if ! "$python" -c "import openai" >/dev/null 2>&1; then
   echo "test: installing the openai Python package (conformance test)" >&2
   "$python" -m pip install --quiet "openai>=1.40" || { echo "test: cannot install openai with pip" >&2; exit 1; }
+fi
+if ! "$python" -c "import anthropic" >/dev/null 2>&1; then
+  echo "test: installing the anthropic Python package (Messages door test)" >&2
+  "$python" -m pip install --quiet "anthropic>=0.40" || { echo "test: cannot install anthropic with pip" >&2; exit 1; }
 fi
 if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
   # The openai engine's test runs a real llama.cpp server (llama-cpp-python has no binary wheels: this

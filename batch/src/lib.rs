@@ -1,25 +1,23 @@
 //! The Batch API (Tier-4 as asynchronous jobs): OpenAI's `/v1/files` and `/v1/batches` over a persistent store
-//! ([`store`], SQLite) and a background runner ([`runner`]), mounted on the tiergate server as a
-//! [`Product`]. Batch lines go through the server's public router like any request, marked as batch work
-//! ([`tiergate_engine::priority::BatchLine`]): their LLM jobs take one turn at a time, only while no interactive escalation is in flight.
+//! ([`store`], SQLite) and a background runner ([`runner`]), offered as the engine's
+//! [`tiergate_engine::batch::BatchService`]: the server mounts its HTTP routes over the trait and the cli
+//! hands it this crate's [`BatchApi`], so neither crate names the other. The runner has each line answered
+//! through the [`tiergate_engine::batch::Door`] the server gives it, marked as batch work
+//! ([`tiergate_engine::backends::priority::BatchLine`]): its LLM jobs take one turn at a time, only while no
+//! interactive escalation is in flight.
 
 pub mod runner;
 pub mod store;
 
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use axum::extract::{Multipart, Path, Query};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Extension;
 use serde_json::{json, Value};
 use tiergate_config::BatchConfig;
+use tiergate_engine::batch::{BatchError, BatchService, Door, Page, Upload};
 use tiergate_engine::state::AppState;
-use tiergate_engine::tenants::TenantId;
-use tiergate_server::error::ApiError;
-use tiergate_server::extract::ApiJson;
-use tiergate_server::product::Product;
+use tiergate_engine::tenancy::tenants::TenantId;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -47,8 +45,8 @@ impl Batches {
     }
 }
 
-/// The Batch API as the server mounts it: its routes answer with an error while it is off or its store
-/// could not be opened.
+/// The Batch API as the cli wires it: every call answers with an error while it is off or its store could
+/// not be opened.
 #[derive(Clone)]
 pub struct BatchApi {
     batches: Option<Arc<Batches>>,
@@ -80,71 +78,49 @@ impl BatchApi {
         }
     }
 
-    fn batches(&self) -> Result<&Arc<Batches>, ApiError> {
+    fn batches(&self) -> Result<&Arc<Batches>, BatchError> {
         self.batches
             .as_ref()
             .ok_or_else(|| match &self.unavailable {
-                Some(why) => ApiError::Unavailable(format!("the Batch API is unavailable: {why}")),
-                None => ApiError::NotFound("the Batch API is off (batch.enabled = false)".into()),
+                Some(why) => {
+                    BatchError::Unavailable(format!("the Batch API is unavailable: {why}"))
+                }
+                None => BatchError::NotFound("the Batch API is off (batch.enabled = false)".into()),
             })
     }
 }
 
-impl Product for BatchApi {
-    fn routes(&self) -> axum::Router<Arc<AppState>> {
-        let files_limit = usize::try_from(self.max_file_bytes).unwrap_or(usize::MAX);
-        axum::Router::new()
-            .route(
-                "/v1/files",
-                post(upload).layer(axum::extract::DefaultBodyLimit::max(
-                    files_limit.saturating_add(64 << 10),
-                )),
-            )
-            .route("/v1/files", get(list_files))
-            .route("/v1/files/{id}", get(file))
-            .route("/v1/files/{id}/content", get(content))
-            .route("/v1/batches", post(create).get(list))
-            .route("/v1/batches/{id}", get(batch))
-            .route("/v1/batches/{id}/cancel", post(cancel))
-            .layer(Extension(self.clone()))
-    }
+fn internal(e: anyhow::Error) -> BatchError {
+    BatchError::Internal(format!("batch store: {e}"))
+}
 
-    fn admin_routes(&self) -> axum::Router<Arc<AppState>> {
-        axum::Router::new()
-            .route("/admin/batches", get(admin_batches))
-            .layer(Extension(self.clone()))
-    }
-
-    fn start(&self, state: Weak<AppState>, stop: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
-        let b = self.batches.clone()?;
-        Some(tokio::spawn(runner::run(state, b, stop)))
+fn invalid(param: &'static str, message: impl Into<String>) -> BatchError {
+    BatchError::Invalid {
+        param,
+        message: message.into(),
     }
 }
 
-fn internal(e: anyhow::Error) -> ApiError {
-    ApiError::Internal(format!("batch store: {e}"))
-}
-
-/// The file `id` when `tenant` owns it; 404 otherwise (another tenant's file is not said to exist).
-fn owned_file(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::FileRow, ApiError> {
+/// The file `id` when `tenant` owns it; not found otherwise (another tenant's file is not said to exist).
+fn owned_file(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::FileRow, BatchError> {
     b.store
         .file(id)
         .map_err(internal)?
         .filter(|f| *f.owner == *tenant.0)
-        .ok_or_else(|| ApiError::NotFound(format!("no file `{id}`")))
+        .ok_or_else(|| BatchError::NotFound(format!("no file `{id}`")))
 }
 
-/// The batch `id` when `tenant` owns it; 404 otherwise.
-fn owned_batch(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::BatchRow, ApiError> {
+/// The batch `id` when `tenant` owns it; not found otherwise.
+fn owned_batch(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::BatchRow, BatchError> {
     b.store
         .batch(id)
         .map_err(internal)?
         .filter(|r| *r.owner == *tenant.0)
-        .ok_or_else(|| ApiError::NotFound(format!("no batch `{id}`")))
+        .ok_or_else(|| BatchError::NotFound(format!("no batch `{id}`")))
 }
 
 /// `tenant`'s batch quotas (none for identities that are no configured tenant).
-fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_engine::tenants::Quotas {
+fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_engine::tenancy::tenants::Quotas {
     state
         .tenants()
         .named(&tenant.0)
@@ -152,19 +128,19 @@ fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_engine::tenants::Quot
         .unwrap_or_default()
 }
 
-/// 429 `insufficient_quota` when `tenant`'s files would pass its `max_stored_bytes` with `adding` more.
+/// Over quota when `tenant`'s files would pass its `max_stored_bytes` with `adding` more.
 fn check_stored_bytes(
     state: &AppState,
     b: &Batches,
     tenant: &TenantId,
     adding: u64,
-) -> Result<(), ApiError> {
+) -> Result<(), BatchError> {
     let Some(quota) = quotas(state, tenant).max_stored_bytes else {
         return Ok(());
     };
     let used = b.store.owner_bytes(&tenant.0).map_err(internal)?;
     if used + adding > quota {
-        return Err(ApiError::QuotaExceeded(format!(
+        return Err(BatchError::Quota(format!(
             "tenant `{}` stores {used} bytes; {adding} more would pass its max_stored_bytes = {quota}",
             tenant.0
         )));
@@ -172,14 +148,14 @@ fn check_stored_bytes(
     Ok(())
 }
 
-/// 429 `insufficient_quota` when `tenant` already has its `max_active_batches` unfinished.
-fn check_open_batches(state: &AppState, b: &Batches, tenant: &TenantId) -> Result<(), ApiError> {
+/// Over quota when `tenant` already has its `max_active_batches` unfinished.
+fn check_open_batches(state: &AppState, b: &Batches, tenant: &TenantId) -> Result<(), BatchError> {
     let Some(quota) = quotas(state, tenant).max_active_batches else {
         return Ok(());
     };
     let open = b.store.owner_open_batches(&tenant.0).map_err(internal)?;
     if open >= quota {
-        return Err(ApiError::QuotaExceeded(format!(
+        return Err(BatchError::Quota(format!(
             "tenant `{}` has {open} unfinished batches, its max_active_batches",
             tenant.0
         )));
@@ -187,64 +163,172 @@ fn check_open_batches(state: &AppState, b: &Batches, tenant: &TenantId) -> Resul
     Ok(())
 }
 
-/// `GET /v1/files?after=&limit=`: the caller's files, newest first.
-pub async fn list_files(
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    Query(q): Query<std::collections::HashMap<String, String>>,
-) -> Response {
-    let run = || {
-        let b = api.batches()?;
-        listed(
-            &q,
+/// One page of `fetch(after, limit + 1)`.
+fn page<R>(
+    after: Option<&str>,
+    limit: usize,
+    fetch: impl FnOnce(Option<&str>, usize) -> anyhow::Result<Vec<R>>,
+    json: impl Fn(&R) -> Value,
+) -> Result<Page, BatchError> {
+    let rows = fetch(after, limit + 1).map_err(internal)?;
+    Ok(Page {
+        data: rows.iter().take(limit).map(json).collect(),
+        more: rows.len() > limit,
+    })
+}
+
+/// The checks of `POST /v1/batches`' body: the input file's id (owned, purpose `batch`), the endpoint and the
+/// window.
+fn batch_request<'a>(
+    b: &Batches,
+    tenant: &TenantId,
+    body: &'a Value,
+) -> Result<(&'a str, &'a str, &'a str), BatchError> {
+    let input = body["input_file_id"]
+        .as_str()
+        .ok_or_else(|| invalid("input_file_id", "missing `input_file_id`"))?;
+    let f = owned_file(b, tenant, input)
+        .map_err(|_| invalid("input_file_id", format!("no file `{input}`")))?;
+    if f.purpose != "batch" {
+        return Err(invalid(
+            "input_file_id",
+            format!("file `{input}` has purpose `{}`, not `batch`", f.purpose),
+        ));
+    }
+    let endpoint = body["endpoint"].as_str().unwrap_or_default();
+    if endpoint != "/v1/chat/completions" {
+        return Err(invalid(
+            "endpoint",
+            format!("endpoint `{endpoint}`: only `/v1/chat/completions` is supported"),
+        ));
+    }
+    let window = body["completion_window"].as_str().unwrap_or_default();
+    if window != "24h" {
+        return Err(invalid(
+            "completion_window",
+            format!("completion_window `{window}`: only `24h` is supported"),
+        ));
+    }
+    Ok((input, endpoint, window))
+}
+
+impl BatchService for BatchApi {
+    fn max_file_bytes(&self) -> u64 {
+        self.max_file_bytes
+    }
+
+    fn upload(
+        &self,
+        state: &AppState,
+        tenant: &TenantId,
+        up: Upload<'_>,
+    ) -> Result<Value, BatchError> {
+        let b = self.batches()?;
+        let purpose = up
+            .purpose
+            .ok_or_else(|| invalid("purpose", "missing `purpose`"))?;
+        if purpose != "batch" {
+            return Err(invalid(
+                "purpose",
+                format!("purpose `{purpose}`: only `batch` is supported"),
+            ));
+        }
+        let (name, bytes) = up.file.ok_or_else(|| invalid("file", "missing `file`"))?;
+        check_stored_bytes(state, b, tenant, bytes.len() as u64)?;
+        let total = b.store.total_bytes().map_err(internal)?;
+        if total + bytes.len() as u64 > b.cfg.max_total_bytes {
+            return Err(BatchError::Unavailable(format!(
+                "the file store is full ({total} of batch.max_total_bytes = {} bytes)",
+                b.cfg.max_total_bytes
+            )));
+        }
+        let row = b
+            .store
+            .put_file(&tenant.0, name, purpose, bytes)
+            .map_err(internal)?;
+        Ok(row.to_json())
+    }
+
+    fn files(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, BatchError> {
+        let b = self.batches()?;
+        page(
+            after,
+            limit,
             |after, n| b.store.files(&tenant.0, after, n),
             store::FileRow::to_json,
         )
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
-}
-
-/// One page of `fetch(after, limit + 1)` in OpenAI's list shape.
-fn listed<R>(
-    q: &std::collections::HashMap<String, String>,
-    fetch: impl FnOnce(Option<&str>, usize) -> anyhow::Result<Vec<R>>,
-    json: impl Fn(&R) -> Value,
-) -> Result<Response, ApiError> {
-    let limit = page_limit(q)?;
-    let rows = fetch(q.get("after").map(String::as_str), limit + 1).map_err(internal)?;
-    let data: Vec<Value> = rows.iter().take(limit).map(json).collect();
-    Ok(axum::Json(page(data, rows.len() > limit)).into_response())
-}
-
-/// `limit` of a list request: 20 unless given, 1–100.
-fn page_limit(q: &std::collections::HashMap<String, String>) -> Result<usize, ApiError> {
-    match q.get("limit").map(|l| l.parse::<usize>()) {
-        None => Ok(20),
-        Some(Ok(n)) if (1..=100).contains(&n) => Ok(n),
-        Some(_) => Err(ApiError::invalid("limit", "must be 1–100")),
     }
-}
 
-/// One page of a list, in OpenAI's shape.
-fn page(data: Vec<Value>, more: bool) -> Value {
-    json!({"object": "list",
-        "first_id": data.first().map(|d| d["id"].clone()),
-        "last_id": data.last().map(|d| d["id"].clone()),
-        "has_more": more, "data": data})
-}
+    fn file(&self, tenant: &TenantId, id: &str) -> Result<Value, BatchError> {
+        Ok(owned_file(self.batches()?, tenant, id)?.to_json())
+    }
 
-/// `GET /admin/batches` (admin listener): per tenant, its files, their bytes and its batches by status;
-/// `?tenant=NAME` also lists that tenant's batches (newest 100).
-pub async fn admin_batches(
-    Extension(api): Extension<BatchApi>,
-    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
-    tiergate_server::auth::Peer(peer): tiergate_server::auth::Peer,
-    headers: axum::http::HeaderMap,
-    Query(q): Query<std::collections::HashMap<String, String>>,
-) -> Response {
-    let run = || {
-        tiergate_server::auth::authorize_admin(state.admin_token(), &headers, peer)?;
-        let b = api.batches()?;
+    fn content(&self, tenant: &TenantId, id: &str) -> Result<PathBuf, BatchError> {
+        let b = self.batches()?;
+        owned_file(b, tenant, id)?;
+        Ok(b.store.file_path(id))
+    }
+
+    fn create(
+        &self,
+        state: &AppState,
+        tenant: &TenantId,
+        body: &Value,
+    ) -> Result<Value, BatchError> {
+        let b = self.batches()?;
+        let (input, endpoint, window) = batch_request(b, tenant, body)?;
+        check_open_batches(state, b, tenant)?;
+        let metadata = Some(&body["metadata"]).filter(|m| m.is_object());
+        let row = b
+            .store
+            .create_batch(&tenant.0, input, endpoint, window, metadata)
+            .map_err(internal)?;
+        b.wake.notify_one();
+        Ok(row.to_json())
+    }
+
+    fn batch(&self, tenant: &TenantId, id: &str) -> Result<Value, BatchError> {
+        Ok(owned_batch(self.batches()?, tenant, id)?.to_json())
+    }
+
+    /// An open batch moves to `cancelling`, then `cancelled` once the lines in flight end (their results, and
+    /// those before, are in its files).
+    fn cancel(&self, tenant: &TenantId, id: &str) -> Result<Value, BatchError> {
+        let b = self.batches()?;
+        let row = owned_batch(b, tenant, id)?;
+        if !b.store.cancel(id).map_err(internal)? && row.status != "cancelling" {
+            return Err(invalid(
+                "batch_id",
+                format!("batch `{id}` is {} and cannot be cancelled", row.status),
+            ));
+        }
+        b.wake.notify_one();
+        let row = b.store.batch(id).map_err(internal)?.unwrap_or(row);
+        Ok(row.to_json())
+    }
+
+    fn list(
+        &self,
+        tenant: &TenantId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, BatchError> {
+        let b = self.batches()?;
+        page(
+            after,
+            limit,
+            |after, n| b.store.list(&tenant.0, after, n),
+            store::BatchRow::to_json,
+        )
+    }
+
+    fn overview(&self, tenant: Option<&str>) -> Result<Value, BatchError> {
+        let b = self.batches()?;
         let owners: Vec<Value> = b
             .store
             .by_owner()
@@ -257,206 +341,22 @@ pub async fn admin_batches(
             })
             .collect();
         let mut out = json!({"tenants": owners});
-        if let Some(t) = q.get("tenant") {
+        if let Some(t) = tenant {
             let rows = b.store.list(t, None, 100).map_err(internal)?;
             out["batches"] = rows.iter().map(|r| r.to_json()).collect();
         }
-        Ok::<_, ApiError>(axum::Json(out).into_response())
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
-}
+        Ok(out)
+    }
 
-/// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`).
-pub async fn upload(
-    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    mut form: Multipart,
-) -> Response {
-    let run = async {
-        let b = api.batches()?;
-        let (mut purpose, mut file) = (None, None);
-        while let Some(field) = form
-            .next_field()
-            .await
-            .map_err(|e| ApiError::invalid("file", format!("bad multipart body: {e}")))?
-        {
-            match field.name() {
-                Some("purpose") => {
-                    purpose = Some(
-                        field
-                            .text()
-                            .await
-                            .map_err(|e| ApiError::invalid("purpose", e.to_string()))?,
-                    )
-                }
-                Some("file") => {
-                    let name = field.file_name().unwrap_or("upload.jsonl").to_string();
-                    let bytes = field.bytes().await.map_err(|e| {
-                        ApiError::invalid(
-                            "file",
-                            format!("{e} (batch.max_file_bytes = {})", b.cfg.max_file_bytes),
-                        )
-                    })?;
-                    file = Some((name, bytes));
-                }
-                _ => {}
-            }
-        }
-        let purpose = purpose.ok_or_else(|| ApiError::invalid("purpose", "missing `purpose`"))?;
-        if purpose != "batch" {
-            return Err(ApiError::invalid(
-                "purpose",
-                format!("purpose `{purpose}`: only `batch` is supported"),
-            ));
-        }
-        let (name, bytes) = file.ok_or_else(|| ApiError::invalid("file", "missing `file`"))?;
-        check_stored_bytes(&state, b, &tenant, bytes.len() as u64)?;
-        let total = b.store.total_bytes().map_err(internal)?;
-        if total + bytes.len() as u64 > b.cfg.max_total_bytes {
-            return Err(ApiError::Unavailable(format!(
-                "the file store is full ({total} of batch.max_total_bytes = {} bytes)",
-                b.cfg.max_total_bytes
-            )));
-        }
-        let row = b
-            .store
-            .put_file(&tenant.0, &name, &purpose, &bytes)
-            .map_err(internal)?;
-        Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
-    };
-    run.await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `GET /v1/files/{id}`.
-pub async fn file(
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    Path(id): Path<String>,
-) -> Response {
-    let run = || {
-        let b = api.batches()?;
-        let f = owned_file(b, &tenant, &id)?;
-        Ok::<_, ApiError>(axum::Json(f.to_json()).into_response())
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `GET /v1/files/{id}/content`.
-pub async fn content(
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    Path(id): Path<String>,
-) -> Response {
-    let run = async {
-        let b = api.batches()?;
-        owned_file(b, &tenant, &id)?;
-        let bytes = tokio::fs::read(b.store.file_path(&id))
-            .await
-            .map_err(|e| ApiError::Internal(format!("file `{id}`: {e}")))?;
-        Ok::<_, ApiError>(([("content-type", "application/jsonl")], bytes).into_response())
-    };
-    run.await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `POST /v1/batches`.
-pub async fn create(
-    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    ApiJson(body): ApiJson<Value>,
-) -> Response {
-    let run = || {
-        let b = api.batches()?;
-        let input = body["input_file_id"]
-            .as_str()
-            .ok_or_else(|| ApiError::invalid("input_file_id", "missing `input_file_id`"))?;
-        let f = owned_file(b, &tenant, input)
-            .map_err(|_| ApiError::invalid("input_file_id", format!("no file `{input}`")))?;
-        if f.purpose != "batch" {
-            return Err(ApiError::invalid(
-                "input_file_id",
-                format!("file `{input}` has purpose `{}`, not `batch`", f.purpose),
-            ));
-        }
-        let endpoint = body["endpoint"].as_str().unwrap_or_default();
-        if endpoint != "/v1/chat/completions" {
-            return Err(ApiError::invalid(
-                "endpoint",
-                format!("endpoint `{endpoint}`: only `/v1/chat/completions` is supported"),
-            ));
-        }
-        let window = body["completion_window"].as_str().unwrap_or_default();
-        if window != "24h" {
-            return Err(ApiError::invalid(
-                "completion_window",
-                format!("completion_window `{window}`: only `24h` is supported"),
-            ));
-        }
-        check_open_batches(&state, b, &tenant)?;
-        let metadata = Some(&body["metadata"]).filter(|m| m.is_object());
-        let row = b
-            .store
-            .create_batch(&tenant.0, input, endpoint, window, metadata)
-            .map_err(internal)?;
-        b.wake.notify_one();
-        Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `GET /v1/batches/{id}`.
-pub async fn batch(
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    Path(id): Path<String>,
-) -> Response {
-    let run = || {
-        let b = api.batches()?;
-        let row = owned_batch(b, &tenant, &id)?;
-        Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `POST /v1/batches/{id}/cancel`: an open batch moves to `cancelling`, then `cancelled` once the lines in
-/// flight end (their results, and those before, are in its files).
-pub async fn cancel(
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    Path(id): Path<String>,
-) -> Response {
-    let run = || {
-        let b = api.batches()?;
-        let row = owned_batch(b, &tenant, &id)?;
-        if !b.store.cancel(&id).map_err(internal)? && row.status != "cancelling" {
-            return Err(ApiError::invalid(
-                "batch_id",
-                format!("batch `{id}` is {} and cannot be cancelled", row.status),
-            ));
-        }
-        b.wake.notify_one();
-        let row = b.store.batch(&id).map_err(internal)?.unwrap_or(row);
-        Ok::<_, ApiError>(axum::Json(row.to_json()).into_response())
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `GET /v1/batches?after=&limit=` (newest first).
-pub async fn list(
-    Extension(api): Extension<BatchApi>,
-    Extension(tenant): Extension<TenantId>,
-    Query(q): Query<std::collections::HashMap<String, String>>,
-) -> Response {
-    let run = || {
-        let b = api.batches()?;
-        listed(
-            &q,
-            |after, n| b.store.list(&tenant.0, after, n),
-            store::BatchRow::to_json,
-        )
-    };
-    run().unwrap_or_else(IntoResponse::into_response)
+    fn start(
+        &self,
+        state: Weak<AppState>,
+        door: Arc<dyn Door>,
+        stop: watch::Receiver<bool>,
+    ) -> Option<JoinHandle<()>> {
+        let b = self.batches.clone()?;
+        Some(tokio::spawn(runner::run(state, b, door, stop)))
+    }
 }
 
 /// HMAC-SHA256 (RFC 2104) of `body` under `key`, in hex.

@@ -1,22 +1,20 @@
-//! The batch runner: one background task that takes open batches oldest first, validates the input, runs
-//! each line through the public router in-process (the same validation, routing and escalation as any
-//! request, marked as batch work so its LLM jobs wait for the interactive channel to be idle), commits each
-//! line's result as it finishes, then writes the output and error files. A stopped or killed server resumes
-//! at the lines without a result.
+//! The batch runner: one background task that takes open batches oldest first, validates the input, has the
+//! engine answer each line (the chat door's validation and body, the engine's admission, tenant budget and
+//! decision records, as for any request — marked as batch work so its LLM jobs wait for the interactive
+//! channel to be idle), commits each line's result as it finishes, then writes the output and error files.
+//! A stopped or killed server resumes at the lines without a result.
 
 use std::sync::Weak;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
-use tower::ServiceExt;
 
 use std::sync::Arc;
 
-use tiergate_engine::priority::{BatchLine, Gate};
+use tiergate_engine::backends::priority::{BatchLine, Gate};
+use tiergate_engine::batch::{Door, LineRequest};
 use tiergate_engine::state::AppState;
 
 use super::store::{new_id, Store};
@@ -31,7 +29,12 @@ struct Line {
 }
 
 /// Runs batches until `stop` turns true or the server is gone.
-pub async fn run(state: Weak<AppState>, b: Arc<Batches>, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    state: Weak<AppState>,
+    b: Arc<Batches>,
+    door: Arc<dyn Door>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         if state.strong_count() == 0 {
             return;
@@ -43,7 +46,7 @@ pub async fn run(state: Weak<AppState>, b: Arc<Batches>, mut stop: watch::Receiv
             .and_then(|v| v.into_iter().next());
         match next {
             Some(id) => {
-                if let Err(e) = run_batch(&state, &b, &id, &mut stop).await {
+                if let Err(e) = run_batch(&state, &b, door.as_ref(), &id, &mut stop).await {
                     tracing::error!(batch = %id, error = %e, "batch runner error; retrying in 1 s");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -66,6 +69,7 @@ pub async fn run(state: Weak<AppState>, b: Arc<Batches>, mut stop: watch::Receiv
 async fn run_batch(
     weak: &Weak<AppState>,
     b: &Arc<Batches>,
+    door: &dyn Door,
     id: &str,
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -92,21 +96,20 @@ async fn run_batch(
         return finish(b, id);
     }
     let done = store.done_lines(id)?;
-    let router = tiergate_server::routes::router(state.clone());
     // Without an LLM side no line holds an LLM turn, so none is ever preempted.
-    let gate = state.llm.as_ref().map(|l| l.gate.clone());
-    drop(state);
+    let gate = state.default_llm().map(|l| l.gate.clone());
     // Its lines run as its owner: that tenant's routes, its name in the metrics.
-    let owner = tiergate_engine::tenants::TenantId(std::sync::Arc::from(row.owner.as_str()));
+    let owner =
+        tiergate_engine::tenancy::tenants::TenantId(std::sync::Arc::from(row.owner.as_str()));
     let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
         .map(|l| {
-            let router = router.clone();
+            let state = state.clone();
             let mut stop = stop.clone();
             let (gate, owner) = (gate.clone(), owner.clone());
             async move {
                 tokio::select! {
-                    r = run_line(router, &owner, gate.as_deref(), id, &l) => Some((l.no, r)),
+                    r = run_line(&state, door, &owner, gate.as_deref(), id, &l) => Some((l.no, r)),
                     _ = stop.wait_for(|s| *s) => None,
                 }
             }
@@ -120,6 +123,7 @@ async fn run_batch(
         }
     }
     drop(results);
+    drop(state);
     if *stop.borrow() {
         return Ok(()); // resumed at the next start
     }
@@ -227,12 +231,13 @@ fn parse_input(
 /// Preemptions after which a line's LLM job no longer yields.
 const MAX_PREEMPTIONS: u32 = 3;
 
-/// Runs one line through the router; runs it again when the server sheds load (429) or when an interactive
+/// Has the engine answer one line; runs it again when the server sheds load (429) or when an interactive
 /// escalation preempted its LLM job (at most [`MAX_PREEMPTIONS`] times). Returns whether it succeeded and
 /// its output line.
 async fn run_line(
-    router: axum::Router,
-    owner: &tiergate_engine::tenants::TenantId,
+    state: &Arc<AppState>,
+    door: &dyn Door,
+    owner: &tiergate_engine::tenancy::tenants::TenantId,
     gate: Option<&Gate>,
     batch: &str,
     l: &Line,
@@ -242,73 +247,50 @@ async fn run_line(
         o.insert("stream".into(), json!(false));
     }
     let request_id = format!("{batch}-{}", l.no);
-    let bytes = body.to_string();
     let mut backoff = Duration::from_millis(100);
     let mut preempted = 0;
     loop {
         let line = BatchLine::new(preempted < MAX_PREEMPTIONS).with_alias(batch, &l.custom_id);
-        let req = Request::post("/v1/chat/completions")
-            .header("content-type", "application/json")
-            .header("x-request-id", &request_id)
-            .extension(line.clone())
-            // The batch's owner, in process: a client cannot set an extension, so this cannot be forged.
-            .extension(owner.clone())
-            .body(Body::from(bytes.clone()));
-        let Ok(req) = req else {
-            return (
-                false,
-                line_error(&l.custom_id, "internal_error", "cannot build the request"),
-            );
+        // The batch's owner, in process: no client sets it, so it cannot be forged. No headers: a line's
+        // budget is its route's default.
+        let req = LineRequest {
+            body: body.clone(),
+            tenant: owner.clone(),
+            line: line.clone(),
         };
-        let answer = router.clone().oneshot(req);
+        let answer = door.answer(state, req);
         tokio::pin!(answer);
-        let resp = match gate {
-            None => answer.await.ok(),
+        let done = match gate {
+            None => Some(answer.await),
             Some(gate) => loop {
                 let yield_now = gate.preempted();
                 tokio::select! {
-                    r = &mut answer => break r.ok(),
+                    r = &mut answer => break Some(r),
                     _ = yield_now => if line.preemptible_now() { break None },
                 }
             },
         };
-        // Preempted: dropping the request cancels its LLM job; the line runs again at its next turn.
-        let Some(resp) = resp else {
+        // Preempted: dropping the answer cancels its LLM job; the line runs again at its next turn.
+        let Some(done) = done else {
             preempted += 1;
             metrics::counter!(tiergate_engine::metrics::BATCH_PREEMPTIONS_TOTAL).increment(1);
             continue;
         };
-        let status = resp.status();
-        // tiergate's own headers (tier, degraded, confidence, threshold) ride along: a batch has no headers.
-        let tiergate: serde_json::Map<String, Value> = resp
-            .headers()
-            .iter()
-            .filter(|(k, _)| k.as_str().starts_with("x-tiergate-"))
-            .filter_map(|(k, v)| Some((k.as_str().to_string(), json!(v.to_str().ok()?))))
-            .collect();
-        if status == StatusCode::TOO_MANY_REQUESTS {
+        if done.status == 429 {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
             continue;
         }
-        let raw = axum::body::to_bytes(resp.into_body(), 16 << 20)
-            .await
-            .unwrap_or_default();
-        let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+        // tiergate's own headers (tier, degraded, confidence, threshold) ride along: a batch has no headers.
         let out = json!({
             "id": new_id("batch_req_"),
             "custom_id": l.custom_id,
-            "response": {"status_code": status.as_u16(), "request_id": request_id, "body": body,
-                         "headers": tiergate},
+            "response": {"status_code": done.status, "request_id": request_id, "body": done.body,
+                         "headers": done.headers},
             "error": null,
         });
-        return (status.is_success(), out);
+        return ((200..300).contains(&done.status), out);
     }
-}
-
-fn line_error(custom_id: &str, code: &str, message: &str) -> Value {
-    json!({"id": new_id("batch_req_"), "custom_id": custom_id, "response": null,
-           "error": {"code": code, "message": message}})
 }
 
 #[cfg(test)]

@@ -72,6 +72,12 @@ pub struct Args {
     #[arg(long)]
     pub stream: bool,
 
+    /// The API dialect to load-test: `chat` (OpenAI Chat Completions), `responses` (OpenAI Responses) or
+    /// `messages` (Anthropic Messages, the key sent as `x-api-key`); bands, TTFT and errors per channel the
+    /// same for each.
+    #[arg(long, value_enum, default_value_t = crate::http::Api::Chat)]
+    pub api: crate::http::Api,
+
     /// Seed for workload sampling and Poisson arrivals.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::stats::{Channel, Outcome};
+use crate::stats::{Channel, Outcome, Served};
 
 /// `--deadline-ms`: `N` (every request) or `A-B` (uniform in [A, B]), milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -103,14 +103,18 @@ pub fn report(outcomes: &[Outcome]) -> Option<DeadlineReport> {
     if with.is_empty() {
         return None;
     }
-    let channels = [Channel::Tier0, Channel::Escalated, Channel::Degraded]
-        .iter()
-        .map(|&ch| {
-            let of: Vec<&&Outcome> = with.iter().filter(|o| Channel::of(o) == ch).collect();
-            let n = of.iter().filter(|o| within(o)).count();
-            (ch.name(), of.len() as u64, share(n, of.len()))
-        })
-        .collect();
+    let channels = [
+        Channel::Served(Served::Tier0),
+        Channel::Served(Served::Escalated),
+        Channel::Served(Served::Degraded),
+    ]
+    .iter()
+    .map(|&ch| {
+        let of: Vec<&&Outcome> = with.iter().filter(|o| Channel::of(o) == ch).collect();
+        let n = of.iter().filter(|o| within(o)).count();
+        (ch.name(), of.len() as u64, share(n, of.len()))
+    })
+    .collect();
     let mut stages: Vec<(&'static str, u64, f64)> = Vec::new();
     let mut names: Vec<&'static str> = with.iter().filter_map(|o| o.stage).collect();
     names.sort_unstable();
@@ -139,8 +143,8 @@ pub fn report(outcomes: &[Outcome]) -> Option<DeadlineReport> {
             },
             requests: of.len() as u64,
             within: share(of.iter().filter(|o| within(o)).count(), of.len()),
-            escalated: share(count(Channel::Escalated), answered),
-            degraded: share(count(Channel::Degraded), answered),
+            escalated: share(count(Channel::Served(Served::Escalated)), answered),
+            degraded: share(count(Channel::Served(Served::Degraded)), answered),
         });
         lo = hi.unwrap_or(lo);
     }

@@ -19,6 +19,116 @@ pub const STREAM_TRUNCATED: &str = "stream_truncated";
 /// Most bytes read from one response.
 const MAX_BODY: usize = 16 << 20;
 
+/// The API dialect a run speaks (`--api`): the endpoint, the request body, where the answer and its tokens
+/// are in the response, and its stream's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Api {
+    /// OpenAI Chat Completions, `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// OpenAI Responses, `POST /v1/responses`.
+    Responses,
+    /// Anthropic Messages, `POST /v1/messages` (the key as `x-api-key`).
+    Messages,
+}
+
+impl Api {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    /// The answer's text and output tokens in a JSON response; `None` when it is not that dialect's shape.
+    fn answer(self, v: &Value) -> Option<(String, u32)> {
+        let (text, tokens) = match self {
+            Api::Chat => (
+                &v["choices"][0]["message"]["content"],
+                &v["usage"]["completion_tokens"],
+            ),
+            Api::Responses => (
+                &v["output"][0]["content"][0]["text"],
+                &v["usage"]["output_tokens"],
+            ),
+            Api::Messages => (&v["content"][0]["text"], &v["usage"]["output_tokens"]),
+        };
+        let text = text.as_str()?.to_string();
+        Some((text, tokens.as_u64().map_or(0, |n| n as u32)))
+    }
+}
+
+/// What one stream event says.
+enum Said<'a> {
+    Text(&'a str),
+    Tokens(u32),
+    Done,
+    Error(&'a str),
+    Other,
+}
+
+impl Api {
+    /// One event's `data`, read in this dialect (the event's name is in its `type` for the two that name
+    /// events).
+    fn said(self, v: &Value) -> Said<'_> {
+        if !v["error"].is_null() && self != Api::Responses {
+            return Said::Error(v["error"]["type"].as_str().unwrap_or("stream_error"));
+        }
+        match self {
+            Api::Chat => match (
+                v["choices"][0]["delta"]["content"].as_str(),
+                v["usage"]["completion_tokens"].as_u64(),
+            ) {
+                (Some(c), _) => Said::Text(c),
+                (None, Some(n)) => Said::Tokens(n as u32),
+                _ => Said::Other,
+            },
+            Api::Responses => match v["type"].as_str().unwrap_or_default() {
+                "response.output_text.delta" => Said::Text(v["delta"].as_str().unwrap_or_default()),
+                "response.completed" | "response.incomplete" => Said::Tokens(
+                    v["response"]["usage"]["output_tokens"]
+                        .as_u64()
+                        .unwrap_or(0) as u32,
+                ),
+                "response.failed" => Said::Error(
+                    v["response"]["error"]["code"]
+                        .as_str()
+                        .unwrap_or("stream_error"),
+                ),
+                _ => Said::Other,
+            },
+            Api::Messages => match v["type"].as_str().unwrap_or_default() {
+                "content_block_delta" => {
+                    Said::Text(v["delta"]["text"].as_str().unwrap_or_default())
+                }
+                "message_delta" => {
+                    Said::Tokens(v["usage"]["output_tokens"].as_u64().unwrap_or(0) as u32)
+                }
+                "message_stop" => Said::Done,
+                _ => Said::Other,
+            },
+        }
+    }
+
+    /// The answer's id in a stream's first events.
+    fn stream_id(self, v: &Value) -> Option<&str> {
+        match self {
+            Api::Chat => v["id"].as_str(),
+            Api::Responses => v["response"]["id"].as_str(),
+            Api::Messages => v["message"]["id"].as_str(),
+        }
+    }
+}
+
 /// What one chat call came back with.
 #[derive(Debug, Clone)]
 pub struct ChatResult {
@@ -157,15 +267,24 @@ impl HttpClient {
         Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
     }
 
-    /// One chat completion. `body` is the serialised request.
-    pub async fn chat(&self, body: Bytes, stream: bool, extra: &[(String, String)]) -> ChatResult {
-        let req = match self.request(
-            Method::POST,
-            "/v1/chat/completions",
-            self.api_key.as_deref(),
-            body,
-            extra,
-        ) {
+    /// One answer from the `api` endpoint. `body` is the serialised request ([`chat_body`]).
+    pub async fn chat(
+        &self,
+        api: Api,
+        body: Bytes,
+        stream: bool,
+        extra: &[(String, String)],
+    ) -> ChatResult {
+        // Anthropic's clients send the key as `x-api-key`, with the API version.
+        let mut headers = extra.to_vec();
+        let mut bearer = self.api_key.as_deref();
+        if api == Api::Messages {
+            headers.push(("anthropic-version".into(), "2023-06-01".into()));
+            if let Some(k) = bearer.take() {
+                headers.push(("x-api-key".into(), k.to_string()));
+            }
+        }
+        let req = match self.request(Method::POST, api.path(), bearer, body, &headers) {
             Ok(r) => r,
             Err(_) => return ChatResult::failed("client_error"),
         };
@@ -213,26 +332,19 @@ impl HttpClient {
             return out;
         }
         if stream {
-            read_sse(body, &mut out).await;
+            read_sse(api, body, &mut out).await;
         } else {
             match read_limited(body).await {
                 Ok(raw) => {
                     out.first_token = Some(Instant::now());
-                    match serde_json::from_slice::<Value>(&raw) {
-                        Ok(v) => {
+                    let v = serde_json::from_slice::<Value>(&raw).unwrap_or(Value::Null);
+                    match api.answer(&v) {
+                        Some((text, tokens)) => {
                             out.id = v["id"].as_str().map(str::to_string);
-                            out.content = v["choices"][0]["message"]["content"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_string();
-                            out.tokens_out = v["usage"]["completion_tokens"]
-                                .as_u64()
-                                .map_or(0, |n| n as u32);
-                            if v["choices"][0].is_null() {
-                                out.error = Some("bad_response");
-                            }
+                            out.content = text;
+                            out.tokens_out = tokens;
                         }
-                        Err(_) => out.error = Some("bad_response"),
+                        None => out.error = Some("bad_response"),
                     }
                 }
                 Err(_) => out.error = Some("transport_error"),
@@ -268,8 +380,9 @@ async fn read_limited(mut body: hyper::body::Incoming) -> Result<Bytes, String> 
     Ok(buf.freeze())
 }
 
-/// Read server-sent events: content deltas (first one = first token), `usage`, `error`, `[DONE]`.
-async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
+/// Read server-sent events in `api`'s dialect: content deltas (first one = first token), the output tokens,
+/// errors, and the final event (`[DONE]`, `message_stop`, `response.completed`).
+async fn read_sse(api: Api, mut body: hyper::body::Incoming, out: &mut ChatResult) {
     let mut buf: Vec<u8> = Vec::new();
     let mut chunks = 0u32;
     let mut done = false;
@@ -303,26 +416,25 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
                 out.error = Some("bad_response");
                 continue;
             };
-            if !v["error"].is_null() {
-                out.error = Some(intern(
-                    v["error"]["type"].as_str().unwrap_or("stream_error"),
-                ));
-                continue;
-            }
             if out.id.is_none() {
-                out.id = v["id"].as_str().map(str::to_string);
+                out.id = api.stream_id(&v).map(str::to_string);
             }
-            if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
-                if !c.is_empty() {
+            match api.said(&v) {
+                Said::Error(e) => out.error = Some(intern(e)),
+                Said::Text(c) if !c.is_empty() => {
                     if out.first_token.is_none() {
                         out.first_token = Some(Instant::now());
                     }
                     chunks += 1;
                     out.content.push_str(c);
                 }
-            }
-            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-                usage = Some(n as u32);
+                Said::Tokens(n) => {
+                    usage = Some(n);
+                    // Responses ends with its completed event (no `[DONE]`).
+                    done |= api == Api::Responses;
+                }
+                Said::Done => done = true,
+                Said::Text(_) | Said::Other => {}
             }
         }
     }
@@ -332,18 +444,35 @@ async fn read_sse(mut body: hyper::body::Incoming, out: &mut ChatResult) {
     }
 }
 
-/// The chat request body for one workload item.
-pub fn chat_body(route: &str, text: &str, stream: bool, max_tokens: Option<u32>) -> Bytes {
-    let mut v = json!({
-        "model": route,
-        "messages": [{"role": "user", "content": text}],
-    });
+/// Messages needs `max_tokens`: this when `--max-tokens` is not given.
+const MESSAGES_MAX_TOKENS: u32 = 1024;
+
+/// The request body for one workload item in `api`'s dialect.
+pub fn chat_body(
+    api: Api,
+    route: &str,
+    text: &str,
+    stream: bool,
+    max_tokens: Option<u32>,
+) -> Bytes {
+    let mut v = match api {
+        Api::Chat | Api::Messages => json!({
+            "model": route,
+            "messages": [{"role": "user", "content": text}],
+        }),
+        Api::Responses => json!({"model": route, "input": text}),
+    };
     if stream {
         v["stream"] = json!(true);
-        v["stream_options"] = json!({"include_usage": true});
+        if api == Api::Chat {
+            v["stream_options"] = json!({"include_usage": true});
+        }
     }
-    if let Some(m) = max_tokens {
-        v["max_tokens"] = json!(m);
+    match (api, max_tokens) {
+        (Api::Chat, Some(m)) => v["max_tokens"] = json!(m),
+        (Api::Responses, Some(m)) => v["max_output_tokens"] = json!(m),
+        (Api::Messages, m) => v["max_tokens"] = json!(m.unwrap_or(MESSAGES_MAX_TOKENS)),
+        (_, None) => {}
     }
     Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
 }

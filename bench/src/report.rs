@@ -9,7 +9,9 @@ use serde_json::Value;
 use crate::run::RunData;
 use crate::scrape::Scrape;
 use crate::slo::{check, SloLine, SloResult};
-use crate::stats::{histogram, ms, series, Channel, ChannelStats, Outcome, Percentiles, Second};
+use crate::stats::{
+    histogram, ms, series, Channel, ChannelStats, Outcome, Percentiles, Second, Served,
+};
 
 /// What the client itself cost.
 #[derive(Debug, Clone, Serialize)]
@@ -105,13 +107,18 @@ impl RunReport {
             .collect();
         // With the answer cache: every request decided to escalate (the LLM's, the cache's and the degraded
         // answers), the channel a cache shortens.
-        if os.iter().any(|o| Channel::of(o) == Channel::Cache) {
+        if os
+            .iter()
+            .any(|o| Channel::of(o) == Channel::Served(Served::Cache))
+        {
             channels.push(ChannelStats::of(
                 "escalations",
                 os.iter().filter(|o| {
                     matches!(
                         Channel::of(o),
-                        Channel::Escalated | Channel::Cache | Channel::Degraded
+                        Channel::Served(Served::Escalated)
+                            | Channel::Served(Served::Cache)
+                            | Channel::Served(Served::Degraded)
                     )
                 }),
                 total,

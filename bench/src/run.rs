@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::http::{chat_body, ChatResult, HttpClient};
+use crate::http::{chat_body, Api, ChatResult, HttpClient};
 use crate::schedule::Schedule;
 use crate::scrape::{scrape_loop, Scrape};
-use crate::stats::{Channel, Outcome};
+use crate::stats::{Channel, Outcome, Served};
 use crate::workload::{Item, Sampler};
 
 /// Open or closed loop.
@@ -38,6 +38,8 @@ pub struct Plan {
     /// `tiergate_kind` of each listed route; labels are checked on classify routes and on servers that
     /// do not say.
     pub route_kinds: HashMap<String, Option<String>>,
+    /// The dialect it speaks (`--api`).
+    pub api: Api,
     pub stream: bool,
     pub max_tokens: Option<u32>,
     pub timeout: Duration,
@@ -93,6 +95,7 @@ pub fn cpu_seconds() -> f64 {
 struct Shared {
     client: HttpClient,
     operator: Arc<crate::operator::Operator>,
+    api: Api,
     stream: bool,
     extra: Vec<(String, String)>,
     start: Instant,
@@ -121,7 +124,7 @@ impl Plan {
             .operator
             .text(&item.text, item.label.as_deref(), self.seed, n);
         Prepared {
-            body: chat_body(route, &text, self.stream, self.max_tokens),
+            body: chat_body(self.api, route, &text, self.stream, self.max_tokens),
             label: item.label.clone(),
             check_label,
             budget_ms: self.deadline.map(|d| d.draw(self.seed, n)),
@@ -148,7 +151,7 @@ async fn one(s: &Shared, p: Prepared, intended: Instant) -> Outcome {
     };
     let r = match tokio::time::timeout_at(
         deadline.into(),
-        s.client.chat(p.body.clone(), s.stream, extra),
+        s.client.chat(s.api, p.body.clone(), s.stream, extra),
     )
     .await
     {
@@ -203,6 +206,7 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
     let shared = Arc::new(Shared {
         client: client.clone(),
         operator: plan.operator.clone(),
+        api: plan.api,
         stream: plan.stream,
         extra: plan.extra_headers.clone(),
         start,
@@ -334,7 +338,12 @@ fn progress_line(
     let served = recent.len() - errs;
     let esc = recent
         .iter()
-        .filter(|o| matches!(Channel::of(o), Channel::Escalated | Channel::Degraded))
+        .filter(|o| {
+            matches!(
+                Channel::of(o),
+                Channel::Served(Served::Escalated) | Channel::Served(Served::Degraded)
+            )
+        })
         .count();
     let share = if served > 0 {
         format!("{:.0}%", 100.0 * esc as f64 / served as f64)

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
+pub use tiergate_core::outcome::Channel as Served;
 
 /// One finished request.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -70,20 +71,12 @@ pub fn intern(s: &str) -> &'static str {
     v
 }
 
-/// Where an answer went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Where an answer went: one of the server's channels (tiergate's own type, as its metrics and console
+/// count them), or the client's two: a 2xx answer without tiergate's tier header (another server), and no
+/// answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Channel {
-    /// Answered by the encoder.
-    Tier0,
-    /// Answered with the LLM.
-    Escalated,
-    /// Meant for the LLM, answered by Tier-0 (LLM full, down or late).
-    Degraded,
-    /// Tier-0 answered that no label covers the query.
-    OutOfScope,
-    /// An escalation answered from the answer cache (Tier −1): no LLM job ran for it.
-    Cache,
+    Served(Served),
     /// A 2xx answer without tiergate's tier header (another server).
     Untiered,
     /// No answer.
@@ -92,46 +85,45 @@ pub enum Channel {
 
 impl Channel {
     pub const ALL: [Channel; 7] = [
-        Channel::Tier0,
-        Channel::Escalated,
-        Channel::Degraded,
-        Channel::OutOfScope,
-        Channel::Cache,
+        Channel::Served(Served::Tier0),
+        Channel::Served(Served::Escalated),
+        Channel::Served(Served::Degraded),
+        Channel::Served(Served::OutOfScope),
+        Channel::Served(Served::Cache),
         Channel::Untiered,
         Channel::Errors,
     ];
 
     /// The server's channels (tiergate's names), then the client's own two.
     pub fn name(self) -> &'static str {
-        use tiergate_core::outcome::Channel as Served;
         match self {
-            Channel::Tier0 => Served::Tier0.as_str(),
-            Channel::Escalated => Served::Escalated.as_str(),
-            Channel::Degraded => Served::Degraded.as_str(),
-            Channel::OutOfScope => Served::OutOfScope.as_str(),
-            Channel::Cache => Served::Cache.as_str(),
+            Channel::Served(c) => c.as_str(),
             Channel::Untiered => "untiered",
             Channel::Errors => "errors",
         }
     }
 
-    /// The channel of a response, from tiergate's headers (any tier but Tier-0 and the cache counts as
-    /// escalated).
+    /// The channel of a response, from tiergate's headers: the server's own rule ([`Served::of`]) on its
+    /// tier (a tier this client does not know counts as the LLM's), its degrade mark and its out-of-scope
+    /// mark.
     pub fn of(o: &Outcome) -> Channel {
         use tiergate_core::outcome::Tier;
         if o.error.is_some() {
-            Channel::Errors
-        } else if o.degraded.is_some() {
-            Channel::Degraded
-        } else {
-            match o.tier.map(Tier::parse) {
-                Some(Some(Tier::Tier0)) if o.out_of_scope => Channel::OutOfScope,
-                Some(Some(Tier::Tier0)) => Channel::Tier0,
-                Some(Some(Tier::Cache)) => Channel::Cache,
-                Some(_) => Channel::Escalated,
-                None => Channel::Untiered,
-            }
+            return Channel::Errors;
         }
+        let tier = match o.tier.map(Tier::parse) {
+            Some(Some(t)) => t,
+            Some(None) => Tier::Llm,
+            None if o.degraded.is_some() => Tier::Tier0,
+            None => return Channel::Untiered,
+        };
+        Channel::Served(Served::of(tier, o.degraded.is_some(), o.out_of_scope))
+    }
+}
+
+impl Serialize for Channel {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
@@ -325,7 +317,12 @@ pub fn series(outcomes: &[Outcome]) -> Vec<Second> {
             let served = os.iter().filter(|o| o.error.is_none()).count();
             let esc = os
                 .iter()
-                .filter(|o| matches!(Channel::of(o), Channel::Escalated | Channel::Degraded))
+                .filter(|o| {
+                    matches!(
+                        Channel::of(o),
+                        Channel::Served(Served::Escalated) | Channel::Served(Served::Degraded)
+                    )
+                })
                 .count();
             if served > 0 {
                 s.escalated_share = Some(esc as f64 / served as f64);
@@ -377,15 +374,15 @@ mod tests {
     fn channels_from_headers() {
         assert_eq!(
             Channel::of(&o(0.0, 1, Some("tier0"), false, false)),
-            Channel::Tier0
+            Channel::Served(Served::Tier0)
         );
         assert_eq!(
             Channel::of(&o(0.0, 1, Some("llm"), false, false)),
-            Channel::Escalated
+            Channel::Served(Served::Escalated)
         );
         assert_eq!(
             Channel::of(&o(0.0, 1, Some("tier0"), true, false)),
-            Channel::Degraded
+            Channel::Served(Served::Degraded)
         );
         assert_eq!(
             Channel::of(&o(0.0, 1, None, false, false)),
@@ -395,10 +392,13 @@ mod tests {
             out_of_scope: true,
             ..o(0.0, 1, Some(tier), false, false)
         };
-        assert_eq!(Channel::of(&oos("tier0")), Channel::OutOfScope);
+        assert_eq!(
+            Channel::of(&oos("tier0")),
+            Channel::Served(Served::OutOfScope)
+        );
         // The LLM's "none of these" is an escalation.
-        assert_eq!(Channel::of(&oos("llm")), Channel::Escalated);
-        assert_eq!(Channel::OutOfScope.name(), "out_of_scope");
+        assert_eq!(Channel::of(&oos("llm")), Channel::Served(Served::Escalated));
+        assert_eq!(Channel::Served(Served::OutOfScope).name(), "out_of_scope");
         assert_eq!(
             Channel::of(&o(0.0, 1, Some("tier0"), false, true)),
             Channel::Errors

@@ -17,6 +17,7 @@ mod prefilter;
 mod prompts;
 pub mod redact;
 mod resolve;
+mod responses;
 mod serving;
 mod tenants;
 mod worker;
@@ -35,6 +36,7 @@ pub use prefilter::{
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
 pub use resolve::{Backend, Resolved, Route, Stage};
+pub use responses::ResponsesConfig;
 pub use serving::{
     BrownoutConfig, EngineKind, FailureMode, Grade, OnBreach, OtlpProtocol, OutOfScopeConfig,
     PolicyStoreConfig, Prefer, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode,
@@ -85,6 +87,8 @@ pub struct Config {
     pub heads: HeadsConfig,
     /// Tier −1: the answer cache in front of the LLM tier.
     pub cache: CacheConfig,
+    /// The Responses API's store (`previous_response_id`, `GET /v1/responses/{id}`).
+    pub responses: ResponsesConfig,
 }
 
 impl Config {
@@ -136,6 +140,7 @@ impl Config {
         self.feedback.validate("feedback")?;
         self.heads.validate("heads")?;
         self.cache.validate("cache")?;
+        self.responses.validate("responses")?;
         self.brownout.validate("brownout")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()

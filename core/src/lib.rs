@@ -3,6 +3,7 @@
 
 pub mod bands;
 pub mod fnv;
+pub mod fusion;
 pub mod outcome;
 pub mod risk;
 pub mod stats;

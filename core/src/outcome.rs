@@ -32,8 +32,8 @@ impl Tier {
     }
 }
 
-/// The channel an answered request is counted in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The channel an answered request is counted in (ordered as listed: reports list them so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Channel {
     /// Tier-0 answered and no escalation was tried.
     Tier0,

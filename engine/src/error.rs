@@ -1,26 +1,77 @@
-//! Why the engine refuses a request. The HTTP adapter maps each to its status and OpenAI error type in one
-//! place (`tiergate_server::error`); a refusal that degrades instead (Tier-0 answers) is a
-//! [`crate::outcome::DegradeReason`], never an error.
+//! Why the engine refuses a request, in kinds every door can say in its own API's shape: each door maps each
+//! to its status and error body in one place (`tiergate_server::error`). A refusal that degrades instead
+//! (Tier-0 answers) is a [`crate::answer::outcome::DegradeReason`], never an error.
+
+use std::time::Duration;
+
+use tiergate_queue::QueueError;
 
 /// A request the engine will not answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
-    /// The LLM job failed where no Tier-0 answer stands in (a generation, or `on_escalation_failure = reject`).
-    #[error("{0}")]
-    Queue(tiergate_queue::QueueError),
-    /// The brownout ladder sheds this request (retry after `retry_after_s`).
+    /// The request is one the LLM side cannot take as it is (e.g. a conversation too long for a job);
+    /// `param` names the field.
     #[error("{message}")]
-    Overloaded { message: String, retry_after_s: u64 },
+    Invalid {
+        param: &'static str,
+        message: String,
+    },
+    /// No route by this name.
+    #[error("{0}")]
+    UnknownRoute(String),
     /// The tenant may not use this route.
     #[error("{0}")]
     Forbidden(String),
+    /// The server is at its in-flight limit, or the brownout ladder sheds this request (retry after
+    /// `retry_after_s`).
+    #[error("{message}")]
+    Overloaded { message: String, retry_after_s: u64 },
+    /// The tenant has spent its LLM budget (retry after `retry_after_s`).
+    #[error("{message}")]
+    RateLimited { message: String, retry_after_s: u64 },
+    /// The LLM side cannot serve this request now (full, down, broken, or no LLM at all).
+    #[error("{0}")]
+    Unavailable(String),
     /// The error bound needs the LLM for this request and it cannot take it (`routing.on_breach = "reject"`).
     #[error("{0}")]
     RiskBound(String),
+    /// The answer did not come, or is predicted not to come, within the request's budget.
+    #[error("{0}")]
+    Timeout(String),
+    /// A bug or an unexpected failure.
+    #[error("{0}")]
+    Internal(String),
 }
 
-impl From<tiergate_queue::QueueError> for EngineError {
-    fn from(e: tiergate_queue::QueueError) -> Self {
-        EngineError::Queue(e)
+impl EngineError {
+    /// The server's one admission limit is reached.
+    pub fn busy() -> Self {
+        EngineError::Overloaded {
+            message: "server at its in-flight limit; retry shortly".into(),
+            retry_after_s: 1,
+        }
+    }
+}
+
+/// A `Retry-After` in whole seconds, at least 1.
+pub fn retry_after(wait: Duration) -> u64 {
+    wait.as_secs_f64().ceil().max(1.0) as u64
+}
+
+impl From<QueueError> for EngineError {
+    /// A failed LLM job where no Tier-0 answer stands in (a generation, or `on_escalation_failure = reject`).
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::Full { .. } => EngineError::Unavailable(format!("{e}: retry later")),
+            QueueError::WorkerDown(_) => EngineError::Unavailable(e.to_string()),
+            QueueError::DeadlineExceeded => {
+                EngineError::Timeout("the LLM did not answer in time".into())
+            }
+            QueueError::Invalid(m) => EngineError::Invalid {
+                param: "messages",
+                message: m,
+            },
+            other => EngineError::Internal(other.to_string()),
+        }
     }
 }

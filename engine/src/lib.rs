@@ -1,50 +1,38 @@
-//! The tiergate engine: everything a request goes through between the HTTP adapter (`tiergate-server`) and
-//! the models, with no HTTP in it. [`state::AppState`] is built once from the config; a request is a
-//! [`request::ValidChat`]; [`cascade`] decides (θ against ambiguity, the out-of-scope verdict, the error bound)
-//! and escalates through the route's stages ([`attempt`], [`select`], [`fusion`], [`judge`]) to the LLM side
-//! ([`llm`]: submit, [`fair`] share, [`breaker`], [`deadline`] service times, [`priority`]); what became of it
-//! is a [`cascade::Meta`] and an [`outcome::Outcome`]. Refusals are [`error::EngineError`], which the adapter
-//! maps to its status codes in one place.
+//! The tiergate engine: everything a request goes through between a door (the HTTP adapter,
+//! `tiergate-server`; the batch runner) and the models, with no HTTP in it. [`state::AppState`] is built once
+//! from the config; a door validates its request into an [`answer::request::ValidChat`] and makes the one
+//! call, [`answer::answer`], which returns a value (a label, a text, or a started generation) with its
+//! [`answer::outcome::Outcome`], or refuses with an [`error::EngineError`] that each door maps to its own
+//! error shape in one place.
+//!
+//! The state lives in wings, one folder each:
+//!
+//! | wing | what lives there |
+//! |---|---|
+//! | [`answer`] | the request path: the one call, Tier-0's decision, the cascade, one generation path, the records of an answer |
+//! | [`routing`] | routes and their stages, the θ policy and its shared store, the error bound, live head swaps, experiments, fusion |
+//! | [`backends`] | the LLM side: submission, fair share, breaker, service times, the batch gate, the worker's preflight |
+//! | [`load`] | utilisation, the brownout ladder, the fleet's Prometheus signal, the console's history |
+//! | [`tenancy`] | tenants (keys, routes, weights, budgets) and their sync across replicas |
+//! | [`evidence`] | the decision ledger, audits, the LLM's second opinion, distillation records |
+//! | [`cache`] | Tier −1, the answer cache, and its step in the cascade |
+//!
+//! Beside them, [`batch`] holds the two traits that join the Batch API to the server without either crate
+//! naming the other: the service the server's routes call, and the door the service's runner answers lines
+//! through.
 //!
 //! Must not depend on axum or any HTTP crate (tests/tests/layout.rs), nor on mistralrs: the LLM runs in
 //! `tiergate-reranker` processes, reached through `tiergate-queue`.
 
-pub mod answered;
-pub mod attempt;
-pub mod auditor;
-pub mod breaker;
-pub mod brownout;
+pub mod answer;
+pub mod backends;
+pub mod batch;
 pub mod cache;
-pub mod cached;
-pub mod cascade;
-pub mod deadline;
 pub mod error;
-pub mod experiments;
-pub mod fair;
-pub mod fleet;
-pub mod fusion;
-pub mod head_swap;
-pub mod heads;
-pub mod history;
-pub mod judge;
-pub mod ledger;
-pub mod llm;
+pub mod evidence;
+pub mod load;
 pub mod metrics;
-pub mod out_of_scope;
-pub mod outcome;
-pub mod policy;
-pub mod preflight;
-pub mod priority;
-pub mod record;
-pub mod request;
-pub mod risk;
-pub mod route;
-pub mod route_table;
-pub mod second_opinion;
-pub mod select;
+pub mod routing;
 pub mod state;
-pub mod store;
-pub mod tenant_sync;
-pub mod tenants;
-pub mod trace;
-pub mod util;
+pub mod tasks;
+pub mod tenancy;

@@ -12,62 +12,40 @@ use tiergate_prefilter::{Classifier, PrefilterHandle};
 use tiergate_queue::{Client, Geometry, Segment, Supervisor, SupervisorConfig};
 use tokio::sync::Semaphore;
 
-use crate::policy::Policy;
+use crate::routing::policy::Policy;
 
-pub use crate::route::{Route, Stage};
+pub use crate::routing::route::{Route, Stage};
 
-pub use crate::llm::Llm;
+pub use crate::backends::llm::Llm;
 
-/// Everything a handler needs.
+/// An LLM backend: its name, and its LLM side when it runs workers here.
+pub struct Backend {
+    pub name: String,
+    pub llm: Option<Llm>,
+}
+
+/// Everything the engine serves with, in owned parts a reader can name: the routing, the backends, the
+/// load, the tenancy, the evidence and the cache, beside the config and the server-wide limits.
 pub struct AppState {
     /// The effective config (served at `/info`, secrets redacted).
     pub config: Config,
-    /// Routes by name.
-    pub routes: crate::route_table::RouteTable,
-    /// The config as resolved at start (backends and routes): what a candidate head's route is built from.
-    pub resolved: Resolved,
-    /// Live head swaps: shadows, the heads they replaced, what happened.
-    pub heads: crate::heads::Heads,
-    /// Route names in config order.
-    pub route_order: Vec<String>,
-    /// The routing policy.
-    pub policy: Arc<Policy>,
-    /// The first LLM backend (the default: `[reranker]`, or the first `[[llm]]` entry), when it runs workers.
-    pub llm: Option<Llm>,
-    /// The other `[[llm]]` backends, in order (`None`: it runs no workers).
-    pub others: Vec<Option<Llm>>,
-    /// Every backend's name, the first one's included.
-    pub backend_names: Vec<String>,
+    /// Routes, their policy and shared store, head swaps, experiments.
+    pub routing: crate::routing::Routing,
+    /// The LLM backends in config order (the first is the default: `[reranker]`, or the first `[[llm]]`
+    /// entry); a stage names its alternatives by index.
+    pub backends: Vec<Backend>,
+    /// Utilisation, the brownout ladder, the console's series and decisions.
+    pub load: crate::load::Load,
+    /// Who may use the API, and what each tenant got.
+    pub tenancy: crate::tenancy::Tenancy,
+    /// Decision records, audits, the LLM's second opinion, distillation records.
+    pub evidence: crate::evidence::Evidence,
     /// Renders `/metrics`.
     pub metrics: Option<PrometheusHandle>,
     /// The one admission limit for the whole server.
     pub admission: Arc<Semaphore>,
-    /// The last decisions, for `/console`.
-    pub decisions: crate::outcome::Decisions,
-    /// Who may use the public API (`[[tenants]]` and `tenants_file`; empty: open); swapped whole on a reload.
-    tenants: std::sync::RwLock<Arc<crate::tenants::Tenants>>,
-    /// What each tenant got since start (the console).
-    pub tenant_figures: Arc<crate::tenants::Figures>,
-    /// The console's time series.
-    pub history: crate::history::History,
-    /// The brownout ladder (moved by the utilisation sampler, `util::observe_brownout`) and its step,
-    /// read on every request.
-    pub(crate) brownout: std::sync::Mutex<crate::brownout::Ladder>,
-    pub(crate) brownout_step: std::sync::atomic::AtomicU8,
-    /// The shared policy store, when `[policy_store] kind = "redis"`.
-    pub store: Option<Arc<crate::store::RedisStore>>,
-    /// The fleet's utilisation from the Prometheus source, with the time it was read.
-    pub fleet_utilization: std::sync::Mutex<Option<(Instant, f64)>>,
     /// Set at SIGTERM: `/ready` answers 503 and every response says `Connection: close` (lame duck).
     pub draining: std::sync::atomic::AtomicBool,
-    /// Where escalations are recorded for distillation (`server.record_escalations`).
-    pub recorder: Option<crate::record::Recorder>,
-    /// Decision records, feedback and audits (`[feedback]`).
-    pub ledger: Option<Arc<crate::ledger::Ledger>>,
-    /// The LLM's background scoring of audited answers (`[feedback] audit_llm`, with a ledger).
-    pub auditor: Option<crate::auditor::Auditor>,
-    /// Latency-injection experiments in force.
-    pub experiments: crate::experiments::Experiments,
     /// Tier −1, the answer cache (`[cache] enabled`).
     pub cache: Option<crate::cache::AnswerCache>,
     /// Start time.
@@ -85,20 +63,19 @@ impl AppState {
         Self::build_with(config, metrics, worker_program, None)
     }
 
-    /// [`AppState::build`] with the durable store of decision records a product provides.
+    /// [`AppState::build`] with the durable store of decision records the binary hands it.
     pub fn build_with(
         config: Config,
         metrics: Option<PrometheusHandle>,
         worker_program: Option<PathBuf>,
-        ledger_store: Option<Arc<dyn crate::ledger::Store>>,
+        ledger_store: Option<Arc<dyn crate::evidence::ledger::Store>>,
     ) -> anyhow::Result<Self> {
         let resolved = config.resolve()?;
         let (routes, order) = build_routes(&config, &resolved)?;
-        let gate = Arc::new(crate::priority::Gate::new(Duration::from_millis(
+        let gate = Arc::new(crate::backends::priority::Gate::new(Duration::from_millis(
             config.batch.max_llm_wait_ms,
         )));
-        let mut llms = Vec::new();
-        let mut backend_names = Vec::new();
+        let mut backends = Vec::new();
         for b in &resolved.backends {
             let llm = if b.config.workers > 0 {
                 Some(start_backend(
@@ -110,51 +87,47 @@ impl AppState {
             } else {
                 None
             };
-            llms.push(llm);
-            backend_names.push(b.name.clone());
+            backends.push(Backend {
+                name: b.name.clone(),
+                llm,
+            });
         }
-        let mut llms = llms.into_iter();
-        let llm = llms.next().flatten();
-        let others = llms.collect();
         let cache = crate::cache::AnswerCache::new(&config.cache)?;
-        Ok(Self {
+        let routing = crate::routing::Routing {
             policy: Arc::new(Policy::new(config.routing.clone())),
-            admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
-            draining: std::sync::atomic::AtomicBool::new(false),
-            experiments: crate::experiments::Experiments::new(config.experiments.clone()),
+            experiments: crate::routing::experiments::Experiments::new(config.experiments.clone()),
+            store: match config.policy_store.kind {
+                tiergate_config::StoreKind::Redis => Some(Arc::new(
+                    crate::routing::store::RedisStore::new(&config.policy_store)?,
+                )),
+                tiergate_config::StoreKind::Memory => None,
+            },
+            routes: crate::routing::route_table::RouteTable::new(routes),
+            resolved,
+            heads: crate::routing::heads::Heads::default(),
+            route_order: order,
+        };
+        let evidence = crate::evidence::Evidence {
             recorder: match &config.server.record_escalations {
                 None => None,
-                Some(p) => Some(crate::record::Recorder::open(
+                Some(p) => Some(crate::evidence::record::Recorder::open(
                     p,
                     config.server.record_max_bytes,
                 )?),
             },
-            ledger: crate::ledger::open(&config, ledger_store)?,
+            ledger: crate::evidence::ledger::open(&config, ledger_store)?,
             auditor: (config.feedback.enabled && config.feedback.audit_llm)
-                .then(crate::auditor::Auditor::default),
-            fleet_utilization: std::sync::Mutex::new(None),
-            decisions: crate::outcome::Decisions::default(),
-            tenant_figures: Arc::default(),
-            history: crate::history::History::default(),
-            brownout: std::sync::Mutex::new(crate::brownout::Ladder::new(&config.brownout)),
-            brownout_step: std::sync::atomic::AtomicU8::new(0),
-            tenants: std::sync::RwLock::new(Arc::new(crate::tenants::Tenants::new(
-                &config.all_tenants()?,
-            ))),
-            store: match config.policy_store.kind {
-                tiergate_config::StoreKind::Redis => Some(Arc::new(crate::store::RedisStore::new(
-                    &config.policy_store,
-                )?)),
-                tiergate_config::StoreKind::Memory => None,
-            },
+                .then(crate::evidence::auditor::Auditor::default),
+        };
+        Ok(Self {
+            admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
+            draining: std::sync::atomic::AtomicBool::new(false),
+            load: crate::load::Load::new(&config.brownout),
+            tenancy: crate::tenancy::Tenancy::new(&config.all_tenants()?),
+            routing,
+            evidence,
             config,
-            routes: crate::route_table::RouteTable::new(routes),
-            resolved,
-            heads: crate::heads::Heads::default(),
-            route_order: order,
-            llm,
-            others,
-            backend_names,
+            backends,
             metrics,
             cache,
             started: Instant::now(),
@@ -162,10 +135,8 @@ impl AppState {
     }
 
     /// The tenants in force.
-    pub fn tenants(&self) -> Arc<crate::tenants::Tenants> {
-        self.tenants
-            .read()
-            .map_or_else(|p| p.into_inner().clone(), |t| t.clone())
+    pub fn tenants(&self) -> Arc<crate::tenancy::tenants::Tenants> {
+        self.tenancy.in_force()
     }
 
     /// Reads `[[tenants]]` and `tenants_file` again and swaps them in; on any error (the file unreadable,
@@ -179,9 +150,7 @@ impl AppState {
             Ok(all) => {
                 let next = Arc::new(self.tenants().reloaded(&all));
                 let n = all.len();
-                if let Ok(mut t) = self.tenants.write() {
-                    *t = next;
-                }
+                self.tenancy.swap(next);
                 metrics::gauge!(crate::metrics::TENANTS).set(n as f64);
                 tracing::info!(tenants = n, "tenants reloaded");
                 Ok(n)
@@ -195,21 +164,31 @@ impl AppState {
     }
 
     /// The brownout ladder's step in force.
-    pub fn brownout(&self) -> crate::brownout::Step {
-        crate::brownout::Step::of(
-            self.brownout_step
+    pub fn brownout(&self) -> crate::load::brownout::Step {
+        crate::load::brownout::Step::of(
+            self.load
+                .brownout_step
                 .load(std::sync::atomic::Ordering::Relaxed),
         )
     }
 
     /// Every LLM backend that runs workers, with its index ([`AppState::backend`]).
-    pub fn backends(&self) -> impl Iterator<Item = (usize, &Llm)> {
-        (0..=self.others.len()).filter_map(|i| Some((i, self.backend(i)?)))
+    pub fn llms(&self) -> impl Iterator<Item = (usize, &Llm)> {
+        self.backends
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| Some((i, b.llm.as_ref()?)))
+    }
+
+    /// The default backend (the first), when it runs workers.
+    pub fn default_llm(&self) -> Option<&Llm> {
+        self.backend(0)
     }
 
     /// The stage policy of `route`'s stage `stage` (after the first).
     pub fn stage_policy(&self, route: &str, stage: &str) -> Option<Arc<Policy>> {
-        self.routes
+        self.routing
+            .routes
             .get(route)?
             .stages
             .iter()
@@ -219,9 +198,10 @@ impl AppState {
 
     /// Every stage policy, with its route and stage names, in config order.
     pub fn stage_policies(&self) -> Vec<(String, String, Arc<Policy>)> {
-        self.route_order
+        self.routing
+            .route_order
             .iter()
-            .filter_map(|n| self.routes.get(n))
+            .filter_map(|n| self.routing.routes.get(n))
             .flat_map(|r| {
                 r.stages
                     .iter()
@@ -242,11 +222,11 @@ impl AppState {
         &self,
         job: &tiergate_queue::Job,
         backend: usize,
-        tenant: &crate::tenants::TenantId,
-        batch: Option<&crate::priority::BatchLine>,
+        tenant: &crate::tenancy::tenants::TenantId,
+        batch: Option<&crate::backends::priority::BatchLine>,
         deadline: Option<std::time::Instant>,
-    ) -> Result<crate::llm::Submitted<'_>, crate::llm::Refused> {
-        use crate::llm::Refused;
+    ) -> Result<crate::backends::llm::Submitted<'_>, crate::backends::llm::Refused> {
+        use crate::backends::llm::Refused;
         let llm = self.backend(backend).ok_or(Refused::NoLlm)?;
         let configured = self.tenants().named(&tenant.0).cloned();
         let budget = configured.as_ref().and_then(|t| t.budget().cloned());
@@ -256,11 +236,11 @@ impl AppState {
                 .map_or(Ok(()), |mut b| b.check(std::time::Instant::now()));
             spent.map_err(Refused::Budget)?;
         }
-        let ask = crate::llm::Ask {
+        let ask = crate::backends::llm::Ask {
             tenant: Some(tenant.0.clone()),
             weight: configured.map_or(1.0, |t| t.weight),
             budget,
-            figures: Some(self.tenant_figures.clone()),
+            figures: Some(self.tenancy.figures.clone()),
             deadline,
             batch,
         };
@@ -269,46 +249,47 @@ impl AppState {
 
     /// Backend `i` (0: the first), when it runs workers.
     pub fn backend(&self, i: usize) -> Option<&Llm> {
-        match i {
-            0 => self.llm.as_ref(),
-            _ => self.others.get(i - 1).and_then(Option::as_ref),
-        }
+        self.backends.get(i)?.llm.as_ref()
     }
 
     /// Live, ready workers of every backend together (0 without an LLM side).
     pub fn live_workers(&self) -> usize {
-        self.backends().map(|(_, l)| l.client.live_workers()).sum()
+        self.llms().map(|(_, l)| l.client.live_workers()).sum()
     }
 
     /// LLM jobs in flight on every backend together.
     pub fn in_flight(&self) -> usize {
-        self.backends().map(|(_, l)| l.client.in_flight()).sum()
+        self.llms().map(|(_, l)| l.client.in_flight()).sum()
     }
 
     /// Jobs of `tenant` waiting for a slot on any backend.
     pub fn waiting(&self, tenant: &str) -> usize {
-        self.backends().map(|(_, l)| l.share.waiting(tenant)).sum()
+        self.llms().map(|(_, l)| l.share.waiting(tenant)).sum()
     }
 
     /// Per route, the LLM's agreement with Tier-0 on audited answers (empty without `audit_llm`).
-    pub fn agreement(&self) -> std::collections::BTreeMap<String, crate::auditor::Agreement> {
-        self.auditor
+    pub fn agreement(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::evidence::auditor::Agreement> {
+        self.evidence
+            .auditor
             .as_ref()
-            .map(crate::auditor::Auditor::counts)
+            .map(crate::evidence::auditor::Auditor::counts)
             .unwrap_or_default()
     }
 
     /// Whether every backend's breaker is closed.
     pub fn breakers_closed(&self) -> bool {
-        self.backends().all(|(_, l)| l.breaker_closed())
+        self.llms().all(|(_, l)| l.breaker_closed())
     }
 
     /// The generate routes whose first stage has backends with workers, none of them live: they cannot
     /// answer now.
     pub fn unserved(&self) -> Vec<String> {
-        self.route_order
+        self.routing
+            .route_order
             .iter()
-            .filter_map(|n| self.routes.get(n))
+            .filter_map(|n| self.routing.routes.get(n))
             .filter(|r| r.kind == RouteKind::Generate)
             .filter(|r| {
                 let mut run = r
@@ -349,7 +330,7 @@ fn route_of(
     handles: &mut Vec<(HeadConfig, PrefilterHandle)>,
 ) -> anyhow::Result<Route> {
     // The first stage's judge decides how candidates are shown (grounded or not).
-    let grounded = crate::judge::grounded(resolved.judge(r), &r.prompts);
+    let grounded = crate::answer::judge::grounded(resolved.judge(r), &r.prompts);
     let prefilter = if r.kind == RouteKind::Generate {
         None
     } else {
@@ -359,7 +340,7 @@ fn route_of(
     let fusion = stages[0].fusions[0].clone();
     fusion.log_for(&r.name);
     let out_of_scope = match (&r.out_of_scope, &prefilter) {
-        (Some(o), Some(p)) => Some(crate::out_of_scope::OutOfScopeRoute::resolve(
+        (Some(o), Some(p)) => Some(crate::answer::out_of_scope::OutOfScopeRoute::resolve(
             &r.name,
             o,
             p.out_of_scope(),
@@ -369,14 +350,14 @@ fn route_of(
     if let Some(o) = &out_of_scope {
         tracing::info!(route = %r.name, method = o.method.name(), threshold = o.threshold, "out-of-scope outcome");
     }
-    let risk = Arc::new(crate::risk::RouteRisk::of_head(prefilter.as_ref()));
+    let risk = Arc::new(crate::routing::risk::RouteRisk::of_head(prefilter.as_ref()));
     // A trained head by its weights' fingerprint; a few-shot or checkpoint head by its labels and temperature.
     let head_version = prefilter.as_ref().map_or_else(String::new, |p| {
         if let Some(t) = p.trained() {
             return t.fingerprint.clone();
         }
         let t = p.calibration().map_or(0.0, |c| c.temperature);
-        crate::ledger::head_version(p.labels(), t)
+        crate::evidence::ledger::head_version(p.labels(), t)
     });
     for (k, s) in stages.iter_mut().enumerate() {
         s.cache_scope = crate::cache::scope(
@@ -407,9 +388,9 @@ fn route_of(
 
 impl AppState {
     /// Route `name` as it would be on the trained head in `dir` (its own prefilter, fusion and out-of-scope
-    /// files): a candidate for [`crate::heads`]. Blocking (loads the encoder).
+    /// files): a candidate for [`crate::routing::heads`]. Blocking (loads the encoder).
     pub fn candidate_route(&self, name: &str, dir: &std::path::Path) -> anyhow::Result<Route> {
-        let mut resolved = self.resolved.clone();
+        let mut resolved = self.routing.resolved.clone();
         let r = resolved
             .routes
             .iter_mut()
@@ -456,7 +437,7 @@ fn stages_of(
                             p.stage_fusion(name)
                         }
                     });
-                    crate::fusion::Fusion::resolve(
+                    crate::routing::fusion::Fusion::resolve(
                         &resolved.backends[*b].config,
                         &r.prompts,
                         fit,
@@ -465,7 +446,7 @@ fn stages_of(
                 })
                 .collect();
             let judge = &resolved.backends[backend].config;
-            after.push(crate::judge::llm_name(judge, &r.prompts));
+            after.push(crate::answer::judge::llm_name(judge, &r.prompts));
             Stage {
                 backend,
                 name: st.name.clone(),
@@ -528,7 +509,7 @@ pub fn start_llm(
     max_llm_wait: Duration,
     worker_program: Option<PathBuf>,
 ) -> anyhow::Result<Llm> {
-    let gate = Arc::new(crate::priority::Gate::new(max_llm_wait));
+    let gate = Arc::new(crate::backends::priority::Gate::new(max_llm_wait));
     start_backend(&backend.name, &backend.config, gate, worker_program)
 }
 
@@ -536,11 +517,11 @@ pub fn start_llm(
 pub fn start_backend(
     backend: &str,
     r: &tiergate_config::RerankerConfig,
-    gate: Arc<crate::priority::Gate>,
+    gate: Arc<crate::backends::priority::Gate>,
     worker_program: Option<PathBuf>,
 ) -> anyhow::Result<Llm> {
     if r.engine == tiergate_config::EngineKind::Mistralrs && r.workers > 0 {
-        crate::preflight::check_local_model(&r.model)?;
+        crate::backends::preflight::check_local_model(&r.model)?;
     }
     // Unique per server instance in this process (tests run several).
     static INSTANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -596,19 +577,19 @@ pub fn start_backend(
         client,
         supervisor,
         segment: name_for_info,
-        rerank_times: Arc::new(crate::deadline::ServiceTimes::new(Duration::from_millis(
-            r.rerank_prior_ms,
-        ))),
-        generate_times: Arc::new(crate::deadline::ServiceTimes::new(Duration::from_millis(
-            r.generate_prior_ms,
-        ))),
+        rerank_times: Arc::new(crate::backends::deadline::ServiceTimes::new(
+            Duration::from_millis(r.rerank_prior_ms),
+        )),
+        generate_times: Arc::new(crate::backends::deadline::ServiceTimes::new(
+            Duration::from_millis(r.generate_prior_ms),
+        )),
         gate,
-        limits: crate::llm::Limits::of(r),
-        breaker: std::sync::Mutex::new(crate::breaker::Breaker::new(
+        limits: crate::backends::llm::Limits::of(r),
+        breaker: std::sync::Mutex::new(crate::backends::breaker::Breaker::new(
             r.breaker_failures,
             Duration::from_millis(r.breaker_cooldown_ms),
         )),
-        share: crate::fair::Share::new(
+        share: crate::backends::fair::Share::new(
             r.capacity(),
             r.in_flight_limit().saturating_sub(r.capacity()),
         ),

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tiergate_engine::ledger::{now_ms, Entry, Ledger, Record, Store};
+use tiergate_engine::evidence::ledger::{now_ms, Entry, Ledger, Record, Store};
 use tiergate_feedback::sqlite::SqliteStore;
 
 fn record(i: usize, at: u64) -> Record {

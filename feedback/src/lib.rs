@@ -1,38 +1,33 @@
-//! The local decision ledger: the [`tiergate_engine::ledger::Store`] of a server whose policy store is not
-//! Redis — one SQLite file (`[feedback] path`) that survives restarts — mounted on the server as a
-//! [`Product`] by the `tiergate` binary. The server itself never compiles SQLite (its in-memory ledger serves
-//! the in-process tests); with the Redis policy store the ledger is Redis and this one is not used.
+//! The local SQLite stores of a server whose policy store is not Redis, each a file that survives restarts,
+//! wired in by the `tiergate` binary: the decision ledger ([`ledger_store`], `[feedback] path`) and the
+//! Responses API's stored responses ([`responses_store`], `[responses] path`). The server never compiles
+//! SQLite (in-memory stores serve the in-process tests); with the Redis policy store both live in Redis and
+//! these are not used.
 
+pub mod responses;
 pub mod sqlite;
 
 use std::sync::Arc;
 
 use tiergate_config::Config;
-use tiergate_engine::ledger::Store;
-use tiergate_engine::state::AppState;
-use tiergate_server::product::Product;
+use tiergate_engine::answer::stored::ResponseStore;
+use tiergate_engine::evidence::ledger::Store;
 
-/// The product: no routes of its own (feedback and audits are the server's API), only the store.
-#[derive(Debug, Default)]
-pub struct LocalLedger;
+/// Opens the ledger file `[feedback] path` (bounded by `max_bytes`, records kept for `window_s`).
+pub fn ledger_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let f = &config.feedback;
+    let store = sqlite::SqliteStore::open(&f.path, f.max_bytes, f.window_s)
+        .map_err(|e| anyhow::anyhow!("feedback.path {}: {e}", f.path.display()))?;
+    Ok(Arc::new(store))
+}
 
-impl Product for LocalLedger {
-    fn routes(&self) -> axum::Router<Arc<AppState>> {
-        axum::Router::new()
+/// Opens the stored responses' file `[responses] path` when `[responses] store` is on (`None` when off).
+pub fn responses_store(config: &Config) -> anyhow::Result<Option<Arc<dyn ResponseStore>>> {
+    let r = &config.responses;
+    if !r.store {
+        return Ok(None);
     }
-
-    fn start(
-        &self,
-        _state: std::sync::Weak<AppState>,
-        _stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Option<tokio::task::JoinHandle<()>> {
-        None
-    }
-
-    fn ledger_store(&self, config: &Config) -> anyhow::Result<Option<Arc<dyn Store>>> {
-        let f = &config.feedback;
-        let store = sqlite::SqliteStore::open(&f.path, f.max_bytes, f.window_s)
-            .map_err(|e| anyhow::anyhow!("feedback.path {}: {e}", f.path.display()))?;
-        Ok(Some(Arc::new(store)))
-    }
+    let store = responses::SqliteResponses::open(&r.path, r.ttl_s, r.max_entries)
+        .map_err(|e| anyhow::anyhow!("responses.path {}: {e}", r.path.display()))?;
+    Ok(Some(Arc::new(store)))
 }

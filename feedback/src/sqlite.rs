@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
-use tiergate_engine::ledger::{
+use tiergate_engine::evidence::ledger::{
     AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary,
 };
 
@@ -251,6 +251,16 @@ impl SqliteStore {
         )
     }
 
+    /// See [`Store::decision_of`]: the tenant is matched in SQL, so another tenant's record is never read.
+    pub fn decision_of(&self, id: &str, tenant: &str, now_ms: u64) -> Result<Option<Record>> {
+        json_one(
+            &self.conn(),
+            "SELECT record FROM decisions WHERE (id = ?1 OR alias = ?1) AND expires_ms > ?2 AND tenant = ?3 \
+             LIMIT 1",
+            params![id, now_ms as i64, tenant],
+        )
+    }
+
     /// See [`Store::feedback`].
     pub fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>> {
         let mut conn = self.conn();
@@ -263,7 +273,7 @@ impl SqliteStore {
             )
             .optional()?;
         let Some((record, existing)) = row else {
-            return Err(LocalError::Other(format!("no decision {id}")));
+            return Ok(First::Gone);
         };
         if let Some(e) = existing {
             return Ok(First::Already(serde_json::from_str(&e)?));
@@ -281,7 +291,7 @@ impl SqliteStore {
     pub fn pending(
         &self,
         route: Option<&str>,
-        heads: Option<&tiergate_engine::ledger::Heads>,
+        heads: Option<&tiergate_engine::evidence::ledger::Heads>,
         limit: usize,
     ) -> Result<Vec<AuditItem>> {
         // With a head filter every pending item is read (oldest first) and those of other heads skipped.
@@ -313,7 +323,7 @@ impl SqliteStore {
         let item: Option<AuditItem> =
             json_one(&tx, "SELECT item FROM audits WHERE id = ?1", params![id])?;
         let Some(mut a) = item else {
-            return Err(LocalError::Other(format!("no audit {id}")));
+            return Ok(First::Gone);
         };
         if let Some(l) = a.label {
             return Ok(First::Already(l));
@@ -416,6 +426,14 @@ impl Store for SqliteStore {
     fn decision(&self, id: &str, now_ms: u64) -> std::result::Result<Option<Record>, StoreError> {
         Self::decision(self, id, now_ms).map_err(Into::into)
     }
+    fn decision_of(
+        &self,
+        id: &str,
+        tenant: &str,
+        now_ms: u64,
+    ) -> std::result::Result<Option<Record>, StoreError> {
+        Self::decision_of(self, id, tenant, now_ms).map_err(Into::into)
+    }
     fn feedback(
         &self,
         id: &str,
@@ -426,7 +444,7 @@ impl Store for SqliteStore {
     fn pending(
         &self,
         route: Option<&str>,
-        heads: Option<&tiergate_engine::ledger::Heads>,
+        heads: Option<&tiergate_engine::evidence::ledger::Heads>,
         limit: usize,
     ) -> std::result::Result<Vec<AuditItem>, StoreError> {
         Self::pending(self, route, heads, limit).map_err(Into::into)
@@ -518,6 +536,12 @@ mod tests {
         r.alias = Some("batch_1/line-7".into());
         s.put(&[Entry::Decision(Box::new(r.clone()))], t0).unwrap();
         assert_eq!(s.decision("chatcmpl-a", t0).unwrap(), Some(r.clone()));
+        // Its tenant's; another tenant's lookup reads as absent (matched in SQL, the record never read).
+        assert_eq!(
+            s.decision_of("chatcmpl-a", "acme", t0).unwrap(),
+            Some(r.clone())
+        );
+        assert_eq!(s.decision_of("chatcmpl-a", "other", t0).unwrap(), None);
         assert_eq!(
             s.decision("batch_1/line-7", t0).unwrap(),
             Some(r.clone()),
@@ -674,6 +698,10 @@ mod tests {
         assert_eq!((e.n, e.wrong), (2, 1));
         assert!((e.estimate - 2.0 / 6.0).abs() < 1e-12, "{e:?}");
         assert!((e.effective_n - 36.0 / 20.0).abs() < 1e-9, "{e:?}");
-        assert!(s.label("nope", "x").is_err());
+        assert_eq!(
+            s.label("nope", "x").unwrap(),
+            First::Gone,
+            "gone, not a store failure"
+        );
     }
 }

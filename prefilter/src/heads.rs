@@ -463,3 +463,25 @@ pub fn save_trained(
         serde_json::to_string_pretty(meta).map_err(|e| PrefilterError::corrupt(&meta_path, e))?;
     std::fs::write(&meta_path, text).map_err(|e| PrefilterError::file(&meta_path, e))
 }
+
+/// A head's fit, if it was made with the LLM named `running` after the stages `after` (the LLMs before it in
+/// the cascade; empty for the first stage); a fit made with another LLM or another chain is refused, and the
+/// refusal logged.
+pub fn fit_for<'a>(
+    fit: Option<&'a FittedFusion>,
+    running: &str,
+    after: &[String],
+) -> Option<&'a FittedFusion> {
+    let f = fit?;
+    if f.llm == running && f.after == after {
+        return Some(f);
+    }
+    tracing::warn!(
+        fitted_with = %f.llm,
+        fitted_after = ?f.after,
+        running = %running,
+        after = ?after,
+        "the head's fusion fit was made with another LLM or cascade: not used (run tiergate fit-fusion with this one)"
+    );
+    None
+}

@@ -20,11 +20,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tiergate_config::{ModelProfile, PromptConfig};
-use tiergate_queue::{Candidate, Job, Message, Sampling, TakenJob, Usage};
+use tiergate_queue::{Candidate, Message, Sampling, Usage};
 
 use crate::engine::{EngineError, Scored};
-use crate::serve::{answer_generation, answer_rerank, GenerationSlots};
-use crate::trace::JobTrace;
+use crate::serve::GenerationSlots;
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -294,43 +293,44 @@ pub fn letter_logprobs(v: &Value, k: usize) -> Result<Vec<f32>, EngineError> {
     Ok(raw.iter().map(|x| x - lse).collect())
 }
 
-/// Runs one job against the upstream and answers it; the job's deadline bounds the whole exchange.
-pub async fn run_remote_job(engine: &RemoteEngine, job: TakenJob) {
-    let (job, mut taken, mut spans) = JobTrace::of(job);
-    let left = taken.time_left().unwrap_or(Duration::from_secs(3600));
-    match job {
-        Job::Rerank {
-            text,
-            candidates,
-            prompt,
-        } => {
-            let scored = tokio::time::timeout(left, engine.score(&text, &candidates, &prompt))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(EngineError::Failed(
-                        "deadline passed while waiting for the upstream".into(),
-                    ))
-                });
-            spans.scored(candidates.len(), &scored);
-            answer_rerank(taken, &candidates, scored);
-        }
-        Job::Generate { messages, sampling } => {
-            let result = tokio::time::timeout(
-                left,
-                engine.generate(&messages, &sampling, &mut |t| {
-                    spans.token();
-                    taken.chunk(t)
-                }),
-            )
+/// The remote engine runs a job against its upstream; the job's deadline bounds the whole exchange.
+impl crate::serve::Runner for RemoteEngine {
+    async fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        prompt: &PromptConfig,
+        _cancelled: &(dyn Fn() -> bool + Sync),
+        left: Option<Duration>,
+    ) -> Result<Scored, EngineError> {
+        let left = left.unwrap_or(Duration::from_secs(3600));
+        tokio::time::timeout(left, RemoteEngine::score(self, text, candidates, prompt))
             .await
             .unwrap_or_else(|_| {
                 Err(EngineError::Failed(
-                    "deadline passed while the upstream was generating".into(),
+                    "deadline passed while waiting for the upstream".into(),
                 ))
-            });
-            spans.generated(&result);
-            answer_generation(taken, result);
-        }
+            })
+    }
+
+    async fn generate(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        left: Option<Duration>,
+    ) -> Result<Usage, EngineError> {
+        let left = left.unwrap_or(Duration::from_secs(3600));
+        tokio::time::timeout(
+            left,
+            RemoteEngine::generate(self, messages, sampling, on_token),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(EngineError::Failed(
+                "deadline passed while the upstream was generating".into(),
+            ))
+        })
     }
 }
 
@@ -360,7 +360,7 @@ pub fn serve_remote(
         };
         let (engine, generations) = (engine.clone(), generations.clone());
         rt.spawn(async move {
-            run_remote_job(&engine, taken).await;
+            crate::serve::dispatch(&engine, taken).await;
             generations.release(generating);
             drop(place);
         });

@@ -3,9 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tiergate_queue::{Job, QueueWorker, Reply, RerankReply, Taken, TakenJob};
+use std::future::Future;
 
-use crate::engine::Engine;
+use tiergate_config::PromptConfig;
+use tiergate_queue::{
+    Candidate, Job, Message, QueueWorker, Reply, RerankReply, Sampling, Taken, TakenJob, Usage,
+};
+
+use crate::engine::{Engine, EngineError, Scored};
 use crate::trace::JobTrace;
 
 /// Loop settings.
@@ -161,31 +166,116 @@ pub fn answer_generation(
     }
 }
 
-/// Runs one job and answers it, in the job's span.
+/// How an engine runs a job's work: in place (the local engines: mistralrs, the scoring forward, the stub) or
+/// against its upstream (the remote `openai` engine). [`dispatch`] is the one job path both take.
+pub(crate) trait Runner {
+    /// The stub's fault knob: answer with a corrupt frame instead of running.
+    fn corrupts(&self) -> bool {
+        false
+    }
+
+    /// Scores `candidates` for `text` (`left`: the job's time left; `cancelled`: the submitter gave up).
+    async fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        prompt: &PromptConfig,
+        cancelled: &(dyn Fn() -> bool + Sync),
+        left: Option<Duration>,
+    ) -> Result<Scored, EngineError>;
+
+    /// Generates, calling `on_token` with each chunk (false: stop).
+    async fn generate(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        left: Option<Duration>,
+    ) -> Result<Usage, EngineError>;
+}
+
+/// A local engine: its calls finish in place.
+struct InPlace<'a>(&'a dyn Engine);
+
+impl Runner for InPlace<'_> {
+    fn corrupts(&self) -> bool {
+        self.0.on_job_start()
+    }
+
+    async fn score(
+        &self,
+        text: &str,
+        candidates: &[Candidate],
+        prompt: &PromptConfig,
+        cancelled: &(dyn Fn() -> bool + Sync),
+        _left: Option<Duration>,
+    ) -> Result<Scored, EngineError> {
+        self.0.score(text, candidates, prompt, &|| cancelled())
+    }
+
+    async fn generate(
+        &self,
+        messages: &[Message],
+        sampling: &Sampling,
+        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        _left: Option<Duration>,
+    ) -> Result<Usage, EngineError> {
+        self.0.generate(messages, sampling, &mut |t| on_token(t))
+    }
+}
+
+/// Runs one job on a local engine and answers it, in the job's span.
 pub fn run_job(engine: &dyn Engine, job: TakenJob) {
+    let runner = InPlace(engine);
+    let mut run = std::pin::pin!(dispatch(&runner, job));
+    // A local engine's calls never wait: the job is done at the first poll.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while run.as_mut().poll(&mut cx).is_pending() {
+        std::thread::yield_now();
+    }
+}
+
+/// Runs one job and answers it, in the job's span: the one job path of every engine.
+pub(crate) async fn dispatch(runner: &impl Runner, job: TakenJob) {
+    use tracing::Instrument;
     let (job, mut taken, mut spans) = JobTrace::of(job);
-    let _in_span = spans.span().clone().entered();
-    if engine.on_job_start() {
-        taken.corrupt(&[0xff, 0xff, 0xff, 0x7f, 9, b'g', b'a', b'r', b'b']);
-        return;
-    }
-    match job {
-        Job::Rerank {
-            text,
-            candidates,
-            prompt,
-        } => {
-            let scored = engine.score(&text, &candidates, &prompt, &|| taken.cancelled());
-            spans.scored(candidates.len(), &scored);
-            answer_rerank(taken, &candidates, scored);
+    let span = spans.span().clone();
+    async move {
+        if runner.corrupts() {
+            taken.corrupt(&[0xff, 0xff, 0xff, 0x7f, 9, b'g', b'a', b'r', b'b']);
+            return;
         }
-        Job::Generate { messages, sampling } => {
-            let result = engine.generate(&messages, &sampling, &mut |t| {
-                spans.token();
-                taken.chunk(t)
-            });
-            spans.generated(&result);
-            answer_generation(taken, result);
+        let left = taken.time_left();
+        match job {
+            Job::Rerank {
+                text,
+                candidates,
+                prompt,
+            } => {
+                let cancelled = || taken.cancelled();
+                let scored = runner
+                    .score(&text, &candidates, &prompt, &cancelled, left)
+                    .await;
+                spans.scored(candidates.len(), &scored);
+                answer_rerank(taken, &candidates, scored);
+            }
+            Job::Generate { messages, sampling } => {
+                let result = runner
+                    .generate(
+                        &messages,
+                        &sampling,
+                        &mut |t| {
+                            spans.token();
+                            taken.chunk(t)
+                        },
+                        left,
+                    )
+                    .await;
+                spans.generated(&result);
+                answer_generation(taken, result);
+            }
         }
     }
+    .instrument(span)
+    .await
 }

@@ -1,7 +1,7 @@
 //! What latency-graded selection adds to an escalation's path: per alternative, the predicted completion
-//! ([`tiergate_engine::deadline::predict`], as `Llm::predict` runs it: the fair share's load and the tenant's
+//! ([`tiergate_engine::backends::deadline::predict`], as `Llm::predict` runs it: the fair share's load and the tenant's
 //! jobs ahead, the service-time window's mean and P95 over 128 samples), then the order
-//! ([`tiergate_engine::select::order`]). Two and four alternatives, one thread, and two threads on the same
+//! ([`tiergate_engine::answer::select::order`]). Two and four alternatives, one thread, and two threads on the same
 //! backends (their share's lock and window contended); with estimates reused between samples (as serving sees
 //! them: a few samples a second, an estimate kept 100 ms) and with a new sample before every prediction (each
 //! estimate computed from the window: the worst case). Prints p50 / p99 / p99.9 in microseconds; the target is
@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use tiergate_config::Prefer;
-use tiergate_engine::deadline::{predict, ServiceTimes};
-use tiergate_engine::fair::Share;
+use tiergate_engine::backends::deadline::{predict, ServiceTimes};
+use tiergate_engine::backends::fair::Share;
 
 struct Backend {
     share: std::sync::Arc<Share>,
@@ -68,7 +68,7 @@ fn run(b: &[Backend], n: usize, fresh: bool) -> Vec<u64> {
             .map(|(k, be)| (k, predict(&be.share, &be.times, 4, "tenant").0))
             .collect();
         let left = (i % 2 == 0).then_some(Duration::from_millis(700));
-        let order = tiergate_engine::select::order(&predicted, Prefer::Latency, left);
+        let order = tiergate_engine::answer::select::order(&predicted, Prefer::Latency, left);
         out.push(t.elapsed().as_nanos() as u64);
         picked += order.first().copied().unwrap_or(0);
     }

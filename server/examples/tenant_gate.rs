@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tiergate_config::TenantConfig;
-use tiergate_engine::tenants::Tenants;
+use tiergate_engine::tenancy::tenants::Tenants;
 use tiergate_server::adapt::identify;
 
 fn hex(key: &str) -> String {

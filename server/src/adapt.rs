@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
-use tiergate_engine::brownout::Step;
-use tiergate_engine::deadline::HEADER;
-use tiergate_engine::experiments::{Assigned, VARIANT_HEADER};
+use tiergate_engine::backends::deadline::HEADER;
+use tiergate_engine::load::brownout::Step;
 use tiergate_engine::metrics as m;
-use tiergate_engine::tenants::{Tenant, Tenants};
+use tiergate_engine::routing::experiments::{Assigned, VARIANT_HEADER};
+use tiergate_engine::tenancy::tenants::{Tenant, Tenants};
 
 use crate::error::ApiError;
 
@@ -62,11 +62,12 @@ pub fn identify(
     if tenants.is_empty() {
         return Ok(None);
     }
-    let key = crate::auth::bearer(headers)
+    let key = crate::auth::api_key(headers)
         .filter(|k| !k.is_empty())
         .ok_or_else(|| {
             ApiError::Unauthorized(
-                "this server needs an API key: `Authorization: Bearer <key>`".into(),
+                "this server needs an API key: `Authorization: Bearer <key>` or `x-api-key: <key>`"
+                    .into(),
             )
         })?;
     let tenant = tenants

@@ -29,6 +29,11 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
+/// A client's API key: `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
+pub fn api_key(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers).or_else(|| headers.get("x-api-key")?.to_str().ok().map(str::trim))
+}
+
 /// A loopback peer, IPv4-mapped IPv6 (`::ffff:127.0.0.1`) included.
 pub fn is_loopback(peer: SocketAddr) -> bool {
     peer.ip().to_canonical().is_loopback()

@@ -1,7 +1,7 @@
 //! `/console`: an operator's page embedded in the binary (no CDN, no build step), served on the admin
 //! listener, and the data it polls (`GET /admin/console`): the live policy view, the ambiguity histogram of the
 //! last 60 s, per-channel P95 of recent answers, per-tenant figures, the backends, the last 15 minutes as time
-//! series ([`tiergate_engine::history`]), the answer cache, and the last decisions (no request text is kept).
+//! series ([`tiergate_engine::load::history`]), the answer cache, and the last decisions (no request text is kept).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
 use crate::auth::Peer;
-use tiergate_engine::outcome::{Channel, Decision};
+use tiergate_engine::answer::outcome::{Channel, Decision};
 use tiergate_engine::state::AppState;
 
 /// The page.
@@ -30,7 +30,8 @@ fn tenants(state: &AppState) -> Vec<serde_json::Value> {
     let configured = state.tenants();
     let now = Instant::now();
     state
-        .tenant_figures
+        .tenancy
+        .figures
         .snapshot()
         .into_iter()
         .map(|(name, c)| {
@@ -51,14 +52,13 @@ fn tenants(state: &AppState) -> Vec<serde_json::Value> {
 /// Per LLM backend: its live workers, jobs running and waiting, recent P95 service time and breaker.
 fn backends(state: &AppState) -> Vec<serde_json::Value> {
     state
-        .backend_names
+        .backends
         .iter()
-        .enumerate()
-        .map(|(i, name)| match state.backend(i) {
+        .map(|b| match &b.llm {
             Some(l) => {
                 let (running, waiting) = l.share.load();
                 json!({
-                    "name": name,
+                    "name": b.name,
                     "live_workers": l.client.live_workers(),
                     "running": running,
                     "waiting": waiting,
@@ -69,7 +69,7 @@ fn backends(state: &AppState) -> Vec<serde_json::Value> {
                     "breaker": if l.breaker_closed() { "closed" } else { "open" },
                 })
             }
-            None => json!({"name": name, "live_workers": 0, "breaker": null}),
+            None => json!({"name": b.name, "live_workers": 0, "breaker": null}),
         })
         .collect()
 }
@@ -85,13 +85,13 @@ pub async fn data(
     }
     let now = Instant::now();
     let mut bins = vec![0u32; BINS];
-    for a in state.policy.recent_ambiguity(now) {
+    for a in state.routing.policy.recent_ambiguity(now) {
         let i = ((a.clamp(0.0, 1.0) * BINS as f64) as usize).min(BINS - 1);
         bins[i] += 1;
     }
-    let recent: Vec<Decision> = state.decisions.recent();
-    let live = state.policy.live_view(now);
-    let current = state.policy.current();
+    let recent: Vec<Decision> = state.load.decisions.recent();
+    let live = state.routing.policy.live_view(now);
+    let current = state.routing.policy.current();
     let degraded = recent
         .iter()
         .filter(|d| d.channel == Channel::Degraded.as_str())
@@ -99,11 +99,12 @@ pub async fn data(
         / recent.len().max(1) as f64;
     // θ in force once the error bound caps the policy's (the smallest over the routes it caps).
     let capped = state
+        .routing
         .routes
         .values()
         .filter(|r| r.prefilter.is_some())
         .filter_map(|r| r.risk.theta(&current.cfg))
-        .map(|b| tiergate_engine::risk::cap(live.theta_eff, Some(b)))
+        .map(|b| tiergate_engine::routing::risk::cap(live.theta_eff, Some(b)))
         .reduce(f64::min);
     axum::Json(json!({
         "version": current.version,
@@ -116,7 +117,7 @@ pub async fn data(
         "escalated_share_60s": live.escalated_share_60s,
         "degraded_share_recent": degraded,
         "queue_depth": state.in_flight(),
-        "p95_ms": tiergate_engine::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
+        "p95_ms": tiergate_engine::load::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
         "bands_ms": tiergate_core::bands::BANDS
             .iter()
             .map(|(_, key, max)| (key.to_string(), json!(max)))
@@ -125,9 +126,9 @@ pub async fn data(
         "decisions": recent.iter().rev().take(50).collect::<Vec<_>>(),
         "tenants": tenants(&state),
         "brownout": state.brownout().as_str(),
-        "breaker": state.llm.is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
+        "breaker": state.default_llm().is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
-        "history": state.history.points(),
+        "history": state.load.history.points(),
         "stages": state.stage_policies().into_iter().map(|(route, stage, p)| json!({
             "route": route, "stage": stage, "theta_eff": p.theta_eff(now), "version": p.current().version,
             "mode": p.current().cfg.mode,
@@ -142,16 +143,18 @@ pub async fn data(
 /// Per classified route: the ledger's figures (silent error, audits, feedback) and the error bound in force.
 fn quality(state: &AppState, theta_eff: f64) -> Vec<serde_json::Value> {
     let summary = state
+        .evidence
         .ledger
         .as_ref()
         .map(|l| l.summary())
         .unwrap_or_default();
-    let cfg = state.policy.current().cfg.clone();
+    let cfg = state.routing.policy.current().cfg.clone();
     let agreement = state.agreement();
     state
+        .routing
         .route_order
         .iter()
-        .filter_map(|name| Some((name, state.routes.get(name)?)))
+        .filter_map(|name| Some((name, state.routing.routes.get(name)?)))
         .filter(|(_, r)| r.prefilter.is_some())
         .map(|(name, r)| {
             let mut v = summary

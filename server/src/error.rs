@@ -78,32 +78,6 @@ impl ApiError {
         }
     }
 
-    /// A generation's refused submission (it has no Tier-0 answer to degrade to): the one mapping from
-    /// [`tiergate_engine::llm::Refused`] to a status; a classify or answer route degrades instead
-    /// (`tiergate_engine::cascade::reason_of`).
-    pub fn refused_generation(r: tiergate_engine::llm::Refused, tenant: &str) -> Self {
-        use tiergate_engine::llm::Refused;
-        match r {
-            Refused::NoLlm => ApiError::Unavailable("this server runs no LLM workers".into()),
-            Refused::Queue(e) => ApiError::from(e),
-            Refused::BreakerOpen(wait) => ApiError::Unavailable(format!(
-                "the LLM backend keeps failing (circuit breaker open, {} ms until a probe): retry later",
-                wait.as_millis()
-            )),
-            Refused::Unreachable => ApiError::Timeout(format!(
-                "the LLM is predicted not to finish within this request's budget ({})",
-                tiergate_engine::deadline::HEADER
-            )),
-            Refused::Budget(wait) => ApiError::RateLimited {
-                message: format!(
-                    "tenant `{}` has spent its LLM budget: retry after the Retry-After seconds",
-                    tenant
-                ),
-                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
-            },
-        }
-    }
-
     /// HTTP status, OpenAI error type and code.
     pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
@@ -235,7 +209,9 @@ impl From<tiergate_engine::error::EngineError> for ApiError {
     fn from(e: tiergate_engine::error::EngineError) -> Self {
         use tiergate_engine::error::EngineError as E;
         match e {
-            E::Queue(q) => ApiError::from(q),
+            E::Invalid { param, message } => ApiError::invalid(param, message),
+            E::UnknownRoute(m) => ApiError::UnknownModel(m),
+            E::Forbidden(m) => ApiError::Forbidden(m),
             E::Overloaded {
                 message,
                 retry_after_s,
@@ -243,22 +219,17 @@ impl From<tiergate_engine::error::EngineError> for ApiError {
                 message,
                 retry_after_s,
             },
-            E::Forbidden(m) => ApiError::Forbidden(m),
+            E::RateLimited {
+                message,
+                retry_after_s,
+            } => ApiError::RateLimited {
+                message,
+                retry_after_s,
+            },
+            E::Unavailable(m) => ApiError::Unavailable(m),
             E::RiskBound(m) => ApiError::RiskBound(m),
-        }
-    }
-}
-
-impl From<tiergate_queue::QueueError> for ApiError {
-    /// A failed LLM job where no Tier-0 answer stands in (generation, or `on_escalation_failure = reject`).
-    fn from(e: tiergate_queue::QueueError) -> Self {
-        use tiergate_queue::QueueError as Q;
-        match e {
-            Q::Full { .. } => ApiError::Unavailable(format!("{e}: retry later")),
-            Q::WorkerDown(_) => ApiError::Unavailable(e.to_string()),
-            Q::DeadlineExceeded => ApiError::Timeout("the LLM did not answer in time".into()),
-            Q::Invalid(m) => ApiError::invalid("messages", m),
-            other => ApiError::Internal(other.to_string()),
+            E::Timeout(m) => ApiError::Timeout(m),
+            E::Internal(m) => ApiError::Internal(m),
         }
     }
 }

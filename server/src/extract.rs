@@ -9,9 +9,9 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
-use tiergate_engine::priority::BatchLine;
+use tiergate_engine::backends::priority::BatchLine;
 use tiergate_engine::state::AppState;
-use tiergate_engine::tenants::TenantId;
+use tiergate_engine::tenancy::tenants::TenantId;
 
 use crate::error::ApiError;
 
@@ -35,7 +35,7 @@ impl FromRequestParts<Arc<AppState>> for Asking {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
-        let allowed = state.policy.current().cfg.allow_header_override;
+        let allowed = state.routing.policy.current().cfg.allow_header_override;
         Ok(Self {
             tenant: parts
                 .extensions

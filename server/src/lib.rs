@@ -6,12 +6,13 @@
 //! Must not depend on mistralrs: the LLM runs in `tiergate-reranker` processes, reached via `tiergate-queue`.
 
 pub mod adapt;
+pub mod anthropic;
 pub mod auth;
 pub mod console;
 pub mod error;
 pub mod extract;
 pub mod openai;
-pub mod product;
+pub mod openai_responses;
 pub mod routes;
 pub mod serve;
 pub mod trace;

@@ -48,6 +48,18 @@ pub struct ChatRequest {
     /// `{"type":"text"}` or `{"type":"json_object"}`.
     #[serde(default)]
     pub response_format: Option<ResponseFormat>,
+    /// Tool use (`tools`, `tool_choice`, `parallel_tool_calls`, and the older `functions`/`function_call`):
+    /// read so that a request with them is refused by name, never answered as if they were not there.
+    #[serde(default)]
+    pub tools: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<serde_json::Value>,
+    #[serde(default)]
+    pub functions: Option<serde_json::Value>,
+    #[serde(default)]
+    pub function_call: Option<serde_json::Value>,
 }
 
 /// A message as sent.
@@ -58,6 +70,9 @@ pub struct WireMessage {
     /// Text, or a list of content parts (text parts are joined).
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's tool calls: read so that they are refused by name, not dropped.
+    #[serde(default)]
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 /// Message content.

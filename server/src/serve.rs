@@ -16,10 +16,8 @@ use tiergate_config::Config;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::product::Product;
 use crate::routes::{admin_router_with, router_with};
 use tiergate_engine::state::AppState;
-use tiergate_engine::util::sample_utilization;
 
 /// Headers the HTTP layer parses at most (the router refuses more than [`crate::routes::MAX_HEADERS`]).
 const HTTP_MAX_HEADERS: usize = 1024;
@@ -57,15 +55,25 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> anyhow::Result<()> {
-    run_with(config, worker_program, Vec::new(), shutdown, ready).await
+    run_with(config, worker_program, Wiring::default(), shutdown, ready).await
 }
 
-/// [`run`] with `products` served beside the OpenAI API (their routes on the public listener, their
-/// background tasks stopped after the drain).
+/// What a binary wires into the server besides the config: the Batch API (its routes on both listeners, its
+/// runner answering lines through the in-process chat door and stopped after the drain), and the durable
+/// store of decision records (the `[feedback]` ledger when the policy store is not Redis).
+#[derive(Default)]
+pub struct Wiring {
+    pub batches: Option<Arc<dyn tiergate_engine::batch::BatchService>>,
+    /// The Responses API's durable store (`[responses] store` without the Redis policy store).
+    pub responses_store: Option<Arc<dyn tiergate_engine::answer::stored::ResponseStore>>,
+    pub ledger_store: Option<Arc<dyn tiergate_engine::evidence::ledger::Store>>,
+}
+
+/// [`run`] with what `wiring` adds.
 pub async fn run_with(
     config: Config,
     worker_program: Option<PathBuf>,
-    products: Vec<Arc<dyn Product>>,
+    wiring: Wiring,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> anyhow::Result<()> {
@@ -76,24 +84,17 @@ pub async fn run_with(
     let admin_addr = admin_listener.local_addr()?;
     let cfg = config.clone();
     let state = Arc::new(
-        tokio::task::spawn_blocking({
-            let products = products.clone();
-            move || {
-                let mut store = None;
-                for p in &products {
-                    if store.is_none() {
-                        store = p.ledger_store(&cfg)?;
-                    }
-                }
-                AppState::build_with(cfg, metrics, worker_program, store)
-            }
+        tokio::task::spawn_blocking(move || {
+            AppState::build_with(cfg, metrics, worker_program, wiring.ledger_store)
         })
         .await??,
     );
     reload_tenants_on_sighup(&state);
-    zero_breach_counters(&state.routes);
-    let (stop_products, products_stopped) = tokio::sync::watch::channel(false);
-    let tasks = start_background(&state, &products, products_stopped);
+    zero_breach_counters(&state.routing.routes);
+    let (stop_batches, batches_stopped) = tokio::sync::watch::channel(false);
+    let batches = wiring.batches;
+    let responses_store = wiring.responses_store;
+    let tasks = start_background(&state, batches.as_ref(), batches_stopped);
     if config.server.admin_token.is_none() {
         tracing::warn!(
             %admin_addr,
@@ -113,7 +114,7 @@ pub async fn run_with(
             "no [[tenants]]: the public API is open to every client that reaches it"
         );
     }
-    tracing::info!(%addr, routes = ?state.route_order, tenants = config.tenants.len(), "tiergate listening");
+    tracing::info!(%addr, routes = ?state.routing.route_order, tenants = config.tenants.len(), "tiergate listening");
     tracing::info!(%admin_addr, "tiergate admin listening");
     if let Some(tx) = ready {
         let _ = tx.send(Bound {
@@ -130,7 +131,7 @@ pub async fn run_with(
     ));
     let public = tokio::spawn(accept_loop(
         listener,
-        router_with(state.clone(), &products),
+        router_with(state.clone(), batches.as_ref(), responses_store),
         Some(limits),
         header_timeout,
         graceful.clone(),
@@ -138,7 +139,7 @@ pub async fn run_with(
     ));
     let admin = tokio::spawn(accept_loop(
         admin_listener,
-        admin_router_with(state.clone(), &products),
+        admin_router_with(state.clone(), batches.as_ref()),
         None,
         header_timeout,
         graceful.clone(),
@@ -163,11 +164,11 @@ pub async fn run_with(
     {
         tracing::warn!("drain deadline passed; closing remaining connections");
     }
-    // The products' tasks stop (the batch runner between lines: a line cut short runs again at the next start).
-    let _ = stop_products.send(true);
+    // The batch runner stops between lines (a line cut short runs again at the next start).
+    let _ = stop_batches.send(true);
     stop_tasks(tasks).await;
     // The answers' records still waiting for the writer are written before the process goes.
-    if let Some(ledger) = state.ledger.clone() {
+    if let Some(ledger) = state.evidence.ledger.clone() {
         let _ = tokio::task::spawn_blocking(move || ledger.drain(Duration::from_secs(5))).await;
     }
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");
@@ -176,106 +177,24 @@ pub async fn run_with(
     Ok(())
 }
 
-/// Starts the state's background tasks (utilisation sampling, the shared policy's sync, the fleet's
-/// Prometheus poll) and the products' tasks, which are returned to be awaited at shutdown.
+/// Starts the engine's background tasks ([`tiergate_engine::tasks::start`]) and the Batch API's runner,
+/// given the in-process chat door to answer its lines; the runner is returned to be awaited at shutdown.
 fn start_background(
     state: &Arc<AppState>,
-    products: &[Arc<dyn Product>],
+    batches: Option<&Arc<dyn tiergate_engine::batch::BatchService>>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    tokio::spawn(sample_utilization(Arc::downgrade(state)));
-    tokio::spawn(follow_audits(Arc::downgrade(state)));
-    tokio::spawn(tiergate_engine::second_opinion::run(Arc::downgrade(state)));
-    if let Some(store) = &state.store {
-        tokio::spawn(tiergate_engine::store::sync_policy(
-            store.clone(),
-            store.routing_key().to_string(),
-            Arc::downgrade(&state.policy),
-        ));
-        for (route, stage, policy) in state.stage_policies() {
-            tokio::spawn(tiergate_engine::store::sync_policy(
-                store.clone(),
-                store.stage_key(&route, &stage),
-                Arc::downgrade(&policy),
-            ));
-        }
-        tokio::spawn(tiergate_engine::head_swap::sync_heads(
-            store.clone(),
-            Arc::downgrade(state),
-        ));
-        tokio::spawn(tiergate_engine::tenant_sync::sync_tenants(
-            store.clone(),
-            Arc::downgrade(state),
-        ));
-    }
-    if !state.config.utilization.prometheus_url.is_empty() {
-        tokio::spawn(tiergate_engine::fleet::poll_prometheus(
-            Arc::downgrade(state),
-            state.config.utilization.clone(),
-        ));
-    }
-    products
-        .iter()
-        .filter_map(|p| p.start(Arc::downgrade(state), stop.clone()))
+    tiergate_engine::tasks::start(state);
+    let door = Arc::new(crate::routes::in_process::ChatDoor);
+    batches
+        .and_then(|b| b.start(Arc::downgrade(state), door, stop))
+        .into_iter()
         .collect()
-}
-
-/// How often each route's labelled audits are read again from the ledger.
-const AUDITS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Keeps each classified route's audits (labelled within the feedback window) in step with the ledger, so
-/// that the bound follows what the labels say of the live traffic (on any replica, with the Redis ledger).
-/// Nothing is read while the policy sets no bound: the bound is what the rows are for.
-async fn follow_audits(state: std::sync::Weak<tiergate_engine::state::AppState>) {
-    loop {
-        tokio::time::sleep(AUDITS_EVERY).await;
-        let Some(s) = state.upgrade() else { return };
-        let Some(ledger) = s.ledger.clone() else {
-            return;
-        };
-        if s.policy.current().cfg.max_error.is_none() {
-            continue;
-        }
-        let since = tiergate_engine::ledger::now_ms().saturating_sub(ledger.window_ms());
-        // Evidence belongs to the head that answered: each route's head in force.
-        let routes: Vec<(String, String)> = s
-            .routes
-            .iter()
-            .filter(|(_, r)| r.prefilter.is_some())
-            .map(|(n, r)| (n.clone(), r.head_version.clone()))
-            .collect();
-        drop(s);
-        for (name, head) in routes {
-            let store = ledger.store();
-            let (route, of) = (name.clone(), head.clone());
-            let read = tokio::task::spawn_blocking(move || {
-                Ok::<_, tiergate_engine::ledger::StoreError>((
-                    store.labelled(&route, &of, since)?,
-                    store.trusted_feedback(&route, &of, since)?,
-                ))
-            })
-            .await;
-            let Some(s) = state.upgrade() else { return };
-            match read {
-                Ok(Ok((audits, feedback))) => {
-                    // A head swapped in meanwhile starts with its own (none yet).
-                    if let Some(r) = s.routes.get(&name).filter(|r| r.head_version == head) {
-                        r.risk.set_audits(audits);
-                        r.risk.set_feedback(feedback);
-                    }
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, route = %name, "labelled audits not read")
-                }
-                Err(e) => tracing::debug!(error = %e, "labelled audits not read"),
-            }
-        }
-    }
 }
 
 /// Starts each classified route's breach counter at 0 for both actions, so that a rate over it (the alert in
 /// deploy/prometheus/rules.yml) has data before the first breach.
-fn zero_breach_counters(routes: &tiergate_engine::route_table::RouteTable) {
+fn zero_breach_counters(routes: &tiergate_engine::routing::route_table::RouteTable) {
     for (name, _) in routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
         for action in ["degrade", "reject"] {
             metrics::counter!(tiergate_engine::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)

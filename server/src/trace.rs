@@ -1,6 +1,6 @@
 //! The request's span: it continues the client's W3C `traceparent` (a new trace without one) and returns its
 //! trace id in `x-tiergate-trace-id`; every log line inside it carries the id. The steps' child spans are the
-//! engine's (`tiergate_engine::trace`). Spans of target [`TARGET`] only; see `tiergate-telemetry`.
+//! engine's (`tiergate_engine::answer::trace`). Spans of target [`TARGET`] only; see `tiergate-telemetry`.
 
 use axum::extract::Request;
 use axum::http::HeaderValue;

@@ -8,7 +8,7 @@ use tiergate_config::RouteKind;
 
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
-pub use tiergate_engine::request::{ValidChat, ValidMessage};
+pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
 
 /// Most characters of conversation text accepted.
 pub const MAX_TEXT_CHARS: usize = 32_768;
@@ -30,10 +30,12 @@ pub struct RouteFacts {
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
 /// (the budget) and when it arrived. Everything a [`ValidChat`] holds is set in [`validate`], once.
 pub struct Caller<'a> {
-    pub tenant: tiergate_engine::tenants::TenantId,
-    pub batch: Option<tiergate_engine::priority::BatchLine>,
+    pub tenant: tiergate_engine::tenancy::tenants::TenantId,
+    pub batch: Option<tiergate_engine::backends::priority::BatchLine>,
     pub headers: &'a HeaderMap,
     pub started: Instant,
+    /// The θ its `x-tiergate-threshold` forces, or why it may not (read by the routes that classify).
+    pub forced: Result<Option<f64>, ApiError>,
 }
 
 /// Validates `req` from `caller` against the route table (`route_of` maps a route name to its facts).
@@ -57,6 +59,7 @@ pub fn validate(
             ));
         }
     }
+    refuse_tools(&req)?;
     let (messages, text) = valid_messages(req.messages)?;
     let s = valid_sampling(
         req.max_completion_tokens,
@@ -83,7 +86,17 @@ pub fn validate(
             .map(|b| caller.started + b),
         None => None,
     };
+    let forced = match kind {
+        RouteKind::Generate => None,
+        RouteKind::Classify | RouteKind::Answer => caller.forced?,
+    };
+    let door = if caller.batch.is_some() {
+        "batch"
+    } else {
+        "chat"
+    };
     Ok(ValidChat {
+        door,
         route: req.model,
         kind,
         messages,
@@ -104,13 +117,15 @@ pub fn validate(
         deadline,
         id: completion_id(),
         cache: cache_control(caller.headers),
+        forced,
+        started: caller.started,
     })
 }
 
 /// What `Cache-Control` lets the answer cache do: `no-cache` skips the lookup, `no-store` the write
 /// (directives are case-insensitive; others are ignored, as an HTTP cache would).
-pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::request::CacheControl {
-    let mut c = tiergate_engine::request::CacheControl::default();
+pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::answer::request::CacheControl {
+    let mut c = tiergate_engine::answer::request::CacheControl::default();
     for v in headers.get_all(axum::http::header::CACHE_CONTROL) {
         for d in v.to_str().unwrap_or("").split(',') {
             match d.trim().to_ascii_lowercase().as_str() {
@@ -123,24 +138,62 @@ pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::request::CacheCont
     c
 }
 
-/// A completion id unique across replicas: the time, a per-process random salt and a counter.
+/// A completion id unique across replicas: the time in ms (so feedback can tell how young an answer is) and
+/// 64 bits no other client can predict.
 pub fn completion_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static N: AtomicU64 = AtomicU64::new(0);
-    static SALT: OnceLock<u64> = OnceLock::new();
-    let salt = SALT.get_or_init(|| {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.finish()
-    });
+    // SipHash under the process's random keys: a keyed function of a counter, so one id tells nothing of
+    // the next (a neighbour's id cannot be guessed from one's own).
+    static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    let mut h = KEYS.get_or_init(Default::default).build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
     format!(
-        "chatcmpl-{:x}{:08x}{:06x}",
-        tiergate_engine::util::unix_now_s(),
-        salt & 0xffff_ffff,
-        N.fetch_add(1, Ordering::Relaxed) & 0xff_ffff
+        "chatcmpl-{:012x}{:016x}",
+        tiergate_engine::evidence::ledger::now_ms() & 0xffff_ffff_ffff,
+        h.finish()
     )
+}
+
+/// When the answer of a completion id from [`completion_id`] (or its Messages and Responses forms, `msg_…`, `resp_…`) was made (Unix
+/// ms); none for other ids (batch lines, ids of another shape).
+pub fn born_ms(id: &str) -> Option<u64> {
+    let hex = id
+        .strip_prefix("chatcmpl-")
+        .or_else(|| id.strip_prefix("msg_"))
+        .or_else(|| id.strip_prefix("resp_"))?;
+    if hex.len() != 28 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(&hex[..12], 16).ok()
+}
+
+/// A request that asks for tool use is a 400 naming the field: no route calls tools yet, and answering as if
+/// the tools were not there would mislead an agent.
+fn refuse_tools(req: &ChatRequest) -> Result<(), ApiError> {
+    let asked = [
+        ("tools", &req.tools),
+        ("tool_choice", &req.tool_choice),
+        ("functions", &req.functions),
+        ("function_call", &req.function_call),
+    ];
+    // `tools: []` and `tool_choice: "none"` ask for nothing.
+    let asks = |v: &serde_json::Value| {
+        !(v.is_null() || v.as_array().is_some_and(Vec::is_empty) || v == "none")
+    };
+    match asked.iter().find(|(_, v)| v.as_ref().is_some_and(&asks)) {
+        Some((field, _)) => Err(ApiError::invalid(
+            *field,
+            format!(
+                "tool use is not supported on route `{}` (no route of this server calls tools yet)",
+                req.model
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last
@@ -157,15 +210,30 @@ fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String),
     for (i, m) in wire.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
-            "user" | "tool" => "user",
+            "user" => "user",
             "assistant" => "assistant",
+            "tool" | "function" => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!(
+                        "`{}` messages (tool results) are not supported by this server yet",
+                        m.role
+                    ),
+                ))
+            }
             other => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
-                    format!("unknown role `{other}` (system, developer, user, assistant, tool)"),
+                    format!("unknown role `{other}` (system, developer, user, assistant)"),
                 ))
             }
         };
+        if m.tool_calls.is_some() {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_calls"),
+                "assistant tool calls are not supported by this server yet",
+            ));
+        }
         let content = match m.content {
             None => String::new(),
             Some(Content::Text(t)) => t,
@@ -354,10 +422,11 @@ mod tests {
 
     fn anyone() -> Caller<'static> {
         Caller {
-            tenant: tiergate_engine::tenants::TenantId::anonymous(),
+            tenant: tiergate_engine::tenancy::tenants::TenantId::anonymous(),
             batch: None,
             headers: &NO_HEADERS,
             started: Instant::now(),
+            forced: Ok(None),
         }
     }
     fn param(e: ApiError) -> String {
@@ -401,13 +470,17 @@ mod tests {
     #[test]
     fn the_caller_and_the_budget_are_set_in_validation() {
         let mut headers = HeaderMap::new();
-        headers.insert(tiergate_engine::deadline::HEADER, "500".parse().unwrap());
+        headers.insert(
+            tiergate_engine::backends::deadline::HEADER,
+            "500".parse().unwrap(),
+        );
         let started = Instant::now();
         let caller = Caller {
-            tenant: tiergate_engine::tenants::TenantId(std::sync::Arc::from("acme")),
-            batch: Some(tiergate_engine::priority::BatchLine::new(false)),
+            tenant: tiergate_engine::tenancy::tenants::TenantId(std::sync::Arc::from("acme")),
+            batch: Some(tiergate_engine::backends::priority::BatchLine::new(false)),
             headers: &headers,
             started,
+            forced: Ok(None),
         };
         let body =
             serde_json::json!({"model":"classify","messages":[{"role":"user","content":"hi"}]});
@@ -416,20 +489,53 @@ mod tests {
         assert!(v.batch.is_some());
         assert_eq!(v.deadline, Some(started + Duration::from_millis(500)));
         // A budget above the route's maximum is a 400 naming the header, before anything runs.
-        headers.insert(tiergate_engine::deadline::HEADER, "600000".parse().unwrap());
+        headers.insert(
+            tiergate_engine::backends::deadline::HEADER,
+            "600000".parse().unwrap(),
+        );
         let caller = Caller {
-            tenant: tiergate_engine::tenants::TenantId::anonymous(),
+            tenant: tiergate_engine::tenancy::tenants::TenantId::anonymous(),
             batch: None,
             headers: &headers,
             started,
+            forced: Ok(None),
         };
         let e = validate(req(body), kinds, caller).unwrap_err();
-        assert_eq!(param(e), tiergate_engine::deadline::HEADER);
+        assert_eq!(param(e), tiergate_engine::backends::deadline::HEADER);
     }
 
     #[test]
     fn errors_name_the_field() {
         let bad = |j: serde_json::Value| validate(req(j), kinds, anyone()).unwrap_err();
+        // Tool use is refused by name, never dropped: tools, a tool result, an assistant's tool calls.
+        let param = |e: ApiError| match e {
+            ApiError::Invalid { param, .. } => param.unwrap_or_default(),
+            other => panic!("{other:?}"),
+        };
+        let user = serde_json::json!({"role":"user","content":"x"});
+        assert_eq!(
+            param(bad(
+                serde_json::json!({"model":"generate","messages":[user],
+                "tools":[{"type":"function","function":{"name":"f"}}]})
+            )),
+            "tools"
+        );
+        assert_eq!(
+            param(bad(serde_json::json!({"model":"generate","messages":[user,
+                {"role":"tool","tool_call_id":"c","content":"42"}]}))),
+            "messages[1].role"
+        );
+        assert_eq!(
+            param(bad(serde_json::json!({"model":"generate","messages":[user,
+                {"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}]}))),
+            "messages[1].tool_calls"
+        );
+        assert!(validate(
+            req(serde_json::json!({"model":"generate","messages":[user],"tools":[],"tool_choice":"none"})),
+            kinds,
+            anyone()
+        )
+        .is_ok());
         assert!(matches!(
             bad(serde_json::json!({"model":"nope","messages":[{"role":"user","content":"x"}]})),
             ApiError::UnknownModel(_)

@@ -1,4 +1,4 @@
-//! `tiergate_engine::cached`, the cascade's Tier −1 step, driven directly on the real state (the tiny few-shot
+//! `tiergate_engine::cache::cached`, the cascade's Tier −1 step, driven directly on the real state (the tiny few-shot
 //! classifier, no worker: nothing here runs an LLM job): what a request's `Cache-Control` lets it look up and
 //! keep, an exact hit fused anew with this request's prior, a semantic hit answering with its neighbour's
 //! fused verdict, written answers kept apart from rerank verdicts, and the generation probe's conditions.
@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use serde_json::json;
-use tiergate_engine::cached;
-use tiergate_engine::request::ValidChat;
-use tiergate_engine::route::{Route, Stage};
+use tiergate_engine::answer::request::ValidChat;
+use tiergate_engine::cache::cached;
+use tiergate_engine::routing::route::{Route, Stage};
 use tiergate_server::validate::{validate, Caller, RouteFacts};
 
 use common::rig::*;
@@ -49,23 +49,24 @@ fn valid(
         );
     }
     let facts = |name: &str| {
-        r.state.routes.get(name).map(|x| RouteFacts {
+        r.state.routing.routes.get(name).map(|x| RouteFacts {
             kind: x.kind,
             deadline: x.deadline,
             max_deadline: x.max_deadline,
         })
     };
     let caller = Caller {
-        tenant: tiergate_engine::tenants::TenantId("t".into()),
+        tenant: tiergate_engine::tenancy::tenants::TenantId("t".into()),
         batch: None,
         headers: &h,
         started: Instant::now(),
+        forced: Ok(None),
     };
     validate(serde_json::from_value(body).unwrap(), facts, caller).unwrap()
 }
 
 fn route(r: &Rig, name: &str) -> (Arc<Route>, Stage) {
-    let route = r.state.routes.get(name).unwrap();
+    let route = r.state.routing.routes.get(name).unwrap();
     let stage = route.stages[0].clone();
     (route, stage)
 }
@@ -101,7 +102,7 @@ async fn a_kept_verdict_is_found_again_and_fused_with_the_new_prior() {
     );
     // The LLM's scores put the last candidate first.
     let scores: Vec<f32> = (0..pri.len()).map(|i| i as f32 * 5.0).collect();
-    let fused = tiergate_engine::fusion::step(&pri, &scores, 0.5, 1.0).fused;
+    let fused = tiergate_core::fusion::step(&pri, &scores, 0.5, 1.0).fused;
     cached::keep(
         &r.state,
         &route,
@@ -120,7 +121,7 @@ async fn a_kept_verdict_is_found_again_and_fused_with_the_new_prior() {
     assert_eq!(hit.backend, "default");
     // Re-fused with this request's prior and the stage's own fusion, not copied.
     let f = stage.fusion_of("default");
-    let want = tiergate_engine::fusion::step(&pri, &scores, f.llm_weight, f.llm_temperature).fused;
+    let want = tiergate_core::fusion::step(&pri, &scores, f.llm_weight, f.llm_temperature).fused;
     assert_eq!(hit.fused, want);
     // Another text is another key.
     let other = valid(&r, "classify", "pay bill", json!({}), &[]);
@@ -279,7 +280,7 @@ async fn written_answers_are_kept_apart_and_generations_only_at_temperature_zero
     );
     // Another tenant's identical request has another key.
     let mut other = cold.clone();
-    other.tenant = tiergate_engine::tenants::TenantId("u".into());
+    other.tenant = tiergate_engine::tenancy::tenants::TenantId("u".into());
     let p_other = cached::generation_probe(&r.state, &route, &stage, &other, &job(&other)).unwrap();
     assert_ne!(p_other.key, probe.key);
     assert!(

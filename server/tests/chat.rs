@@ -98,7 +98,7 @@ async fn generate_honours_the_in_flight_limit() {
         .await
     });
     let t = Instant::now();
-    while r.state.llm.as_ref().unwrap().client.in_flight() == 0 {
+    while r.state.default_llm().unwrap().client.in_flight() == 0 {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the first generation never started"
@@ -147,7 +147,7 @@ async fn threshold_header_forces_tiers_and_rerank_fuses() {
         "stub shares the words card, lost"
     );
     // Forced decisions stay out of the policy's statistics.
-    let live = r.state.policy.live_view(Instant::now());
+    let live = r.state.routing.policy.live_view(Instant::now());
     assert_eq!(
         live.escalated_share_60s, 0.0,
         "forced escalations were counted"

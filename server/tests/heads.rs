@@ -359,3 +359,113 @@ async fn a_promotion_under_concurrent_requests_is_atomic_and_survives_its_files(
     let (s, v) = start(&r, &other, None).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
 }
+
+/// `POST /admin/heads/{route}` under bad input, races and idleness: `requests` outside 1–100,000 and a holdout
+/// over its bytes or rows are 400 before anything is loaded or classified; of two starts at once one is
+/// refused (409) before it loads its head; a shadow on a route with no traffic is abandoned by its timer; a
+/// candidate judged against a head that a rollback has since replaced is refused; an accuracy no server
+/// measured (each head's recorded dev accuracy) is called the heads' own claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_swap_refuses_bad_input_races_and_stale_verdicts() {
+    let r = rig(1, |c| {
+        c.routing.mode = tiergate_config::RoutingMode::Static;
+        c.routing.theta_base = 0.5;
+        c.heads.shadow_timeout_s = 1;
+        c.heads.max_accuracy_drop = 1.0;
+        c.heads.max_escalated_increase = 1.0;
+        c.heads.max_p50_ratio = 100.0;
+    });
+    let work = tempfile::tempdir().unwrap();
+    let hold = holdout(work.path());
+    let (good, other) = (work.path().join("good"), work.path().join("other"));
+    write_head(&r, &good, [0, 1, 2], 20.0, 1.0);
+    write_head(&r, &other, [0, 1, 2], 10.0, 1.0);
+    // The race's two heads, apart from the later ones (a version's first verdict is the one looked for).
+    let (racer1, racer2) = (work.path().join("racer1"), work.path().join("racer2"));
+    write_head(&r, &racer1, [0, 1, 2], 12.0, 1.0);
+    write_head(&r, &racer2, [0, 1, 2], 14.0, 1.0);
+    let post_start = |body: Value| {
+        let admin = r.admin.clone();
+        async move {
+            let (s, _, b) = call(
+                &admin,
+                admin_req("POST", "/admin/heads/classify", Some(body)),
+            )
+            .await;
+            (s, b)
+        }
+    };
+    for n in [0, 100_001] {
+        let (s, b) = post_start(json!({"dir": good, "requests": n})).await;
+        let e = assert_openai_error(s, &b, 400);
+        assert_eq!(e["error"]["param"], "requests", "{e}");
+    }
+    let big = work.path().join("big.jsonl");
+    let row = json!({"text": "card lost", "label": "card_lost"}).to_string();
+    std::fs::write(&big, vec![row.as_str(); (9 << 20) / row.len()].join("\n")).unwrap();
+    let many = work.path().join("many.jsonl");
+    std::fs::write(&many, vec![row.as_str(); 20_001].join("\n")).unwrap();
+    for (file, says) in [(&big, "bytes"), (&many, "rows")] {
+        let (s, b) = post_start(json!({"dir": good, "holdout": file})).await;
+        let e = assert_openai_error(s, &b, 400);
+        assert_eq!(e["error"]["param"], "holdout", "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(says),
+            "{e}"
+        );
+    }
+    assert!(heads(&r).await["history"].as_array().unwrap().is_empty());
+
+    // Two starts at once: one shadow, one 409 (the second never loads its head).
+    let (a, b) = tokio::join!(
+        post_start(json!({"dir": racer1, "requests": 9, "holdout": hold})),
+        post_start(json!({"dir": racer2, "requests": 9, "holdout": hold}))
+    );
+    let mut codes = [a.0.as_u16(), b.0.as_u16()];
+    codes.sort_unstable();
+    assert_eq!(codes, [202, 409], "{a:?} {b:?}");
+    let shadowing: Value = serde_json::from_slice(if a.0 == StatusCode::ACCEPTED {
+        &a.1
+    } else {
+        &b.1
+    })
+    .unwrap();
+    let idle = shadowing["version"].as_str().unwrap().to_string();
+    // No traffic at all: the timer abandons it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let h = heads(&r).await;
+    let ended = h["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["version"] == idle.as_str() && e["action"] == "abandoned")
+        .unwrap_or_else(|| panic!("not abandoned on an idle route: {h}"))
+        .clone();
+    assert_eq!(ended["reason"], "saw 0 of 9 requests in 1 s", "{ended}");
+
+    // Promote `good`, then shadow `other` against it and roll back under it: judged against a head no longer
+    // in force, it is refused.
+    let (s, v) = start(&r, &good, Some(&hold)).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let v1 = v["version"].as_str().unwrap().to_string();
+    assert_eq!(verdict(&r, &v1).await["action"], "promoted");
+    // No request reaches it before the rollback: the verdict comes only once `verdict` sends traffic.
+    let (s, v) = post_start(json!({"dir": other, "requests": 9})).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{}", String::from_utf8_lossy(&v));
+    let v2 = serde_json::from_slice::<Value>(&v).unwrap()["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, _, _) = call(
+        &r.admin,
+        admin_req("POST", "/admin/heads/classify/rollback", None),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let e = verdict(&r, &v2).await;
+    assert_eq!(e["action"], "refused", "{e}");
+    let reason = e["reason"].as_str().unwrap();
+    assert!(reason.contains("no longer in force"), "{reason}");
+    // Judged without a holdout, on what each head's training recorded: the heads' own claim.
+    assert!(reason.contains("own claim"), "{reason}");
+}

@@ -65,7 +65,7 @@ async fn a_route_answers_out_of_scope_at_tier0_and_the_threshold_moves_live() {
     assert_eq!(v["choices"][0]["message"]["content"], "card_lost");
     assert!(h.get("x-tiergate-out-of-scope").is_none());
     // The console's decisions count it in its own channel.
-    let recent = r.state.decisions.recent();
+    let recent = r.state.load.decisions.recent();
     let last_guarded = recent
         .iter()
         .rev()
@@ -124,7 +124,7 @@ async fn an_uncertain_out_of_scope_call_asks_the_llm_which_may_say_none() {
         "{v}"
     );
     // The LLM's "none" is counted in the escalated channel, flagged out of scope.
-    let d = r.state.decisions.recent();
+    let d = r.state.load.decisions.recent();
     let none = d.iter().find(|d| d.out_of_scope).unwrap();
     assert_eq!(none.channel, "escalated");
 
@@ -135,7 +135,7 @@ async fn an_uncertain_out_of_scope_call_asks_the_llm_which_may_say_none() {
     assert_eq!(h["x-tiergate-degraded"], "no_llm");
     assert_eq!(v["label"], "out_of_scope", "{v}");
     assert_eq!(
-        r.state.decisions.recent().last().unwrap().channel,
+        r.state.load.decisions.recent().last().unwrap().channel,
         "degraded"
     );
 }

@@ -687,8 +687,15 @@ async fn a_forced_theta_is_neither_audited_nor_evidence() {
     assert_eq!(fb["forced"]["trusted_n"], 1, "{fb}");
     assert_eq!(fb["tier0"]["trusted_n"], 1, "{fb}");
     // Only the policy-θ answer is evidence for the bound.
-    let head = r.state.routes.get("classify").unwrap().head_version.clone();
-    let store = r.state.ledger.as_ref().unwrap().store();
+    let head = r
+        .state
+        .routing
+        .routes
+        .get("classify")
+        .unwrap()
+        .head_version
+        .clone();
+    let store = r.state.evidence.ledger.as_ref().unwrap().store();
     let evidence = store.trusted_feedback("classify", &head, 0).unwrap();
     assert_eq!(evidence.len(), 1, "{evidence:?}");
     assert!(evidence[0].row.wrong);

@@ -78,4 +78,15 @@ try:
 except openai.BadRequestError as e:
     assert e.body["param"] == "temperature", e.body
 
+# Tool use is refused by name, never answered as if the tools were not there.
+try:
+    client.chat.completions.create(
+        model="generate",
+        messages=[{"role": "user", "content": "what is the weather in Paris?"}],
+        tools=[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
+    )
+    raise AssertionError("tools accepted and dropped")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "tools", e.body
+
 print("openai conformance: ok")

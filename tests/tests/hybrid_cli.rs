@@ -799,7 +799,16 @@ fn eval_risk_works_on_a_checkpoint_by_calibrating_on_held_rows() {
             0.05,
         );
         let got = r["theta"].as_f64().unwrap();
-        assert!((got - want.theta).abs() < 1e-5, "{r} against {want:?}");
+        // The binary scores rows in padded batches, this test one at a time: the same row's confidence can
+        // differ in the fourth decimal (seen once in CI: 0.59617 against 0.59534). The choice is the same
+        // grid point when its bound (a function of its accepted and wrong counts only) is the same, and θ
+        // is that row's ambiguity up to the scoring noise.
+        let bound = r["upper_bound"].as_f64().unwrap();
+        assert!(
+            (bound - want.upper_bound).abs() < 1e-9,
+            "{r} against {want:?}"
+        );
+        assert!((got - want.theta).abs() < 1e-2, "{r} against {want:?}");
         positive += usize::from(got > 0.0);
     }
     assert!(positive > 0, "some ε is shown on 100 rows: {v}");

@@ -122,8 +122,19 @@ fn dependencies_run_one_way() {
         );
     }
     assert!(g["tiergate-server"].iter().any(|d| d == "tiergate-engine"));
+    // The local ledger is a store the binary hands the engine: it reaches neither the server nor axum.
+    let feedback = reaches(&g, "tiergate-feedback");
+    assert!(
+        !feedback.contains("tiergate-server") && !feedback.contains("axum"),
+        "the feedback crate reaches the server or axum"
+    );
+    // The Batch API and the server meet only through the engine's traits (engine/src/batch.rs): the batch
+    // crate reaches neither the server nor axum, and the cli wires the one into the other.
     let batch = reaches(&g, "tiergate-batch");
-    assert!(batch.contains("tiergate-server") && !batch.contains("tiergate-train"));
+    for banned in ["tiergate-server", "axum", "tiergate-train"] {
+        assert!(!batch.contains(banned), "the batch crate reaches {banned}");
+    }
+    assert!(g["tiergate-batch"].iter().any(|d| d == "tiergate-engine"));
     let cli = &g["tiergate-cli"];
     for part in ["tiergate-server", "tiergate-batch", "tiergate-train"] {
         assert!(cli.iter().any(|d| d == part), "the cli composes {part}");
@@ -286,7 +297,13 @@ fn the_server_crate_holds_http_only() {
         }
     }
     assert!(files.len() > 10, "{files:?}");
-    let wire = root().join("server/src/openai.rs");
+    // The OpenAI wire formats (Chat Completions in openai.rs, Responses in openai_responses.rs) are the
+    // HTTP API's types without HTTP calls in them.
+    let wire = |f: &std::path::Path| {
+        f.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.starts_with("openai") && f.parent() == Some(&root().join("server/src"))
+        })
+    };
     let speaks_http = |text: &str| {
         let code = code_of(text);
         identifiers(&code)
@@ -303,7 +320,7 @@ fn the_server_crate_holds_http_only() {
     };
     let apart: Vec<_> = files
         .iter()
-        .filter(|f| **f != wire)
+        .filter(|f| !wire(f))
         .filter(|f| {
             let text = std::fs::read_to_string(f).unwrap();
             !speaks_http(&text) && !only_modules(&text)
@@ -313,6 +330,31 @@ fn the_server_crate_holds_http_only() {
         apart.is_empty(),
         "server files with no HTTP in them (they belong to tiergate-engine): {apart:?}"
     );
+    // A door runs no step of the pipeline: no server file names the queue (jobs, slots, events) or the answer
+    // cache; it hands a validated request to the engine and renders the value it gets back.
+    let pipeline = |text: &str| {
+        let code = code_of(text);
+        identifiers(&code)
+            .iter()
+            .any(|w| ["tiergate_queue", "tiergate_cache"].contains(w))
+    };
+    let runs_pipeline: Vec<_> = files
+        .iter()
+        .filter(|f| pipeline(&std::fs::read_to_string(f).unwrap()))
+        .collect();
+    assert!(
+        runs_pipeline.is_empty(),
+        "server files that reach past the engine into the queue or the cache: {runs_pipeline:?}"
+    );
+    assert!(pipeline("use tiergate_queue::Job;") && !pipeline("// tiergate_queue"));
+    // The batch runner has the engine answer its lines: no in-process HTTP round trip through the router.
+    for f in ["batch/src/runner.rs", "batch/src/lib.rs"] {
+        let code = code_of(&std::fs::read_to_string(root().join(f)).unwrap());
+        assert!(
+            !identifiers(&code).contains(&"oneshot"),
+            "{f} sends requests through the router (oneshot)"
+        );
+    }
     // The check tells: the engine's files speak none, and prose naming axum is not HTTP.
     let engine_state = std::fs::read_to_string(root().join("engine/src/state.rs")).unwrap();
     assert!(!speaks_http(&engine_state));
@@ -571,4 +613,34 @@ fn no_import_circle_between_files() {
         .map(|(x, y)| (x.to_string(), HashSet::from([y.to_string()])))
         .collect();
     assert_eq!(cycle(&g).map(|c| c.len()), Some(3));
+}
+
+/// One `Channel` type: the channels the server counts are `tiergate_core::outcome::Channel`; the bench wraps
+/// it with its client-side two (no answer, no tier header) instead of keeping a copy.
+#[test]
+fn one_channel_type() {
+    let mut defs = Vec::new();
+    let mut dirs = vec![root()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() && !name.starts_with('.') && name != "target" && name != "models" {
+                dirs.push(p);
+            } else if name.ends_with(".rs") {
+                let code = code_of(&std::fs::read_to_string(&p).unwrap());
+                let words = identifiers(&code);
+                if words.windows(2).any(|w| w == ["enum", "Channel"]) {
+                    defs.push(p);
+                }
+            }
+        }
+    }
+    assert_eq!(defs.len(), 2, "enum Channel is defined in {defs:?}");
+    assert!(defs.iter().any(|p| p.ends_with("core/src/outcome.rs")));
+    let bench = std::fs::read_to_string(root().join("bench/src/stats.rs")).unwrap();
+    assert!(
+        bench.contains("Served(Served)"),
+        "the bench's Channel keeps its own copy of the server's channels"
+    );
 }

@@ -187,8 +187,8 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
         else {
             panic!("not a rerank reply")
         };
-        let llm = tiergate_engine::fusion::llm_probs(&r.scores, 1.0);
-        let best = tiergate_engine::fusion::argmax(&llm);
+        let llm = tiergate_core::fusion::llm_probs(&r.scores, 1.0);
+        let best = tiergate_core::fusion::argmax(&llm);
         eprintln!(
             "{text:?}: {llm:?} in {:?} ({} prompt tokens)",
             t.elapsed(),

@@ -88,7 +88,7 @@ fn smollm2_reranks_easy_cases_and_streams_a_reply() {
         else {
             panic!("not a rerank reply")
         };
-        let llm = tiergate_engine::fusion::llm_probs(&r.scores, 1.0);
+        let llm = tiergate_core::fusion::llm_probs(&r.scores, 1.0);
         let best = llm
             .iter()
             .enumerate()

@@ -199,7 +199,7 @@ fn reranks_and_streams_through_a_real_llama_cpp_server() {
     };
     assert_eq!(a.scores.len(), 3);
     assert!(a.scores.iter().all(|s| s.is_finite()), "{a:?}");
-    let llm = tiergate_engine::fusion::llm_probs(&a.scores, 1.0);
+    let llm = tiergate_core::fusion::llm_probs(&a.scores, 1.0);
     assert!(
         llm.iter().any(|&p| p > 1.0 / 3.0),
         "all candidates equal: {a:?}"

@@ -452,7 +452,7 @@ fn sighup_reloads_the_keys_file() {
 /// `x-tiergate-brownout` and the metrics — `rerank_only`: generations 429 with Retry-After, an answer route its
 /// reranked label's reply; `tier0_only`: no escalation — and climbs back once the pressure stays below
 /// `leave` for `cool_ms`. The LLM side's pressure alone never sheds (`shed`, 429, is for the server's own load:
-/// unit-tested in `engine/src/brownout.rs`).
+/// unit-tested in `engine/src/load/brownout.rs`).
 #[test]
 fn the_brownout_ladder_steps_down_and_back_up() {
     let s = start(&[

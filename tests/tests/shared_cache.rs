@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 mod common;
 use common::{free_port, redis, start};
 
+/// The verdict keys of the namespace (its epoch key aside).
 fn keys(port: u16) -> usize {
     let out = Command::new("redis-cli")
         .args([
@@ -24,7 +25,10 @@ fn keys(port: u16) -> usize {
         ])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().count()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|k| *k != "tiergate:cache:epoch")
+        .count()
 }
 
 /// One classify request: status, `x-tiergate-tier`, `x-tiergate-cache`, the label.
@@ -81,14 +85,29 @@ fn a_verdict_computed_on_one_replica_is_an_exact_hit_on_the_other() {
     // Another question is not a hit on either.
     let (_, tier, _, _) = ask(&b.base, "how do i change my pin");
     assert_eq!(tier, "llm");
+    // B writes that verdict in the background: wait for both keys before the clear counts them.
+    let t = Instant::now();
+    while keys(port) < 2 {
+        assert!(t.elapsed() < Duration::from_secs(5), "B's key not written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // DELETE on A clears A and the shared namespace; B keeps what it took into its own store.
-    let v: Value = ureq::delete(&format!("{}/admin/cache", a.admin))
+    let r = ureq::delete(&format!("{}/admin/cache", a.admin))
         .call()
-        .unwrap()
-        .into_json()
         .unwrap();
-    assert!(v["shared_cleared"].as_u64().unwrap() >= 2, "{v}");
+    assert_eq!(
+        r.status(),
+        200,
+        "two keys are removed within the clear's budget"
+    );
+    let v: Value = r.into_json().unwrap();
+    assert_eq!(v["shared"]["removal"]["state"], "done", "{v}");
+    assert!(
+        v["shared"]["removal"]["deleted"].as_u64().unwrap() >= 2,
+        "{v}"
+    );
+    assert_eq!(v["shared"]["epoch"], 1, "{v}");
     assert_eq!(keys(port), 0);
     let (_, tier, _, _) = ask(&a.base, text);
     assert_eq!(tier, "llm", "cleared on A");
@@ -112,4 +131,160 @@ fn a_verdict_computed_on_one_replica_is_an_exact_hit_on_the_other() {
         .into_json()
         .unwrap();
     assert_eq!(info["shared_up"], false, "{info}");
+}
+
+/// Keys under the namespace made by Redis itself (a Lua loop), so that deleting them outlasts a clear's
+/// budget.
+fn fill(port: u16, n: usize) {
+    let script = format!(
+        "for i=1,{n} do redis.call('SET','tiergate:cache:filler:'..i,'x','EX',3600) end return {n}"
+    );
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "EVAL", &script, "0"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), n.to_string());
+}
+
+/// A clear whose removal of old keys outlasts its budget (ten lookup budgets: 200 ms here, against 200,000
+/// keys) answers 202 and finishes in the background, reported by `GET /admin/cache`; the clear is whole at
+/// once all the same (the epoch moved on: an old verdict is read by no replica while its key still exists),
+/// lookups go on meanwhile (the store is never marked down for it), and a verdict written after the clear
+/// is a hit on the other replica.
+#[test]
+fn a_clear_that_outlasts_its_budget_finishes_in_the_background() {
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("cache.url=\"redis://127.0.0.1:{port}/0\"");
+    let args = [
+        "--set",
+        "cache.enabled=true",
+        "--set",
+        "cache.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        // 20 ms a lookup or write (a first write loads its script: a few round trips), so the clear's
+        // budget is 200 ms, which 200,000 keys outlast.
+        "cache.redis_timeout_ms=20",
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.workers=1",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let old = "my card never arrived in the post";
+    assert_eq!(ask(&a.base, old).1, "llm");
+    let t = Instant::now();
+    while keys(port) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no key written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fill(port, 200_000);
+    let r = ureq::delete(&format!("{}/admin/cache", a.admin))
+        .call()
+        .unwrap();
+    let status = r.status();
+    let v: Value = r.into_json().unwrap();
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["shared"]["removal"]["state"], "running", "{v}");
+    // Whole at once: B (which never cleared) does not read the old verdict, though its key may still be there.
+    assert_eq!(ask(&b.base, old).1, "llm");
+    let info: Value = ureq::get(&format!("{}/admin/cache", a.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(info["shared_up"], true, "{info}");
+    // A verdict computed after the clear is shared as before.
+    let fresh = "how do i change my pin";
+    assert_eq!(ask(&a.base, fresh).1, "llm");
+    let t = Instant::now();
+    loop {
+        let (_, tier, cache, _) = ask(&b.base, fresh);
+        if tier == "cache" {
+            assert_eq!(cache, "exact");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no shared hit on B");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    let removal = loop {
+        let info: Value = ureq::get(&format!("{}/admin/cache", a.admin))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let r = info["shared_removal"].clone();
+        if r["state"] != "running" {
+            break r;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{info}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(removal["state"], "done", "{removal}");
+    assert!(removal["deleted"].as_u64().unwrap() >= 200_000, "{removal}");
+}
+
+/// A verdict computed before a clear is not written after it: a probe made, another replica clears (the
+/// shared epoch moves on), then the write comes — it lands in neither store.
+#[test]
+fn a_verdict_from_before_a_clear_is_not_written_after_it() {
+    use tiergate_engine::cache::{AnswerCache, Verdict};
+    let port = free_port();
+    let _redis = redis(port);
+    let mut cfg = tiergate_config::CacheConfig {
+        enabled: true,
+        kind: tiergate_config::CacheKind::Redis,
+        url: format!("redis://127.0.0.1:{port}/0"),
+        ..Default::default()
+    };
+    cfg.redis_timeout_ms = 500;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let here = AnswerCache::new(&cfg).unwrap().unwrap();
+        let other = AnswerCache::new(&cfg).unwrap().unwrap();
+        let verdict = |key: &str| Verdict {
+            key: key.into(),
+            candidates: vec![0, 1],
+            scores: vec![0.9, 0.1],
+            fused: vec![(0, 0.9)],
+            backend: "llm".into(),
+            at_ms: 0,
+            text: None,
+            finish_reason: String::new(),
+            completion_tokens: 0,
+        };
+        // Written under the epoch it was asked under: found by the other replica.
+        let p = here.exact_probe("k1".into());
+        here.share("k1", p.shared_epoch(), &verdict("k1")).await;
+        assert!(other
+            .lookup(&other.exact_probe("k1".into()))
+            .await
+            .is_some());
+        // Asked, then the other replica clears, then the write: not written, not found.
+        let p = here.exact_probe("k2".into());
+        let (_, cleared) = other.clear().await;
+        assert!(cleared.unwrap().is_some(), "the clear reached Redis");
+        here.share("k2", p.shared_epoch(), &verdict("k2")).await;
+        here.put(&p, verdict("k2"));
+        assert!(other
+            .lookup(&other.exact_probe("k2".into()))
+            .await
+            .is_none());
+        assert!(keys(port) == 0, "no verdict key after the clear");
+        // This replica's own clear: a probe from before it is not kept here either.
+        let p = here.exact_probe("k3".into());
+        here.clear().await;
+        here.put(&p, verdict("k3"));
+        assert!(here.lookup(&here.exact_probe("k3".into())).await.is_none());
+        // k1 from before the clear is read by neither.
+        assert!(here.lookup(&here.exact_probe("k1".into())).await.is_none());
+    });
 }

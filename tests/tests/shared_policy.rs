@@ -462,6 +462,28 @@ fn feedback_and_audits_join_across_replicas_through_redis() {
         .into_json()
         .unwrap();
     assert_eq!(v["wrong"].as_bool(), Some(false), "{v}");
+    // Everything the ledger wrote expires within the window: the record, the feedback, the audit (labelled
+    // now), its label, and every per-route set and counter (`TTL` is -1 for a key that never expires).
+    let keys = redis_cli(port, &["KEYS", "tiergate:policy:ledger:*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    for want in [
+        "d:",
+        "fb:",
+        "audit:",
+        "label:",
+        "stats:",
+        "labelled:",
+        "routes",
+    ] {
+        assert!(
+            keys.iter().any(|k| k.contains(&format!("ledger:{want}"))),
+            "no {want} key in {keys:?}"
+        );
+    }
+    for k in &keys {
+        let ttl: i64 = redis_cli(port, &["TTL", k]).parse().unwrap();
+        assert!(ttl > 3500 && ttl <= 3600, "{k} has TTL {ttl}");
+    }
     for s in [&a, &b] {
         let sum: Value = ureq::get(&format!("{}/admin/feedback", s.admin))
             .call()
@@ -653,4 +675,211 @@ fn a_promoted_head_is_shared_through_redis_and_a_replica_without_its_files_keeps
             200
         );
     }
+}
+
+/// Sends classify requests to both replicas until each has a verdict (an event other than `shadow`) for its
+/// own candidate; returns those events.
+fn verdicts(pairs: &[(&common::Server, &str)]) -> Vec<Value> {
+    let t = Instant::now();
+    loop {
+        let mut found = Vec::new();
+        for (s, version) in pairs {
+            let _ = chat_version(&s.base);
+            let h: Value = ureq::get(&format!("{}/admin/heads", s.admin))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap();
+            found.extend(
+                h["history"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|e| e["version"] == *version && e["action"] != "shadow")
+                    .cloned(),
+            );
+        }
+        if found.len() == pairs.len() {
+            return found;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no verdicts yet: {found:?}"
+        );
+    }
+}
+
+/// Two replicas promote different heads at once through a real Redis: the shared record is written
+/// compare-and-set, so one wins and the other is refused, saying why, and both end on the winner. Then a
+/// rollback is followed by a replica that never held the head it returns to: the rollback publishes that
+/// head's folder.
+#[test]
+fn two_replicas_promoting_at_once_one_wins_and_a_rollback_reaches_a_replica_that_never_held_its_head(
+) {
+    let work = tempfile::tempdir().unwrap();
+    let (h0, h1, h2) = (
+        work.path().join("h0"),
+        work.path().join("h1"),
+        work.path().join("h2"),
+    );
+    train_head(&h0, "1");
+    train_head(&h1, "2");
+    train_head(&h2, "3");
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("policy_store.url=\"redis://127.0.0.1:{port}\"");
+    let head = format!(
+        "prefilter.head={{kind=\"trained\", dir=\"{}\"}}",
+        h0.display()
+    );
+    let args = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "policy_store.sync_ms=200",
+        "--set",
+        &head,
+        "--set",
+        "prefilter.precision=\"f32\"",
+        "--set",
+        "reranker.workers=0",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        "--set",
+        "heads.max_accuracy_drop=1.0",
+        "--set",
+        "heads.max_p50_ratio=100.0",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let v0 = head_of(&a.base);
+    let holdout = tiergate_tests::root().join("bench/workloads/bank24.jsonl");
+    let begin = |s: &common::Server, dir: &std::path::Path| -> String {
+        let r: Value = ureq::post(&format!("{}/admin/heads/classify", s.admin))
+            .send_json(json!({"dir": dir, "requests": 5, "holdout": holdout}))
+            .unwrap()
+            .into_json()
+            .unwrap();
+        r["version"].as_str().unwrap().to_string()
+    };
+    let (v1, v2) = (begin(&a, &h1), begin(&b, &h2));
+    let ends = verdicts(&[(&a, &v1), (&b, &v2)]);
+    let promoted: Vec<&Value> = ends.iter().filter(|e| e["action"] == "promoted").collect();
+    assert_eq!(promoted.len(), 1, "exactly one wins: {ends:?}");
+    let lost = ends.iter().find(|e| e["action"] != "promoted").unwrap();
+    assert_eq!(lost["action"], "refused", "{lost}");
+    let why = lost["reason"].as_str().unwrap();
+    assert!(
+        why.contains("another replica put head") || why.contains("slot was cleared"),
+        "the loser is told: {why}"
+    );
+    let (winner, other_dir, won) = if promoted[0]["version"] == v1.as_str() {
+        (&a, &h2, v1.clone())
+    } else {
+        (&b, &h1, v2.clone())
+    };
+    answers_with(&a.base, &won);
+    answers_with(&b.base, &won);
+
+    // The winner promotes the other head; a third replica starts and adopts it, never holding `won`.
+    let next = begin(winner, other_dir);
+    assert_eq!(verdicts(&[(winner, &next)])[0]["action"], "promoted");
+    let c = start(&args);
+    answers_with(&c.base, &next);
+    // The rollback returns to `won` and publishes its folder: c loads it.
+    let r = ureq::post(&format!("{}/admin/heads/classify/rollback", winner.admin))
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for s in [&a, &b, &c] {
+        answers_with(&s.base, &won);
+    }
+    assert_ne!(won, v0);
+}
+
+/// With the Redis policy store, stored responses live in Redis: a response made on replica A is retrieved and
+/// continued on replica B, for its tenant only, and its key carries the TTL.
+#[test]
+fn a_stored_response_is_continued_on_another_replica() {
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("policy_store.url=\"redis://127.0.0.1:{port}\"");
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        common::key_sha256("key-a"),
+        common::key_sha256("key-b")
+    );
+    let args = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        &tenants,
+        "--set",
+        "responses.store=true",
+        "--set",
+        "responses.ttl_s=600",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let post = |base: &str, key: &str, body: Value| -> (u16, Value) {
+        match ureq::post(&format!("{base}/v1/responses"))
+            .set("authorization", &format!("Bearer {key}"))
+            .send_json(body)
+        {
+            Ok(r) => (r.status(), r.into_json().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let (code, first) = post(
+        &a.base,
+        "key-a",
+        json!({"model": "generate", "input": "hello there", "max_output_tokens": 8}),
+    );
+    assert_eq!(code, 200, "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    assert_eq!(first["store"], true);
+    // The write is in the background: B finds it within a moment.
+    let t = Instant::now();
+    let got = loop {
+        let r = ureq::get(&format!("{}/v1/responses/{id}", b.base))
+            .set("authorization", "Bearer key-a")
+            .call();
+        match r {
+            Ok(r) => break r.into_json::<Value>().unwrap(),
+            Err(ureq::Error::Status(404, _)) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(got["id"], id.as_str());
+    let (code, next) = post(
+        &b.base,
+        "key-a",
+        json!({"model": "generate", "input": "and again", "previous_response_id": id, "max_output_tokens": 8}),
+    );
+    assert_eq!(code, 200, "{next}");
+    assert!(
+        next["usage"]["input_tokens"].as_u64() > first["usage"]["input_tokens"].as_u64(),
+        "the continuation carries the first turn: {first} {next}"
+    );
+    let (code, v) = post(
+        &b.base,
+        "key-b",
+        json!({"model": "generate", "input": "hi", "previous_response_id": id}),
+    );
+    assert_eq!(code, 404, "another tenant's response: {v}");
+    let ttl: i64 = redis_cli(port, &["TTL", &format!("tiergate:policy:responses:{id}")])
+        .parse()
+        .unwrap();
+    assert!(ttl > 500 && ttl <= 600, "TTL {ttl}");
 }

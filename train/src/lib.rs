@@ -7,6 +7,7 @@ pub mod cache_eval;
 pub mod data;
 pub mod distill;
 pub mod eval;
+pub mod fusion;
 pub mod harvest;
 pub mod open_intent;
 pub mod risk;

@@ -377,7 +377,7 @@ fn run_hybrid(
         }
     };
     let (w, t, source) =
-        match tiergate_engine::fusion::fit_for(classifier.fusion.as_ref(), &llm, &[]) {
+        match tiergate_prefilter::heads::fit_for(classifier.fusion.as_ref(), &llm, &[]) {
             Some(f) => (f.llm_weight, f.llm_temperature, "fitted"),
             None => {
                 let (judge, _) = hybrid::judge(cfg)?;
@@ -423,12 +423,12 @@ pub struct CascadeReport {
     /// The two stages' LLMs.
     pub llms: [String; 2],
     /// Each stage's fusion (weight, temperature) and where it comes from (`fitted` or `config`).
-    pub fusions: tiergate_engine::fusion::stages::Fusions,
+    pub fusions: tiergate_train::fusion::stages::Fusions,
     pub fusion_sources: [&'static str; 2],
     /// Tier-0 alone over all rows.
     pub tier0_accuracy: f64,
     /// Per first-stage share (ascending) and second-stage θ (descending: 1 is the first stage alone).
-    pub cascade: Vec<tiergate_engine::fusion::stages::CascadePoint>,
+    pub cascade: Vec<tiergate_train::fusion::stages::CascadePoint>,
 }
 
 fn run_cascade(
@@ -442,14 +442,14 @@ fn run_cascade(
     let (judge, _) = hybrid::judge(cfg)?;
     let r = &judge.config;
     let fit = |k: usize, after: &[String]| {
-        tiergate_engine::fusion::stages::stage_fit(classifier, k, &stages[k].llm, after)
+        tiergate_train::fusion::stages::stage_fit(classifier, k, &stages[k].llm, after)
             .map_or(((r.llm_weight, r.llm_temperature), "config"), |f| {
                 ((f.llm_weight, f.llm_temperature), "fitted")
             })
     };
     let (first, s1) = fit(0, &[]);
     let (second, s2) = fit(1, std::slice::from_ref(&stages[0].llm));
-    let fusions = tiergate_engine::fusion::stages::Fusions { first, second };
+    let fusions = tiergate_train::fusion::stages::Fusions { first, second };
     let shares = [0.05, 0.1, 0.15, 0.2, 0.25, 0.3];
     let thetas: Vec<f64> = (0..=20).rev().map(|i| f64::from(i) * 0.05).collect();
     let n = stages[0].rows.len().max(1) as f64;
@@ -459,7 +459,7 @@ fn run_cascade(
         fusions,
         fusion_sources: [s1, s2],
         tier0_accuracy: stages[0].rows.iter().filter(|r| r.tier0_right()).count() as f64 / n,
-        cascade: tiergate_engine::fusion::stages::grid(
+        cascade: tiergate_train::fusion::stages::grid(
             &stages[0].rows,
             &stages[1].rows,
             fusions,

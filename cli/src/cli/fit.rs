@@ -90,7 +90,7 @@ fn fit_stage(
     let mut files = args.prior_rows.clone();
     files.extend(args.from_rows.clone());
     let stages = hybrid::read_stages(&files, cfg, classifier, rows)?;
-    let seen = tiergate_engine::fusion::stages::chain(classifier, &stages)?;
+    let seen = tiergate_train::fusion::stages::chain(classifier, &stages)?;
     let after: Vec<String> = stages[..stages.len() - 1]
         .iter()
         .map(|s| s.llm.clone())
@@ -118,7 +118,7 @@ fn report(args: &FitArgs, f: &tiergate_prefilter::heads::FittedFusion, stage: Op
     });
     println!(
         "best on the grid: weight {} temperature {}:{chosen} on the other half: fixes {} rows, breaks {} (sign test p = {:.3}; the LLM gets weight only at p <= {})",
-        f.best_weight, f.best_temperature, f.rows_fixed, f.rows_broken, f.p_value, tiergate_engine::fusion::fit::FIT_ALPHA
+        f.best_weight, f.best_temperature, f.rows_fixed, f.rows_broken, f.p_value, tiergate_train::fusion::fit::FIT_ALPHA
     );
     if f.llm_weight == 0.0 {
         println!("escalation adds no accuracy with this LLM on the dev split; θ = 1 recommended");

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use tiergate_config::{Config, RouteKind};
-use tiergate_engine::fusion::fit::fit;
-pub use tiergate_engine::fusion::fit::Row;
-use tiergate_engine::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
+use tiergate_engine::answer::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
 use tiergate_queue::{Job, Reply};
 use tiergate_train::data::Example;
+use tiergate_train::fusion::fit::fit;
+pub use tiergate_train::fusion::fit::Row;
 
 /// One θ of the grid (`--json`: `grid[]`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -79,7 +79,7 @@ pub fn grid(rows: &[Row], thetas: &[f64], w: f32, t: f32) -> Vec<GridPoint> {
     out
 }
 
-pub use tiergate_engine::fusion::stages::theta_for_share;
+pub use tiergate_train::fusion::stages::theta_for_share;
 
 /// The out-of-scope outcome of the route the offline tools measure (the first classify route), resolved
 /// against the head, with the policy's threshold override and margin: what serving would decide with.
@@ -176,7 +176,7 @@ pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier
     let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
         .with_context(|| format!("loading classifier {}", dir.display()))?;
     let (judge, prompts) = judge(config)?;
-    if tiergate_engine::judge::grounded(&judge.config, &prompts) {
+    if tiergate_engine::answer::judge::grounded(&judge.config, &prompts) {
         c.ground()?;
     }
     Ok(c)
@@ -245,7 +245,7 @@ fn run_llm(
     progress(&format!("LLM: {} rows to score", todo.len()));
     for (n, &i) in todo.iter().enumerate() {
         // Representatives exist only when the route is grounded (`ground` above), as in serving.
-        let candidates = tiergate_engine::judge::candidates(
+        let candidates = tiergate_engine::answer::judge::candidates(
             &rows[i].top,
             classifier.labels(),
             &classifier.replies,
@@ -292,10 +292,13 @@ pub fn judge(
     Ok((b.clone(), p.clone()))
 }
 
-/// The LLM's name for reports and `fusion.json` (see [`tiergate_engine::judge::llm_name`]).
+/// The LLM's name for reports and `fusion.json` (see [`tiergate_engine::answer::judge::llm_name`]).
 pub fn llm_name(config: &Config) -> anyhow::Result<String> {
     let (judge, prompts) = judge(config)?;
-    Ok(tiergate_engine::judge::llm_name(&judge.config, &prompts))
+    Ok(tiergate_engine::answer::judge::llm_name(
+        &judge.config,
+        &prompts,
+    ))
 }
 
 /// The rows files `files`, one per stage in cascade order, over `examples` (their Tier-0 rows run again here).
@@ -304,12 +307,12 @@ pub fn read_stages(
     config: &Config,
     classifier: &Classifier,
     examples: &[Example],
-) -> anyhow::Result<Vec<tiergate_engine::fusion::stages::StageRows>> {
+) -> anyhow::Result<Vec<tiergate_train::fusion::stages::StageRows>> {
     files
         .iter()
         .map(|f| {
             let (rows, llm, _) = rows_from_file(f, config, classifier, examples)?;
-            Ok(tiergate_engine::fusion::stages::StageRows { llm, rows })
+            Ok(tiergate_train::fusion::stages::StageRows { llm, rows })
         })
         .collect()
 }

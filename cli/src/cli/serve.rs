@@ -48,9 +48,17 @@ pub fn run(
         |k| std::env::var(k).ok(),
     )?;
     let telemetry = tiergate_telemetry::init(export)?;
-    // The Batch API beside the OpenAI API; its webhook key comes from the variable the config names.
+    // The Batch API, served by the server over the engine's BatchService trait; its webhook key comes from the variable the config names.
     let secret = std::env::var(&cfg.batch.webhook_secret_env).unwrap_or_default();
     let batch = tiergate_batch::BatchApi::new(&cfg.batch, secret);
+    // The durable (SQLite) ledger of decisions that feedback and audits join.
+    let ledger_store = Some(tiergate_feedback::ledger_store(&cfg)?);
+    // The Responses API's stored responses (SQLite), when `[responses] store` is on and the policy store is
+    // not Redis.
+    let responses_store = match cfg.policy_store.kind {
+        tiergate_config::StoreKind::Memory => tiergate_feedback::responses_store(&cfg)?,
+        tiergate_config::StoreKind::Redis => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -66,11 +74,11 @@ pub fn run(
         let result = tiergate_server::serve::run_with(
             cfg,
             worker_program(),
-            // The Batch API, and the durable (SQLite) ledger of decisions that feedback and audits join.
-            vec![
-                std::sync::Arc::new(batch),
-                std::sync::Arc::new(tiergate_feedback::LocalLedger),
-            ],
+            tiergate_server::serve::Wiring {
+                batches: Some(std::sync::Arc::new(batch)),
+                ledger_store,
+                responses_store,
+            },
             tiergate_server::serve::shutdown_signal(),
             Some(tx),
         )

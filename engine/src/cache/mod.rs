@@ -4,6 +4,7 @@
 //! with `semantic` — in the stage's bucket for Tier-0's top label ([`tiergate_cache`]). The store's lock is
 //! never held across an await; the shared store fails open (a miss, never an error).
 
+pub mod cached;
 pub mod scope;
 pub mod shared;
 
@@ -25,7 +26,7 @@ pub use tiergate_cache::HitKind as CacheHitKind;
 pub struct Verdict {
     /// The full key it was stored under (a shared entry is checked against it: its Redis key is a hash).
     pub key: String,
-    /// The candidates the LLM scored (label indices; "none of these" is [`crate::out_of_scope::NONE`]).
+    /// The candidates the LLM scored (label indices; "none of these" is [`crate::answer::out_of_scope::NONE`]).
     pub candidates: Vec<usize>,
     /// The LLM's score per candidate.
     pub scores: Vec<f32>,
@@ -58,12 +59,22 @@ impl Weighed for Verdict {
     }
 }
 
-/// One lookup's question: its key, its semantic bucket, the query's embedding and what the guards read.
+/// One lookup's question: its key, its semantic bucket, the query's embedding and what the guards read, and
+/// the epochs it was asked under (a verdict is kept only while they are current: a clear in between drops it).
 pub struct Probe {
     pub key: String,
     pub bucket: u64,
     pub embedding: Vec<f32>,
     pub features: Features,
+    epoch: u64,
+    shared_epoch: u64,
+}
+
+impl Probe {
+    /// The shared store's epoch it was asked under ([`AnswerCache::share`] writes only while it is current).
+    pub fn shared_epoch(&self) -> u64 {
+        self.shared_epoch
+    }
 }
 
 /// A found verdict, and how.
@@ -79,6 +90,8 @@ pub struct AnswerCache {
     guards: Guards,
     semantic: bool,
     shared: Option<shared::Shared>,
+    /// This replica's clears so far: a probe from before one is not written after it.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl AnswerCache {
@@ -102,6 +115,7 @@ impl AnswerCache {
             guards: Guards::new(&words)?,
             semantic: cfg.semantic,
             shared,
+            epoch: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -139,7 +153,17 @@ impl AnswerCache {
                 Vec::new()
             },
             features: self.guards.features(text),
+            epoch: self.epoch(),
+            shared_epoch: self.shared_epoch(),
         }
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn shared_epoch(&self) -> u64 {
+        self.shared.as_ref().map_or(0, shared::Shared::known_epoch)
     }
 
     /// The question for a written answer or generation: exact only, under `key` (the caller's fingerprint of
@@ -150,6 +174,8 @@ impl AnswerCache {
             bucket: 0,
             embedding: Vec::new(),
             features: Features::default(),
+            epoch: self.epoch(),
+            shared_epoch: self.shared_epoch(),
         }
     }
 
@@ -190,15 +216,20 @@ impl AnswerCache {
         self.shared.is_some()
     }
 
-    /// Writes a fresh verdict to the shared store (bounded by its timeout; a failure is a skipped write).
-    pub async fn share(&self, key: &str, v: &Verdict) {
+    /// Writes a fresh verdict to the shared store under the shared epoch its probe was asked under (bounded by
+    /// its timeout; a failure, or a clear since, is a skipped write).
+    pub async fn share(&self, key: &str, shared_epoch: u64, v: &Verdict) {
         if let Some(sh) = &self.shared {
-            sh.set(key, v).await;
+            sh.set(key, shared_epoch, v).await;
         }
     }
 
-    /// Stores a fresh verdict here (in its semantic bucket too, when the probe has an embedding).
+    /// Stores a fresh verdict here (in its semantic bucket too, when the probe has an embedding), unless this
+    /// replica's cache was cleared since the probe was made.
     pub fn put(&self, p: &Probe, v: Verdict) {
+        if p.epoch != self.epoch() {
+            return;
+        }
         let semantic =
             (!p.embedding.is_empty()).then(|| (p.bucket, p.embedding.clone(), p.features.clone()));
         self.with_store(|s| {
@@ -208,8 +239,11 @@ impl AnswerCache {
         });
     }
 
-    /// Drops every entry here and in the shared store's namespace: (entries dropped here, keys deleted there).
-    pub async fn clear(&self) -> (usize, Option<usize>) {
+    /// Drops every entry here (the epoch moves on first, so a verdict computed before is not kept after) and
+    /// clears the shared store ([`shared::Shared::clear`]): (entries dropped here, the shared clear — `None`
+    /// when there is no shared store, `Some(None)` when it did not answer).
+    pub async fn clear(&self) -> (usize, Option<Option<shared::Cleared>>) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let here = self
             .with_store(|s| {
                 let n = s.len();
@@ -220,10 +254,15 @@ impl AnswerCache {
             })
             .unwrap_or(0);
         let there = match &self.shared {
-            Some(sh) => sh.clear().await,
+            Some(sh) => Some(sh.clear().await),
             None => None,
         };
         (here, there)
+    }
+
+    /// The last shared clear's removal of old keys (`None`: no shared store).
+    pub fn removal(&self) -> Option<shared::Removal> {
+        self.shared.as_ref().map(shared::Shared::removal)
     }
 
     /// Entries and bytes held here.

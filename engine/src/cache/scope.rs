@@ -12,7 +12,7 @@ use tiergate_config::{Backend, Route as RouteConfig};
 use tiergate_core::fnv::Fnv;
 use tiergate_prefilter::PrefilterHandle;
 
-use crate::route::Stage;
+use crate::routing::route::Stage;
 
 /// The scope of stage `k` of route `r` (with its prefilter and head version) over the resolved `backends`.
 pub fn scope(
@@ -68,7 +68,7 @@ pub fn scope(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fusion::Fusion;
+    use crate::routing::fusion::Fusion;
 
     fn stage(weight: f32) -> Stage {
         Stage {

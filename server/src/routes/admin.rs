@@ -20,7 +20,7 @@ use tiergate_engine::state::AppState;
 fn target(
     state: &AppState,
     q: &std::collections::HashMap<String, String>,
-) -> Result<Option<Arc<tiergate_engine::policy::Policy>>, ApiError> {
+) -> Result<Option<Arc<tiergate_engine::routing::policy::Policy>>, ApiError> {
     match (q.get("route"), q.get("stage")) {
         (None, None) => Ok(None),
         (Some(r), Some(st)) => state
@@ -38,8 +38,8 @@ fn target(
     }
 }
 
-fn view(state: &AppState, stage: Option<&tiergate_engine::policy::Policy>) -> Value {
-    let policy = stage.unwrap_or(&state.policy);
+fn view(state: &AppState, stage: Option<&tiergate_engine::routing::policy::Policy>) -> Value {
+    let policy = stage.unwrap_or(&state.routing.policy);
     let p = policy.current();
     let live = policy.live_view(Instant::now());
     let mut v = serde_json::to_value(&p.cfg).unwrap_or_default();
@@ -67,6 +67,7 @@ fn view(state: &AppState, stage: Option<&tiergate_engine::policy::Policy>) -> Va
 /// Per route, the error bound's θ, its evidence, and the θ in force once the bound caps the policy's.
 fn risk_view(state: &AppState, cfg: &tiergate_config::RoutingConfig, theta_eff: f64) -> Value {
     state
+        .routing
         .routes
         .iter()
         .filter(|(_, r)| r.prefilter.is_some())
@@ -88,14 +89,14 @@ fn risk_view(state: &AppState, cfg: &tiergate_config::RoutingConfig, theta_eff: 
 /// stored version and reports it. Redis unreachable: 503, the policy in force stays; a policy there written in
 /// a newer format: 409 (this replica would drop what it does not know).
 async fn store_change(
-    policy: &tiergate_engine::policy::Policy,
-    store: &tiergate_engine::store::RedisStore,
+    policy: &tiergate_engine::routing::policy::Policy,
+    store: &tiergate_engine::routing::store::RedisStore,
     key: &str,
     expected: u64,
     cfg: RoutingConfig,
     audit: Value,
 ) -> Result<Result<(u64, u64), u64>, ApiError> {
-    use tiergate_engine::store::{Cas, Stored};
+    use tiergate_engine::routing::store::{Cas, Stored};
     let unreachable = |e: redis::RedisError| {
         ApiError::Unavailable(format!("the shared policy store is unreachable: {e}"))
     };
@@ -117,7 +118,7 @@ async fn store_change(
         Cas::Newer(f) => Err(ApiError::Conflict(format!(
             "the shared policy was written in format {f} by a newer replica; this one writes format {} \
              and would drop what it does not know: change it through an upgraded replica",
-            tiergate_engine::store::FORMAT
+            tiergate_engine::routing::store::FORMAT
         ))),
     }
 }
@@ -148,11 +149,11 @@ fn invalid_policy(e: tiergate_config::ConfigError) -> ApiError {
 
 fn with_etag(
     state: &AppState,
-    stage: Option<&tiergate_engine::policy::Policy>,
+    stage: Option<&tiergate_engine::routing::policy::Policy>,
     body: Value,
 ) -> Response {
     let mut resp = axum::Json(body).into_response();
-    let version = stage.unwrap_or(&state.policy).current().version;
+    let version = stage.unwrap_or(&state.routing.policy).current().version;
     if let Ok(v) = format!("\"{version}\"").parse() {
         resp.headers_mut().insert("etag", v);
     }
@@ -242,7 +243,7 @@ async fn change(
     // Optimistic concurrency: merge onto the version read, replace only if it is still current, and merge
     // again onto a concurrent writer's version (without If-Match) instead of losing its change.
     let change = patch.as_json().to_string();
-    let policy = stage.unwrap_or(&state.policy);
+    let policy = stage.unwrap_or(&state.routing.policy);
     let (from, to) = loop {
         let current = policy.current();
         let cfg = merged_policy(&current.cfg, &patch)?;
@@ -254,7 +255,7 @@ async fn change(
                 })?;
         }
         let expected = if_match.unwrap_or(current.version);
-        let outcome = match &state.store {
+        let outcome = match &state.routing.store {
             Some(store) => {
                 let key = match (q.get("route"), q.get("stage")) {
                     (Some(r), Some(st)) => store.stage_key(r, st),
@@ -300,7 +301,7 @@ pub async fn get_experiments(
     if let Err(e) = authorize_admin(state.admin_token(), &headers, peer) {
         return e.into_response();
     }
-    axum::Json(json!({"experiments": *state.experiments.current()})).into_response()
+    axum::Json(json!({"experiments": *state.routing.experiments.current()})).into_response()
 }
 
 /// `PUT /admin/experiments`: replaces the list (`{"experiments": [...]}`; an empty list stops them all),
@@ -320,12 +321,20 @@ pub async fn put_experiments(
         }
         let b: Body = serde_json::from_value(body.clone())
             .map_err(|e| ApiError::invalid("experiments", e.to_string()))?;
-        let routes: Vec<&str> = state.route_order.iter().map(String::as_str).collect();
+        let routes: Vec<&str> = state
+            .routing
+            .route_order
+            .iter()
+            .map(String::as_str)
+            .collect();
         tiergate_config::validate_experiments(&b.experiments, &routes, "experiments")
             .map_err(|e| ApiError::invalid("experiments", e.to_string()))?;
         tracing::info!(target: "tiergate::audit", peer = ?peer, experiments = %body, "latency experiments replaced");
-        state.experiments.replace(b.experiments);
-        Ok(axum::Json(json!({"experiments": *state.experiments.current()})).into_response())
+        state.routing.experiments.replace(b.experiments);
+        Ok(
+            axum::Json(json!({"experiments": *state.routing.experiments.current()}))
+                .into_response(),
+        )
     };
     run().unwrap_or_else(IntoResponse::into_response)
 }

@@ -16,13 +16,13 @@ use super::feedback::blocking;
 use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use tiergate_engine::ledger::{now_ms, First, Ledger};
-use tiergate_engine::record::Gold;
+use tiergate_engine::evidence::ledger::{now_ms, First, Ledger};
+use tiergate_engine::evidence::record::Gold;
 use tiergate_engine::state::AppState;
 
 fn ledger(state: &AppState, headers: &HeaderMap, peer: Peer) -> Result<Arc<Ledger>, ApiError> {
     authorize_admin(state.admin_token(), headers, peer.0)?;
-    state.ledger.clone().ok_or_else(|| {
+    state.evidence.ledger.clone().ok_or_else(|| {
         ApiError::NotFound("feedback is off on this server ([feedback] enabled)".into())
     })
 }
@@ -47,16 +47,19 @@ pub async fn list(
         };
         let route = q.get("route").cloned();
         if let Some(r) = &route {
-            if !state.routes.contains_key(r) {
+            if !state.routing.routes.contains_key(r) {
                 return Err(ApiError::UnknownModel(r.clone()));
             }
         }
         // Items about each route's head in force only (`?head=any`: every head's).
-        let heads: Option<tiergate_engine::ledger::Heads> = match q.get("head").map(String::as_str)
+        let heads: Option<tiergate_engine::evidence::ledger::Heads> = match q
+            .get("head")
+            .map(String::as_str)
         {
             Some("any") => None,
             None => Some(
                 state
+                    .routing
                     .routes
                     .iter()
                     .map(|(n, r)| (n, r.head_version.clone()))
@@ -95,7 +98,7 @@ pub async fn label(
         let item = blocking(move || store.audit(&lookup))
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("no audit item `{id}`")))?;
-        let route = state.routes.get(&item.route);
+        let route = state.routing.routes.get(&item.route);
         let route = route.as_deref();
         // A label of the route, or its out-of-scope label (the query was one no label covers).
         let known = route
@@ -116,8 +119,14 @@ pub async fn label(
         let (label, duplicate) = match first {
             First::Written(l) => (l, false),
             First::Already(l) => (l, true),
+            First::Gone => {
+                return Err(ApiError::NotFound(format!(
+                    "audit item `{}` expired before its label was written",
+                    item.id
+                )))
+            }
         };
-        if let (false, Some(rec), Some(text)) = (duplicate, &state.recorder, &item.text) {
+        if let (false, Some(rec), Some(text)) = (duplicate, &state.evidence.recorder, &item.text) {
             rec.write_gold(&Gold {
                 source: "audit",
                 route: &item.route,
@@ -150,7 +159,7 @@ pub async fn summary(
         let s = blocking(move || store.summary(now_ms())).await?;
         let agreement = state.agreement();
         // Each route's figures are of its head in force (a swap starts its evidence anew).
-        let head = |r: &str| state.routes.get(r).map(|x| x.head_version.clone());
+        let head = |r: &str| state.routing.routes.get(r).map(|x| x.head_version.clone());
         let mut routes: serde_json::Map<String, serde_json::Value> = s
             .routes
             .iter()
@@ -158,7 +167,7 @@ pub async fn summary(
             .collect();
         for (r, a) in &agreement {
             let v = routes.entry(r.clone()).or_insert_with(|| {
-                tiergate_engine::ledger::RouteSummary::default().view(head(r).as_deref())
+                tiergate_engine::evidence::ledger::RouteSummary::default().view(head(r).as_deref())
             });
             v["llm_agreement"] = a.view();
         }

@@ -13,10 +13,10 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use tiergate_engine::ledger::{now_ms, Feedback, First, Record};
-use tiergate_engine::record::Gold;
+use tiergate_engine::evidence::ledger::{now_ms, Feedback, First, Record};
+use tiergate_engine::evidence::record::Gold;
 use tiergate_engine::state::AppState;
-use tiergate_engine::tenants::TenantId;
+use tiergate_engine::tenancy::tenants::TenantId;
 
 /// The request body.
 #[derive(Debug, Deserialize)]
@@ -56,7 +56,7 @@ fn verdict(state: &AppState, rec: &Record, r: &FeedbackRequest) -> Result<bool, 
                     "this answer has no label (a written answer or a generation): send `correct`",
                 ));
             };
-            let route = state.routes.get(&rec.route);
+            let route = state.routing.routes.get(&rec.route);
             let route = route.as_deref();
             let known = route
                 .and_then(|r| r.prefilter.as_ref())
@@ -97,12 +97,12 @@ async fn give(
     tenant: Option<TenantId>,
     req: FeedbackRequest,
 ) -> Result<Response, ApiError> {
-    let ledger = state.ledger.clone().ok_or_else(|| {
+    let ledger = state.evidence.ledger.clone().ok_or_else(|| {
         ApiError::NotFound("feedback is off on this server ([feedback] enabled)".into())
     })?;
     let key = key_of(&req)?;
     let tenant = tenant.unwrap_or_else(TenantId::anonymous);
-    let rec = lookup(&ledger, &key).await?;
+    let rec = lookup(&ledger, &key, &tenant).await?;
     let missing = || {
         ApiError::NotFound(format!(
             "no answer `{key}` of this key within the feedback window ({} s)",
@@ -129,6 +129,8 @@ async fn give(
     let (stored, duplicate) = match first {
         First::Written(f) => (f, false),
         First::Already(f) => (f, true),
+        // Expired (or swept) between the lookup and the write: as missing as if it had never been.
+        First::Gone => return Err(missing()),
     };
     if !duplicate {
         harvest(state, &rec, &stored);
@@ -151,7 +153,7 @@ async fn give(
 /// distill` (with `server.record_escalations`).
 fn harvest(state: &AppState, rec: &Record, fb: &Feedback) {
     if let (true, Some(r), Some(text), Some(label)) =
-        (fb.trusted, &state.recorder, &rec.text, &fb.label)
+        (fb.trusted, &state.evidence.recorder, &rec.text, &fb.label)
     {
         r.write_gold(&Gold {
             source: "feedback",
@@ -165,28 +167,37 @@ fn harvest(state: &AppState, rec: &Record, fb: &Feedback) {
     }
 }
 
-/// The record of `key`. An answer a moment old may not be written yet (its replica's writer batches for up to
-/// 20 ms, and that replica may be another one): look again for up to 250 ms before saying it is not there.
+/// How long after its answer a record may still be on its way to the store: a replica's writer gathers for
+/// up to [`tiergate_engine::evidence::ledger::GATHER`] and then writes (to Redis, for another replica).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(60);
+
+/// The record of `key` when `tenant` owns it, looked up once, after this replica's writer has stored what it was handed before now
+/// and, for an answer younger than [`SETTLE`] (its age is in its id), once that age has passed — so that an
+/// unknown id, another tenant's id and one's own take the same path in the same time, whether the record
+/// exists or not.
 async fn lookup(
-    ledger: &tiergate_engine::ledger::Ledger,
+    ledger: &tiergate_engine::evidence::ledger::Ledger,
     key: &str,
+    tenant: &TenantId,
 ) -> Result<Option<Record>, ApiError> {
-    for attempt in 0..6 {
-        if attempt > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        let store = ledger.store();
-        let k = key.to_string();
-        if let Some(r) = blocking(move || store.decision(&k, now_ms())).await? {
-            return Ok(Some(r));
+    ledger.written(SETTLE).await;
+    if let Some(born) = crate::validate::born_ms(key) {
+        let ready = born.saturating_add(SETTLE.as_millis() as u64);
+        let wait = ready
+            .saturating_sub(now_ms())
+            .min(SETTLE.as_millis() as u64);
+        if wait > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
     }
-    Ok(None)
+    let store = ledger.store();
+    let (k, t) = (key.to_string(), tenant.0.clone());
+    blocking(move || store.decision_of(&k, &t, now_ms())).await
 }
 
 /// Runs a store call off the async runtime; a store failure is 503.
 pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, tiergate_engine::ledger::StoreError> + Send + 'static,
+    f: impl FnOnce() -> Result<T, tiergate_engine::evidence::ledger::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await

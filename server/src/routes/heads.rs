@@ -1,4 +1,4 @@
-//! `/admin/heads`: a checked live head swap ([`tiergate_engine::heads`]). `POST /admin/heads/{route}` with
+//! `/admin/heads`: a checked live head swap ([`tiergate_engine::routing::heads`]). `POST /admin/heads/{route}` with
 //! `{"dir": …}` loads a trained head beside the one in force and shadows it on live traffic; it is promoted
 //! only if its checks pass. `POST /admin/heads/{route}/rollback` puts the replaced head back; `GET
 //! /admin/heads` shows each route's head, its shadow and the history.
@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use tiergate_engine::heads::{StartError, StartRequest};
+use tiergate_engine::routing::heads::{Holdout, StartError, StartRequest, MAX_SHADOW_REQUESTS};
 use tiergate_engine::state::AppState;
 
 /// `GET /admin/heads`.
@@ -22,22 +22,34 @@ pub async fn list(State(state): State<Arc<AppState>>, peer: Peer, headers: Heade
         return e.into_response();
     }
     let routes: Vec<serde_json::Value> = state
+        .routing
         .route_order
         .iter()
-        .filter_map(|n| state.routes.get(n))
+        .filter_map(|n| state.routing.routes.get(n))
         .filter(|r| r.prefilter.is_some())
         .map(|r| {
-            json!({"route": r.name, "version": r.head_version, "dir": state.heads.dir_of(&r.name),
-                "fusion_source": r.fusion.source, "can_roll_back": state.heads.can_roll_back(&r.name),
-                "shadow": state.heads.shadow_of(&r.name).map(|s| s.view())})
+            json!({"route": r.name, "version": r.head_version, "dir": state.routing.heads.dir_of(&r.name),
+                "fusion_source": r.fusion.source, "can_roll_back": state.routing.heads.can_roll_back(&r.name),
+                "shadow": state.routing.heads.shadow_of(&r.name).map(|s| s.view())})
         })
         .collect();
-    axum::Json(json!({"object": "list", "data": routes, "history": state.heads.history()}))
+    axum::Json(json!({"object": "list", "data": routes, "history": state.routing.heads.history()}))
         .into_response()
 }
 
+/// The HTTP error of a head swap's refusal.
+fn refused(e: StartError, param: &'static str) -> ApiError {
+    match e {
+        StartError::Invalid(m) => ApiError::invalid(param, m),
+        StartError::Conflict(m) => ApiError::Conflict(m),
+        StartError::Unavailable(m) => ApiError::Unavailable(m),
+    }
+}
+
 /// `POST /admin/heads/{route}`: the head in `dir` goes into shadow (202); 400 for a folder that is not a head
-/// of this route's labels, 409 while another shadow runs or when it is the head in force.
+/// of this route's labels, `requests` out of 1–[`MAX_SHADOW_REQUESTS`] or a holdout over its bounds (checked
+/// before a row is classified), 409 while another shadow runs or another start loads its head (refused before
+/// this one loads), or when it is the head in force.
 pub async fn start(
     State(state): State<Arc<AppState>>,
     peer: Peer,
@@ -48,6 +60,7 @@ pub async fn start(
     let run = async {
         authorize_admin(state.admin_token(), &headers, peer.0)?;
         let current = state
+            .routing
             .routes
             .get(&route)
             .ok_or_else(|| ApiError::NotFound(format!("no route `{route}`")))?;
@@ -55,6 +68,15 @@ pub async fn start(
             return Err(ApiError::invalid(
                 "route",
                 format!("route `{route}` generates: it has no head"),
+            ));
+        }
+        if req
+            .requests
+            .is_some_and(|n| !(1..=MAX_SHADOW_REQUESTS).contains(&n))
+        {
+            return Err(ApiError::invalid(
+                "requests",
+                format!("must be 1–{MAX_SHADOW_REQUESTS}"),
             ));
         }
         if !req.dir.join("head.json").is_file() {
@@ -66,26 +88,30 @@ pub async fn start(
                 ),
             ));
         }
-        if let Some(h) = &req.holdout {
-            if !h.is_file() {
-                return Err(ApiError::invalid(
-                    "holdout",
-                    format!("{}: no such file", h.display()),
-                ));
-            }
-        }
+        let _claim = state
+            .routing
+            .heads
+            .claim(&route)
+            .map_err(|e| refused(e, "dir"))?;
+        let holdout = match req.holdout.clone() {
+            Some(h) => Some(
+                tokio::task::spawn_blocking(move || Holdout::read(&h))
+                    .await
+                    .map_err(|e| ApiError::Internal(e.to_string()))?
+                    .map_err(|m| ApiError::invalid("holdout", m))?,
+            ),
+            None => None,
+        };
         let (st, name, dir) = (state.clone(), route.clone(), req.dir.clone());
         let candidate = tokio::task::spawn_blocking(move || st.candidate_route(&name, &dir))
             .await
             .map_err(|e| ApiError::Internal(e.to_string()))?
             .map_err(|e| ApiError::invalid("dir", format!("{}: {e:#}", req.dir.display())))?;
         let shadow = state
+            .routing
             .heads
-            .begin(&state, candidate, &req)
-            .map_err(|e| match e {
-                StartError::Invalid(m) => ApiError::invalid("dir", m),
-                StartError::Conflict(m) => ApiError::Conflict(m),
-            })?;
+            .begin(&state, candidate, &req, holdout)
+            .map_err(|e| refused(e, "dir"))?;
         let mut body = shadow.view();
         body["object"] = json!("head.shadow");
         body["route"] = json!(route);
@@ -95,24 +121,24 @@ pub async fn start(
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `POST /admin/heads/{route}/rollback`: the head the last swap replaced goes back in force (409 when there is
-/// none).
+/// `POST /admin/heads/{route}/rollback`: the head the last swap replaced goes back in force, here and in the
+/// shared record with its folder (409 when there is none, or when another replica changed the head first; 503
+/// when the shared store does not answer — nothing changed).
 pub async fn rollback(
     State(state): State<Arc<AppState>>,
     peer: Peer,
     headers: HeaderMap,
     Path(route): Path<String>,
 ) -> Response {
-    let run = || {
+    let run = async {
         authorize_admin(state.admin_token(), &headers, peer.0)?;
-        if !state.routes.contains_key(&route) {
+        if !state.routing.routes.contains_key(&route) {
             return Err(ApiError::NotFound(format!("no route `{route}`")));
         }
-        let (version, replaced) = state.heads.roll_back(&state, &route).ok_or_else(|| {
-            ApiError::Conflict(format!(
-                "route `{route}` has no replaced head to roll back to"
-            ))
-        })?;
+        let (version, replaced) =
+            tiergate_engine::routing::head_swap::roll_back_shared(&state, &route)
+                .await
+                .map_err(|e| refused(e, "route"))?;
         Ok::<_, ApiError>(
             axum::Json(
                 json!({"object": "head.rollback", "route": route, "version": version,
@@ -121,5 +147,5 @@ pub async fn rollback(
             .into_response(),
         )
     };
-    run().unwrap_or_else(IntoResponse::into_response)
+    run.await.unwrap_or_else(IntoResponse::into_response)
 }

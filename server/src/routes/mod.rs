@@ -2,13 +2,16 @@
 
 pub mod admin;
 pub mod audits;
+pub mod batches;
 pub mod cache;
 pub mod chat;
-mod escalate;
 pub mod feedback;
 pub mod heads;
+pub mod in_process;
+pub mod messages;
 pub mod ops;
 mod respond;
+pub mod responses;
 
 use std::sync::Arc;
 
@@ -20,46 +23,57 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::error::ApiError;
+use tiergate_engine::batch::BatchService;
 use tiergate_engine::state::AppState;
 
-/// The public router: the OpenAI API behind the admission limit (bodies read in full, within a total deadline,
-/// before a permit is taken), and the probes and metrics outside it (a liveness probe never gets 429).
+/// The public router: the OpenAI API (bodies read in full, within a total deadline, before the engine admits a
+/// request), and the probes and metrics (a liveness probe never gets 429).
 pub fn router(state: Arc<AppState>) -> Router {
-    router_with(state, &[])
+    router_with(state, None, None)
 }
 
-/// The public router with the routes of `products` beside the OpenAI API.
-pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Product>]) -> Router {
+/// The public router with the Batch API's routes beside the OpenAI API when a service is wired in, and the
+/// durable store of the Responses API the binary hands over (`None`: in memory, or Redis).
+pub fn router_with(
+    state: Arc<AppState>,
+    batches: Option<&Arc<dyn BatchService>>,
+    responses_store: Option<Arc<dyn tiergate_engine::answer::stored::ResponseStore>>,
+) -> Router {
+    // The Responses API's store (`[responses] store`); one that cannot be opened leaves it off, said once.
+    let stored: responses::Store = tiergate_engine::answer::stored::open(
+        &state.config,
+        responses_store,
+    )
+    .unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the Responses store is unavailable: responses are not kept");
+        None
+    });
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/models", get(ops::models))
-        .route("/v1/feedback", post(feedback::feedback))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            admission,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            authenticate,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            read_body,
-        ))
-        .layer(axum::middleware::from_fn(crate::trace::request));
-    let products = products.iter().fold(Router::new(), |r, p| {
-        r.merge(
-            p.routes()
-                .layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    authenticate,
-                ))
-                .layer(axum::middleware::from_fn(crate::trace::request)),
-        )
+        .route("/v1/feedback", post(feedback::feedback));
+    let api = api_layers(api, &state).layer(axum::Extension(stored));
+    // Anthropic's door: the same layers, and every error leaving it (auth, limits, the body, the handler)
+    // reshaped into Anthropic's error shape.
+    let messages = api_layers(
+        Router::new().route("/v1/messages", post(messages::messages)),
+        &state,
+    )
+    .layer(axum::middleware::map_response(crate::anthropic::reshape));
+    let batch_api = batches.map_or_else(Router::new, |b| {
+        batches::routes(b.clone())
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                authenticate,
+            ))
+            .layer(axum::middleware::from_fn(crate::trace::request))
     });
     let public = Router::new()
         .merge(api)
-        .merge(products)
+        .merge(messages)
+        .merge(batch_api)
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
@@ -70,6 +84,20 @@ pub fn router_with(state: Arc<AppState>, products: &[Arc<dyn crate::product::Pro
             lame_duck,
         ));
     outer_layers(public, state)
+}
+
+/// What every API route goes through: the tenant's key and rate, the body's limits and time, the trace.
+fn api_layers(router: Router<Arc<AppState>>, state: &Arc<AppState>) -> Router<Arc<AppState>> {
+    router
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            read_body,
+        ))
+        .layer(axum::middleware::from_fn(crate::trace::request))
 }
 
 /// What both listeners do to every request: the head limits, the request id, the body limit.
@@ -112,17 +140,12 @@ async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: N
 /// The admin router, served on its own listener (`server.admin_listen`, loopback by default): the live policy
 /// and the effective config.
 pub fn admin_router(state: Arc<AppState>) -> Router {
-    admin_router_with(state, &[])
+    admin_router_with(state, None)
 }
 
-/// The admin router with the admin routes of `products`.
-pub fn admin_router_with(
-    state: Arc<AppState>,
-    products: &[Arc<dyn crate::product::Product>],
-) -> Router {
-    let products = products
-        .iter()
-        .fold(Router::new(), |r, p| r.merge(p.admin_routes()));
+/// The admin router with the Batch API's admin route when a service is wired in.
+pub fn admin_router_with(state: Arc<AppState>, batches: Option<&Arc<dyn BatchService>>) -> Router {
+    let batch_admin = batches.map_or_else(Router::new, |b| batches::admin_routes(b.clone()));
     let admin = Router::new()
         .route(
             "/admin/routing",
@@ -147,7 +170,7 @@ pub fn admin_router_with(
         .route("/admin/console", get(crate::console::data))
         .route("/console", get(crate::console::page))
         .route("/health", get(ops::health))
-        .merge(products)
+        .merge(batch_admin)
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
@@ -189,51 +212,6 @@ async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
             deadline.as_millis()
         ))
         .into_response(),
-    }
-}
-
-/// The one admission point: every API request takes a permit or gets 429. The permit lives as long as the
-/// response body, so a streamed (SSE) answer counts against the limit until its last byte or its client's
-/// disconnect.
-async fn admission(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Ok(permit) = state.admission.clone().try_acquire_owned() else {
-        return ApiError::Overloaded {
-            message: "server at its in-flight limit; retry shortly".into(),
-            retry_after_s: 1,
-        }
-        .into_response();
-    };
-    next.run(req).await.map(|body| {
-        axum::body::Body::new(Held {
-            body,
-            _permit: permit,
-        })
-    })
-}
-
-/// A response body that holds an admission permit until it is finished or dropped.
-struct Held {
-    body: axum::body::Body,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl http_body::Body for Held {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 
@@ -291,7 +269,7 @@ pub async fn authenticate(
 ) -> Response {
     if req
         .extensions()
-        .get::<tiergate_engine::tenants::TenantId>()
+        .get::<tiergate_engine::tenancy::tenants::TenantId>()
         .is_none()
     {
         match crate::adapt::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
@@ -300,7 +278,7 @@ pub async fn authenticate(
             }
             Ok(None) => {
                 req.extensions_mut()
-                    .insert(tiergate_engine::tenants::TenantId::anonymous());
+                    .insert(tiergate_engine::tenancy::tenants::TenantId::anonymous());
             }
             Err(e) => return e.into_response(),
         }

@@ -15,12 +15,13 @@ use tiergate_engine::state::AppState;
 /// `GET /v1/models`: the routes.
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     // When the routes were loaded (the server's start), as Unix seconds.
-    let created =
-        tiergate_engine::util::unix_now_s().saturating_sub(state.started.elapsed().as_secs());
+    let created = tiergate_engine::load::utilization::unix_now_s()
+        .saturating_sub(state.started.elapsed().as_secs());
     let data: Vec<_> = state
+        .routing
         .route_order
         .iter()
-        .filter_map(|n| state.routes.get(n))
+        .filter_map(|n| state.routing.routes.get(n))
         .map(|r| {
             let kind = match r.kind {
                 RouteKind::Classify => "classify",
@@ -44,16 +45,21 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 /// Updates the gauges that are sampled rather than counted.
 pub fn refresh_gauges(state: &AppState) {
-    let view = state.policy.live_view(Instant::now());
+    let view = state.routing.policy.live_view(Instant::now());
     metrics::gauge!(m::THETA_EFF).set(view.theta_eff);
     metrics::gauge!(m::UTILIZATION).set(view.utilization);
     metrics::gauge!(m::ESCALATION_SHARE).set(view.escalated_share_60s);
-    let policy = state.policy.current();
+    let policy = state.routing.policy.current();
     metrics::gauge!(m::POLICY_VERSION).set(policy.version as f64);
-    if let Some(ledger) = &state.ledger {
+    if let Some(ledger) = &state.evidence.ledger {
         ledger_gauges(state, &ledger.summary());
     }
-    for (name, route) in state.routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
+    for (name, route) in state
+        .routing
+        .routes
+        .iter()
+        .filter(|(_, r)| r.prefilter.is_some())
+    {
         let view = route.risk.view(&policy.cfg);
         let broken = view.as_ref().is_some_and(|v| v.theta_audits.is_some());
         metrics::gauge!(m::RISK_AUDIT_BREACH, "route" => name.clone())
@@ -65,15 +71,10 @@ pub fn refresh_gauges(state: &AppState) {
             metrics::gauge!(m::RISK_UPPER_BOUND, "route" => name.clone()).set(v.upper_bound);
         }
     }
-    for (_, llm) in state.backends() {
+    for (_, llm) in state.llms() {
         metrics::gauge!(m::QUEUE_DEPTH, "backend" => llm.name.clone())
             .set(llm.client.in_flight() as f64);
-        let seg = llm.client.segment();
-        let waiting = (0..seg.slots())
-            .filter_map(|i| seg.slot(i))
-            .filter(|s| tiergate_queue::slot::load(s).1 == tiergate_queue::layout::state::READY)
-            .count();
-        metrics::gauge!(m::QUEUE_WAITING, "backend" => llm.name.clone()).set(waiting as f64);
+        metrics::gauge!(m::QUEUE_WAITING, "backend" => llm.name.clone()).set(llm.waiting() as f64);
         metrics::counter!(m::WORKER_RESTARTS, "backend" => llm.name.clone()).absolute(
             llm.supervisor
                 .stats
@@ -106,11 +107,11 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
             "ready": ok,
             "draining": draining,
             // A replica without its shared store keeps serving its last policy (still ready), and says so.
-            "policy_store": state.store.as_ref().map(|s| if s.is_up() { "reachable" } else { "unreachable: serving the last policy" }),
+            "policy_store": state.routing.store.as_ref().map(|s| if s.is_up() { "reachable" } else { "unreachable: serving the last policy" }),
             "prefilter": true,
             "live_workers": live,
             "unserved_routes": unserved,
-            "backends": state.backends().map(|(_, l)| json!({"name": l.name, "live_workers": l.client.live_workers()})).collect::<Vec<_>>(),
+            "backends": state.llms().map(|(_, l)| json!({"name": l.name, "live_workers": l.client.live_workers()})).collect::<Vec<_>>(),
         })),
     )
         .into_response()
@@ -128,9 +129,10 @@ pub async fn info(
     }
     let cfg = tiergate_config::redact::redacted(&state.config);
     let fusion: serde_json::Map<String, serde_json::Value> = state
+        .routing
         .route_order
         .iter()
-        .filter_map(|n| state.routes.get(n))
+        .filter_map(|n| state.routing.routes.get(n))
         .filter(|r| r.prefilter.is_some())
         .map(|r| {
             (
@@ -140,9 +142,10 @@ pub async fn info(
         })
         .collect();
     let stages: serde_json::Map<String, serde_json::Value> = state
+        .routing
         .route_order
         .iter()
-        .filter_map(|n| state.routes.get(n))
+        .filter_map(|n| state.routing.routes.get(n))
         .map(|r| {
             let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
             (r.name.clone(), json!(names))
@@ -150,9 +153,10 @@ pub async fn info(
         .collect();
     // Each stage's fusion per alternative backend (where its values come from: a fit or the config).
     let stage_fusion: serde_json::Map<String, serde_json::Value> = state
+        .routing
         .route_order
         .iter()
-        .filter_map(|n| state.routes.get(n))
+        .filter_map(|n| state.routing.routes.get(n))
         .filter(|r| r.prefilter.is_some())
         .map(|r| {
             let per_stage: Vec<serde_json::Value> = r
@@ -173,34 +177,41 @@ pub async fn info(
         .collect();
     // Each classified route's head in force (a live swap's, with its folder) and the one in shadow.
     let heads: serde_json::Map<String, serde_json::Value> = state
+        .routing
         .route_order
         .iter()
-        .filter_map(|n| state.routes.get(n))
+        .filter_map(|n| state.routing.routes.get(n))
         .filter(|r| r.prefilter.is_some())
         .map(|r| {
-            let shadow = state.heads.shadow_of(&r.name).map(|s| s.candidate.head_version.clone());
-            (r.name.clone(), json!({"version": r.head_version, "dir": state.heads.dir_of(&r.name), "shadow": shadow}))
+            let shadow = state.routing.heads.shadow_of(&r.name).map(|s| s.candidate.head_version.clone());
+            (r.name.clone(), json!({"version": r.head_version, "dir": state.routing.heads.dir_of(&r.name), "shadow": shadow}))
         })
         .collect();
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "config": cfg, "live_workers": state.live_workers(),
                       "heads": heads,
-                      "segment": state.llm.as_ref().map(|l| l.segment.clone()),
-                      "segments": state.backends().map(|(_, l)| l.segment.clone()).collect::<Vec<_>>(), "fusion": fusion,
-                      "backends": state.backend_names, "stages": stages,
+                      "segment": state.default_llm().map(|l| l.segment.clone()),
+                      "segments": state.llms().map(|(_, l)| l.segment.clone()).collect::<Vec<_>>(), "fusion": fusion,
+                      "backends": state.backends.iter().map(|b| &b.name).collect::<Vec<_>>(), "stages": stages,
                       "stage_fusion": stage_fusion}))
         .into_response()
 }
 
 /// The ledger's gauges, of each route's head in force: silent error with its interval, audits, feedback
 /// accuracy (trusted feedback).
-fn ledger_gauges(state: &AppState, s: &tiergate_engine::ledger::Summary) {
+fn ledger_gauges(state: &AppState, s: &tiergate_engine::evidence::ledger::Summary) {
     for (route, r) in &s.routes {
-        let head = state.routes.get(route).map(|x| x.head_version.clone());
+        let head = state
+            .routing
+            .routes
+            .get(route)
+            .map(|x| x.head_version.clone());
         let head = head.as_deref();
         metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "pending")
             .set(r.pending_of(head) as f64);
-        metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "labelled")
-            .set(r.audits(head, tiergate_engine::ledger::summary::TIER0).n as f64);
+        metrics::gauge!(m::AUDITS, "route" => route.clone(), "state" => "labelled").set(
+            r.audits(head, tiergate_engine::evidence::ledger::summary::TIER0)
+                .n as f64,
+        );
         if let Some(e) = r.silent_error(head) {
             for (bound, v) in [
                 ("estimate", e.estimate),

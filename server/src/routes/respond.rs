@@ -1,336 +1,373 @@
-//! Respond: every chat response is built here from the validated request, what became of it ([`Meta`], the
-//! [`Outcome`]) and its timings — one-piece answers as JSON or a short SSE stream, LLM generations streamed or
-//! collected, the headers that tell the client which tier answered.
+//! The Chat Completions rendering of an engine [`Answer`]: a label or a one-piece text as JSON or a short SSE
+//! stream, a generation streamed as chunks or collected into one body, and the headers that say which tier
+//! answered (read off the [`Outcome`]). The response body holds the request's admission permit to its last
+//! byte.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tiergate_queue::{Event, QueueError, Reply};
 
 use crate::error::ApiError;
-use crate::openai::{Logprobs, Usage};
+use crate::openai::{Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::ValidChat;
+use tiergate_config::RouteKind;
 use tiergate_core::outcome::header;
-use tiergate_engine::cascade::Meta;
-use tiergate_engine::metrics as m;
+use tiergate_engine::answer::outcome::Outcome;
+use tiergate_engine::answer::{Admitted, Answer, Body, Delta, Generation, Labelled, Tokens};
 use tiergate_engine::state::AppState;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
-pub(super) fn apply_headers(resp: &mut Response, state: &AppState, meta: &Meta) {
+/// The response to `v` for the engine's answer.
+pub(super) async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Response {
+    let Answer {
+        body,
+        mut outcome,
+        admitted,
+    } = a;
+    let resp = match body {
+        Body::Label(l) if v.stream => {
+            let (content, logprobs) = label_content(v, &outcome, &l);
+            sse_one_piece(v, content, logprobs, Usage::new(l.prompt_tokens, 1))
+        }
+        Body::Text { text, tokens } if v.stream => sse_one_piece(v, text, None, usage(tokens)),
+        Body::Stream(g) if v.stream => stream(v, *g),
+        body => match completion(v, body, &mut outcome).await {
+            Ok(json) => axum::Json(json).into_response(),
+            Err(e) => return e.into_response(),
+        },
+    };
+    let mut resp = hold(resp, admitted);
+    apply_headers(&mut resp, state, &outcome);
+    resp
+}
+
+/// The answer as one `chat.completion` (a generation collected; its time goes into the outcome's model
+/// time).
+pub(super) async fn completion(
+    v: &ValidChat,
+    body: Body,
+    o: &mut Outcome,
+) -> Result<Value, ApiError> {
+    let (content, logprobs, finish, usage) = match body {
+        Body::Label(l) => {
+            let (content, logprobs) = label_content(v, o, &l);
+            (content, logprobs, "stop", Usage::new(l.prompt_tokens, 1))
+        }
+        Body::Text { text, tokens } => (text, None, "stop", usage(tokens)),
+        Body::Stream(g) => {
+            let (text, finish, tokens) = collect(*g, o).await?;
+            (text, None, finish.as_str(), usage(tokens))
+        }
+    };
+    let c = Chunks::of(v);
+    Ok(json!({
+        "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "logprobs": logprobs, "finish_reason": finish}],
+        "usage": usage,
+    }))
+}
+
+fn usage(t: Tokens) -> Usage {
+    Usage::new(t.prompt, t.completion)
+}
+
+/// `resp` as another door renders it: holding the admission permit to its last byte, with the outcome's
+/// headers.
+pub(super) fn finish(
+    resp: Response,
+    state: &AppState,
+    outcome: &Outcome,
+    admitted: Admitted,
+) -> Response {
+    let mut resp = hold(resp, admitted);
+    apply_headers(&mut resp, state, outcome);
+    resp
+}
+
+/// A generation's whole text, why it ended and its tokens, for another door.
+pub(super) async fn collected(
+    g: Generation,
+    o: &mut Outcome,
+) -> Result<(String, tiergate_engine::answer::Finish, Tokens), ApiError> {
+    collect(g, o).await
+}
+
+/// A label answer's text as the chat door gives it (the label, an answer route's reply, or the JSON label
+/// object).
+pub(super) fn label_text(v: &ValidChat, o: &Outcome, l: &Labelled) -> String {
+    label_content(v, o, l).0
+}
+
+/// The response body, holding the admission permit until it is finished or dropped.
+fn hold(resp: Response, admitted: Admitted) -> Response {
+    resp.map(|body| {
+        axum::body::Body::new(Held {
+            body,
+            _admitted: admitted,
+        })
+    })
+}
+
+/// A response body that holds an admission permit until it is finished or dropped.
+struct Held {
+    body: axum::body::Body,
+    _admitted: Admitted,
+}
+
+impl http_body::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The headers that say how the request was answered, and its `Server-Timing`.
+fn apply_headers(resp: &mut Response, state: &AppState, o: &Outcome) {
     let h = resp.headers_mut();
-    let mut put = |k: &'static str, v: String| {
+    for (k, v) in outcome_headers(state, o) {
         if let Ok(v) = HeaderValue::from_str(&v) {
             h.insert(k, v);
         }
-    };
-    put(header::TIER, meta.tier.as_str().to_string());
-    if let Some(c) = meta.confidence {
-        put(header::CONFIDENCE, format!("{c:.4}"));
     }
-    if let Some(t) = meta.threshold {
-        put(header::THRESHOLD, format!("{t:.4}"));
-    }
-    put(
-        "x-tiergate-policy-version",
-        state.policy.current().version.to_string(),
-    );
-    if let Some(v) = &meta.head {
-        put(header::HEAD_VERSION, v.clone());
-    }
-    if let Some(d) = meta.degraded {
-        put(header::DEGRADED, d.as_str().to_string());
-    }
-    if let Some(st) = &meta.stage {
-        put(header::STAGE, st.clone());
-    }
-    if let Some(b) = &meta.backend {
-        put(header::BACKEND, b.clone());
-    }
-    if let Some(c) = &meta.cache {
-        put(header::CACHE, c.kind.as_str().to_string());
-        put(header::CACHE_SIMILARITY, format!("{:.4}", c.similarity));
-    }
-    if let Some(s) = meta.oos_score {
-        put(header::OOS_SCORE, format!("{s:.4}"));
-    }
-    if meta.out_of_scope {
-        put(header::OUT_OF_SCOPE, "1".to_string());
-    }
-    put(
-        "server-timing",
-        format!(
-            "prefilter;dur={:.3}, infer;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}, model;dur={:.3}",
-            meta.prefilter_ms,
-            meta.infer_ms,
-            meta.queue_ms,
-            meta.rerank_ms,
-            meta.model_ms()
-        ),
-    );
 }
 
-/// A one-piece answer (Tier-0, reranked): JSON, or a short SSE stream.
-pub(super) fn respond_text(
-    state: &AppState,
+/// The headers an answer carries: which tier answered, θ, the head, why it degraded, the stage, backend and
+/// cache, the brownout step, and its `Server-Timing`.
+pub(super) fn outcome_headers(state: &AppState, o: &Outcome) -> Vec<(&'static str, String)> {
+    let mut h = vec![(header::TIER, o.tier.as_str().to_string())];
+    let mut put = |k: &'static str, v: Option<String>| h.extend(v.map(|v| (k, v)));
+    put(header::CONFIDENCE, o.confidence.map(|c| format!("{c:.4}")));
+    put(header::THRESHOLD, o.threshold.map(|t| format!("{t:.4}")));
+    let policy = state.routing.policy.current().version.to_string();
+    put("x-tiergate-policy-version", Some(policy));
+    put(header::HEAD_VERSION, o.head.clone());
+    put(header::DEGRADED, o.degraded.map(|d| d.as_str().to_string()));
+    put(header::STAGE, o.stage.clone());
+    put(header::BACKEND, o.backend.clone());
+    put(header::CACHE, o.cache.map(|c| c.kind.as_str().to_string()));
+    put(
+        header::CACHE_SIMILARITY,
+        o.cache.map(|c| format!("{:.4}", c.similarity)),
+    );
+    put(header::OOS_SCORE, o.oos_score.map(|s| format!("{s:.4}")));
+    put(
+        header::OUT_OF_SCOPE,
+        o.out_of_scope.then(|| "1".to_string()),
+    );
+    let t = &o.timings;
+    let timing = format!(
+        "prefilter;dur={:.3}, infer;dur={:.3}, queue;dur={:.3}, rerank;dur={:.3}, model;dur={:.3}",
+        t.prefilter_ms,
+        t.infer_ms,
+        t.queue_ms,
+        t.rerank_ms,
+        t.model_ms()
+    );
+    put("server-timing", Some(timing));
+    let brownout = o.brownout != tiergate_engine::load::brownout::Step::Normal;
+    put(
+        header::BROWNOUT,
+        brownout.then(|| o.brownout.as_str().to_string()),
+    );
+    h
+}
+
+/// A label answer's content: the JSON label object (`response_format`), an answer route's reply, or the
+/// label; and its logprobs when asked.
+fn label_content(v: &ValidChat, o: &Outcome, l: &Labelled) -> (String, Option<Logprobs>) {
+    let content = if v.json_object {
+        json!({
+            "label": l.label,
+            "confidence": l.p,
+            "tier": o.tier.as_str(),
+            "out_of_scope": o.out_of_scope,
+            "candidates": l.candidates.iter().map(|(n, p)| json!({"label": n, "p": p})).collect::<Vec<_>>(),
+        })
+        .to_string()
+    } else if v.kind == RouteKind::Answer {
+        l.reply.clone().unwrap_or_else(|| l.label.clone())
+    } else {
+        l.label.clone()
+    };
+    (
+        content,
+        v.logprobs.then(|| label_logprobs(l, v.top_logprobs)),
+    )
+}
+
+fn label_logprobs(l: &Labelled, k: usize) -> Logprobs {
+    let ln = |p: f32| f64::from(p.max(1e-12)).ln();
+    let alts = if l.candidates.len() >= k {
+        &l.candidates
+    } else {
+        &l.tier0_top
+    };
+    Logprobs {
+        content: vec![TokenLogprob {
+            token: l.label.clone(),
+            logprob: ln(l.p),
+            bytes: Some(l.label.as_bytes().to_vec()),
+            top_logprobs: alts
+                .iter()
+                .take(k)
+                .map(|(name, p)| TopLogprob {
+                    token: name.clone(),
+                    logprob: ln(*p),
+                    bytes: Some(name.as_bytes().to_vec()),
+                })
+                .collect(),
+        }],
+    }
+}
+
+/// A one-piece answer as a short SSE stream.
+fn sse_one_piece(
     v: &ValidChat,
     content: String,
     logprobs: Option<Logprobs>,
     usage: Usage,
-    meta: Meta,
 ) -> Response {
-    let id = v.id.clone();
-    let created = tiergate_engine::util::unix_now_s();
-    let mut resp = if v.stream {
-        let mut events = vec![
-            chunk(
-                &id,
-                created,
-                &v.route,
-                json!({"role": "assistant", "content": ""}),
-                None,
-                None,
-            ),
-            chunk(
-                &id,
-                created,
-                &v.route,
-                json!({"content": content}),
-                None,
-                logprobs.as_ref(),
-            ),
-            chunk(&id, created, &v.route, json!({}), Some("stop"), None),
-        ];
-        if v.include_usage {
-            events.push(usage_chunk(&id, created, &v.route, &usage));
-        }
-        events.push(SseEvent::default().data("[DONE]"));
-        let stream = futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>));
-        Sse::new(stream).into_response()
-    } else {
-        axum::Json(json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": v.route,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "logprobs": logprobs, "finish_reason": "stop"}],
-            "usage": usage,
-        }))
-        .into_response()
-    };
-    apply_headers(&mut resp, state, &meta);
-    resp
-}
-
-fn chunk(
-    id: &str,
-    created: u64,
-    model: &str,
-    delta: serde_json::Value,
-    finish: Option<&str>,
-    logprobs: Option<&Logprobs>,
-) -> SseEvent {
-    SseEvent::default().data(
-        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
-        .to_string(),
-    )
-}
-
-fn usage_chunk(id: &str, created: u64, model: &str, usage: &Usage) -> SseEvent {
-    SseEvent::default().data(
-        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [], "usage": usage})
-        .to_string(),
-    )
-}
-
-/// An LLM generation: streamed as SSE, or collected into one JSON response.
-/// A generation's handle and the slot it holds until its last token.
-struct Running {
-    handle: tiergate_queue::JobHandle,
-    slot: tiergate_engine::fair::Slot,
-}
-
-/// Answers with a generation that has produced its first event ([`super::attempt::first_event`]): streamed,
-/// or collected into one body.
-pub(super) async fn respond_started(
-    state: &Arc<AppState>,
-    v: &ValidChat,
-    gen: tiergate_engine::attempt::Started<'_>,
-    mut meta: Meta,
-    extra_prompt_tokens: u32,
-    started: Instant,
-    keep: Option<tiergate_engine::cached::KeepWritten>,
-) -> Result<Response, ApiError> {
-    let tiergate_engine::attempt::Started {
-        handle,
-        slot,
-        held: _held,
-        first,
-        waited,
-    } = gen;
-    meta.queue_ms = waited.as_secs_f64() * 1e3;
-    metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
-    if matches!(first, Event::Chunk(_)) {
-        metrics::histogram!(m::TTFT_SECONDS).record(started.elapsed().as_secs_f64());
+    let c = Chunks::of(v);
+    let mut events = vec![
+        c.chunk(json!({"role": "assistant", "content": ""}), None, None),
+        c.chunk(json!({"content": content}), None, logprobs.as_ref()),
+        c.chunk(json!({}), Some("stop"), None),
+    ];
+    if v.include_usage {
+        events.push(c.usage(&usage));
     }
-    let out = Generation {
-        id: v.id.clone(),
-        created: tiergate_engine::util::unix_now_s(),
-        route: v.route.clone(),
-        extra_prompt_tokens,
-        keep,
-    };
-    let t = Instant::now();
-    let mut resp = if v.stream {
-        stream(out, Running { handle, slot }, first, v.include_usage)
-    } else {
-        let resp = collect(out, &handle, first).await?;
-        meta.generation_ms = (waited + t.elapsed()).as_secs_f64() * 1e3;
-        resp
-    };
-    apply_headers(&mut resp, state, &meta);
-    Ok(resp)
+    events.push(SseEvent::default().data("[DONE]"));
+    let stream = futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>));
+    Sse::new(stream).into_response()
 }
 
-/// What every chunk or body of one generation repeats.
-struct Generation {
+/// What every chunk of one answer repeats.
+struct Chunks {
     id: String,
     created: u64,
-    route: String,
-    /// Prompt tokens the worker did not see (Tier-0's, for an escalated answer).
-    extra_prompt_tokens: u32,
-    /// Keeps the whole text in the answer cache once the generation has ended well.
-    keep: Option<tiergate_engine::cached::KeepWritten>,
+    model: String,
 }
 
-impl Generation {
-    fn usage(&self, u: &tiergate_queue::Usage) -> Usage {
-        Usage::new(
-            u.prompt_tokens + self.extra_prompt_tokens,
-            u.completion_tokens,
+impl Chunks {
+    fn of(v: &ValidChat) -> Self {
+        Self {
+            id: v.id.clone(),
+            created: tiergate_engine::load::utilization::unix_now_s(),
+            model: v.route.clone(),
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Option<&Logprobs>) -> SseEvent {
+        SseEvent::default().data(
+            json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                   "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+            .to_string(),
+        )
+    }
+
+    fn usage(&self, usage: &Usage) -> SseEvent {
+        SseEvent::default().data(
+            json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                   "choices": [], "usage": usage})
+            .to_string(),
         )
     }
 }
 
-fn finish_reason(u: &tiergate_queue::Usage) -> &'static str {
-    if u.finish_reason == "length" {
-        "length"
-    } else {
-        "stop"
-    }
-}
-
-async fn next_event(handle: &tiergate_queue::JobHandle) -> Result<Event, ApiError> {
-    handle
-        .events
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::Internal("escalation channel closed".into()))
-}
-
-/// The whole generation as one `chat.completion`.
+/// The whole generation's text, why it ended and its tokens; its time goes into the outcome's model time.
 async fn collect(
     mut g: Generation,
-    handle: &tiergate_queue::JobHandle,
-    first: Event,
-) -> Result<Response, ApiError> {
+    o: &mut Outcome,
+) -> Result<(String, tiergate_engine::answer::Finish, Tokens), ApiError> {
+    let t = Instant::now();
     let mut text = String::new();
-    let mut ev = first;
-    let usage = loop {
-        match ev {
-            Event::Chunk(c) => text.push_str(&c),
-            Event::Reply(Reply::Generated(u)) => {
-                if let Some(k) = g.keep.take() {
-                    k.keep(text.clone(), finish_reason(&u), u.completion_tokens);
-                }
-                break u;
+    let (finish, tokens) = loop {
+        match g.next().await {
+            Some(Ok(Delta::Text(c))) => text.push_str(&c),
+            Some(Ok(Delta::End { finish, tokens })) => break (finish, tokens),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(ApiError::from(e)),
+            None => {
+                return Err(ApiError::Internal(
+                    "the generation ended without its end".into(),
+                ))
             }
-            Event::Reply(_) => return Err(ApiError::Internal("unexpected reply kind".into())),
-            Event::Error(e) => return Err(ApiError::from(e)),
         }
-        ev = next_event(handle).await?;
     };
-    Ok(axum::Json(json!({
-        "id": g.id, "object": "chat.completion", "created": g.created, "model": g.route,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
-                     "finish_reason": finish_reason(&usage)}],
-        "usage": g.usage(&usage),
-    }))
-    .into_response())
+    o.timings.generation_ms = (g.waited() + t.elapsed()).as_secs_f64() * 1e3;
+    Ok((text, finish, tokens))
 }
 
 /// The generation as server-sent events, fed by a task that ends (cancelling the job) when the client goes.
-fn stream(mut g: Generation, running: Running, first: Event, include_usage: bool) -> Response {
+fn stream(v: &ValidChat, mut g: Generation) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
+    let c = Chunks::of(v);
+    let include_usage = v.include_usage;
+    let span = tracing::info_span!(target: TARGET, parent: g.span(), "stream");
     tokio::spawn(
         async move {
-            let Running {
-                handle,
-                slot: _slot,
-            } = running;
-            let mut keep = g.keep.take();
-            let send = |delta: Value, finish: Option<&str>| {
-                chunk(&g.id, g.created, &g.route, delta, finish, None)
-            };
             let _ = tx
-                .send(send(json!({"role": "assistant", "content": ""}), None))
+                .send(c.chunk(json!({"role": "assistant", "content": ""}), None, None))
                 .await;
-            let mut ev = first;
-            let mut text = String::new();
-            loop {
-                match ev {
-                    Event::Chunk(c) => {
-                        if keep.is_some() {
-                            text.push_str(&c);
-                        }
-                        if tx.send(send(json!({"content": c}), None)).await.is_err() {
-                            return; // client gone: dropping the handle cancels the job
-                        }
-                    }
-                    Event::Reply(Reply::Generated(u)) => {
-                        if let Some(k) = keep.take() {
-                            k.keep(
-                                std::mem::take(&mut text),
-                                finish_reason(&u),
-                                u.completion_tokens,
-                            );
-                        }
-                        let _ = tx.send(send(json!({}), Some(finish_reason(&u)))).await;
-                        if include_usage {
-                            let usage = usage_chunk(&g.id, g.created, &g.route, &g.usage(&u));
-                            let _ = tx.send(usage).await;
-                        }
-                        break;
-                    }
-                    Event::Reply(_) | Event::Error(_) => {
-                        let err = match ev {
-                            Event::Error(e) => ApiError::from(e),
-                            _ => ApiError::Internal("unexpected reply kind".into()),
-                        };
+            while let Some(next) = g.next().await {
+                let event = match next {
+                    Ok(Delta::Text(t)) => c.chunk(json!({"content": t}), None, None),
+                    Ok(Delta::End { finish, tokens }) => {
                         let _ = tx
-                            .send(SseEvent::default().data(err.body().to_string()))
+                            .send(c.chunk(json!({}), Some(finish.as_str()), None))
                             .await;
-                        break;
+                        if !include_usage {
+                            continue;
+                        }
+                        c.usage(&usage(tokens))
                     }
-                }
-                ev = match handle.events.recv_async().await {
-                    Ok(e) => e,
-                    Err(_) => Event::Error(QueueError::Cancelled),
+                    Ok(_) => continue,
+                    Err(e) => SseEvent::default().data(ApiError::from(e).body().to_string()),
                 };
+                if tx.send(event).await.is_err() {
+                    return; // client gone: dropping the generation cancels the job
+                }
             }
             let _ = tx.send(SseEvent::default().data("[DONE]")).await;
         }
-        .instrument(tracing::info_span!(target: TARGET, "stream")),
+        .instrument(span),
     );
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let stream = futures_util::StreamExt::map(stream, Ok::<_, Infallible>);
     Sse::new(stream).into_response()
+}
+
+/// The response to a request the engine declined: its error, counted when it ran, marked with the brownout
+/// step.
+pub(super) fn refused(v: &ValidChat, d: tiergate_engine::answer::Declined) -> Response {
+    let step = d.brownout;
+    crate::adapt::mark_brownout(declined(v, d).into_response(), step)
+}
+
+/// The error of a request the engine declined, counted among the requests when it ran.
+pub(super) fn declined(v: &ValidChat, d: tiergate_engine::answer::Declined) -> ApiError {
+    let e = ApiError::from(d.error);
+    if d.ran {
+        tiergate_engine::answer::count_failed(v, e.parts().0.as_str());
+    }
+    e
 }

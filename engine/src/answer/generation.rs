@@ -1,0 +1,246 @@
+//! The one generation path, for a generate route and for an answer route's escalation: the answer cache
+//! first (a written answer it holds, served under brownout too), then — unless the brownout step pauses
+//! generation — the stage's alternatives until one produces its first event. From there the answer is a
+//! [`Generation`]: its deltas as they come, kept whole in the cache when it ends well.
+//!
+//! The two callers differ on purpose in what a refusal means: a generate route has nothing else to answer
+//! with (an error), an answer route falls back to its label's configured reply.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tiergate_cache::HitKind;
+use tiergate_config::RouteKind;
+use tiergate_queue::{Event, Job, JobHandle, Message, QueueError, Reply};
+
+use super::Body;
+use crate::answer::attempt::{attempt, first_event, Started};
+use crate::answer::cascade::sampling;
+use crate::answer::outcome::{CacheHit, Outcome, Tier};
+use crate::answer::request::ValidChat;
+use crate::backends::llm::Refused;
+use crate::cache::cached::{generation_probe, written, KeepWritten};
+use crate::error::EngineError;
+use crate::metrics as m;
+use crate::state::{AppState, Route, Stage};
+
+/// Why a generation did not start.
+pub(super) enum Declined {
+    /// The brownout step pauses generation.
+    Paused,
+    /// No alternative of the stage took it.
+    Refused(Refused),
+}
+
+/// A generate route's request: its conversation, written by the route's first stage.
+pub(super) async fn generate_route(
+    state: &Arc<AppState>,
+    v: &ValidChat,
+    out: &mut Outcome,
+) -> Result<Body, EngineError> {
+    let route = super::route_of(state, v)?;
+    let stage = route
+        .stages
+        .first()
+        .ok_or_else(|| EngineError::Internal(format!("route `{}` has no stage", v.route)))?;
+    let messages = v
+        .messages
+        .iter()
+        .map(|m| Message {
+            role: m.role.clone(),
+            content: m.content.clone(),
+        })
+        .collect();
+    let job = Job::Generate {
+        messages,
+        sampling: sampling(v),
+    };
+    match generate(state, &route, stage, v, job, 0, out).await {
+        Ok(body) => Ok(body),
+        Err(Declined::Paused) => Err(crate::load::brownout::refusal(
+            out.brownout,
+            RouteKind::Generate,
+        )
+        .unwrap_or_else(EngineError::busy)),
+        Err(Declined::Refused(r)) => Err(r.into_error(&v.tenant.0)),
+    }
+}
+
+/// Runs `job` on `stage`: a written answer from the cache, or a started generation. `prompt_tokens`: tokens
+/// the worker does not see (Tier-0's, for an answer route's escalation).
+pub(super) async fn generate(
+    state: &Arc<AppState>,
+    route: &Route,
+    stage: &Stage,
+    v: &ValidChat,
+    job: Job,
+    prompt_tokens: u32,
+    out: &mut Outcome,
+) -> Result<Body, Declined> {
+    let probe = generation_probe(state, route, stage, v, &job);
+    if let Some(hit) = written(state, route, stage, v, probe.as_ref()).await {
+        out.tier = Tier::Cache;
+        out.stage = Some(stage.name.clone());
+        out.cache = Some(CacheHit {
+            kind: HitKind::Exact,
+            similarity: 1.0,
+        });
+        out.backend = Some(hit.backend.clone());
+        let tokens = Tokens {
+            prompt: prompt_tokens,
+            completion: hit.completion_tokens,
+        };
+        let text = hit.text.clone().unwrap_or_default();
+        return Ok(Body::Text { text, tokens });
+    }
+    if !out.brownout.generates() {
+        return Err(Declined::Paused);
+    }
+    let (started, by) = attempt(state, stage, v, &job, first_event)
+        .await
+        .map_err(Declined::Refused)?;
+    let keep = KeepWritten::new(state, route, v, probe, &by);
+    out.tier = Tier::Llm;
+    out.stage = Some(stage.name.clone());
+    out.backend = Some(by);
+    out.timings.queue_ms = started.waited.as_secs_f64() * 1e3;
+    metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(started.waited.as_secs_f64());
+    if matches!(started.first, Event::Chunk(_)) {
+        metrics::histogram!(m::TTFT_SECONDS).record(v.started.elapsed().as_secs_f64());
+    }
+    Ok(Body::Stream(Box::new(Generation::new(
+        started,
+        keep,
+        prompt_tokens,
+    ))))
+}
+
+/// Tokens in and out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub prompt: u32,
+    pub completion: u32,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The model stopped (its end of turn, or a stop string).
+    Stop,
+    /// It reached its token limit (`max_tokens`, or the response area).
+    Length,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// One event of a generation. Tool-call events join this list when the engine carries tools.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Delta {
+    /// More text.
+    Text(String),
+    /// The end: why, and the tokens counted.
+    End { finish: Finish, tokens: Tokens },
+}
+
+/// A generation that has produced its first event; from here on it is this backend's answer. Dropping it
+/// cancels the job; its slot at the workers (and a batch line's turn) is held until then.
+pub struct Generation {
+    handle: JobHandle,
+    _slot: crate::backends::fair::Slot,
+    _held: crate::backends::llm::Held,
+    first: Option<Event>,
+    keep: Option<KeepWritten>,
+    /// The text so far, when it is to be kept.
+    text: String,
+    prompt_tokens: u32,
+    waited: Duration,
+    ended: bool,
+    /// The span it started in (a generate route's `generation`, an answer route's `escalation`): a door that
+    /// streams it opens its stream's span under this one.
+    span: tracing::Span,
+}
+
+impl Generation {
+    fn new(s: Started, keep: Option<KeepWritten>, prompt_tokens: u32) -> Self {
+        Self {
+            handle: s.handle,
+            _slot: s.slot,
+            _held: s.held,
+            first: Some(s.first),
+            keep,
+            text: String::new(),
+            prompt_tokens,
+            waited: s.waited,
+            ended: false,
+            span: tracing::Span::current(),
+        }
+    }
+
+    /// From the job's submission to its first event.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The span it started in.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// The next event; `None` after the end or an error.
+    pub async fn next(&mut self) -> Option<Result<Delta, EngineError>> {
+        if self.ended {
+            return None;
+        }
+        let ev = match self.first.take() {
+            Some(ev) => ev,
+            None => self
+                .handle
+                .events
+                .recv_async()
+                .await
+                .unwrap_or(Event::Error(QueueError::Cancelled)),
+        };
+        Some(match ev {
+            Event::Chunk(c) => {
+                if self.keep.is_some() {
+                    self.text.push_str(&c);
+                }
+                Ok(Delta::Text(c))
+            }
+            Event::Reply(Reply::Generated(u)) => {
+                self.ended = true;
+                let finish = if u.finish_reason == "length" {
+                    Finish::Length
+                } else {
+                    Finish::Stop
+                };
+                if let Some(k) = self.keep.take() {
+                    let text = std::mem::take(&mut self.text);
+                    k.keep(text, finish.as_str(), u.completion_tokens);
+                }
+                let tokens = Tokens {
+                    prompt: u.prompt_tokens + self.prompt_tokens,
+                    completion: u.completion_tokens,
+                };
+                Ok(Delta::End { finish, tokens })
+            }
+            Event::Reply(_) => {
+                self.ended = true;
+                Err(EngineError::Internal("unexpected reply kind".into()))
+            }
+            Event::Error(e) => {
+                self.ended = true;
+                Err(EngineError::from(e))
+            }
+        })
+    }
+}

@@ -1,0 +1,183 @@
+//! The engine's one call: [`answer`] takes a validated request from any door and returns an [`Answer`] — a
+//! label with its candidates, a text in one piece, or a started [`Generation`] — with its [`Outcome`], or
+//! why it was [`Declined`]. Inside: admission and the one brownout gate (the step read once, carried in the
+//! outcome), Tier-0 and the decision ([`label`]), the cascade ([`crate::answer::cascade`]), one generation path
+//! ([`generation`]) for generate routes and answer-route escalations, and the request's records.
+//!
+//! A door validates its dialect into a [`ValidChat`], calls [`answer`], and renders the value: no door runs
+//! a step of the pipeline itself. Here too: the request as validated ([`request`]), what became of it
+//! ([`outcome`]), the decision and the cascade ([`cascade`], [`out_of_scope`], [`judge`]), a stage's
+//! alternatives ([`attempt`], [`select`]), the records of an answer ([`answered`]) and its trace steps
+//! ([`trace`]), and the conversations a Responses door keeps when told to ([`stored`]).
+
+pub mod answered;
+pub mod attempt;
+pub mod cascade;
+mod generation;
+pub mod judge;
+mod label;
+pub mod out_of_scope;
+pub mod outcome;
+pub mod request;
+pub mod select;
+pub mod stored;
+pub mod trace;
+
+use std::sync::Arc;
+
+use tiergate_config::RouteKind;
+use tiergate_telemetry::TARGET;
+use tracing::Instrument;
+
+use crate::answer::outcome::Outcome;
+use crate::answer::request::ValidChat;
+use crate::error::EngineError;
+use crate::load::brownout::Step;
+use crate::metrics as m;
+use crate::state::AppState;
+
+pub use generation::{Delta, Finish, Generation, Tokens};
+
+/// What the engine answered, with what became of the request.
+pub struct Answer {
+    pub body: Body,
+    pub outcome: Outcome,
+    /// The request's share of the server's admission limit: a door holds it until the last byte of its
+    /// response (a stream's end, or its client's disconnect).
+    pub admitted: Admitted,
+}
+
+/// The answer itself.
+pub enum Body {
+    /// A classify route's label, or an answer route's configured reply for it (Tier-0's, reranked, or
+    /// degraded).
+    Label(Labelled),
+    /// A text in one piece: a written answer the cache held.
+    Text { text: String, tokens: Tokens },
+    /// A generation that has produced its first event: its deltas follow ([`Generation::next`]).
+    Stream(Box<Generation>),
+}
+
+/// A label answer.
+pub struct Labelled {
+    /// The label answered (the route's out-of-scope label when it is "none of these").
+    pub label: String,
+    /// Its probability.
+    pub p: f32,
+    /// The final distribution by label name, most likely first.
+    pub candidates: Vec<(String, f32)>,
+    /// Tier-0's own top labels (what alternatives a client gets when the final distribution is shorter).
+    pub tier0_top: Vec<(String, f32)>,
+    /// An answer route's configured reply for the label (its out-of-scope reply for "none of these").
+    pub reply: Option<String>,
+    /// The encoder's tokens.
+    pub prompt_tokens: u32,
+}
+
+/// A request the engine did not answer, and the brownout step it came in under (a door says it).
+#[derive(Debug)]
+pub struct Declined {
+    pub error: EngineError,
+    pub brownout: Step,
+    /// It was admitted and ran: a door counts it among the requests, by the status it answers with
+    /// ([`count_failed`]); a refusal at admission is not counted.
+    pub ran: bool,
+}
+
+/// An admission permit of `server.max_in_flight`, given back when dropped.
+pub struct Admitted {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Answers `v`: admission, the tenant's permission and the brownout gate, then the route's kind of answer,
+/// then the request's metrics, decision record and audit draw.
+pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Declined> {
+    let step = state.brownout();
+    let decline = |error, ran| Declined {
+        error,
+        brownout: step,
+        ran,
+    };
+    let admitted = admit(state, v, step).map_err(|e| decline(e, false))?;
+    let asked = crate::answer::answered::Asked::of(state, v);
+    let mut out = Outcome {
+        brownout: step,
+        ..Outcome::default()
+    };
+    let body = match v.kind {
+        RouteKind::Generate => {
+            let span = tracing::info_span!(target: TARGET, "generation");
+            generation::generate_route(state, v, &mut out)
+                .instrument(span)
+                .await
+        }
+        RouteKind::Classify | RouteKind::Answer => label::classified(state, v, &mut out).await,
+    };
+    match body {
+        Ok(body) => {
+            settle(state, v, asked, &out);
+            Ok(Answer {
+                body,
+                outcome: out,
+                admitted,
+            })
+        }
+        Err(e) => {
+            state.tenancy.figures.failed(&v.tenant);
+            Err(decline(e, true))
+        }
+    }
+}
+
+/// The route `v` names, as it is now (kept to the end of the request: a head promoted meanwhile is not half
+/// seen).
+fn route_of(
+    state: &AppState,
+    v: &ValidChat,
+) -> Result<Arc<crate::routing::route::Route>, EngineError> {
+    state
+        .routing
+        .routes
+        .get(&v.route)
+        .ok_or_else(|| EngineError::UnknownRoute(v.route.clone()))
+}
+
+/// The one admission point: a permit of `server.max_in_flight`, the tenant's permission for the route, and
+/// the brownout step's refusal (every request at `shed`; a generation is refused later, after its cache
+/// lookup, when the step pauses generation).
+fn admit(state: &AppState, v: &ValidChat, step: Step) -> Result<Admitted, EngineError> {
+    let permit = state
+        .admission
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| EngineError::busy())?;
+    state.tenants().permit(&v.tenant, &v.route)?;
+    if step == Step::Shed {
+        return Err(crate::load::brownout::refusal(step, v.kind).unwrap_or_else(EngineError::busy));
+    }
+    Ok(Admitted { _permit: permit })
+}
+
+/// An answered request's records: the request metrics by tier and channel, the console's decision, the
+/// tenant's figures, the ledger's decision record and the audit draw.
+fn settle(
+    state: &AppState,
+    v: &ValidChat,
+    asked: Option<crate::answer::answered::Asked>,
+    out: &Outcome,
+) {
+    let took = v.started.elapsed();
+    let (tier, channel) = (out.tier.as_str(), out.channel().as_str());
+    metrics::counter!(m::REQUESTS_TOTAL, "route" => v.route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok", "tenant" => v.tenant.0.to_string(), "door" => v.door).increment(1);
+    metrics::histogram!(m::REQUEST_SECONDS, "route" => v.route.clone(), "tier" => tier, "channel" => channel)
+        .record(took.as_secs_f64());
+    state.load.decisions.record(&v.route, out, took);
+    state.tenancy.figures.answered(&v.tenant, out);
+    crate::answer::answered::answered(state, asked, out);
+}
+
+/// Counts a request that ran and was answered with an error (`code`: what the door calls it, its HTTP
+/// status).
+pub fn count_failed(v: &ValidChat, code: &str) {
+    metrics::counter!(m::REQUESTS_TOTAL, "route" => v.route.clone(), "tier" => "none", "channel" => "error", "outcome" => code.to_string(), "tenant" => v.tenant.0.to_string(), "door" => v.door).increment(1);
+}

@@ -1,0 +1,160 @@
+//! What became of a request ([`Outcome`]), as a value the engine returns with its answer, and the last
+//! decisions kept for the console ([`Decisions`]).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+pub use tiergate_core::outcome::{Channel, DegradeReason, Tier};
+
+/// Decisions kept for the console.
+const KEEP: usize = 200;
+
+/// What became of a request: the tier whose answer the client got, why it degraded, the stage and backend
+/// that answered, θ, the cache and the timings. The engine fills it in as the request goes; the doors render
+/// their headers from it, and metrics, the console's decision table ([`Decisions`]) and the ledger read it.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// The tier whose answer the client got.
+    pub tier: Tier,
+    /// Why an escalation fell back to Tier-0, when one did.
+    pub degraded: Option<DegradeReason>,
+    /// The answer's confidence (classified routes).
+    pub confidence: Option<f32>,
+    /// The θ it was decided with (classified routes).
+    pub threshold: Option<f64>,
+    /// The label answered (classified routes, not an LLM-written answer).
+    pub label: Option<String>,
+    /// The answer is the route's out-of-scope outcome.
+    pub out_of_scope: bool,
+    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
+    pub oos_score: Option<f32>,
+    /// Tier-0's ambiguity (classified routes).
+    pub ambiguity: Option<f64>,
+    /// Tier-0's top candidates by label (classified routes).
+    pub top: Vec<(String, f32)>,
+    /// The cascade stage that answered, by its name in the route, when an LLM did.
+    pub stage: Option<String>,
+    /// The backend of that stage that answered (one of its alternatives).
+    pub backend: Option<String>,
+    /// The version of the head that classified it (classified routes).
+    pub head: Option<String>,
+    /// θ was forced by an operator's override header: the answer is no evidence about the traffic.
+    pub forced: bool,
+    /// How the answer cache answered, when it did.
+    pub cache: Option<CacheHit>,
+    /// The brownout step the request was admitted under.
+    pub brownout: crate::load::brownout::Step,
+    /// Where its time went.
+    pub timings: Timings,
+}
+
+/// An answer from the cache: `exact` or `semantic`, and the cosine to the cached query.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheHit {
+    pub kind: tiergate_cache::HitKind,
+    pub similarity: f32,
+}
+
+/// Where a request's time went, in milliseconds (a door's `Server-Timing`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// From arrival to Tier-0's prediction.
+    pub prefilter_ms: f64,
+    /// The encoder's forward pass (Tier-0's model time).
+    pub infer_ms: f64,
+    /// From an LLM job's submission to its first event.
+    pub queue_ms: f64,
+    /// The LLM's reranks.
+    pub rerank_ms: f64,
+    /// A collected generation, from submit to its last token (the LLM's time).
+    pub generation_ms: f64,
+}
+
+impl Timings {
+    /// Time spent in models (Tier-0's forward, the LLM's rerank or collected generation), as known when the
+    /// headers are written: everything else is the serving overhead.
+    pub fn model_ms(&self) -> f64 {
+        self.infer_ms + self.rerank_ms + self.generation_ms
+    }
+}
+
+impl Outcome {
+    /// The channel it is counted in.
+    pub fn channel(&self) -> Channel {
+        Channel::of(self.tier, self.degraded.is_some(), self.out_of_scope)
+    }
+}
+
+/// One answered request, as the console lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// Unix time, milliseconds.
+    pub t_ms: u64,
+    /// The route (`model`).
+    pub route: String,
+    /// Ambiguity 1 − max p (classified routes).
+    pub a: Option<f64>,
+    /// θ the decision used.
+    pub theta: Option<f64>,
+    /// `tier0`, `escalated`, `degraded` or `out_of_scope`.
+    pub channel: &'static str,
+    /// Tier-0's out-of-scope score (routes with an out-of-scope outcome).
+    pub oos: Option<f32>,
+    /// The answer is the route's out-of-scope outcome (also when the LLM chose "none of these").
+    pub out_of_scope: bool,
+    /// The label answered (classified routes).
+    pub label: Option<String>,
+    /// End-to-end latency, milliseconds.
+    pub latency_ms: f64,
+    #[serde(skip)]
+    at: Option<Instant>,
+}
+
+impl Decision {
+    /// How long ago it was recorded (never for a decision without a time).
+    pub fn age(&self, now: Instant) -> Duration {
+        self.at
+            .map_or(Duration::MAX, |t| now.saturating_duration_since(t))
+    }
+}
+
+/// The last answered requests (at most [`KEEP`]), for the console.
+#[derive(Debug, Default)]
+pub struct Decisions(Mutex<VecDeque<Decision>>);
+
+impl Decisions {
+    /// The kept decisions, oldest first.
+    pub fn recent(&self) -> Vec<Decision> {
+        self.0
+            .lock()
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Records an answered request's outcome.
+    pub fn record(&self, route: &str, outcome: &Outcome, took: Duration) {
+        let d = Decision {
+            t_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            route: route.to_string(),
+            a: outcome.confidence.map(|c| 1.0 - f64::from(c)),
+            theta: outcome.threshold,
+            channel: outcome.channel().as_str(),
+            oos: outcome.oos_score,
+            out_of_scope: outcome.out_of_scope,
+            label: outcome.label.clone(),
+            latency_ms: took.as_secs_f64() * 1e3,
+            at: Some(Instant::now()),
+        };
+        if let Ok(mut q) = self.0.lock() {
+            q.push_back(d);
+            while q.len() > KEEP {
+                q.pop_front();
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! A request as the engine takes it: validated once by the HTTP adapter ("parse, don't validate"), every
+//! field set there (the tenant, a batch line's marker and the deadline included), read-only after.
+
+use std::time::Instant;
+
+use tiergate_config::RouteKind;
+
+/// A message after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidMessage {
+    /// `system`, `user` or `assistant` (`developer` maps to `system`, `tool` to `user`).
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// What the request's `Cache-Control` lets the answer cache do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheControl {
+    /// `no-cache`: do not answer from the cache (the LLM computes it).
+    pub no_cache: bool,
+    /// `no-store`: do not keep this request's verdict.
+    pub no_store: bool,
+}
+
+/// A validated chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidChat {
+    /// Route name.
+    pub route: String,
+    /// Route kind.
+    pub kind: RouteKind,
+    /// The conversation.
+    pub messages: Vec<ValidMessage>,
+    /// The text Tier-0 classifies: the last user turn.
+    pub text: String,
+    /// Stream as SSE.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Tokens to generate at most.
+    pub max_tokens: u32,
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Label probabilities wanted (classify routes).
+    pub logprobs: bool,
+    /// Alternatives per position.
+    pub top_logprobs: usize,
+    /// Reply as a JSON object (classify routes).
+    pub json_object: bool,
+    /// End-user id, recorded in the request's log line.
+    pub user: Option<String>,
+    /// A line of a batch (from the caller, not the client): its LLM work waits for the interactive channel.
+    pub batch: Option<crate::backends::priority::BatchLine>,
+    /// The tenant it runs as (from the caller).
+    pub tenant: crate::tenancy::tenants::TenantId,
+    /// When its budget ends (`x-tiergate-deadline-ms`, else the route's default, at most its maximum).
+    pub deadline: Option<Instant>,
+    /// The completion id its answer carries (what feedback names).
+    pub id: String,
+    /// What the answer cache may do for it (`Cache-Control`).
+    pub cache: CacheControl,
+    /// A θ the operator forced for it (`x-tiergate-threshold`, classified routes): no evidence about the
+    /// traffic.
+    pub forced: Option<f64>,
+    /// When it arrived.
+    pub started: Instant,
+    /// The door it came through (`chat`, `responses`, `messages`, `batch`): a label of the request metrics.
+    pub door: &'static str,
+}

@@ -1,0 +1,110 @@
+//! Priority classes at the LLM: interactive work goes first, batch work waits its turn. A batch line
+//! ([`BatchLine`], set by the Batch API's runner as a request extension; a client cannot set it) takes one turn
+//! at a time, only while no interactive job is in flight, and yields (is preempted) when one arrives.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiergate_queue::Client;
+
+/// Marks a request as a batch line.
+#[derive(Debug, Clone, Default)]
+pub struct BatchLine {
+    /// Set while the line holds the batch turn at the LLM.
+    holds_llm: Arc<AtomicBool>,
+    /// An interactive escalation may cancel this line's LLM job (it is run again later); false after a few
+    /// preemptions, so a batch always progresses.
+    preemptible: bool,
+    /// `batch_id/custom_id`: what feedback on the line may name instead of its completion id.
+    pub alias: Option<Arc<str>>,
+}
+
+impl PartialEq for BatchLine {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.holds_llm, &other.holds_llm)
+    }
+}
+
+impl BatchLine {
+    /// A line; `preemptible`: its LLM job yields to interactive escalations.
+    pub fn new(preemptible: bool) -> Self {
+        Self {
+            holds_llm: Arc::default(),
+            preemptible,
+            alias: None,
+        }
+    }
+
+    /// The line `custom_id` of batch `batch`, for feedback that names it.
+    pub fn with_alias(mut self, batch: &str, custom_id: &str) -> Self {
+        self.alias = Some(Arc::from(format!("{batch}/{custom_id}").as_str()));
+        self
+    }
+
+    /// Its LLM job is running and may be cancelled for an interactive one.
+    pub fn preemptible_now(&self) -> bool {
+        self.preemptible && self.holds_llm.load(Ordering::Acquire)
+    }
+}
+
+/// A batch line's turn at the LLM (released on drop).
+pub struct Turn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    line: BatchLine,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.line.holds_llm.store(false, Ordering::Release);
+    }
+}
+
+/// The gate between the classes.
+pub struct Gate {
+    /// One batch LLM job at a time.
+    batch_turn: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Notified when an interactive job wants the LLM.
+    preempt: tokio::sync::Notify,
+    /// How long a batch line waits for the interactive channel to go idle (`batch.max_llm_wait_ms`).
+    max_wait: Duration,
+}
+
+impl Gate {
+    /// A gate where a batch line waits at most `max_wait` for interactive work to end.
+    pub fn new(max_wait: Duration) -> Self {
+        Self {
+            batch_turn: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
+            preempt: tokio::sync::Notify::new(),
+            max_wait,
+        }
+    }
+
+    /// Before an LLM job. An interactive job passes at once (`None`) and asks a running batch job to yield.
+    /// A batch line waits until a worker is live and the LLM is free of interactive work (at most
+    /// `max_wait`); the returned turn is held until the LLM answered.
+    pub async fn turn(&self, client: &Client, line: Option<&BatchLine>) -> Option<Turn> {
+        let Some(line) = line else {
+            self.preempt.notify_waiters();
+            return None;
+        };
+        let permit = self.batch_turn.clone().acquire_owned().await.ok()?;
+        let waited = Instant::now();
+        while (client.in_flight() > 0 || client.live_workers() == 0)
+            && waited.elapsed() < self.max_wait
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        line.holds_llm.store(true, Ordering::Release);
+        Some(Turn {
+            _permit: permit,
+            line: line.clone(),
+        })
+    }
+
+    /// Resolves at the next interactive job (a running batch job then checks whether to yield); it counts
+    /// from its creation, not from its first poll.
+    pub fn preempted(&self) -> tokio::sync::futures::Notified<'_> {
+        self.preempt.notified()
+    }
+}

@@ -1,0 +1,388 @@
+//! The ledger in Redis, under the policy store's key (`{key}:ledger:…`), so that every replica joins feedback
+//! that reaches any of them. Every key it writes expires: records, feedback, audits (labelled or not) and their
+//! labels at the end of their own window (`SET … EX`, or `PXAT` the audit's time plus the window when it is
+//! labelled later); the per-route sets and counters (`decisions:`, `pending:`, `labelled:`, `trusted:`,
+//! `heads:`, `stats:`, `routes`) are trimmed by score where they are sorted and get the window as their TTL
+//! again with each write, so a route that goes quiet for a window leaves nothing behind. Feedback and labels
+//! are first-write-wins (`SET … NX`). Feedback counts for the
+//! summary are hashes updated with each feedback; labelled audits are counted from the labelled items in the
+//! window (a set an operator's labelling bounds), pending ones from a sorted set of ids per head that answered. Synchronous (the writer thread and `spawn_blocking` call it);
+//! with Redis gone, writes fail (counted, logged) and lookups answer 503.
+
+use std::sync::Mutex;
+
+use redis::Commands;
+
+use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
+
+/// One route's summary read: three trims, the heads with pending audits, the decisions kept, the feedback
+/// counts and the labelled audit items in the window.
+type SummaryRead = (
+    (),
+    (),
+    (),
+    Vec<String>,
+    u64,
+    std::collections::HashMap<String, i64>,
+    Vec<String>,
+);
+
+/// The store.
+pub struct RedisLedger {
+    client: redis::Client,
+    conn: Mutex<Option<redis::Connection>>,
+    prefix: String,
+    window_s: u64,
+}
+
+impl RedisLedger {
+    /// A ledger at `url` under `{key}:ledger:`; connects on first use.
+    pub fn new(url: &str, key: &str, window_s: u64) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: redis::Client::open(url)?,
+            conn: Mutex::new(None),
+            prefix: format!("{key}:ledger:"),
+            window_s,
+        })
+    }
+
+    fn k(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    /// The pending audit ids of `route` answered by head `head`.
+    fn pending_of_head(&self, route: &str, head: &str) -> String {
+        self.k(&format!("pending:{route}:head:{head}"))
+    }
+
+    /// Runs `f` on the connection (opened, or opened again after an error).
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            let c = self
+                .client
+                .get_connection_with_timeout(std::time::Duration::from_secs(2))?;
+            *guard = Some(c);
+        }
+        let Some(conn) = guard.as_mut() else {
+            return Err(StoreError("redis: no connection".into()));
+        };
+        let r = f(conn);
+        if r.is_err() {
+            *guard = None;
+        }
+        r
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Option<String>) -> Result<Option<T>, StoreError> {
+    Ok(match v {
+        Some(t) => Some(serde_json::from_str(&t)?),
+        None => None,
+    })
+}
+
+impl Store for RedisLedger {
+    fn trusted_feedback(
+        &self,
+        route: &str,
+        head: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        self.with(|c| {
+            let key = self.k(&format!("trusted:{route}"));
+            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0)?;
+            let members: Vec<String> = c.zrange(&key, 0, -1)?;
+            let mut out = Vec::new();
+            for m in members {
+                let Some((_, json)) = m.split_once(':') else {
+                    continue;
+                };
+                // [ambiguity, wrong, θ, head] (rows written before the head was recorded have none).
+                let v: (f64, bool, f64, Option<String>) = serde_json::from_str(json)?;
+                if v.3.as_deref().unwrap_or("") != head {
+                    continue;
+                }
+                out.push(tiergate_core::risk::Audited {
+                    row: tiergate_core::risk::Row {
+                        ambiguity: v.0,
+                        wrong: v.1,
+                    },
+                    drawn_at: v.2,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn labelled(
+        &self,
+        route: &str,
+        head: &str,
+        since_ms: u64,
+    ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
+        self.with(|c| {
+            let key = self.k(&format!("labelled:{route}"));
+            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0)?;
+            let items: Vec<String> = c.zrange(&key, 0, -1)?;
+            let mut out = Vec::new();
+            for t in items {
+                let item: AuditItem = serde_json::from_str(&t)?;
+                out.extend(item.audited(head));
+            }
+            Ok(out)
+        })
+    }
+
+    fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError> {
+        let ttl = self.window_s;
+        let expired = now_ms.saturating_sub(ttl * 1000) as f64;
+        self.with(|c| {
+            let mut p = redis::pipe();
+            // The per-route sets get the window as their TTL once per batch, however many entries touch them.
+            let mut sets = std::collections::BTreeSet::new();
+            for e in entries {
+                match e {
+                    Entry::Decision(r) => {
+                        p.set_ex(
+                            self.k(&format!("d:{}", r.id)),
+                            serde_json::to_string(r)?,
+                            ttl,
+                        )
+                        .ignore();
+                        if let Some(a) = &r.alias {
+                            p.set_ex(self.k(&format!("alias:{a}")), &r.id, ttl).ignore();
+                        }
+                        let seen = self.k(&format!("decisions:{}", r.route));
+                        p.zadd(&seen, &r.id, r.at_ms as f64).ignore();
+                        p.zrembyscore(&seen, 0.0, expired).ignore();
+                        p.sadd(self.k("routes"), &r.route).ignore();
+                        sets.extend([seen, self.k("routes")]);
+                    }
+                    Entry::Audit(a) => {
+                        p.set_ex(
+                            self.k(&format!("audit:{}", a.id)),
+                            serde_json::to_string(a)?,
+                            ttl,
+                        )
+                        .ignore();
+                        let pending = self.k(&format!("pending:{}", a.route));
+                        p.zadd(&pending, &a.id, a.at_ms as f64).ignore();
+                        p.zrembyscore(&pending, 0.0, expired).ignore();
+                        // The same ids by the head that answered (counted and listed per head).
+                        let of_head = self.pending_of_head(&a.route, &a.head);
+                        p.zadd(&of_head, &a.id, a.at_ms as f64).ignore();
+                        p.zrembyscore(&of_head, 0.0, expired).ignore();
+                        let heads = self.k(&format!("heads:{}", a.route));
+                        p.sadd(&heads, &a.head).ignore();
+                        p.sadd(self.k("routes"), &a.route).ignore();
+                        sets.extend([pending, of_head, heads, self.k("routes")]);
+                    }
+                }
+            }
+            for k in &sets {
+                p.expire(k, ttl as i64).ignore();
+            }
+            p.query::<()>(c)?;
+            Ok(())
+        })
+    }
+
+    fn decision(&self, id: &str, _now_ms: u64) -> Result<Option<Record>, StoreError> {
+        self.with(|c| {
+            let direct: Option<String> = c.get(self.k(&format!("d:{id}")))?;
+            if direct.is_some() {
+                return parse(direct);
+            }
+            let via: Option<String> = c.get(self.k(&format!("alias:{id}")))?;
+            match via {
+                Some(real) => parse(c.get(self.k(&format!("d:{real}")))?),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn feedback(&self, id: &str, fb: &Feedback) -> Result<First<Feedback>, StoreError> {
+        let Some(rec) = self.decision(id, 0)? else {
+            return Ok(First::Gone);
+        };
+        self.with(|c| {
+            let key = self.k(&format!("fb:{}", rec.id));
+            let set: bool = redis::cmd("SET")
+                .arg(&key)
+                .arg(serde_json::to_string(fb)?)
+                .arg("NX")
+                .arg("EX")
+                .arg(self.window_s)
+                .query::<Option<String>>(c)?
+                .is_some();
+            if !set {
+                let first: Option<Feedback> = parse(c.get(&key)?)?;
+                return first
+                    .map(First::Already)
+                    .ok_or_else(|| StoreError("feedback vanished".into()));
+            }
+            let ttl = self.window_s as i64;
+            if let Some(row) = rec.as_evidence(fb) {
+                let evidence =
+                    serde_json::json!([row.row.ambiguity, row.row.wrong, row.drawn_at, rec.head])
+                        .to_string();
+                let trusted = self.k(&format!("trusted:{}", rec.route));
+                let _: () = redis::pipe()
+                    .zadd(&trusted, format!("{}:{evidence}", rec.id), rec.at_ms as f64)
+                    .expire(&trusted, ttl)
+                    .query(c)?;
+            }
+            let stats = self.k(&format!("stats:{}", rec.route));
+            let who = if fb.trusted { "t" } else { "u" };
+            let channel = rec.feedback_channel();
+            let _: () = redis::pipe()
+                .hincr(&stats, format!("fb:{channel}:{who}:n"), 1)
+                .hincr(
+                    &stats,
+                    format!("fb:{channel}:{who}:correct"),
+                    i64::from(fb.correct),
+                )
+                .expire(&stats, ttl)
+                .query(c)?;
+            Ok(First::Written(fb.clone()))
+        })
+    }
+
+    fn pending(
+        &self,
+        route: Option<&str>,
+        heads: Option<&super::Heads>,
+        limit: usize,
+    ) -> Result<Vec<AuditItem>, StoreError> {
+        self.with(|c| {
+            let routes: Vec<String> = match route {
+                Some(r) => vec![r.to_string()],
+                None => c.smembers(self.k("routes"))?,
+            };
+            let mut out: Vec<AuditItem> = Vec::new();
+            for r in routes {
+                // With a head filter, the ids of that head's answers only.
+                let list = match heads {
+                    None => self.k(&format!("pending:{r}")),
+                    Some(h) => match h.get(&r) {
+                        Some(head) => self.pending_of_head(&r, head),
+                        None => continue,
+                    },
+                };
+                let ids: Vec<String> = c.zrange(&list, 0, limit as isize)?;
+                for id in ids {
+                    let item: Option<AuditItem> = parse(c.get(self.k(&format!("audit:{id}")))?)?;
+                    match item {
+                        Some(a) if a.label.is_none() && a.of_heads(heads) => out.push(a),
+                        _ => {
+                            let _: () = c.zrem(&list, &id)?;
+                        }
+                    }
+                }
+            }
+            out.sort_by_key(|a| a.at_ms);
+            out.truncate(limit);
+            Ok(out)
+        })
+    }
+
+    fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError> {
+        self.with(|c| parse(c.get(self.k(&format!("audit:{id}")))?))
+    }
+
+    fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError> {
+        self.with(|c| {
+            let key = self.k(&format!("audit:{id}"));
+            let item: Option<AuditItem> = parse(c.get(&key)?)?;
+            let Some(mut a) = item else {
+                return Ok(First::Gone);
+            };
+            // The label and the labelled item end with the audit's own window, not later.
+            let until_ms = a.at_ms + self.window_s * 1000;
+            let set: bool = redis::cmd("SET")
+                .arg(self.k(&format!("label:{id}")))
+                .arg(label)
+                .arg("NX")
+                .arg("PXAT")
+                .arg(until_ms)
+                .query::<Option<String>>(c)?
+                .is_some();
+            if !set {
+                let first: String = c.get(self.k(&format!("label:{id}")))?;
+                return Ok(First::Already(first));
+            }
+            a.label = Some(label.to_string());
+            a.text = None;
+            let labelled = serde_json::to_string(&a)?;
+            let labelled_of_route = self.k(&format!("labelled:{}", a.route));
+            let _: () = redis::pipe()
+                .cmd("SET")
+                .arg(&key)
+                .arg(&labelled)
+                .arg("PXAT")
+                .arg(until_ms)
+                .zadd(&labelled_of_route, &labelled, a.at_ms as f64)
+                .expire(&labelled_of_route, self.window_s as i64)
+                .zrem(self.k(&format!("pending:{}", a.route)), id)
+                .zrem(self.pending_of_head(&a.route, &a.head), id)
+                .query(c)?;
+            Ok(First::Written(label.to_string()))
+        })
+    }
+
+    fn summary(&self, now_ms: u64) -> Result<Summary, StoreError> {
+        let expired = now_ms.saturating_sub(self.window_s * 1000) as f64;
+        self.with(|c| {
+            let mut s = Summary::default();
+            let routes: Vec<String> = c.smembers(self.k("routes"))?;
+            for r in routes {
+                let pending = self.k(&format!("pending:{r}"));
+                let decisions = self.k(&format!("decisions:{r}"));
+                let labelled = self.k(&format!("labelled:{r}"));
+                let (_, _, _, heads, n_decisions, stats, items): SummaryRead = redis::pipe()
+                    .zrembyscore(&pending, 0.0, expired)
+                    .zrembyscore(&decisions, 0.0, expired)
+                    .zrembyscore(&labelled, 0.0, expired)
+                    .smembers(self.k(&format!("heads:{r}")))
+                    .zcard(&decisions)
+                    .hgetall(self.k(&format!("stats:{r}")))
+                    .zrange(&labelled, 0, -1)
+                    .query(c)?;
+                let e = s.route(&r);
+                e.decisions = n_decisions;
+                for t in items {
+                    let a: AuditItem = serde_json::from_str(&t)?;
+                    if let Some(l) = &a.label {
+                        e.add_audit(&a.head, &a.channel, a.probability, *l != a.answered);
+                    }
+                }
+                // Pending audits by head: each head's id set, its expired ids trimmed, counted.
+                for head in heads {
+                    let of_head = self.pending_of_head(&r, &head);
+                    let (_, n): ((), u64) = redis::pipe()
+                        .zrembyscore(&of_head, 0.0, expired)
+                        .zcard(&of_head)
+                        .query(c)?;
+                    e.add_pending(&head, n);
+                }
+                let get = |f: &str| stats.get(f).copied().unwrap_or(0).max(0) as u64;
+                for field in stats.keys().filter(|f| f.ends_with(":n")) {
+                    let mut parts = field.split(':');
+                    let (Some("fb"), Some(ch), Some(who)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        continue;
+                    };
+                    let n = get(field);
+                    let correct = get(&format!("fb:{ch}:{who}:correct"));
+                    e.add_feedback(ch, who == "t", n, correct);
+                }
+            }
+            Ok(s)
+        })
+    }
+}

@@ -1,0 +1,34 @@
+//! Routing: what a route is ([`route`]: its head, prompts and cascade of stages; [`route_table`]: the routes
+//! by name, swapped whole), the θ policy ([`policy`]) and the shared store that carries it across replicas
+//! ([`store`]), the error bound ([`risk`]), live head swaps ([`heads`], [`head_swap`]), latency experiments
+//! ([`experiments`]) and how a stage's LLM scores are fused with the distribution so far ([`fusion`]).
+
+pub mod experiments;
+pub mod fusion;
+pub mod head_swap;
+pub mod heads;
+pub mod policy;
+pub mod risk;
+pub mod route;
+pub mod route_table;
+pub mod store;
+
+use std::sync::Arc;
+
+/// The routing part of the state.
+pub struct Routing {
+    /// Routes by name.
+    pub routes: route_table::RouteTable,
+    /// The config as resolved at start (backends and routes): what a candidate head's route is built from.
+    pub resolved: tiergate_config::Resolved,
+    /// Live head swaps: shadows, the heads they replaced, what happened.
+    pub heads: heads::Heads,
+    /// Route names in config order.
+    pub route_order: Vec<String>,
+    /// The routing policy.
+    pub policy: Arc<policy::Policy>,
+    /// The shared policy store, when `[policy_store] kind = "redis"`.
+    pub store: Option<Arc<store::RedisStore>>,
+    /// Latency-injection experiments in force.
+    pub experiments: experiments::Experiments,
+}

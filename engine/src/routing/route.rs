@@ -1,0 +1,80 @@
+//! A route as requests see it: its head (prefilter), prompts, fusion, out-of-scope outcome, deadlines, cascade
+//! and error bound. Built with the state at start, or for a candidate head (a live swap); held whole in
+//! [`crate::routing::route_table::RouteTable`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tiergate_config::{PromptConfig, RouteKind};
+use tiergate_prefilter::PrefilterHandle;
+
+use crate::routing::policy::Policy;
+
+/// One route.
+pub struct Route {
+    /// The `model` name.
+    pub name: String,
+    /// What it does.
+    pub kind: RouteKind,
+    /// Its classifier (classify and answer routes).
+    pub prefilter: Option<PrefilterHandle>,
+    /// Its prompt templates (its own, else `[reranker.prompts]`).
+    pub prompts: PromptConfig,
+    /// How its escalations are fused.
+    pub fusion: crate::routing::fusion::Fusion,
+    /// The judge is shown examples per candidate in a formulation where they may differ per query
+    /// (`choice`): each candidate's examples go nearest the query first.
+    pub grounded: bool,
+    /// What it answers for a query none of its labels covers (`None`: every query gets a label).
+    pub out_of_scope: Option<crate::answer::out_of_scope::OutOfScopeRoute>,
+    /// A request's budget when it asks for none.
+    pub deadline: Option<Duration>,
+    /// The largest budget a request may ask for.
+    pub max_deadline: Duration,
+    /// Its cascade of LLM backends (at least one: the first backend by default).
+    pub stages: Vec<Stage>,
+    /// Its head's calibration rows and the θ the error bound allows (`routing.max_error`).
+    pub risk: Arc<crate::routing::risk::RouteRisk>,
+    /// Its head's version in decision records (a fingerprint of labels and temperature).
+    pub head_version: String,
+    /// Its LLM-written answers and generations at temperature 0 may be cached (`cache_generations`).
+    pub cache_generations: bool,
+}
+
+/// One stage of a route's cascade.
+#[derive(Clone)]
+pub struct Stage {
+    /// Its first backend's index ([`AppState::backend`]; answer and generate routes use it).
+    pub backend: usize,
+    /// Its name in the route (`stages[].name`, by default its first backend's): its policy's key.
+    pub name: String,
+    /// Candidates its LLM reranks (its first backend's `candidates`).
+    pub candidates: usize,
+    /// Its alternatives (index, name), the first included, and how to choose and retry among them.
+    pub alternatives: Vec<(usize, String)>,
+    pub prefer: tiergate_config::Prefer,
+    pub retries: u32,
+    /// A request goes on to this stage when the previous stage's fused ambiguity is above it (unused on the
+    /// first stage: the routing policy decides that escalation).
+    pub theta: f64,
+    /// Its own policy (stages after the first): θ_eff, modes, live changes (`/admin/routing?route=&stage=`).
+    pub policy: Option<Arc<Policy>>,
+    /// How each alternative's scores are fused with the distribution so far (Tier-0's for the first stage,
+    /// the previous stage's fused one after), in `alternatives` order: the head's fit, or the backend's values.
+    pub fusions: Vec<crate::routing::fusion::Fusion>,
+    /// Its answer-cache scope ([`crate::cache::scope`]): the part of a cached verdict's key that changes with
+    /// anything that makes its verdicts valid.
+    pub cache_scope: u64,
+}
+
+impl Stage {
+    /// The fusion of the alternative named `backend` (the first's when it is not one).
+    pub fn fusion_of(&self, backend: &str) -> &crate::routing::fusion::Fusion {
+        let i = self
+            .alternatives
+            .iter()
+            .position(|(_, n)| n == backend)
+            .unwrap_or(0);
+        &self.fusions[i]
+    }
+}

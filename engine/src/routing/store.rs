@@ -1,0 +1,330 @@
+//! The shared policy store (`[policy_store] kind = "redis"`): replicas behind one load balancer behave as one.
+//! The policy and its version live in one Redis hash; a change is a compare-and-set on the version (a Lua
+//! script, atomic in Redis) that also appends the audit line to one shared list and publishes the new version.
+//! Every replica reads the hash every `sync_ms` and installs a newer version, so a change through any replica
+//! reaches all of them within about `sync_ms`. A replica that loses Redis keeps serving its last policy, says so
+//! in `/ready` and in `tiergate_policy_store_up`, and refuses policy changes (503) until Redis is back.
+//!
+//! Each cascade stage's policy (a route's stage after the first) has a hash of its own,
+//! `{key}:stage:{route}:{stage}`, kept in step the same way. Every hash carries the `format` it was written in
+//! ([`FORMAT`]; none: 1, the replicas before stages). A replica never installs a policy written in a newer
+//! format (it could misread it) and the store refuses its writes over one (it would drop what it does not
+//! know), so during a rollout replicas of two versions neither misread nor lose each other's changes; replicas
+//! of the version before stages read and write only the routing policy's hash, which keeps its shape.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tiergate_config::{PolicyStoreConfig, RoutingConfig};
+
+use crate::routing::policy::Policy;
+
+/// The format this replica writes and reads: the policy as `RoutingConfig`'s JSON (the routing policy's hash and
+/// the stages' have the same shape). 1: the replicas before the error bound; 2 adds `mode = "risk"`,
+/// `max_error`, `confidence`, `on_breach` and `audit_rate`, which a format-1 replica would refuse to parse;
+/// 3 adds `allow_flawed_calibration`.
+pub const FORMAT: u64 = 3;
+
+const CAS: &str = r"
+local fmt = tonumber(redis.call('HGET', KEYS[1], 'format') or '1')
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if fmt > tonumber(ARGV[4]) then return {2, cur, fmt} end
+if cur ~= tonumber(ARGV[1]) then return {0, cur, fmt} end
+local new = cur + 1
+redis.call('HSET', KEYS[1], 'version', new, 'policy', ARGV[2], 'format', ARGV[4])
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('LTRIM', KEYS[2], -100000, -1)
+redis.call('PUBLISH', KEYS[3], new)
+return {1, new, tonumber(ARGV[4])}
+";
+
+/// A Redis-backed policy store.
+pub struct RedisStore {
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    key: String,
+    sync: Duration,
+    up: AtomicBool,
+}
+
+/// What a compare-and-set did.
+pub enum Cas {
+    /// Stored at this version.
+    Stored(u64),
+    /// The store is at this other version.
+    Conflict(u64),
+    /// The stored policy was written in this newer format: not overwritten.
+    Newer(u64),
+}
+
+/// A stored policy as this replica reads it.
+pub enum Stored {
+    /// Nothing stored yet.
+    Empty,
+    /// The policy and its version.
+    Policy(RoutingConfig, u64),
+    /// Written in this newer format (by a newer replica): not read.
+    Newer(u64),
+    /// Its JSON does not parse as a policy (a hand edit): not read.
+    Unreadable(u64),
+}
+
+impl RedisStore {
+    /// A store for `cfg` (no connection is made yet).
+    pub fn new(cfg: &PolicyStoreConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: redis::Client::open(cfg.url.as_str())?,
+            conn: tokio::sync::Mutex::new(None),
+            key: cfg.key.clone(),
+            sync: Duration::from_millis(cfg.sync_ms),
+            up: AtomicBool::new(false),
+        })
+    }
+
+    /// The key prefix.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How often replicas exchange state.
+    pub fn period(&self) -> Duration {
+        self.sync
+    }
+
+    /// Adds each `(key, delta)` to its shared counter (a day's expiry, renewed) and returns the totals, in order.
+    pub async fn add_counters(&self, deltas: &[(String, f64)]) -> redis::RedisResult<Vec<f64>> {
+        let r = async {
+            let mut c = self.connection().await?;
+            let mut pipe = redis::pipe();
+            for (key, delta) in deltas {
+                pipe.cmd("INCRBYFLOAT").arg(key).arg(*delta);
+                pipe.cmd("EXPIRE").arg(key).arg(86_400).ignore();
+            }
+            let totals: Vec<f64> = pipe.query_async(&mut c).await?;
+            Ok(totals)
+        }
+        .await;
+        self.note(r).await
+    }
+
+    /// Whether the last exchange with Redis worked.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| redis::RedisError::from((redis::ErrorKind::IoError, "connect timed out")))??;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Records the outcome of an exchange; a failed one drops the connection (the next one reconnects).
+    async fn note<T>(&self, r: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        let ok = r.is_ok();
+        if self.up.swap(ok, Ordering::AcqRel) != ok {
+            if ok {
+                tracing::info!(key = %self.key, "policy store reachable");
+            } else {
+                tracing::warn!(key = %self.key, error = ?r.as_ref().err(), "policy store unreachable: serving the last policy");
+            }
+        }
+        if !ok {
+            *self.conn.lock().await = None;
+        }
+        metrics::gauge!(crate::metrics::POLICY_STORE_UP).set(if ok { 1.0 } else { 0.0 });
+        r
+    }
+
+    /// The routing policy's hash.
+    pub fn routing_key(&self) -> &str {
+        &self.key
+    }
+
+    /// The hash of `route`'s stage `stage`'s policy.
+    pub fn stage_key(&self, route: &str, stage: &str) -> String {
+        format!("{}:stage:{route}:{stage}", self.key)
+    }
+
+    /// The key of `route`'s promoted head.
+    pub fn head_key(&self, route: &str) -> String {
+        format!("{}:head:{route}", self.key)
+    }
+
+    /// Writes `head` as `route`'s head in force if the record names `expected` or none was written yet (one
+    /// Lua script: compare-and-set); `Some(record)` when another head is recorded (nothing written).
+    pub async fn swap_head(
+        &self,
+        route: &str,
+        expected: &str,
+        head: &crate::routing::heads::SharedHead,
+    ) -> redis::RedisResult<Option<crate::routing::heads::SharedHead>> {
+        const SWAP: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, rec = pcall(cjson.decode, cur)
+  if not ok or rec['version'] ~= ARGV[1] then return cur end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return false";
+        let key = self.head_key(route);
+        let json = serde_json::to_string(head).unwrap_or_default();
+        let r = async {
+            let mut c = self.connection().await?;
+            redis::Script::new(SWAP)
+                .key(&key)
+                .arg(expected)
+                .arg(json)
+                .invoke_async::<Option<String>>(&mut c)
+                .await
+        }
+        .await;
+        let other = self.note(r).await?;
+        Ok(other.map(|raw| {
+            serde_json::from_str(&raw).unwrap_or(crate::routing::heads::SharedHead {
+                version: "(unreadable)".into(),
+                dir: None,
+                at_ms: 0,
+            })
+        }))
+    }
+
+    /// `route`'s promoted head, when one was published (an unreadable value reads as none).
+    pub async fn get_head(
+        &self,
+        route: &str,
+    ) -> redis::RedisResult<Option<crate::routing::heads::SharedHead>> {
+        let key = self.head_key(route);
+        let r = async {
+            let mut c = self.connection().await?;
+            c.get::<_, Option<String>>(&key).await
+        }
+        .await;
+        let raw = self.note(r).await?;
+        Ok(raw.and_then(|s| serde_json::from_str(&s).ok()))
+    }
+
+    /// The policy stored in the hash `key`.
+    pub async fn fetch(&self, key: &str) -> redis::RedisResult<Stored> {
+        let r = async {
+            let mut c = self.connection().await?;
+            let (version, policy, format): (Option<u64>, Option<String>, Option<u64>) =
+                c.hget(key, &["version", "policy", "format"]).await?;
+            Ok(match (version, policy, format.unwrap_or(1)) {
+                (Some(_), Some(_), f) if f > FORMAT => Stored::Newer(f),
+                (Some(v), Some(p), _) => serde_json::from_str(&p)
+                    .map_or(Stored::Unreadable(v), |cfg| Stored::Policy(cfg, v)),
+                _ => Stored::Empty,
+            })
+        }
+        .await;
+        self.note(r).await
+    }
+
+    /// Stores `cfg` as the version after `expected`, appending `audit` to the shared audit log, if the store
+    /// is still at `expected` (0: nothing stored yet) and was not written in a newer format.
+    pub async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: u64,
+        cfg: &RoutingConfig,
+        audit: &str,
+    ) -> redis::RedisResult<Cas> {
+        let r = async {
+            let mut c = self.connection().await?;
+            let policy = serde_json::to_string(cfg).unwrap_or_default();
+            let (stored, version, format): (u8, u64, u64) = redis::Script::new(CAS)
+                .key(key)
+                .key(format!("{}:audit", self.key))
+                .key(format!("{}:changes", self.key))
+                .arg(expected)
+                .arg(policy)
+                .arg(audit)
+                .arg(FORMAT)
+                .invoke_async(&mut c)
+                .await?;
+            Ok(match stored {
+                1 => Cas::Stored(version),
+                2 => Cas::Newer(format),
+                _ => Cas::Conflict(version),
+            })
+        }
+        .await;
+        self.note(r).await
+    }
+}
+
+/// Keeps this replica's `policy` in step with the hash `key` until the policy is dropped (with the server's
+/// state): at start the stored policy wins (or this replica's config is stored as the first version), then
+/// every `sync_ms` a newer stored version is installed. A policy in a newer format or one that does not parse
+/// is not installed (said once in the log; the policy in force stays).
+pub async fn sync_policy(store: Arc<RedisStore>, key: String, policy: Weak<Policy>) {
+    let mut seeded = false;
+    let mut refused: Option<String> = None;
+    loop {
+        let Some(policy) = policy.upgrade() else {
+            return;
+        };
+        match store.fetch(&key).await {
+            Ok(Stored::Policy(cfg, version)) => {
+                let adopt = !seeded;
+                seeded = true;
+                refused = None;
+                if policy.install(cfg, version, adopt) {
+                    tracing::info!(
+                        key,
+                        version,
+                        "routing policy from the shared store installed"
+                    );
+                }
+            }
+            Ok(Stored::Empty) if !seeded => {
+                // Nothing stored yet: this replica's policy becomes version 1 of the shared one.
+                let local = policy.current();
+                let line =
+                    serde_json::json!({"event": "seeded", "version": 1, "key": key}).to_string();
+                if let Ok(Cas::Stored(v)) = store.compare_and_set(&key, 0, &local.cfg, &line).await
+                {
+                    policy.install(local.cfg.clone(), v, true);
+                    seeded = true;
+                }
+            }
+            Ok(Stored::Newer(f)) => {
+                let why = format!("written in format {f} (this replica reads up to {FORMAT}): upgrade this replica");
+                warn_once(&mut refused, &key, why);
+            }
+            Ok(Stored::Unreadable(v)) => {
+                warn_once(
+                    &mut refused,
+                    &key,
+                    format!("version {v} does not parse as a policy"),
+                );
+            }
+            _ => {}
+        }
+        let period = store.sync;
+        drop(policy);
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// Logs why the shared policy in `key` is not installed, once per reason.
+fn warn_once(said: &mut Option<String>, key: &str, why: String) {
+    if said.as_deref() != Some(why.as_str()) {
+        tracing::warn!(
+            key,
+            "the shared policy is not installed (the policy in force stays): {why}"
+        );
+        *said = Some(why);
+    }
+}

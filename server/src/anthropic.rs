@@ -1,0 +1,280 @@
+//! Anthropic Messages wire types (`POST /v1/messages`, what the `anthropic` SDKs send and read) and their
+//! mapping onto the chat door's request, so that one validation and one engine call serve both dialects.
+//! Unknown request fields are refused (naming the field): a field this door does not honour is never dropped
+//! in silence. Errors take Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), reshaped
+//! from the door's own errors in one place ([`reshape`]).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::openai::ChatRequest;
+
+/// `POST /v1/messages` body, as sent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesRequest {
+    /// The route name.
+    pub model: String,
+    /// Required by the API; checked with a clear error when missing.
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub system: Option<System>,
+    #[serde(default)]
+    pub stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub metadata: Option<Metadata>,
+    /// Refused with a clear error until this door calls tools.
+    #[serde(default)]
+    pub tools: Option<Value>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+}
+
+/// `metadata`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    #[serde(default)]
+    pub user_id: Option<String>,
+}
+
+/// `system`: a string or text blocks.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum System {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// One message.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: String,
+    pub content: MessageContent,
+}
+
+/// A message's content: a string or blocks.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// A content block; only `text` is read here, the others are named in the error that refuses them.
+#[derive(Debug, Deserialize)]
+pub struct Block {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// The text of `blocks`, or a 400 naming `at` for a block that is not text.
+fn text_of(blocks: &[Block], at: &str) -> Result<String, ApiError> {
+    let mut out = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match (b.kind.as_str(), &b.text) {
+            ("text", Some(t)) => out.push(t.as_str()),
+            ("text", None) => {
+                return Err(ApiError::invalid(
+                    format!("{at}.{i}.text"),
+                    "a text block needs `text`",
+                ))
+            }
+            (kind, _) => {
+                return Err(ApiError::invalid(
+                    format!("{at}.{i}.type"),
+                    format!("content blocks of type `{kind}` are not supported by this server"),
+                ))
+            }
+        }
+    }
+    Ok(out.join("\n"))
+}
+
+impl MessagesRequest {
+    /// Whether the answer streams.
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// The same request in the chat door's terms: `system` first, the messages in order, the sampling and
+    /// stop sequences, `metadata.user_id` as the user. `max_tokens` is required (≥ 1); `tools`, `tool_choice`
+    /// and `top_k` are refused by name rather than ignored.
+    pub fn into_chat(self) -> Result<ChatRequest, ApiError> {
+        let max_tokens = self
+            .max_tokens
+            .ok_or_else(|| ApiError::invalid("max_tokens", "max_tokens: Field required"))?;
+        if max_tokens < 1 {
+            return Err(ApiError::invalid("max_tokens", "must be at least 1"));
+        }
+        if self.tools.is_some() || self.tool_choice.is_some() {
+            return Err(ApiError::invalid(
+                "tools",
+                "tool use is not supported by this server's Messages API yet",
+            ));
+        }
+        if self.top_k.is_some() {
+            return Err(ApiError::invalid(
+                "top_k",
+                "top_k is not supported by this server",
+            ));
+        }
+        let mut messages = Vec::new();
+        match self.system {
+            Some(System::Text(t)) => messages.push(json!({"role": "system", "content": t})),
+            Some(System::Blocks(b)) => {
+                messages.push(json!({"role": "system", "content": text_of(&b, "system")?}))
+            }
+            None => {}
+        }
+        for (i, m) in self.messages.into_iter().enumerate() {
+            if m.role != "user" && m.role != "assistant" {
+                return Err(ApiError::invalid(
+                    format!("messages.{i}.role"),
+                    format!("role `{}`: must be `user` or `assistant`", m.role),
+                ));
+            }
+            let content = match m.content {
+                MessageContent::Text(t) => t,
+                MessageContent::Blocks(b) => text_of(&b, &format!("messages.{i}.content"))?,
+            };
+            messages.push(json!({"role": m.role, "content": content}));
+        }
+        let chat = json!({
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": self.stop_sequences,
+            "stream": self.stream,
+            "user": self.metadata.and_then(|m| m.user_id),
+        });
+        serde_json::from_value(chat).map_err(|e| ApiError::Invalid {
+            message: format!("invalid request body: {e}"),
+            param: None,
+        })
+    }
+}
+
+/// Anthropic's `stop_reason` for the chat door's finish reason.
+pub fn stop_reason(finish: &str) -> &'static str {
+    match finish {
+        "length" => "max_tokens",
+        _ => "end_turn",
+    }
+}
+
+/// Anthropic's error type for an HTTP status.
+pub fn error_type(status: u16) -> &'static str {
+    match status {
+        400 | 405 | 408 | 409 | 412 | 422 | 431 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// An error body in Anthropic's shape.
+pub fn error_body(status: u16, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": error_type(status), "message": message}})
+}
+
+/// An error response of the chat door (OpenAI's shape, or a plain body from a layer) in Anthropic's shape,
+/// keeping its status and headers (`retry-after`, the request id).
+pub async fn reshape(resp: axum::response::Response) -> axum::response::Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_default();
+    let message = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).trim().to_string());
+    let body = error_body(status.as_u16(), &message).to_string();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    axum::response::Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<ChatRequest, ApiError> {
+        serde_json::from_value::<MessagesRequest>(v)
+            .map_err(|e| ApiError::invalid("body", e.to_string()))?
+            .into_chat()
+    }
+
+    #[test]
+    fn a_messages_request_maps_onto_the_chat_door() {
+        let c = parse(json!({"model": "generate", "max_tokens": 8,
+            "system": [{"type": "text", "text": "be brief"}],
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+                         {"role": "user", "content": "again"}],
+            "stop_sequences": ["\n"], "temperature": 0.0, "metadata": {"user_id": "u1"}}))
+        .unwrap();
+        assert_eq!(c.model, "generate");
+        assert_eq!(c.messages.len(), 4);
+        assert_eq!(c.messages[0].role, "system");
+        assert_eq!(c.max_tokens, Some(8));
+        assert_eq!(c.user.as_deref(), Some("u1"));
+    }
+
+    #[test]
+    fn what_this_door_does_not_honour_is_refused_by_name() {
+        let param = |v: Value| match parse(v) {
+            Err(ApiError::Invalid { param, .. }) => param.unwrap_or_default(),
+            other => panic!("{other:?}"),
+        };
+        let m = json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(param(json!({"model": "a", "messages": m})), "max_tokens");
+        assert_eq!(
+            param(json!({"model": "a", "max_tokens": 1, "messages": m, "tools": []})),
+            "tools"
+        );
+        assert_eq!(
+            param(json!({"model": "a", "max_tokens": 1, "messages": m, "top_k": 5})),
+            "top_k"
+        );
+        let image = json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]);
+        assert_eq!(
+            param(json!({"model": "a", "max_tokens": 1, "messages": image})),
+            "messages.0.content.0.type"
+        );
+        let system_role = json!([{"role": "system", "content": "x"}]);
+        assert_eq!(
+            param(json!({"model": "a", "max_tokens": 1, "messages": system_role})),
+            "messages.0.role"
+        );
+        assert_eq!(error_type(529), "overloaded_error");
+        assert_eq!(error_type(404), "not_found_error");
+    }
+}

@@ -1,0 +1,361 @@
+//! `POST /v1/responses` (OpenAI Responses): parse → the chat door's validation → the engine's one call →
+//! render a `response` (JSON, or its semantic events in order). Every route answers here as on Chat
+//! Completions: a label, its reply or its JSON object as the output text, a generation streamed as
+//! `response.output_text.delta` events; the same admission, tenants, budgets, cache, bound and records.
+//! With `[responses] store`, a response is kept with its conversation ([`tiergate_engine::answer::stored`]):
+//! `previous_response_id` continues it and `GET /v1/responses/{id}` shows it, for its tenant only.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, Asking};
+use crate::openai_responses::ResponsesRequest;
+use crate::validate::ValidChat;
+use tiergate_engine::answer::stored::{ResponseStore, StoredResponse};
+use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
+use tiergate_engine::state::AppState;
+use tiergate_engine::tenancy::tenants::TenantId;
+
+use super::chat::{in_dialect, validated};
+use super::respond::{collected, finish, label_text, refused};
+
+/// The store the server was configured with (`[responses] store`), if any.
+pub type Store = Option<Arc<dyn ResponseStore>>;
+
+/// What a kept response needs besides the answer: the store, its tenant, the conversation that led to it,
+/// and the response it continues.
+#[derive(Clone)]
+struct Keep {
+    store: Option<Arc<dyn ResponseStore>>,
+    tenant: String,
+    turns: Vec<(String, String)>,
+    previous: Option<String>,
+}
+
+impl Keep {
+    /// The response object as it is answered and kept: `store` says whether it is kept.
+    fn dress(&self, mut r: Value) -> Value {
+        r["store"] = json!(self.store.is_some());
+        r["previous_response_id"] = json!(self.previous);
+        r
+    }
+
+    /// Keeps a finished response with its conversation (in the background; a failed write is logged).
+    fn save(&self, v: &ValidChat, text: &str, response: &Value) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let mut messages = self.turns.clone();
+        messages.push(("assistant".into(), text.to_string()));
+        let r = StoredResponse {
+            id: v.id.clone(),
+            tenant: self.tenant.clone(),
+            at_ms: tiergate_engine::evidence::ledger::now_ms(),
+            messages,
+            response: response.clone(),
+        };
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = store.put(&r) {
+                tracing::warn!(id = %r.id, error = %e, "a response was not stored");
+            }
+        });
+    }
+}
+
+/// The handler.
+pub async fn responses(
+    State(state): State<Arc<AppState>>,
+    Extension(store): Extension<Store>,
+    asking: Asking,
+    ApiJson(req): ApiJson<ResponsesRequest>,
+) -> Response {
+    let stream = req.streams();
+    let keep_it = req.store.unwrap_or(true);
+    let previous = req.previous_response_id.clone();
+    let turns = match continued(store.as_ref(), previous.as_deref(), &asking.tenant).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let started = Instant::now();
+    let (v, turns) = match req
+        .into_chat(turns)
+        .and_then(|(chat, turns)| Ok((validated(&state, &asking, chat, started)?, turns)))
+    {
+        Ok((v, turns)) => (in_dialect(v, "resp_", "responses"), turns),
+        Err(e) => return e.into_response(),
+    };
+    let keep = Keep {
+        store: store.filter(|_| keep_it),
+        tenant: asking.tenant.0.to_string(),
+        turns,
+        previous,
+    };
+    match tiergate_engine::answer::answer(&state, &v).await {
+        Ok(a) => render(&state, &v, stream, a, keep).await,
+        Err(d) => refused(&v, d),
+    }
+}
+
+/// The conversation `previous` names, when the server stores responses and this tenant stored it.
+async fn continued(
+    store: Option<&Arc<dyn ResponseStore>>,
+    previous: Option<&str>,
+    tenant: &TenantId,
+) -> Result<Vec<(String, String)>, ApiError> {
+    let Some(id) = previous else {
+        return Ok(Vec::new());
+    };
+    let Some(store) = store else {
+        return Err(ApiError::invalid(
+            "previous_response_id",
+            "this server stores no responses ([responses] store = false): send the whole conversation as `input`",
+        ));
+    };
+    fetch(store, id, tenant)
+        .await?
+        .map(|r| r.messages)
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+            "no stored response `{id}` (previous_response_id): unknown, expired, or not this key's"
+        ))
+        })
+}
+
+/// `GET /v1/responses/{id}`: a stored response of the caller's; 404 otherwise (another tenant's is not said
+/// to exist), and when the server stores none.
+pub async fn retrieve(
+    Extension(store): Extension<Store>,
+    tenant: Option<Extension<TenantId>>,
+    Path(id): Path<String>,
+) -> Response {
+    let tenant = tenant.map_or_else(TenantId::anonymous, |t| t.0);
+    let Some(store) = store else {
+        return ApiError::NotFound(
+            "this server stores no responses ([responses] store = false)".into(),
+        )
+        .into_response();
+    };
+    match fetch(&store, &id, &tenant).await {
+        Ok(Some(r)) => axum::Json(r.response).into_response(),
+        Ok(None) => ApiError::NotFound(format!("no response `{id}`")).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `tenant`'s stored response `id`, read off the async runtime.
+async fn fetch(
+    store: &Arc<dyn ResponseStore>,
+    id: &str,
+    tenant: &TenantId,
+) -> Result<Option<StoredResponse>, ApiError> {
+    let (store, key, who) = (store.clone(), id.to_string(), tenant.0.to_string());
+    tokio::task::spawn_blocking(move || store.get(&key, &who))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Unavailable(format!("the response store cannot be reached: {e}")))
+}
+
+/// The `response` for the engine's answer, as JSON or as its events.
+async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer, keep: Keep) -> Response {
+    let Answer {
+        body,
+        mut outcome,
+        admitted,
+    } = a;
+    let one = |text: String, end: &str, t: Tokens| {
+        if stream {
+            one_piece_events(v, &keep, &text, end, t)
+        } else {
+            let r = keep.dress(response(v, "completed", Some(&text), end, t));
+            keep.save(v, &text, &r);
+            axum::Json(r).into_response()
+        }
+    };
+    let resp = match body {
+        Body::Label(l) => {
+            let text = label_text(v, &outcome, &l);
+            one(text, "stop", tokens(l.prompt_tokens, 1))
+        }
+        Body::Text { text, tokens } => one(text, "stop", tokens),
+        Body::Stream(g) if stream => events(v, keep.clone(), *g),
+        Body::Stream(g) => match collected(*g, &mut outcome).await {
+            Ok((text, end, t)) => one(text, end.as_str(), t),
+            Err(e) => e.into_response(),
+        },
+    };
+    finish(resp, state, &outcome, admitted)
+}
+
+fn tokens(prompt: u32, completion: u32) -> Tokens {
+    Tokens { prompt, completion }
+}
+
+/// The output message item (its text so far, or none yet).
+fn item(v: &ValidChat, status: &str, text: Option<&str>) -> Value {
+    let content: Vec<Value> = text.map(part).into_iter().collect();
+    json!({"type": "message", "id": item_id(v), "status": status, "role": "assistant", "content": content})
+}
+
+fn item_id(v: &ValidChat) -> String {
+    format!("msg_{}", v.id.trim_start_matches("resp_"))
+}
+
+fn part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": []})
+}
+
+/// A `response` object: `status` `in_progress` (no output yet, `text` none) or `completed`/`incomplete`.
+fn response(v: &ValidChat, status: &str, text: Option<&str>, end: &str, t: Tokens) -> Value {
+    let (status, incomplete) = match (status, end) {
+        ("completed", "length") => ("incomplete", json!({"reason": "max_output_tokens"})),
+        (s, _) => (s, Value::Null),
+    };
+    let output: Vec<Value> = text
+        .map(|t| item(v, "completed", Some(t)))
+        .into_iter()
+        .collect();
+    let format = if v.json_object { "json_object" } else { "text" };
+    json!({
+        "id": v.id, "object": "response", "created_at": tiergate_engine::load::utilization::unix_now_s(),
+        "status": status, "error": null, "incomplete_details": incomplete, "model": v.route,
+        "output": output, "parallel_tool_calls": false, "previous_response_id": null,
+        "temperature": v.temperature, "top_p": v.top_p, "max_output_tokens": v.max_tokens,
+        "tool_choice": "none", "tools": [], "text": {"format": {"type": format}}, "truncation": "disabled",
+        "store": false, "metadata": {}, "instructions": null,
+        "usage": {"input_tokens": t.prompt, "output_tokens": t.completion,
+                  "total_tokens": t.prompt + t.completion,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    })
+}
+
+/// Numbers the events of one response in order (`sequence_number`).
+struct Seq(u64);
+
+impl Seq {
+    fn event(&mut self, kind: &str, mut data: Value) -> Event {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.0);
+        self.0 += 1;
+        Event::default().event(kind).data(data.to_string())
+    }
+
+    /// `response.created`, `response.in_progress`, the item and its text part added.
+    fn opening(&mut self, v: &ValidChat, keep: &Keep) -> Vec<Event> {
+        let r = keep.dress(response(v, "in_progress", None, "stop", tokens(0, 0)));
+        vec![
+            self.event("response.created", json!({"response": r})),
+            self.event("response.in_progress", json!({"response": r})),
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": item(v, "in_progress", None)}),
+            ),
+            self.event(
+                "response.content_part.added",
+                json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "part": part("")}),
+            ),
+        ]
+    }
+
+    fn delta(&mut self, v: &ValidChat, text: &str) -> Event {
+        self.event(
+            "response.output_text.delta",
+            json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "delta": text}),
+        )
+    }
+
+    /// The text, its part and item done, then `response.completed` (or `response.incomplete`).
+    /// The finished response is kept (`[responses] store`) as it is announced.
+    fn closing(
+        &mut self,
+        v: &ValidChat,
+        keep: &Keep,
+        text: &str,
+        end: &str,
+        t: Tokens,
+    ) -> Vec<Event> {
+        let done = keep.dress(response(v, "completed", Some(text), end, t));
+        keep.save(v, text, &done);
+        let last = if done["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        vec![
+            self.event(
+                "response.output_text.done",
+                json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "text": text}),
+            ),
+            self.event(
+                "response.content_part.done",
+                json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "part": part(text)}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": 0, "item": item(v, "completed", Some(text))}),
+            ),
+            self.event(last, json!({"response": done})),
+        ]
+    }
+}
+
+/// A one-piece answer as the whole event sequence.
+fn one_piece_events(v: &ValidChat, keep: &Keep, text: &str, end: &str, t: Tokens) -> Response {
+    let mut seq = Seq(0);
+    let mut all = seq.opening(v, keep);
+    all.push(seq.delta(v, text));
+    all.extend(seq.closing(v, keep, text, end, t));
+    Sse::new(futures_util::stream::iter(
+        all.into_iter().map(Ok::<_, Infallible>),
+    ))
+    .into_response()
+}
+
+/// A generation as Responses events, fed by a task that ends (cancelling the job) when the client goes; an
+/// error after the start is a `response.failed` event.
+fn events(v: &ValidChat, keep: Keep, mut g: Generation) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    let v = v.clone();
+    tokio::spawn(async move {
+        let mut seq = Seq(0);
+        for e in seq.opening(&v, &keep) {
+            if tx.send(e).await.is_err() {
+                return;
+            }
+        }
+        let mut text = String::new();
+        while let Some(next) = g.next().await {
+            let out: Vec<Event> = match next {
+                Ok(Delta::Text(t)) => {
+                    text.push_str(&t);
+                    vec![seq.delta(&v, &t)]
+                }
+                Ok(Delta::End { finish, tokens }) => {
+                    seq.closing(&v, &keep, &text, finish.as_str(), tokens)
+                }
+                Ok(_) => continue,
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    let mut r = keep.dress(response(&v, "failed", None, "stop", tokens(0, 0)));
+                    r["error"] = json!({"code": e.parts().2, "message": e.to_string()});
+                    vec![seq.event("response.failed", json!({"response": r}))]
+                }
+            };
+            for e in out {
+                if tx.send(e).await.is_err() {
+                    return; // client gone: dropping the generation cancels the job
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>)).into_response()
+}

@@ -1,0 +1,224 @@
+//! The other dialects' doors against the real server, through their official SDKs: Anthropic Messages
+//! (`tests/python/anthropic_messages.py`, the `anthropic` package that scripts/test.sh installs) and OpenAI
+//! Responses (`tests/python/openai_responses.py`) on every route, plain and streamed, with errors in each
+//! door's shape and Anthropic keys as `x-api-key`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Command;
+
+use common::{key_sha256, start};
+use tiergate_tests::root;
+
+fn sdk(script: &str, base: &str, keys: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg(root().join("tests/python").join(script))
+        .arg(base)
+        .args(keys)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed (are the `anthropic` and `openai` packages installed? scripts/test.sh installs them):\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    eprint!("{stdout}");
+    stdout
+}
+
+/// Every route through `POST /v1/messages` with the official `anthropic` SDK (stub LLM engine).
+#[test]
+fn the_anthropic_sdk_talks_to_every_route() {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let s = start(&["--set", "reranker.engine=\"stub\"", "--set", &ledger]);
+    sdk("anthropic_messages.py", &s.base, &[]);
+    assert_door_counted(&s.base, "messages");
+}
+
+/// The request counter names the door its requests came through.
+fn assert_door_counted(base: &str, door: &str) {
+    let m = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let want = format!("door=\"{door}\"");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("tiergate_requests_total{") && l.contains(&want)),
+        "no tiergate_requests_total with {want}:\n{m}"
+    );
+}
+
+/// With tenants, the SDK's `x-api-key` is the tenant's key; an unknown key is a 401 `authentication_error`.
+#[test]
+fn an_anthropic_key_is_a_tenant_key() {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}]",
+        key_sha256("key-a")
+    );
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        &ledger,
+        "--set",
+        &tenants,
+    ]);
+    sdk("anthropic_messages.py", &s.base, &["key-a", "key-wrong"]);
+}
+
+/// Every route through `POST /v1/responses` with the official `openai` SDK (stub LLM engine).
+#[test]
+fn the_openai_sdk_talks_to_every_route_through_responses() {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let s = start(&["--set", "reranker.engine=\"stub\"", "--set", &ledger]);
+    sdk("openai_responses.py", &s.base, &[]);
+    assert_door_counted(&s.base, "responses");
+}
+
+/// `tiergate-bench --api responses|messages` load-tests those doors as it does Chat Completions: every
+/// request answered, the channels and their bands reported, time to first token measured on a stream, and
+/// the Messages key sent as `x-api-key` (the server has a tenant, so a wrong header would be 401s).
+#[test]
+fn the_bench_speaks_every_dialect() {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}]",
+        key_sha256("key-a")
+    );
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        &ledger,
+        "--set",
+        &tenants,
+    ]);
+    for (api, route, stream) in [
+        ("chat", "classify", false),
+        ("responses", "classify", false),
+        ("responses", "generate", true),
+        ("messages", "answer", false),
+        ("messages", "generate", true),
+    ] {
+        let out = work.path().join(format!("{api}-{route}.json"));
+        let mut cmd = Command::new(tiergate_tests::binary("tiergate-bench"));
+        cmd.current_dir(root())
+            .args(["--url", &s.base, "--api-key", "key-a", "--api", api])
+            .args(["--route", route, "--data", "bench/workloads/bank24.jsonl"])
+            .args([
+                "--requests",
+                "20",
+                "--concurrency",
+                "2",
+                "--max-tokens",
+                "8",
+            ])
+            .arg("--json")
+            .arg(&out)
+            .arg("--quiet");
+        if stream {
+            cmd.arg("--stream");
+        }
+        let o = cmd.output().unwrap();
+        assert!(
+            o.status.success(),
+            "{api} {route}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        let run = &v["runs"][0];
+        assert_eq!(run["settings"]["api"], api);
+        let all = run["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["channel"] == "all")
+            .unwrap_or_else(|| panic!("{api}: {run}"));
+        assert_eq!(all["count"], 20, "{api} {route}: {all}");
+        let errors: u64 = all["errors"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(errors, 0, "{api} {route}: {all}");
+        assert!(all["band"].is_string(), "{api} {route}: {all}");
+        if stream {
+            assert!(all["ttft"]["p50_ms"].as_f64().unwrap() > 0.0, "{all}");
+            assert!(all["tokens_out"].as_u64().unwrap() >= 20, "{all}");
+        }
+    }
+}
+
+/// With `[responses] store = true`: a response is retrieved, `previous_response_id` continues it (plain and
+/// streamed), `store: false` keeps nothing, and another tenant's response is neither shown nor continued;
+/// kept in the SQLite file, a response is still there after a restart.
+#[test]
+fn stored_responses_continue_for_their_tenant_only() {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        key_sha256("key-a"),
+        key_sha256("key-b")
+    );
+    let file = format!(
+        "responses.path=\"{}\"",
+        work.path().join("responses.sqlite").display()
+    );
+    let args = [
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        &ledger,
+        "--set",
+        &tenants,
+        "--set",
+        "responses.store=true",
+        "--set",
+        &file,
+    ];
+    let s = start(&args);
+    let out = sdk("openai_responses_store.py", &s.base, &["key-a", "key-b"]);
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("first-id "))
+        .unwrap()
+        .to_string();
+    drop(s);
+    assert!(work.path().join("responses.sqlite").is_file());
+    let s = start(&args);
+    let v: serde_json::Value = ureq::get(&format!("{}/v1/responses/{id}", s.base))
+        .set("authorization", "Bearer key-a")
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(v["id"], id.as_str(), "{v}");
+}
