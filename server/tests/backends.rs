@@ -126,9 +126,9 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
     }));
     live(&r, 0);
     live(&r, 1);
-    tokio::spawn(tiergate_engine::util::sample_utilization(Arc::downgrade(
-        &r.state,
-    )));
+    tokio::spawn(tiergate_engine::load::utilization::sample_utilization(
+        Arc::downgrade(&r.state),
+    ));
     let load: Vec<_> = (0..3)
         .map(|_| {
             let r = r.clone();
@@ -143,7 +143,7 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
         let top = routing(&r, "").await;
         stage_u = f64::max(stage_u, stage["utilization"].as_f64().unwrap());
         routing_u = top["utilization"].as_f64().unwrap();
-        if r.state.brownout() > tiergate_engine::brownout::Step::Normal {
+        if r.state.brownout() > tiergate_engine::load::brownout::Step::Normal {
             step = r.state.brownout().as_str().to_string();
         }
     }
@@ -270,9 +270,9 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
         c.brownout.p95_limit_ms = 60_000;
     }));
     live(&r, 0);
-    tokio::spawn(tiergate_engine::util::sample_utilization(Arc::downgrade(
-        &r.state,
-    )));
+    tokio::spawn(tiergate_engine::load::utilization::sample_utilization(
+        Arc::downgrade(&r.state),
+    ));
     let load: Vec<_> = (0..4)
         .map(|_| {
             let r = r.clone();
@@ -323,7 +323,7 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
 /// Waits (≤ 10 s) until every backend of `r` has a live worker.
 fn all_live(r: Rig) -> Rig {
     let t = Instant::now();
-    while (0..r.state.backend_names.len()).any(|i| {
+    while (0..r.state.backends.len()).any(|i| {
         r.state
             .backend(i)
             .is_none_or(|b| b.client.live_workers() == 0)
@@ -381,7 +381,7 @@ async fn a_failing_backend_opens_the_breaker_and_a_probe_tries_it_again() {
     let (s, h, b) = call(&r.app, ask("generate")).await;
     assert_openai_error(s, &b, 503);
     assert!(h.contains_key("retry-after"));
-    assert!(!r.state.llm.as_ref().unwrap().breaker_closed());
+    assert!(!r.state.default_llm().unwrap().breaker_closed());
     let (s, _, _) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK, "Tier-0 still serves");
     // After the cooldown: one probe reaches the backend (and fails), then it is open again.
@@ -430,19 +430,24 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
         |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
     let both = |r: Rig| {
         let t = Instant::now();
-        while r
-            .state
-            .backend(1)
-            .is_none_or(|b| b.client.live_workers() == 0)
-        {
-            assert!(t.elapsed() < Duration::from_secs(10), "big never started");
+        // The rig waits for one live worker in all; each stage needs its own before the first ask.
+        while (0..2).any(|i| {
+            r.state
+                .backend(i)
+                .is_none_or(|b| b.client.live_workers() == 0)
+        }) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "a stage never started"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         r
     };
     // θ 0 on the big stage: any ambiguity left goes on to it.
     let r = both(rig(1, cascade(0.0, "")));
-    assert_eq!(r.state.backend_names, vec!["small", "big"]);
+    let names: Vec<&str> = r.state.backends.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["small", "big"]);
     let (s, h, b) = call(&r.app, ask()).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
