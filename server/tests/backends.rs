@@ -428,24 +428,8 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     };
     let header =
         |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
-    let both = |r: Rig| {
-        let t = Instant::now();
-        // The rig waits for one live worker in all; each stage needs its own before the first ask.
-        while (0..2).any(|i| {
-            r.state
-                .backend(i)
-                .is_none_or(|b| b.client.live_workers() == 0)
-        }) {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "a stage never started"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        r
-    };
     // θ 0 on the big stage: any ambiguity left goes on to it.
-    let r = both(rig(1, cascade(0.0, "")));
+    let r = all_live(rig(1, cascade(0.0, "")));
     let names: Vec<&str> = r.state.backends.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["small", "big"]);
     let (s, h, b) = call(&r.app, ask()).await;
@@ -454,7 +438,7 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("big"));
     drop(r);
     // θ 1: the small stage's answer is sure enough.
-    let r = both(rig(1, cascade(1.0, "")));
+    let r = all_live(rig(1, cascade(1.0, "")));
     let (_, h, _) = call(&r.app, ask()).await;
     assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("small"));
     // The big stage's own policy, changed live: θ 0 sends the next request on.
@@ -500,7 +484,7 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     assert_openai_error(s, &b, 404);
     drop(r);
     // The big stage answers garbage: the small stage's answer stands, degraded.
-    let r = both(rig(
+    let r = all_live(rig(
         1,
         cascade(0.0, "extra_args = [\"--stub-garbage-every\", \"1\"]"),
     ));
