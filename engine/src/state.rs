@@ -593,5 +593,6 @@ pub fn start_backend(
             r.capacity(),
             r.in_flight_limit().saturating_sub(r.capacity()),
         ),
+        tools: r.tools,
     })
 }

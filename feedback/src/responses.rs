@@ -91,7 +91,7 @@ mod tests {
             id: id.into(),
             tenant: tenant.into(),
             at_ms,
-            messages: vec![("user".into(), "hi".into())],
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
             response: serde_json::json!({"id": id}),
         }
     }

@@ -28,6 +28,8 @@ use crate::slot;
 pub enum Event {
     /// A token chunk of a generation.
     Chunk(String),
+    /// A whole tool call of a generation.
+    ToolCall(crate::protocol::ToolCall),
     /// The final answer (last event).
     Reply(Reply),
     /// The final failure (last event).
@@ -152,7 +154,7 @@ fn kind_of(job: &Job) -> u32 {
 /// The outcome if `event` ends the job (chunks do not; a closed channel means the job was cancelled).
 fn final_event(event: std::result::Result<Event, flume::RecvError>) -> Option<Result<Reply>> {
     match event {
-        Ok(Event::Chunk(_)) => None,
+        Ok(Event::Chunk(_) | Event::ToolCall(_)) => None,
         Ok(Event::Reply(r)) => Some(Ok(r)),
         Ok(Event::Error(e)) => Some(Err(e)),
         Err(_) => Some(Err(QueueError::Cancelled)),
@@ -532,6 +534,9 @@ fn forward_frames(seg: &Segment, i: usize, f: &mut Inflight, st: u32) -> bool {
                 match frame {
                     Frame::Chunk(c) => {
                         let _ = f.tx.send(Event::Chunk(c));
+                    }
+                    Frame::ToolCall(c) => {
+                        let _ = f.tx.send(Event::ToolCall(c));
                     }
                     Frame::Reply(r) => {
                         f.resolved = true;

@@ -13,7 +13,7 @@ pub const MAGIC: u64 = 0x5449_4552_4741_5445;
 /// Bumped on any change of the layout below or of the job encoding (2: per-slot wake-ups, counted waiters,
 /// postcard-encoded jobs and replies; 3: jobs carry the submitter's trace context; 4: a rerank carries no fusion
 /// weights and its reply only the LLM's scores: the server fuses).
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Worker records in the header.
 pub const MAX_WORKERS: usize = 16;
 

@@ -19,7 +19,8 @@ pub use error::{QueueError, Result};
 pub use layout::{Geometry, Segment};
 pub use protocol::{
     decode_job, decode_job_traced, decode_reply, encode_job, encode_job_traced, encode_reply,
-    Candidate, Job, Message, Reply, RerankReply, Sampling, TraceParent, Usage,
+    Candidate, Job, Message, Reply, RerankReply, Sampling, Tool, ToolCall, ToolChoice, Tools,
+    TraceParent, Usage,
 };
 pub use supervise::{Supervisor, SupervisorConfig, SupervisorStats};
 pub use worker::{QueueWorker, Taken, TakenJob};

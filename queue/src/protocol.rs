@@ -30,12 +30,67 @@ pub struct Candidate {
 }
 
 /// A chat message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool` (a tool's result).
     pub role: String,
-    /// The text.
+    /// The text (a tool message: the tool's output).
     pub content: String,
+    /// The calls an assistant turn made.
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A function call the model made (or an earlier turn made).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id (a tool message names it).
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, a JSON document as text.
+    pub arguments: String,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tool {
+    /// The function's name.
+    pub name: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Its parameters' JSON Schema, as text (postcard cannot carry a self-describing JSON value).
+    pub parameters: String,
+}
+
+/// Whether and which tool the model must call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No call.
+    None,
+    /// At least one call (not every engine can force this: it says so).
+    Required,
+    /// A call of this function.
+    Function(String),
+}
+
+/// The tools of a generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Tools {
+    /// The functions offered.
+    pub list: Vec<Tool>,
+    /// What the model must do with them.
+    pub choice: ToolChoice,
+    /// Several calls in one turn are allowed.
+    pub parallel: bool,
 }
 
 /// Sampling parameters for generation.
@@ -81,6 +136,9 @@ pub enum Job {
         messages: Vec<Message>,
         /// Sampling parameters.
         sampling: Sampling,
+        /// The functions it may call; none: a plain generation.
+        #[serde(default)]
+        tools: Option<Tools>,
     },
 }
 
@@ -100,7 +158,7 @@ pub struct Usage {
     pub prompt_tokens: u32,
     /// Generated tokens.
     pub completion_tokens: u32,
-    /// `stop`, `length` or `cancelled`.
+    /// `stop`, `length`, `tool_calls` or `cancelled`.
     pub finish_reason: String,
 }
 
@@ -122,6 +180,8 @@ pub mod frame {
     pub const REPLY: u8 = 2;
     /// The final error (UTF-8 message).
     pub const ERROR: u8 = 3;
+    /// One whole tool call ([`super::ToolCall`], postcard).
+    pub const TOOL_CALL: u8 = 4;
 }
 
 /// The submitter's trace context (W3C header values), carried with a job so that the worker's spans continue
@@ -189,6 +249,14 @@ pub enum Frame {
     Reply(Reply),
     /// The final error.
     Error(String),
+    /// A whole tool call.
+    ToolCall(ToolCall),
+}
+
+/// Encodes a tool call for a [`frame::TOOL_CALL`] frame.
+pub fn encode_tool_call(call: &ToolCall) -> Result<Vec<u8>> {
+    postcard::to_allocvec(call)
+        .map_err(|e| QueueError::Protocol(format!("cannot encode tool call: {e}")))
 }
 
 /// Decodes the complete frames in `bytes`; returns them and the number of bytes consumed. A frame that claims
@@ -217,6 +285,10 @@ pub fn decode_frames(bytes: &[u8]) -> Result<(Vec<Frame>, usize)> {
             frame::CHUNK => Frame::Chunk(text()?),
             frame::REPLY => Frame::Reply(decode_reply(payload)?),
             frame::ERROR => Frame::Error(text()?),
+            frame::TOOL_CALL => Frame::ToolCall(
+                postcard::from_bytes(payload)
+                    .map_err(|e| QueueError::Protocol(format!("bad tool call: {e}")))?,
+            ),
             other => return Err(QueueError::Protocol(format!("unknown frame kind {other}"))),
         });
         at = end;
@@ -245,6 +317,17 @@ mod tests {
             vec![Frame::Chunk("Hel".into()), Frame::Chunk("lo".into())]
         );
         let (rest, used2) = decode_frames(&bytes[used..]).unwrap();
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Zürich"}"#.into(),
+        };
+        let framed = encode_frame(frame::TOOL_CALL, &encode_tool_call(&call).unwrap());
+        assert_eq!(
+            decode_frames(&framed).unwrap().0,
+            vec![Frame::ToolCall(call)]
+        );
+        assert!(decode_frames(&encode_frame(frame::TOOL_CALL, b"\xff")).is_err());
         assert_eq!(rest, vec![Frame::Reply(reply)]);
         assert_eq!(used + used2, bytes.len());
     }

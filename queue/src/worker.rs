@@ -255,6 +255,16 @@ impl Taken {
         !self.cancelled() && self.append(frame::CHUNK, text.as_bytes(), FINAL_RESERVE, true)
     }
 
+    /// Streams a whole tool call. False when the job was cancelled or the response area is full.
+    pub fn tool_call(&mut self, call: &crate::protocol::ToolCall) -> bool {
+        match crate::protocol::encode_tool_call(call) {
+            Ok(bytes) => {
+                !self.cancelled() && self.append(frame::TOOL_CALL, &bytes, FINAL_RESERVE, true)
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Sends the final reply and hands the slot back.
     pub fn reply(mut self, reply: &Reply) {
         match encode_reply(reply) {
@@ -352,6 +362,7 @@ mod tests {
         let job = Job::Generate {
             messages: vec![],
             sampling: Sampling::default(),
+            tools: None,
         };
         let bytes = encode_job(&job).unwrap();
         let s = seg.slot(0).unwrap();

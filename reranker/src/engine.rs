@@ -1,7 +1,7 @@
 //! The contract between the job loop and an LLM engine.
 
 use tiergate_config::PromptConfig;
-use tiergate_queue::{Candidate, Message, Sampling, Usage};
+use tiergate_queue::{Candidate, Message, Sampling, ToolCall, Tools, Usage};
 
 /// An engine failure (reported to the submitter as the job's error).
 #[derive(Debug, thiserror::Error)]
@@ -48,12 +48,24 @@ pub trait Engine: Send + Sync {
         false
     }
 
-    /// Generates a reply, calling `on_token` with each text chunk; `on_token` returning false stops early
-    /// (cancelled). Returns the usage.
+    /// Generates a reply, calling `on_piece` with each text chunk and each whole tool call; `on_piece`
+    /// returning false stops early (cancelled). `tools`: the functions it may call — an engine that cannot
+    /// honour them (or their choice) answers [`EngineError::Invalid`], never a silent plain text. Returns the
+    /// usage (`finish_reason` `tool_calls` when it called).
     fn generate(
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut dyn FnMut(&str) -> bool,
+        tools: Option<&Tools>,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
     ) -> Result<Usage, EngineError>;
+}
+
+/// What a generation produces, piece by piece.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece<'a> {
+    /// A text chunk.
+    Text(&'a str),
+    /// A whole tool call.
+    Call(ToolCall),
 }

@@ -4,18 +4,20 @@
 //! forward ([`crate::scoring`]), because mistralrs 0.8.1 gives raw logits only for a batch of one and no
 //! prompt log-probabilities, so it would need one prefill per candidate.
 
+mod chat;
+
 use std::path::{Path, PathBuf};
 
 use either::Either;
 use mistralrs::{
     ChatCompletionChunkResponse, GgufModelBuilder, IsqType, Model, RequestBuilder, Response,
-    StopTokens, TextMessageRole, TextModelBuilder,
+    StopTokens, TextModelBuilder,
 };
-use tiergate_queue::{Candidate, Message, Sampling, Usage};
+use tiergate_queue::{Candidate, Message, Sampling, ToolCall, Tools, Usage};
 
 use tiergate_config::PromptConfig;
 
-use crate::engine::{Engine, EngineError, Scored};
+use crate::engine::{Engine, EngineError, Piece, Scored};
 use crate::llama::{Llama, WeightFormat};
 use crate::scoring::{Scorer, Tokenize};
 
@@ -162,14 +164,6 @@ impl Tokenize for MistralEngine {
     }
 }
 
-fn role(r: &str) -> TextMessageRole {
-    match r {
-        "system" => TextMessageRole::System,
-        "assistant" => TextMessageRole::Assistant,
-        _ => TextMessageRole::User,
-    }
-}
-
 impl Engine for MistralEngine {
     fn name(&self) -> &str {
         &self.name
@@ -199,32 +193,14 @@ impl Engine for MistralEngine {
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut dyn FnMut(&str) -> bool,
+        tools: Option<&Tools>,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
     ) -> Result<Usage, EngineError> {
         if messages.is_empty() {
             return Err(EngineError::Invalid("no messages".into()));
         }
-        let mut request =
-            RequestBuilder::new().set_sampler_max_len(sampling.max_tokens.max(1) as usize);
-        for m in messages {
-            request = request.add_message(role(&m.role), &m.content);
-        }
-        match sampling.temperature {
-            // The deterministic sampler resets all sampling parameters: restore the length after it.
-            Some(t) if t <= 0.0 => {
-                request = request
-                    .set_deterministic_sampler()
-                    .set_sampler_max_len(sampling.max_tokens.max(1) as usize)
-            }
-            Some(t) => request = request.set_sampler_temperature(f64::from(t)),
-            None => {}
-        }
-        if let Some(p) = sampling.top_p {
-            request = request.set_sampler_topp(f64::from(p));
-        }
-        if !sampling.stop.is_empty() {
-            request = request.set_sampler_stop_toks(StopTokens::Seqs(sampling.stop.clone()));
-        }
+        let request = chat::Chat::new(messages, sampled(sampling), tools)?;
+        let parallel = tools.is_some_and(|t| t.parallel);
         self.rt.block_on(async {
             let mut stream = self
                 .model
@@ -236,20 +212,37 @@ impl Engine for MistralEngine {
                 completion_tokens: 0,
                 finish_reason: "stop".into(),
             };
-            let mut sent = 0u32;
+            let (mut sent, mut calls) = (0u32, 0usize);
             while let Some(event) = stream.next().await {
                 match event {
                     Response::Chunk(ChatCompletionChunkResponse {
                         choices, usage: u, ..
                     }) => {
                         if let Some(c) = choices.first() {
-                            if let Some(text) = c.delta.content.as_deref() {
-                                if !text.is_empty() {
-                                    sent += 1;
-                                    if !on_token(text) {
-                                        usage.finish_reason = "cancelled".into();
-                                        break;
-                                    }
+                            let text = c.delta.content.as_deref().filter(|t| !t.is_empty());
+                            let called = c.delta.tool_calls.iter().flatten().map(|t| ToolCall {
+                                id: t.id.clone(),
+                                name: t.function.name.clone(),
+                                arguments: t.function.arguments.clone(),
+                            });
+                            // Without parallel calls, the first call is the turn's one call.
+                            let room = if parallel {
+                                usize::MAX
+                            } else {
+                                usize::from(calls == 0)
+                            };
+                            let called = called.take(room);
+                            let pieces: Vec<Piece<'_>> = text
+                                .map(Piece::Text)
+                                .into_iter()
+                                .chain(called.map(Piece::Call))
+                                .collect();
+                            for p in pieces {
+                                calls += usize::from(matches!(p, Piece::Call(_)));
+                                sent += 1;
+                                if !on_piece(p) {
+                                    usage.finish_reason = "cancelled".into();
+                                    return Ok(usage);
                                 }
                             }
                             if let Some(r) = &c.finish_reason {
@@ -276,7 +269,33 @@ impl Engine for MistralEngine {
             if usage.completion_tokens == 0 {
                 usage.completion_tokens = sent;
             }
+            if calls > 0 {
+                usage.finish_reason = "tool_calls".into();
+            }
             Ok(usage)
         })
     }
+}
+
+/// The sampling of a generation as mistralrs takes it.
+fn sampled(sampling: &Sampling) -> RequestBuilder {
+    let max_len = sampling.max_tokens.max(1) as usize;
+    let mut request = RequestBuilder::new().set_sampler_max_len(max_len);
+    match sampling.temperature {
+        // The deterministic sampler resets all sampling parameters: restore the length after it.
+        Some(t) if t <= 0.0 => {
+            request = request
+                .set_deterministic_sampler()
+                .set_sampler_max_len(max_len)
+        }
+        Some(t) => request = request.set_sampler_temperature(f64::from(t)),
+        None => {}
+    }
+    if let Some(p) = sampling.top_p {
+        request = request.set_sampler_topp(f64::from(p));
+    }
+    if !sampling.stop.is_empty() {
+        request = request.set_sampler_stop_toks(StopTokens::Seqs(sampling.stop.clone()));
+    }
+    request
 }

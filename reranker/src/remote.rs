@@ -20,9 +20,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tiergate_config::{ModelProfile, PromptConfig};
-use tiergate_queue::{Candidate, Message, Sampling, Usage};
+use tiergate_queue::{Candidate, Message, Sampling, ToolCall, ToolChoice, Tools, Usage};
 
-use crate::engine::{EngineError, Scored};
+use crate::engine::{EngineError, Piece, Scored};
 use crate::serve::GenerationSlots;
 
 /// How to reach the upstream.
@@ -156,20 +156,26 @@ impl RemoteEngine {
         Ok((by_pos, prompt_tokens))
     }
 
-    /// A streamed chat completion; `on_token` gets each text chunk and returns false to stop.
+    /// A streamed chat completion; `on_piece` gets each text chunk and each whole tool call (an upstream
+    /// streams a call's arguments in fragments: they are joined, and the call handed on when the upstream
+    /// ends the turn) and returns false to stop.
     pub async fn generate(
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        tools: Option<&Tools>,
+        on_piece: &mut (dyn FnMut(Piece<'_>) -> bool + Send),
     ) -> Result<Usage, EngineError> {
         let mut body = json!({
             "model": self.opts.model,
-            "messages": messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
+            "messages": messages.iter().map(wire_message).collect::<Vec<_>>(),
             "max_tokens": sampling.max_tokens,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        if let Some(t) = tools.filter(|t| !t.list.is_empty()) {
+            wire_tools(&mut body, t)?;
+        }
         if let Some(t) = sampling.temperature {
             body["temperature"] = json!(t);
         }
@@ -191,6 +197,7 @@ impl RemoteEngine {
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
         let mut sent = 0u32;
+        let mut calls = Calls::default();
         while let Some(bytes) = stream.next().await {
             buf.extend_from_slice(&bytes.map_err(|e| transport_error(&e))?);
             while let Some(end) = buf.iter().position(|&b| b == b'\n') {
@@ -201,15 +208,16 @@ impl RemoteEngine {
                 };
                 let data = data.trim();
                 if data == "[DONE]" {
-                    return Ok(finish(usage, sent));
+                    return Ok(calls.hand_on(usage, sent, on_piece));
                 }
                 let v: Value = serde_json::from_str(data).map_err(|e| {
                     EngineError::Failed(format!("malformed upstream stream event: {e}"))
                 })?;
+                calls.add(&v["choices"][0]["delta"]["tool_calls"]);
                 if let Some(text) = v["choices"][0]["delta"]["content"].as_str() {
                     if !text.is_empty() {
                         sent += 1;
-                        if !on_token(text) {
+                        if !on_piece(Piece::Text(text)) {
                             usage.finish_reason = "cancelled".into();
                             return Ok(finish(usage, sent));
                         }
@@ -227,6 +235,95 @@ impl RemoteEngine {
         Err(EngineError::Failed(
             "upstream stream ended without [DONE]".into(),
         ))
+    }
+}
+
+/// A message as an OpenAI-compatible upstream reads it.
+fn wire_message(m: &Message) -> Value {
+    let mut out = json!({"role": m.role, "content": m.content});
+    if !m.tool_calls.is_empty() {
+        out["tool_calls"] = m
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+    }
+    if let Some(id) = &m.tool_call_id {
+        out["tool_call_id"] = json!(id);
+    }
+    out
+}
+
+/// The functions and the choice, as an OpenAI-compatible upstream reads them.
+fn wire_tools(body: &mut Value, t: &Tools) -> Result<(), EngineError> {
+    let mut list = Vec::with_capacity(t.list.len());
+    for tool in &t.list {
+        let parameters: Value = serde_json::from_str(&tool.parameters).map_err(|e| {
+            EngineError::Invalid(format!("the parameters of tool `{}`: {e}", tool.name))
+        })?;
+        list.push(json!({"type": "function", "function": {
+            "name": tool.name, "description": tool.description, "parameters": parameters}}));
+    }
+    body["tools"] = Value::Array(list);
+    body["tool_choice"] = match &t.choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+    };
+    body["parallel_tool_calls"] = json!(t.parallel);
+    Ok(())
+}
+
+/// Tool calls streamed by an upstream: by index, the id and name from their first fragment, the arguments
+/// joined.
+#[derive(Default)]
+struct Calls {
+    by_index: std::collections::BTreeMap<u64, ToolCall>,
+}
+
+impl Calls {
+    fn add(&mut self, deltas: &Value) {
+        for (i, d) in deltas.as_array().into_iter().flatten().enumerate() {
+            let index = d["index"].as_u64().unwrap_or(i as u64);
+            let c = self.by_index.entry(index).or_insert_with(|| ToolCall {
+                id: String::new(),
+                name: String::new(),
+                arguments: String::new(),
+            });
+            if let Some(id) = d["id"].as_str().filter(|s| !s.is_empty()) {
+                c.id = id.to_string();
+            }
+            if let Some(name) = d["function"]["name"].as_str().filter(|s| !s.is_empty()) {
+                c.name = name.to_string();
+            }
+            if let Some(a) = d["function"]["arguments"].as_str() {
+                c.arguments.push_str(a);
+            }
+        }
+    }
+
+    /// Hands the whole calls on at the end of the turn; the usage says `tool_calls` when there were any.
+    fn hand_on(
+        self,
+        mut usage: Usage,
+        sent: u32,
+        on_piece: &mut (dyn FnMut(Piece<'_>) -> bool + Send),
+    ) -> Usage {
+        let any = !self.by_index.is_empty();
+        for (i, mut c) in self.by_index {
+            if c.id.is_empty() {
+                c.id = format!("call_{i}");
+            }
+            if !on_piece(Piece::Call(c)) {
+                usage.finish_reason = "cancelled".into();
+                return finish(usage, sent);
+            }
+        }
+        if any {
+            usage.finish_reason = "tool_calls".into();
+        }
+        finish(usage, sent)
     }
 }
 
@@ -317,13 +414,14 @@ impl crate::serve::Runner for RemoteEngine {
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        tools: Option<&Tools>,
+        on_piece: &mut (dyn FnMut(Piece<'_>) -> bool + Send),
         left: Option<Duration>,
     ) -> Result<Usage, EngineError> {
         let left = left.unwrap_or(Duration::from_secs(3600));
         tokio::time::timeout(
             left,
-            RemoteEngine::generate(self, messages, sampling, on_token),
+            RemoteEngine::generate(self, messages, sampling, tools, on_piece),
         )
         .await
         .unwrap_or_else(|_| {

@@ -7,10 +7,11 @@ use std::future::Future;
 
 use tiergate_config::PromptConfig;
 use tiergate_queue::{
-    Candidate, Job, Message, QueueWorker, Reply, RerankReply, Sampling, Taken, TakenJob, Usage,
+    Candidate, Job, Message, QueueWorker, Reply, RerankReply, Sampling, Taken, TakenJob, Tools,
+    Usage,
 };
 
-use crate::engine::{Engine, EngineError, Scored};
+use crate::engine::{Engine, EngineError, Piece, Scored};
 use crate::trace::JobTrace;
 
 /// Loop settings.
@@ -184,12 +185,13 @@ pub(crate) trait Runner {
         left: Option<Duration>,
     ) -> Result<Scored, EngineError>;
 
-    /// Generates, calling `on_token` with each chunk (false: stop).
+    /// Generates, calling `on_piece` with each chunk and tool call (false: stop).
     async fn generate(
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        tools: Option<&Tools>,
+        on_piece: &mut (dyn FnMut(Piece<'_>) -> bool + Send),
         left: Option<Duration>,
     ) -> Result<Usage, EngineError>;
 }
@@ -217,10 +219,12 @@ impl Runner for InPlace<'_> {
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut (dyn FnMut(&str) -> bool + Send),
+        tools: Option<&Tools>,
+        on_piece: &mut (dyn FnMut(Piece<'_>) -> bool + Send),
         _left: Option<Duration>,
     ) -> Result<Usage, EngineError> {
-        self.0.generate(messages, sampling, &mut |t| on_token(t))
+        self.0
+            .generate(messages, sampling, tools, &mut |p| on_piece(p))
     }
 }
 
@@ -259,14 +263,22 @@ pub(crate) async fn dispatch(runner: &impl Runner, job: TakenJob) {
                 spans.scored(candidates.len(), &scored);
                 answer_rerank(taken, &candidates, scored);
             }
-            Job::Generate { messages, sampling } => {
+            Job::Generate {
+                messages,
+                sampling,
+                tools,
+            } => {
                 let result = runner
                     .generate(
                         &messages,
                         &sampling,
-                        &mut |t| {
+                        tools.as_ref(),
+                        &mut |p| {
                             spans.token();
-                            taken.chunk(t)
+                            match p {
+                                Piece::Text(t) => taken.chunk(t),
+                                Piece::Call(c) => taken.tool_call(&c),
+                            }
                         },
                         left,
                     )

@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tiergate_queue::{Candidate, Message, Sampling, Usage};
+use tiergate_queue::{Candidate, Message, Sampling, ToolCall, ToolChoice, Tools, Usage};
 
-use crate::engine::{Engine, EngineError, Scored};
+use crate::engine::{Engine, EngineError, Piece, Scored};
 use tiergate_config::PromptConfig;
 
 /// Fault-injection and timing knobs.
@@ -191,8 +191,19 @@ impl Engine for StubEngine {
         &self,
         messages: &[Message],
         sampling: &Sampling,
-        on_token: &mut dyn FnMut(&str) -> bool,
+        tools: Option<&Tools>,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
     ) -> Result<Usage, EngineError> {
+        if let Some(calls) = tools.and_then(|t| stub_calls(messages, t)) {
+            let n = calls.len() as u32;
+            for c in calls {
+                if !on_piece(Piece::Call(c)) {
+                    return Ok(usage(messages, 0, "cancelled"));
+                }
+            }
+            return Ok(usage(messages, n, "tool_calls"));
+        }
+        let on_token = &mut |t: &str| on_piece(Piece::Text(t));
         let last = messages
             .iter()
             .rev()
@@ -218,15 +229,54 @@ impl Engine for StubEngine {
                 ));
             }
         }
-        Ok(Usage {
-            prompt_tokens: messages
-                .iter()
-                .map(|m| m.content.split_whitespace().count() as u32)
-                .sum(),
-            completion_tokens: sent,
-            finish_reason: reason.into(),
-        })
+        Ok(usage(messages, sent, reason))
     }
+}
+
+fn usage(messages: &[Message], completion: u32, finish: &str) -> Usage {
+    Usage {
+        prompt_tokens: messages
+            .iter()
+            .map(|m| m.content.split_whitespace().count() as u32)
+            .sum(),
+        completion_tokens: completion,
+        finish_reason: finish.into(),
+    }
+}
+
+/// The stub's tool calls, deterministic so that tests can assert them: none when the choice is `none` or
+/// (with `auto`) when the last turn is a tool's result (the stub then writes its text); else a call of the
+/// named function, or of the first tool — and of the second too when parallel calls are allowed and the
+/// choice is `auto` — with `{"query": <the last user text>}` as arguments. Call ids are `call_<n>_<i>`.
+fn stub_calls(messages: &[Message], tools: &Tools) -> Option<Vec<ToolCall>> {
+    let last = messages.last()?;
+    let names: Vec<&str> = match &tools.choice {
+        ToolChoice::None => return None,
+        ToolChoice::Auto if last.role == "tool" => return None,
+        ToolChoice::Function(name) => vec![name.as_str()],
+        ToolChoice::Auto if tools.parallel => {
+            tools.list.iter().take(2).map(|t| t.name.as_str()).collect()
+        }
+        ToolChoice::Auto | ToolChoice::Required => vec![tools.list.first()?.name.as_str()],
+    };
+    let query = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map_or("", |m| m.content.as_str());
+    let arguments = serde_json::json!({ "query": query }).to_string();
+    let turn = messages.len();
+    Some(
+        names
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| ToolCall {
+                id: format!("call_{turn}_{i}"),
+                name: name.to_string(),
+                arguments: arguments.clone(),
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -260,6 +310,7 @@ mod tests {
         let msgs = vec![Message {
             role: "user".into(),
             content: "hello there world".into(),
+            ..Default::default()
         }];
         let u = e
             .generate(
@@ -268,8 +319,11 @@ mod tests {
                     max_tokens: 3,
                     ..Default::default()
                 },
-                &mut |t| {
-                    out.push_str(t);
+                None,
+                &mut |p| {
+                    if let Piece::Text(t) = p {
+                        out.push_str(t);
+                    }
                     true
                 },
             )
@@ -279,6 +333,55 @@ mod tests {
             (u.completion_tokens, u.finish_reason.as_str()),
             (3, "length")
         );
+        // With tools: a call of the first (and, parallel, the second) tool; after a tool's result, text.
+        let tool = |name: &str| tiergate_queue::Tool {
+            name: name.into(),
+            description: None,
+            parameters: "{}".into(),
+        };
+        let mut tools = Tools {
+            list: vec![tool("search"), tool("weather")],
+            choice: ToolChoice::Auto,
+            parallel: false,
+        };
+        let long = Sampling {
+            max_tokens: 16,
+            ..Default::default()
+        };
+        let run = |msgs: &[Message], tools: &Tools| {
+            let mut pieces = Vec::new();
+            let u = e
+                .generate(msgs, &long, Some(tools), &mut |p| {
+                    pieces.push(match p {
+                        Piece::Text(t) => t.to_string(),
+                        Piece::Call(c) => format!("{}({})", c.name, c.arguments),
+                    });
+                    true
+                })
+                .unwrap();
+            (pieces, u.finish_reason)
+        };
+        let (pieces, finish) = run(&msgs, &tools);
+        assert_eq!(pieces, [r#"search({"query":"hello there world"})"#]);
+        assert_eq!(finish, "tool_calls");
+        tools.parallel = true;
+        assert_eq!(run(&msgs, &tools).0.len(), 2);
+        tools.choice = ToolChoice::Function("weather".into());
+        assert_eq!(
+            run(&msgs, &tools).0,
+            [r#"weather({"query":"hello there world"})"#]
+        );
+        tools.choice = ToolChoice::None;
+        assert_eq!(run(&msgs, &tools).1, "stop");
+        tools.choice = ToolChoice::Auto;
+        let mut answered = msgs.clone();
+        answered.push(Message {
+            role: "tool".into(),
+            content: "sunny".into(),
+            tool_call_id: Some("call_1_0".into()),
+            ..Default::default()
+        });
+        assert_eq!(run(&answered, &tools).1, "stop");
         assert!(e
             .score("x", &[], &PromptConfig::default(), &|| false)
             .is_err());

@@ -34,9 +34,10 @@ pub struct MessagesRequest {
     pub stream: Option<bool>,
     #[serde(default)]
     pub metadata: Option<Metadata>,
-    /// Refused with a clear error until this door calls tools.
+    /// Client tools (`name`, `description`, `input_schema`); server tools are refused by name.
     #[serde(default)]
-    pub tools: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    /// `{"type": "auto" | "any" | "tool" | "none", "name"?, "disable_parallel_tool_use"?}`.
     #[serde(default)]
     pub tool_choice: Option<Value>,
 }
@@ -73,13 +74,28 @@ pub enum MessageContent {
     Blocks(Vec<Block>),
 }
 
-/// A content block; only `text` is read here, the others are named in the error that refuses them.
+/// A content block: `text`, an assistant's `tool_use`, a user's `tool_result`; others are named in the error
+/// that refuses them.
 #[derive(Debug, Deserialize)]
 pub struct Block {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// `tool_use`: the call's id, function and input.
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// `tool_result`: the call it answers, its content (a string or text blocks), whether it failed.
+    #[serde(default)]
+    pub tool_use_id: Option<String>,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub is_error: Option<bool>,
 }
 
 /// The text of `blocks`, or a 400 naming `at` for a block that is not text.
@@ -111,9 +127,10 @@ impl MessagesRequest {
         self.stream.unwrap_or(false)
     }
 
-    /// The same request in the chat door's terms: `system` first, the messages in order, the sampling and
-    /// stop sequences, `metadata.user_id` as the user. `max_tokens` is required (≥ 1); `tools`, `tool_choice`
-    /// and `top_k` are refused by name rather than ignored.
+    /// The same request in the chat door's terms: `system` first, the messages in order (an assistant's
+    /// `tool_use` blocks as its tool calls, a user's `tool_result` blocks as `tool` messages before its text),
+    /// the tools and the choice, the sampling and stop sequences, `metadata.user_id` as the user.
+    /// `max_tokens` is required (≥ 1); `top_k` is refused by name rather than ignored.
     pub fn into_chat(self) -> Result<ChatRequest, ApiError> {
         let max_tokens = self
             .max_tokens
@@ -121,12 +138,11 @@ impl MessagesRequest {
         if max_tokens < 1 {
             return Err(ApiError::invalid("max_tokens", "must be at least 1"));
         }
-        if self.tools.is_some() || self.tool_choice.is_some() {
-            return Err(ApiError::invalid(
-                "tools",
-                "tool use is not supported by this server's Messages API yet",
-            ));
-        }
+        let tools = self.tools.as_deref().map(chat_tools).transpose()?;
+        let (tool_choice, parallel) = match &self.tool_choice {
+            Some(c) => chat_choice(c)?,
+            None => (None, None),
+        };
         if self.top_k.is_some() {
             return Err(ApiError::invalid(
                 "top_k",
@@ -148,15 +164,19 @@ impl MessagesRequest {
                     format!("role `{}`: must be `user` or `assistant`", m.role),
                 ));
             }
-            let content = match m.content {
-                MessageContent::Text(t) => t,
-                MessageContent::Blocks(b) => text_of(&b, &format!("messages.{i}.content"))?,
-            };
-            messages.push(json!({"role": m.role, "content": content}));
+            match m.content {
+                MessageContent::Text(t) => messages.push(json!({"role": m.role, "content": t})),
+                MessageContent::Blocks(b) => {
+                    chat_turns(&m.role, &b, &format!("messages.{i}.content"), &mut messages)?
+                }
+            }
         }
         let chat = json!({
             "model": self.model,
             "messages": messages,
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": parallel,
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -171,10 +191,118 @@ impl MessagesRequest {
     }
 }
 
+/// The turns of one message's blocks in the chat door's terms: a user's `tool_result` blocks become `tool`
+/// messages (first: they answer the previous turn's calls), its text one user message; an assistant's text
+/// and `tool_use` blocks one assistant message with its tool calls.
+fn chat_turns(
+    role: &str,
+    blocks: &[Block],
+    at: &str,
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
+    let mut text = Vec::new();
+    let mut calls = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let here = |f: &str| format!("{at}.{i}{f}");
+        match (role, b.kind.as_str()) {
+            (_, "text") => text.push(b.text.clone().ok_or_else(|| {
+                ApiError::invalid(here(".text"), "a text block needs `text`")
+            })?),
+            ("assistant", "tool_use") => {
+                let (Some(id), Some(name)) = (&b.id, &b.name) else {
+                    return Err(ApiError::invalid(here(""), "a tool_use block needs `id` and `name`"));
+                };
+                let input = b.input.clone().unwrap_or_else(|| json!({}));
+                calls.push(json!({"id": id, "type": "function",
+                                  "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            ("user", "tool_result") => {
+                let id = b.tool_use_id.as_ref().ok_or_else(|| {
+                    ApiError::invalid(here(".tool_use_id"), "a tool_result block needs `tool_use_id`")
+                })?;
+                let mut content = match &b.content {
+                    None => String::new(),
+                    Some(MessageContent::Text(t)) => t.clone(),
+                    Some(MessageContent::Blocks(inner)) => text_of(inner, &here(".content"))?,
+                };
+                if b.is_error == Some(true) {
+                    content = format!("Error: {content}");
+                }
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+            }
+            (_, kind) => {
+                return Err(ApiError::invalid(
+                    here(".type"),
+                    format!("content blocks of type `{kind}` are not supported in a {role} message by this server"),
+                ))
+            }
+        }
+    }
+    if !calls.is_empty() {
+        out.push(json!({"role": "assistant", "content": text.join("\n"), "tool_calls": calls}));
+    } else if !text.is_empty() || out.last().is_none_or(|m| m["role"] != "tool") {
+        out.push(json!({"role": role, "content": text.join("\n")}));
+    }
+    Ok(())
+}
+
+/// Client tools in the chat door's terms; a server tool (one with a `type` other than `custom`) is refused.
+fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if let Some(kind) = t["type"].as_str().filter(|k| *k != "custom") {
+                return Err(ApiError::invalid(
+                    format!("tools.{i}.type"),
+                    format!(
+                        "server tool `{kind}` is not supported by this server (client tools only)"
+                    ),
+                ));
+            }
+            let schema = t.get("input_schema").cloned().ok_or_else(|| {
+                ApiError::invalid(
+                    format!("tools.{i}.input_schema"),
+                    "input_schema: Field required",
+                )
+            })?;
+            Ok(json!({"type": "function", "function": {
+                "name": t["name"], "description": t["description"], "parameters": schema}}))
+        })
+        .collect()
+}
+
+/// `tool_choice` in the chat door's terms, and whether parallel calls are allowed.
+fn chat_choice(c: &Value) -> Result<(Option<Value>, Option<bool>), ApiError> {
+    let parallel = c["disable_parallel_tool_use"].as_bool().map(|d| !d);
+    let choice = match c["type"].as_str() {
+        Some("auto") => json!("auto"),
+        Some("any") => json!("required"),
+        Some("none") => json!("none"),
+        Some("tool") => match c["name"].as_str() {
+            Some(name) => json!({"type": "function", "function": {"name": name}}),
+            None => {
+                return Err(ApiError::invalid(
+                    "tool_choice.name",
+                    "name: Field required",
+                ))
+            }
+        },
+        _ => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                "must be auto, any, tool or none",
+            ))
+        }
+    };
+    Ok((Some(choice), parallel))
+}
+
 /// Anthropic's `stop_reason` for the chat door's finish reason.
 pub fn stop_reason(finish: &str) -> &'static str {
     match finish {
         "length" => "max_tokens",
+        "tool_calls" => "tool_use",
         _ => "end_turn",
     }
 }
@@ -249,6 +377,31 @@ mod tests {
     }
 
     #[test]
+    fn tool_use_and_tool_results_map_onto_tool_calls_and_tool_messages() {
+        let c = parse(json!({"model": "generate", "max_tokens": 8,
+            "tools": [{"name": "weather", "description": "the weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "messages": [{"role": "user", "content": "weather in Oslo?"},
+                         {"role": "assistant", "content": [{"type": "text", "text": "checking"},
+                             {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}]},
+                         {"role": "user", "content": [
+                             {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "rain"}]},
+                             {"type": "text", "text": "and tomorrow?"}]}]}))
+        .unwrap();
+        let roles: Vec<&str> = c.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "user"]);
+        let calls = c.messages[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Oslo"}"#);
+        assert_eq!(c.messages[2].tool_call_id.as_deref(), Some("toolu_1"));
+        assert_eq!(
+            c.tools.as_ref().unwrap()[0]["function"]["parameters"]["type"],
+            "object"
+        );
+        assert_eq!(c.tool_choice, Some(json!("required")));
+        assert_eq!(c.parallel_tool_calls, Some(json!(false)));
+    }
+
+    #[test]
     fn what_this_door_does_not_honour_is_refused_by_name() {
         let param = |v: Value| match parse(v) {
             Err(ApiError::Invalid { param, .. }) => param.unwrap_or_default(),
@@ -257,8 +410,14 @@ mod tests {
         let m = json!([{"role": "user", "content": "hi"}]);
         assert_eq!(param(json!({"model": "a", "messages": m})), "max_tokens");
         assert_eq!(
-            param(json!({"model": "a", "max_tokens": 1, "messages": m, "tools": []})),
-            "tools"
+            param(json!({"model": "a", "max_tokens": 1, "messages": m,
+                         "tools": [{"type": "web_search_20250305", "name": "web_search"}]})),
+            "tools.0.type"
+        );
+        assert_eq!(
+            param(json!({"model": "a", "max_tokens": 1, "messages": m,
+                         "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "maybe"}})),
+            "tool_choice.type"
         );
         assert_eq!(
             param(json!({"model": "a", "max_tokens": 1, "messages": m, "top_k": 5})),

@@ -48,8 +48,8 @@ pub struct ChatRequest {
     /// `{"type":"text"}` or `{"type":"json_object"}`.
     #[serde(default)]
     pub response_format: Option<ResponseFormat>,
-    /// Tool use (`tools`, `tool_choice`, `parallel_tool_calls`, and the older `functions`/`function_call`):
-    /// read so that a request with them is refused by name, never answered as if they were not there.
+    /// Tool use (`tools`, `tool_choice`, `parallel_tool_calls`; the older `functions`/`function_call` are
+    /// read so that they are refused by name, never answered as if they were not there).
     #[serde(default)]
     pub tools: Option<serde_json::Value>,
     #[serde(default)]
@@ -70,9 +70,12 @@ pub struct WireMessage {
     /// Text, or a list of content parts (text parts are joined).
     #[serde(default)]
     pub content: Option<Content>,
-    /// An assistant turn's tool calls: read so that they are refused by name, not dropped.
+    /// An assistant turn's tool calls.
     #[serde(default)]
     pub tool_calls: Option<serde_json::Value>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// Message content.

@@ -6,12 +6,17 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use tiergate_config::RouteKind;
 
+mod tools;
+
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
 pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
+pub use tools::{valid_name, MAX_TOOLS};
 
-/// Most characters of conversation text accepted.
-pub const MAX_TEXT_CHARS: usize = 32_768;
+/// Most characters of conversation text accepted (messages, tool calls' arguments and tool results
+/// together): an agent's 20-turn tool conversation fits; the body cap (`server.max_body_bytes`, 256 KiB) and
+/// the queue slot (`reranker.request_bytes`, 256 KiB) hold it.
+pub const MAX_TEXT_CHARS: usize = 131_072;
 /// Most tokens a client may ask to generate.
 pub const MAX_TOKENS_LIMIT: u32 = 4_096;
 /// Default generation length.
@@ -59,7 +64,7 @@ pub fn validate(
             ));
         }
     }
-    refuse_tools(&req)?;
+    let tools = tools::valid_tools(&req, kind)?;
     let (messages, text) = valid_messages(req.messages)?;
     let s = valid_sampling(
         req.max_completion_tokens,
@@ -119,6 +124,7 @@ pub fn validate(
         cache: cache_control(caller.headers),
         forced,
         started: caller.started,
+        tools,
     })
 }
 
@@ -171,31 +177,6 @@ pub fn born_ms(id: &str) -> Option<u64> {
     u64::from_str_radix(&hex[..12], 16).ok()
 }
 
-/// A request that asks for tool use is a 400 naming the field: no route calls tools yet, and answering as if
-/// the tools were not there would mislead an agent.
-fn refuse_tools(req: &ChatRequest) -> Result<(), ApiError> {
-    let asked = [
-        ("tools", &req.tools),
-        ("tool_choice", &req.tool_choice),
-        ("functions", &req.functions),
-        ("function_call", &req.function_call),
-    ];
-    // `tools: []` and `tool_choice: "none"` ask for nothing.
-    let asks = |v: &serde_json::Value| {
-        !(v.is_null() || v.as_array().is_some_and(Vec::is_empty) || v == "none")
-    };
-    match asked.iter().find(|(_, v)| v.as_ref().is_some_and(&asks)) {
-        Some((field, _)) => Err(ApiError::invalid(
-            *field,
-            format!(
-                "tool use is not supported on route `{}` (no route of this server calls tools yet)",
-                req.model
-            ),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last
 /// non-empty user message).
 fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String), ApiError> {
@@ -212,28 +193,40 @@ fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String),
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => {
+            "tool" => "tool",
+            "function" => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
-                    format!(
-                        "`{}` messages (tool results) are not supported by this server yet",
-                        m.role
-                    ),
+                    "`function` messages are deprecated and not supported: send `tool` messages",
                 ))
             }
             other => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
-                    format!("unknown role `{other}` (system, developer, user, assistant)"),
+                    format!("unknown role `{other}` (system, developer, user, assistant, tool)"),
                 ))
             }
         };
-        if m.tool_calls.is_some() {
-            return Err(ApiError::invalid(
-                format!("messages[{i}].tool_calls"),
-                "assistant tool calls are not supported by this server yet",
-            ));
-        }
+        let tool_calls = match m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+            Some(_) if role != "assistant" => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_calls"),
+                    "only assistant messages carry tool calls",
+                ))
+            }
+            Some(v) => tools::calls(v, i)?,
+            None => Vec::new(),
+        };
+        let tool_call_id = match (role, m.tool_call_id) {
+            ("tool", Some(id)) if !id.is_empty() => Some(id),
+            ("tool", _) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message needs the tool_call_id it answers",
+                ))
+            }
+            (_, _) => None,
+        };
         let content = match m.content {
             None => String::new(),
             Some(Content::Text(t)) => t,
@@ -251,10 +244,16 @@ fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String),
                 out.join("\n")
             }
         };
-        total += content.chars().count();
+        total += content.chars().count()
+            + tool_calls
+                .iter()
+                .map(|c| c.arguments.chars().count())
+                .sum::<usize>();
         messages.push(ValidMessage {
             role: role.into(),
             content,
+            tool_calls,
+            tool_call_id,
         });
     }
     if total > MAX_TEXT_CHARS {
@@ -401,6 +400,7 @@ fn valid_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tiergate_engine::answer::request::ToolChoice;
 
     fn req(v: serde_json::Value) -> ChatRequest {
         serde_json::from_value(v).unwrap()
@@ -507,35 +507,90 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let bad = |j: serde_json::Value| validate(req(j), kinds, anyone()).unwrap_err();
-        // Tool use is refused by name, never dropped: tools, a tool result, an assistant's tool calls.
+        // Tools are read, never dropped: a generate route takes them; a classify route, a malformed tool, a
+        // choice naming no tool, a tool message without its call id, the legacy fields are refused by name.
         let param = |e: ApiError| match e {
             ApiError::Invalid { param, .. } => param.unwrap_or_default(),
             other => panic!("{other:?}"),
         };
         let user = serde_json::json!({"role":"user","content":"x"});
+        let f = serde_json::json!({"type":"function","function":{"name":"f"}});
+        let ok = |j: serde_json::Value| validate(req(j), kinds, anyone()).unwrap();
+        let v = ok(serde_json::json!({"model":"generate","messages":[user,
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+             "function":{"name":"f","arguments":"{\"a\":1}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"42"}],
+            "tools":[f],"tool_choice":{"type":"function","function":{"name":"f"}},
+            "parallel_tool_calls":false}));
+        let tools = v.tools.unwrap();
         assert_eq!(
-            param(bad(
+            (tools.list[0].name.as_str(), &tools.choice, tools.parallel),
+            ("f", &ToolChoice::Function("f".into()), false)
+        );
+        assert_eq!(v.messages[1].tool_calls[0].arguments, r#"{"a":1}"#);
+        assert_eq!(
+            (
+                v.messages[2].role.as_str(),
+                v.messages[2].tool_call_id.as_deref()
+            ),
+            ("tool", Some("c1"))
+        );
+        assert_eq!(v.text, "x", "Tier-0 reads the last user turn");
+        for (body, field) in [
+            (
+                serde_json::json!({"model":"classify","messages":[user],"tools":[f]}),
+                "tools",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user],"tools":[{"type":"web_search"}]}),
+                "tools[0].type",
+            ),
+            (
                 serde_json::json!({"model":"generate","messages":[user],
-                "tools":[{"type":"function","function":{"name":"f"}}]})
-            )),
-            "tools"
-        );
-        assert_eq!(
-            param(bad(serde_json::json!({"model":"generate","messages":[user,
-                {"role":"tool","tool_call_id":"c","content":"42"}]}))),
-            "messages[1].role"
-        );
-        assert_eq!(
-            param(bad(serde_json::json!({"model":"generate","messages":[user,
-                {"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}]}))),
-            "messages[1].tool_calls"
-        );
-        assert!(validate(
-            req(serde_json::json!({"model":"generate","messages":[user],"tools":[],"tool_choice":"none"})),
-            kinds,
-            anyone()
-        )
-        .is_ok());
+              "tools":[{"type":"function","function":{"name":"no spaces"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user],"tools":[f],
+              "tool_choice":{"type":"function","function":{"name":"g"}}}),
+                "tool_choice",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user],"tools":[f],"tool_choice":"sometimes"}),
+                "tool_choice",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user],"tools":[f],"parallel_tool_calls":"yes"}),
+                "parallel_tool_calls",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user,{"role":"tool","content":"42"}]}),
+                "messages[1].tool_call_id",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user,
+              {"role":"assistant","content":null,"tool_calls":[{"type":"function"}]}]}),
+                "messages[1].tool_calls[0].id",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user,
+              {"role":"user","content":"x","tool_calls":[]}]}),
+                "messages[1].tool_calls",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user],"functions":[{"name":"f"}]}),
+                "functions",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user,{"role":"function","name":"f","content":"1"}]}),
+                "messages[1].role",
+            ),
+        ] {
+            assert_eq!(param(bad(body.clone())), field, "{body}");
+        }
+        assert!(ok(serde_json::json!({"model":"generate","messages":[user],"tools":[],"tool_choice":"none"}))
+            .tools
+            .is_none());
         assert!(matches!(
             bad(serde_json::json!({"model":"nope","messages":[{"role":"user","content":"x"}]})),
             ApiError::UnknownModel(_)

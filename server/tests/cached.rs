@@ -241,8 +241,10 @@ async fn written_answers_are_kept_apart_and_generations_only_at_temperature_zero
         messages: vec![tiergate_queue::Message {
             role: "user".into(),
             content: v.text.clone(),
+            ..Default::default()
         }],
         sampling: tiergate_queue::Sampling::default(),
+        tools: None,
     };
     let warm = valid(&r, "generate", "say hi", json!({"temperature": 0.7}), &[]);
     assert!(
@@ -275,6 +277,39 @@ async fn written_answers_are_kept_apart_and_generations_only_at_temperature_zero
     let v = valid(&r, "generate", "say hi", json!({"temperature": 0.0}), &[]);
     assert!(
         cached::answer(&r.state, &route, &v, &stage, &[], Some(&probe))
+            .await
+            .is_none()
+    );
+    // The same conversation with tools has another key (a written answer without them is not its answer),
+    // and so has another set of tools.
+    let tools = |name: &str| {
+        Some(tiergate_queue::Tools {
+            list: vec![tiergate_queue::Tool {
+                name: name.into(),
+                description: None,
+                parameters: "{}".into(),
+            }],
+            ..Default::default()
+        })
+    };
+    let with = |t| match job(&cold) {
+        tiergate_queue::Job::Generate {
+            messages, sampling, ..
+        } => tiergate_queue::Job::Generate {
+            messages,
+            sampling,
+            tools: t,
+        },
+        other => other,
+    };
+    let p_weather =
+        cached::generation_probe(&r.state, &route, &stage, &cold, &with(tools("weather"))).unwrap();
+    let p_time =
+        cached::generation_probe(&r.state, &route, &stage, &cold, &with(tools("time"))).unwrap();
+    assert_ne!(p_weather.key, probe.key);
+    assert_ne!(p_weather.key, p_time.key);
+    assert!(
+        cached::written(&r.state, &route, &stage, &cold, Some(&p_weather))
             .await
             .is_none()
     );

@@ -78,7 +78,8 @@ try:
 except openai.BadRequestError as e:
     assert e.body["param"] == "temperature", e.body
 
-# Tool use is refused by name, never answered as if the tools were not there.
+# Tools sent to a route whose backends do not call them are refused by name, never answered as if the tools
+# were not there (this server's backend is not configured with `tools = true`).
 try:
     client.chat.completions.create(
         model="generate",

@@ -103,14 +103,21 @@ def refused(name, **kw):
 @case("what the door does not do is a 400 naming it")
 def _():
     b = refused("tools", model="generate", input="hi", tools=[{"type": "web_search_preview"}])
-    assert b["param"] == "tools", b
+    assert b["param"] == "tools.0.type" and "built-in" in b["message"], b
     b = refused("previous_response_id", model="generate", input="hi", previous_response_id="resp_x")
     assert b["param"] == "previous_response_id", b
+    # A tool's result, to a route whose backend does not call tools (this server's is not `tools = true`).
     b = refused(
         "function_call_output",
         model="generate",
-        input=[{"type": "function_call_output", "call_id": "c1", "output": "42"}],
+        input=[
+            {"role": "user", "content": "what is six times seven?"},
+            {"type": "function_call", "call_id": "c1", "name": "multiply", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        ],
     )
+    assert b["param"] == "tools" and "cannot call tools" in b["message"], b
+    b = refused("reasoning", model="generate", input=[{"type": "reasoning", "summary": []}])
     assert b["param"] == "input.0.type", b
 
 

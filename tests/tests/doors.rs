@@ -1,7 +1,8 @@
 //! The other dialects' doors against the real server, through their official SDKs: Anthropic Messages
 //! (`tests/python/anthropic_messages.py`, the `anthropic` package that scripts/test.sh installs) and OpenAI
 //! Responses (`tests/python/openai_responses.py`) on every route, plain and streamed, with errors in each
-//! door's shape and Anthropic keys as `x-api-key`.
+//! door's shape and Anthropic keys as `x-api-key`; tool calls through all three doors
+//! (`tests/python/tool_calls.py`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -221,4 +222,48 @@ fn stored_responses_continue_for_their_tenant_only() {
         .into_json()
         .unwrap();
     assert_eq!(v["id"], id.as_str(), "{v}");
+}
+
+/// Tool calls end to end through Chat Completions, Responses and Messages with the official SDKs: a worker
+/// process (`tools = true`) receives the tools and the conversation's tool calls and results through the
+/// queue and streams its calls back; the server renders them in each dialect. On mistralrs with the
+/// Qwen2.5-Coder-0.5B file (a real model's calls), then on the stub engine (the cases a 0.5B model cannot be
+/// held to: parallel and named calls, a 20-turn conversation at the size limits).
+#[test]
+fn tool_calls_travel_through_every_door() {
+    let qwen =
+        root().join("models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        qwen.is_file(),
+        "{} missing: scripts/fetch-models.sh --judge qwen2.5-0.5b",
+        qwen.display()
+    );
+    tool_calls_on(&format!("reranker.model=\"{}\"", qwen.display()), "model");
+    tool_calls_on("reranker.engine=\"stub\"", "stub");
+}
+
+fn tool_calls_on(engine: &str, mode: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let file = format!(
+        "responses.path=\"{}\"",
+        work.path().join("responses.sqlite").display()
+    );
+    let s = start(&[
+        "--set",
+        engine,
+        "--set",
+        "reranker.tools=true",
+        "--set",
+        &ledger,
+        "--set",
+        "responses.store=true",
+        "--set",
+        &file,
+    ]);
+    let out = sdk("tool_calls.py", &s.base, &[mode]);
+    assert!(out.contains("cases passed"), "{out}");
 }

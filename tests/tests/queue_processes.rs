@@ -171,11 +171,13 @@ fn rerank_round_trip_and_streamed_generation() {
         messages: vec![Message {
             role: "user".into(),
             content: "tell me about fees".into(),
+            ..Default::default()
         }],
         sampling: Sampling {
             max_tokens: 16,
             ..Default::default()
         },
+        tools: None,
     };
     let h = r.client.submit(&job, Duration::from_secs(5)).unwrap();
     let mut text = String::new();
@@ -206,11 +208,13 @@ fn generations_never_take_the_last_job_thread_from_reranks() {
         messages: vec![Message {
             role: "user".into(),
             content: "a b c".into(),
+            ..Default::default()
         }],
         sampling: Sampling {
             max_tokens: 3,
             ..Default::default()
         },
+        tools: None,
     };
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
@@ -245,11 +249,13 @@ fn a_generation_cut_by_the_response_area_ends_with_length() {
         messages: vec![Message {
             role: "user".into(),
             content: "ab ".repeat(2600),
+            ..Default::default()
         }],
         sampling: Sampling {
             max_tokens: 100_000,
             ..Default::default()
         },
+        tools: None,
     };
     let h = r.client.submit(&job, Duration::from_secs(10)).unwrap();
     let mut text = String::new();

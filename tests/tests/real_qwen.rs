@@ -203,12 +203,14 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
         messages: vec![Message {
             role: "user".into(),
             content: "Say hello in one short sentence.".into(),
+            ..Default::default()
         }],
         sampling: Sampling {
             max_tokens: 16,
             temperature: Some(0.0),
             ..Default::default()
         },
+        tools: None,
     };
     let h = client.submit(&job, Duration::from_secs(120)).unwrap();
     let mut chunks = Vec::new();
@@ -222,6 +224,85 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
     eprintln!("generated {:?} {usage:?}", chunks.concat());
     assert!(!chunks.concat().trim().is_empty());
     assert!(usage.completion_tokens >= 1 && usage.completion_tokens <= 16);
+    qwen_calls_a_tool_and_reads_its_result(&client);
+}
+
+/// mistralrs with the Qwen2.5-Coder-0.5B file calls a tool (its chat template renders tools; mistralrs parses
+/// the `<tool_call>` and the worker streams it as one tool-call frame), then answers from the tool's result
+/// (the assistant turn's call and the tool message rendered by the template).
+fn qwen_calls_a_tool_and_reads_its_result(client: &tiergate_queue::Client) {
+    use tiergate_queue::{Tool, ToolCall, ToolChoice, Tools};
+    let tools = Tools {
+        list: vec![Tool {
+            name: "get_weather".into(),
+            description: Some("Get the current weather in a city".into()),
+            parameters: r#"{"type":"object","properties":{"city":{"type":"string","description":"The city"}},"required":["city"]}"#.into(),
+        }],
+        choice: ToolChoice::Auto,
+        parallel: false,
+    };
+    let sampling = Sampling {
+        max_tokens: 64,
+        temperature: Some(0.0),
+        ..Default::default()
+    };
+    let ask = Message {
+        role: "user".into(),
+        content: "What is the weather like in Paris right now?".into(),
+        ..Default::default()
+    };
+    let run = |messages: Vec<Message>| {
+        let job = Job::Generate {
+            messages,
+            sampling: sampling.clone(),
+            tools: Some(tools.clone()),
+        };
+        let h = client.submit(&job, Duration::from_secs(120)).unwrap();
+        let (mut text, mut calls) = (String::new(), Vec::<ToolCall>::new());
+        let usage = loop {
+            match h.events.recv_timeout(Duration::from_secs(120)).unwrap() {
+                Event::Chunk(c) => text.push_str(&c),
+                Event::ToolCall(c) => calls.push(c),
+                Event::Reply(Reply::Generated(u)) => break u,
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        eprintln!("text {text:?} calls {calls:?} {usage:?}");
+        (text, calls, usage)
+    };
+    let (_, calls, usage) = run(vec![ask.clone()]);
+    assert_eq!(usage.finish_reason, "tool_calls", "{calls:?}");
+    let [call] = calls.as_slice() else {
+        panic!("one call expected: {calls:?}")
+    };
+    assert_eq!(call.name, "get_weather");
+    let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+    assert!(
+        args["city"].as_str().is_some_and(|c| c.contains("Paris")),
+        "{args}"
+    );
+    let answered = vec![
+        ask,
+        Message {
+            role: "assistant".into(),
+            tool_calls: calls.clone(),
+            ..Default::default()
+        },
+        Message {
+            role: "tool".into(),
+            content: r#"{"city": "Paris", "weather": "light rain", "celsius": 11}"#.into(),
+            tool_call_id: Some(call.id.clone()),
+            ..Default::default()
+        },
+    ];
+    let (text, calls, usage) = run(answered);
+    assert!(calls.is_empty(), "{calls:?}");
+    assert_ne!(usage.finish_reason, "tool_calls");
+    let lower = text.to_lowercase();
+    assert!(
+        lower.contains("rain") || lower.contains("11"),
+        "the answer does not use the tool's result: {text:?}"
+    );
 }
 
 /// Choice jobs that queue while a forward runs go through one forward together, and get the scores they get

@@ -106,12 +106,14 @@ fn smollm2_reranks_easy_cases_and_streams_a_reply() {
         messages: vec![Message {
             role: "user".into(),
             content: "Say hello in one short sentence.".into(),
+            ..Default::default()
         }],
         sampling: Sampling {
             max_tokens: 24,
             temperature: Some(0.0),
             ..Default::default()
         },
+        tools: None,
     };
     let h = client.submit(&job, Duration::from_secs(120)).unwrap();
     let mut chunks = Vec::new();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tiergate_queue::{
     Candidate, Client, Event, Geometry, Job, Message, QueueError, Reply, Sampling, Segment,
-    Supervisor, SupervisorConfig,
+    Supervisor, SupervisorConfig, Tool, ToolCall, ToolChoice, Tools,
 };
 use tiergate_tests::{binary, root};
 
@@ -38,6 +38,11 @@ struct Upstream {
 
 impl Upstream {
     fn start(port: u16) -> Self {
+        Self::start_with(port, &[])
+    }
+
+    /// A server with more arguments (e.g. `--chat_format chatml-function-calling`).
+    fn start_with(port: u16, extra: &[&str]) -> Self {
         let model = root().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
         assert!(
             model.is_file(),
@@ -55,6 +60,7 @@ impl Upstream {
             ])
             .args(["--port", &port.to_string()])
             .args(["--model", model.to_str().unwrap()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -170,12 +176,14 @@ fn generation(max_tokens: u32) -> Job {
         messages: vec![Message {
             role: "user".into(),
             content: "Write a long story about a bank.".into(),
+            ..Default::default()
         }],
         sampling: Sampling {
             max_tokens,
             temperature: Some(0.0),
             ..Default::default()
         },
+        tools: None,
     }
 }
 
@@ -614,4 +622,86 @@ fn selection_follows_a_slowed_down_llama_cpp_server() {
         slowed[moved..].iter().all(|r| r.1 == "b" && r.2 < 6.0),
         "{slowed:?}"
     );
+}
+
+/// The remote engine hands tools, an assistant's calls and tool results to a real llama.cpp server
+/// (llama-cpp-python's `chatml-function-calling` format) and hands its streamed call back whole. What this
+/// covers: a named `tool_choice` (that format streams a call only when the function is named — `auto`
+/// cannot stream there, so the remote engine, which always streams, is tested with a named choice), the
+/// call's fragments joined into one JSON document, `finish_reason: tool_calls`, and a second turn with the
+/// call and its result in the history answered as text (`tool_choice: none`).
+#[test]
+fn the_remote_engine_passes_tool_calls_through_a_real_llama_cpp_server() {
+    let _one = one_upstream();
+    let port = free_port();
+    let _up = Upstream::start_with(port, &["--chat_format", "chatml-function-calling"]);
+    let r = rig(port);
+    let mut tools = Tools {
+        list: vec![Tool {
+            name: "get_weather".into(),
+            description: Some("Get the current weather in a city".into()),
+            parameters:
+                r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#
+                    .into(),
+        }],
+        choice: ToolChoice::Function("get_weather".into()),
+        parallel: false,
+    };
+    let ask = Message {
+        role: "user".into(),
+        content: "What is the weather in Paris?".into(),
+        ..Default::default()
+    };
+    let run = |messages: Vec<Message>, tools: &Tools| {
+        let job = Job::Generate {
+            messages,
+            sampling: Sampling {
+                max_tokens: 48,
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            tools: Some(tools.clone()),
+        };
+        let h = r.client.submit(&job, Duration::from_secs(60)).unwrap();
+        let (mut text, mut calls) = (String::new(), Vec::<ToolCall>::new());
+        let usage = loop {
+            match h.events.recv_timeout(Duration::from_secs(60)).unwrap() {
+                Event::Chunk(c) => text.push_str(&c),
+                Event::ToolCall(c) => calls.push(c),
+                Event::Reply(Reply::Generated(u)) => break u,
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        eprintln!("text {text:?} calls {calls:?} {usage:?}");
+        (text, calls, usage)
+    };
+    let (_, calls, usage) = run(vec![ask.clone()], &tools);
+    let [call] = calls.as_slice() else {
+        panic!("one call expected: {calls:?}")
+    };
+    assert_eq!(call.name, "get_weather");
+    assert!(!call.id.is_empty());
+    let args: serde_json::Value = serde_json::from_str(&call.arguments)
+        .unwrap_or_else(|e| panic!("arguments not JSON ({e}): {:?}", call.arguments));
+    assert!(args.is_object(), "{args}");
+    assert_eq!(usage.finish_reason, "tool_calls", "{usage:?}");
+    tools.choice = ToolChoice::None;
+    let history = vec![
+        ask,
+        Message {
+            role: "assistant".into(),
+            tool_calls: calls.clone(),
+            ..Default::default()
+        },
+        Message {
+            role: "tool".into(),
+            content: "light rain, 11 degrees".into(),
+            tool_call_id: Some(call.id.clone()),
+            ..Default::default()
+        },
+    ];
+    let (text, calls, usage) = run(history, &tools);
+    assert!(calls.is_empty(), "{calls:?}");
+    assert!(!text.trim().is_empty(), "{usage:?}");
+    assert_ne!(usage.finish_reason, "tool_calls");
 }

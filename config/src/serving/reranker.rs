@@ -97,6 +97,10 @@ pub struct RerankerConfig {
     /// Escalations allowed in flight before new ones degrade at once ("deadline out of reach": a longer
     /// queue only makes every escalated request wait longer). 0: workers × max_concurrent × 2.
     pub max_in_flight: usize,
+    /// Its generations may carry tools (function calling): requests with `tools` go only to backends that
+    /// say so, and a route with none answers 400. The model's chat template must render tools (Qwen2.5's
+    /// does, SmolLM2's does not); the `openai` engine hands them to its upstream.
+    pub tools: bool,
 }
 
 impl Default for RerankerConfig {
@@ -115,7 +119,7 @@ impl Default for RerankerConfig {
             max_concurrent: 4,
             extra_args: Vec::new(),
             slots: 64,
-            request_bytes: 16 * 1024,
+            request_bytes: 256 * 1024,
             response_bytes: 64 * 1024,
             heartbeat_timeout_ms: 5_000,
             load_timeout_ms: 600_000,
@@ -133,6 +137,7 @@ impl Default for RerankerConfig {
             profile: String::new(),
             candidates: 5,
             max_in_flight: 0,
+            tools: false,
         }
     }
 }

@@ -43,17 +43,23 @@ pub(super) async fn generate_route(
         .stages
         .first()
         .ok_or_else(|| EngineError::Internal(format!("route `{}` has no stage", v.route)))?;
+    if v.uses_tools() {
+        calls_tools(state, &v.route, stage)?;
+    }
     let messages = v
         .messages
         .iter()
         .map(|m| Message {
             role: m.role.clone(),
             content: m.content.clone(),
+            tool_calls: m.tool_calls.clone(),
+            tool_call_id: m.tool_call_id.clone(),
         })
         .collect();
     let job = Job::Generate {
         messages,
         sampling: sampling(v),
+        tools: v.tools.clone(),
     };
     match generate(state, &route, stage, v, job, 0, out).await {
         Ok(body) => Ok(body),
@@ -64,6 +70,28 @@ pub(super) async fn generate_route(
         .unwrap_or_else(EngineError::busy)),
         Err(Declined::Refused(r)) => Err(r.into_error(&v.tenant.0)),
     }
+}
+
+/// A request with tools (or a conversation with tool calls and results) goes to a stage whose every
+/// alternative calls tools (a fallback that did not would
+/// drop them in silence): else a 400 naming the route and the backends that do not.
+fn calls_tools(state: &AppState, route: &str, stage: &Stage) -> Result<(), EngineError> {
+    let without: Vec<&str> = stage
+        .alternatives
+        .iter()
+        .filter(|(i, _)| state.backend(*i).is_none_or(|b| !b.tools))
+        .map(|(_, name)| name.as_str())
+        .collect();
+    if without.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Invalid {
+        param: "tools",
+        message: format!(
+            "route `{route}` cannot call tools: its backend(s) {} do not (set `tools = true` on an [[llm]] entry whose model's chat template renders tools)",
+            without.join(", ")
+        ),
+    })
 }
 
 /// Runs `job` on `stage`: a written answer from the cache, or a started generation. `prompt_tokens`: tokens
@@ -105,7 +133,7 @@ pub(super) async fn generate(
     out.backend = Some(by);
     out.timings.queue_ms = started.waited.as_secs_f64() * 1e3;
     metrics::histogram!(m::QUEUE_WAIT_SECONDS).record(started.waited.as_secs_f64());
-    if matches!(started.first, Event::Chunk(_)) {
+    if matches!(started.first, Event::Chunk(_) | Event::ToolCall(_)) {
         metrics::histogram!(m::TTFT_SECONDS).record(v.started.elapsed().as_secs_f64());
     }
     Ok(Body::Stream(Box::new(Generation::new(
@@ -129,6 +157,8 @@ pub enum Finish {
     Stop,
     /// It reached its token limit (`max_tokens`, or the response area).
     Length,
+    /// It called tools: the client runs them and sends their results.
+    ToolCalls,
 }
 
 impl Finish {
@@ -137,16 +167,19 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
 
-/// One event of a generation. Tool-call events join this list when the engine carries tools.
+/// One event of a generation.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Delta {
     /// More text.
     Text(String),
+    /// A whole tool call (its arguments complete: engines hand a call on whole).
+    ToolCall(tiergate_queue::ToolCall),
     /// The end: why, and the tokens counted.
     End { finish: Finish, tokens: Tokens },
 }
@@ -216,12 +249,17 @@ impl Generation {
                 }
                 Ok(Delta::Text(c))
             }
+            Event::ToolCall(c) => {
+                // A turn that called tools is not an answer to keep: its calls are the client's to run.
+                self.keep = None;
+                Ok(Delta::ToolCall(c))
+            }
             Event::Reply(Reply::Generated(u)) => {
                 self.ended = true;
-                let finish = if u.finish_reason == "length" {
-                    Finish::Length
-                } else {
-                    Finish::Stop
+                let finish = match u.finish_reason.as_str() {
+                    "length" => Finish::Length,
+                    "tool_calls" => Finish::ToolCalls,
+                    _ => Finish::Stop,
                 };
                 if let Some(k) = self.keep.take() {
                     let text = std::mem::take(&mut self.text);

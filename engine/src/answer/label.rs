@@ -166,15 +166,18 @@ fn answer_job(route: &Route, v: &ValidChat, d: &Decided) -> Option<Job> {
         Message {
             role: "system".into(),
             content: system,
+            ..Default::default()
         },
         Message {
             role: "user".into(),
             content: v.text.clone(),
+            ..Default::default()
         },
     ];
     Some(Job::Generate {
         messages,
         sampling: sampling(v),
+        tools: None,
     })
 }
 

@@ -4,14 +4,19 @@
 use std::time::Instant;
 
 use tiergate_config::RouteKind;
+pub use tiergate_queue::{Tool, ToolCall, ToolChoice, Tools};
 
 /// A message after validation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ValidMessage {
-    /// `system`, `user` or `assistant` (`developer` maps to `system`, `tool` to `user`).
+    /// `system`, `user`, `assistant` or `tool` (`developer` maps to `system`).
     pub role: String,
-    /// The text.
+    /// The text (a `tool` message: the tool's result).
     pub content: String,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// What the request's `Cache-Control` lets the answer cache do.
@@ -71,6 +76,20 @@ pub struct ValidChat {
     pub forced: Option<f64>,
     /// When it arrived.
     pub started: Instant,
+    /// The functions a generation may call, and how (generate routes; none: plain text).
+    pub tools: Option<Tools>,
     /// The door it came through (`chat`, `responses`, `messages`, `batch`): a label of the request metrics.
     pub door: &'static str,
+}
+
+impl ValidChat {
+    /// It offers tools, or its conversation holds tool calls or results: only a backend that calls tools
+    /// can take it.
+    pub fn uses_tools(&self) -> bool {
+        self.tools.is_some()
+            || self
+                .messages
+                .iter()
+                .any(|m| m.role == "tool" || !m.tool_calls.is_empty())
+    }
 }

@@ -17,8 +17,9 @@ pub struct StoredResponse {
     pub tenant: String,
     /// Unix milliseconds.
     pub at_ms: u64,
-    /// The conversation (role, text), its answer last: what `previous_response_id` continues.
-    pub messages: Vec<(String, String)>,
+    /// The conversation as Chat Completions messages (`role`, `content`, an assistant's `tool_calls`, a tool
+    /// result's `tool_call_id`), its answer last: what `previous_response_id` continues.
+    pub messages: Vec<serde_json::Value>,
     /// The response object as the door rendered it.
     pub response: serde_json::Value,
 }
@@ -156,7 +157,7 @@ mod tests {
             id: id.into(),
             tenant: tenant.into(),
             at_ms,
-            messages: vec![("user".into(), "hi".into())],
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
             response: serde_json::json!({"id": id}),
         }
     }

@@ -39,6 +39,8 @@ pub struct Llm {
     pub share: std::sync::Arc<crate::backends::fair::Share>,
     /// Opens when the backend keeps failing ([`crate::backends::breaker`]).
     pub breaker: std::sync::Mutex<crate::backends::breaker::Breaker>,
+    /// It calls tools (`tools = true` in its config).
+    pub tools: bool,
 }
 
 /// The `[reranker]` bounds a submission is checked against.

@@ -16,6 +16,7 @@ use crate::anthropic::{error_body, stop_reason, MessagesRequest};
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::validate::ValidChat;
+use tiergate_engine::answer::request::ToolCall;
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
 use tiergate_engine::state::AppState;
 
@@ -53,28 +54,68 @@ async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer) -> Res
     let resp = match body {
         Body::Label(l) => {
             let text = label_text(v, &outcome, &l);
-            one_piece(v, stream, text, "stop", l.prompt_tokens, 1)
+            one_piece(v, stream, Whole::text(text, "stop", l.prompt_tokens, 1))
         }
-        Body::Text { text, tokens } => {
-            one_piece(v, stream, text, "stop", tokens.prompt, tokens.completion)
-        }
+        Body::Text { text, tokens } => one_piece(
+            v,
+            stream,
+            Whole::text(text, "stop", tokens.prompt, tokens.completion),
+        ),
         Body::Stream(g) if stream => events(v, *g),
         Body::Stream(g) => match collected(*g, &mut outcome).await {
-            Ok((text, end, t)) => one_piece(v, false, text, end.as_str(), t.prompt, t.completion),
+            Ok(c) => one_piece(
+                v,
+                false,
+                Whole {
+                    text: c.text,
+                    calls: c.calls,
+                    end: c.finish.as_str(),
+                    tokens: c.tokens,
+                },
+            ),
             Err(e) => e.into_response(),
         },
     };
     finish(resp, state, &outcome, admitted)
 }
 
-/// A `message` object with `text` and no content blocks yet when `text` is `None`.
-fn message(v: &ValidChat, text: Option<&str>, end: Option<&str>, t: Tokens) -> Value {
-    let content: Vec<Value> = text
-        .map(|t| json!({"type": "text", "text": t}))
-        .into_iter()
-        .collect();
+/// A whole answer: its text, its tool calls, why it ended, its tokens.
+struct Whole {
+    text: String,
+    calls: Vec<ToolCall>,
+    end: &'static str,
+    tokens: Tokens,
+}
+
+impl Whole {
+    fn text(text: String, end: &'static str, prompt: u32, completion: u32) -> Self {
+        Self {
+            text,
+            calls: Vec::new(),
+            end,
+            tokens: Tokens { prompt, completion },
+        }
+    }
+}
+
+/// A `tool_use` block for a call (its input parsed back into JSON; text that is not JSON stays a string).
+fn tool_use(c: &ToolCall) -> Value {
+    let input = serde_json::from_str::<Value>(&c.arguments)
+        .unwrap_or_else(|_| Value::String(c.arguments.clone()));
+    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input})
+}
+
+/// A `message` object with its content blocks (a text block unless the text is empty and there are calls).
+fn message(v: &ValidChat, w: Option<&Whole>, t: Tokens) -> Value {
+    let mut content = Vec::new();
+    if let Some(w) = w {
+        if !w.text.is_empty() || w.calls.is_empty() {
+            content.push(json!({"type": "text", "text": w.text}));
+        }
+        content.extend(w.calls.iter().map(tool_use));
+    }
     json!({"id": v.id, "type": "message", "role": "assistant", "model": v.route, "content": content,
-           "stop_reason": end.map(stop_reason), "stop_sequence": null,
+           "stop_reason": w.map(|w| stop_reason(w.end)), "stop_sequence": null,
            "usage": {"input_tokens": t.prompt, "output_tokens": t.completion}})
 }
 
@@ -82,8 +123,8 @@ fn event(kind: &str, data: Value) -> Event {
     Event::default().event(kind).data(data.to_string())
 }
 
-/// The events that open a message and its one text block.
-fn opening(v: &ValidChat, prompt: u32) -> [Event; 3] {
+/// The events that open a message.
+fn opening(v: &ValidChat, prompt: u32) -> [Event; 2] {
     let start = Tokens {
         prompt,
         completion: 0,
@@ -91,57 +132,104 @@ fn opening(v: &ValidChat, prompt: u32) -> [Event; 3] {
     [
         event(
             "message_start",
-            json!({"type": "message_start", "message": message(v, None, None, start)}),
-        ),
-        event(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "message_start", "message": message(v, None, start)}),
         ),
         event("ping", json!({"type": "ping"})),
     ]
 }
 
-fn text_delta(text: &str) -> Event {
-    event(
-        "content_block_delta",
-        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
-    )
+/// The content blocks of a stream, opened and closed in order: a text block while text comes, a
+/// `tool_use` block per call (its input as one `input_json_delta`).
+#[derive(Default)]
+struct Blocks {
+    /// Blocks opened so far.
+    opened: usize,
+    /// A text block is open.
+    in_text: bool,
 }
 
-/// The events that close the text block and the message.
-fn closing(end: &str, completion: u32) -> [Event; 3] {
-    [
-        event(
+impl Blocks {
+    fn text(&mut self, text: &str) -> Vec<Event> {
+        let mut out = Vec::new();
+        if !self.in_text {
+            out.push(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.opened, "content_block": {"type": "text", "text": ""}}),
+            ));
+            self.opened += 1;
+            self.in_text = true;
+        }
+        out.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.opened - 1, "delta": {"type": "text_delta", "text": text}}),
+        ));
+        out
+    }
+
+    fn call(&mut self, c: &ToolCall) -> Vec<Event> {
+        let mut out = self.close();
+        let index = self.opened;
+        self.opened += 1;
+        let input = tool_use(c)["input"].to_string();
+        out.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}}),
+        ));
+        out.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": input}}),
+        ));
+        out.push(event(
             "content_block_stop",
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        event(
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        out
+    }
+
+    /// Closes an open text block.
+    fn close(&mut self) -> Vec<Event> {
+        if !std::mem::take(&mut self.in_text) {
+            return Vec::new();
+        }
+        vec![event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": self.opened - 1}),
+        )]
+    }
+
+    /// Closes the last block and the message.
+    fn end(&mut self, end: &str, completion: u32) -> Vec<Event> {
+        let mut out = if self.opened == 0 {
+            self.text("") // a message has at least one block
+        } else {
+            Vec::new()
+        };
+        out.extend(self.close());
+        out.push(event(
             "message_delta",
             json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(end), "stop_sequence": null},
                    "usage": {"output_tokens": completion}}),
-        ),
-        event("message_stop", json!({"type": "message_stop"})),
-    ]
+        ));
+        out.push(event("message_stop", json!({"type": "message_stop"})));
+        out
+    }
 }
 
 /// A one-piece answer: the `message`, or its events.
-fn one_piece(
-    v: &ValidChat,
-    stream: bool,
-    text: String,
-    end: &str,
-    prompt: u32,
-    completion: u32,
-) -> Response {
-    let t = Tokens { prompt, completion };
+fn one_piece(v: &ValidChat, stream: bool, w: Whole) -> Response {
     if !stream {
-        return axum::Json(message(v, Some(&text), Some(end), t)).into_response();
+        return axum::Json(message(v, Some(&w), w.tokens)).into_response();
     }
-    let all: Vec<Event> = opening(v, prompt)
-        .into_iter()
-        .chain([text_delta(&text)])
-        .chain(closing(end, completion))
-        .collect();
+    let mut blocks = Blocks::default();
+    let mut all: Vec<Event> = opening(v, w.tokens.prompt).into();
+    if !w.text.is_empty() || w.calls.is_empty() {
+        all.extend(blocks.text(&w.text));
+    }
+    for c in &w.calls {
+        all.extend(blocks.call(c));
+    }
+    all.extend(blocks.end(w.end, w.tokens.completion));
     Sse::new(futures_util::stream::iter(
         all.into_iter().map(Ok::<_, Infallible>),
     ))
@@ -159,12 +247,12 @@ fn events(v: &ValidChat, mut g: Generation) -> Response {
                 return;
             }
         }
+        let mut blocks = Blocks::default();
         while let Some(next) = g.next().await {
             let out: Vec<Event> = match next {
-                Ok(Delta::Text(t)) => vec![text_delta(&t)],
-                Ok(Delta::End { finish, tokens }) => {
-                    closing(finish.as_str(), tokens.completion).into()
-                }
+                Ok(Delta::Text(t)) => blocks.text(&t),
+                Ok(Delta::ToolCall(c)) => blocks.call(&c),
+                Ok(Delta::End { finish, tokens }) => blocks.end(finish.as_str(), tokens.completion),
                 Ok(_) => continue,
                 Err(e) => {
                     let e = ApiError::from(e);

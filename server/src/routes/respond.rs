@@ -17,7 +17,10 @@ use crate::validate::ValidChat;
 use tiergate_config::RouteKind;
 use tiergate_core::outcome::header;
 use tiergate_engine::answer::outcome::Outcome;
-use tiergate_engine::answer::{Admitted, Answer, Body, Delta, Generation, Labelled, Tokens};
+use tiergate_engine::answer::request::ToolCall;
+use tiergate_engine::answer::{
+    Admitted, Answer, Body, Delta, Finish, Generation, Labelled, Tokens,
+};
 use tiergate_engine::state::AppState;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
@@ -53,24 +56,47 @@ pub(super) async fn completion(
     body: Body,
     o: &mut Outcome,
 ) -> Result<Value, ApiError> {
-    let (content, logprobs, finish, usage) = match body {
+    let (content, calls, logprobs, finish, usage) = match body {
         Body::Label(l) => {
             let (content, logprobs) = label_content(v, o, &l);
-            (content, logprobs, "stop", Usage::new(l.prompt_tokens, 1))
+            (
+                content,
+                vec![],
+                logprobs,
+                "stop",
+                Usage::new(l.prompt_tokens, 1),
+            )
         }
-        Body::Text { text, tokens } => (text, None, "stop", usage(tokens)),
+        Body::Text { text, tokens } => (text, vec![], None, "stop", usage(tokens)),
         Body::Stream(g) => {
-            let (text, finish, tokens) = collect(*g, o).await?;
-            (text, None, finish.as_str(), usage(tokens))
+            let c = collect(*g, o).await?;
+            (c.text, c.calls, None, c.finish.as_str(), usage(c.tokens))
         }
     };
+    let mut message = json!({"role": "assistant", "content": content});
+    if !calls.is_empty() {
+        if message["content"] == "" {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+    }
     let c = Chunks::of(v);
     Ok(json!({
         "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "logprobs": logprobs, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage,
     }))
+}
+
+/// A generation collected whole: its text, its tool calls, why it ended and its tokens.
+pub(super) struct Collected {
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+    pub finish: Finish,
+    pub tokens: Tokens,
 }
 
 fn usage(t: Tokens) -> Usage {
@@ -90,11 +116,8 @@ pub(super) fn finish(
     resp
 }
 
-/// A generation's whole text, why it ended and its tokens, for another door.
-pub(super) async fn collected(
-    g: Generation,
-    o: &mut Outcome,
-) -> Result<(String, tiergate_engine::answer::Finish, Tokens), ApiError> {
+/// A generation collected whole, for another door.
+pub(super) async fn collected(g: Generation, o: &mut Outcome) -> Result<Collected, ApiError> {
     collect(g, o).await
 }
 
@@ -293,16 +316,16 @@ impl Chunks {
     }
 }
 
-/// The whole generation's text, why it ended and its tokens; its time goes into the outcome's model time.
-async fn collect(
-    mut g: Generation,
-    o: &mut Outcome,
-) -> Result<(String, tiergate_engine::answer::Finish, Tokens), ApiError> {
+/// The whole generation: its text and tool calls, why it ended and its tokens; its time goes into the
+/// outcome's model time.
+async fn collect(mut g: Generation, o: &mut Outcome) -> Result<Collected, ApiError> {
     let t = Instant::now();
     let mut text = String::new();
+    let mut calls = Vec::new();
     let (finish, tokens) = loop {
         match g.next().await {
             Some(Ok(Delta::Text(c))) => text.push_str(&c),
+            Some(Ok(Delta::ToolCall(c))) => calls.push(c),
             Some(Ok(Delta::End { finish, tokens })) => break (finish, tokens),
             Some(Ok(_)) => {}
             Some(Err(e)) => return Err(ApiError::from(e)),
@@ -314,7 +337,12 @@ async fn collect(
         }
     };
     o.timings.generation_ms = (g.waited() + t.elapsed()).as_secs_f64() * 1e3;
-    Ok((text, finish, tokens))
+    Ok(Collected {
+        text,
+        calls,
+        finish,
+        tokens,
+    })
 }
 
 /// The generation as server-sent events, fed by a task that ends (cancelling the job) when the client goes.
@@ -328,9 +356,16 @@ fn stream(v: &ValidChat, mut g: Generation) -> Response {
             let _ = tx
                 .send(c.chunk(json!({"role": "assistant", "content": ""}), None, None))
                 .await;
+            let mut calls = 0usize;
             while let Some(next) = g.next().await {
                 let event = match next {
                     Ok(Delta::Text(t)) => c.chunk(json!({"content": t}), None, None),
+                    Ok(Delta::ToolCall(t)) => {
+                        calls += 1;
+                        let call = json!({"index": calls - 1, "id": t.id, "type": "function",
+                                          "function": {"name": t.name, "arguments": t.arguments}});
+                        c.chunk(json!({"tool_calls": [call]}), None, None)
+                    }
                     Ok(Delta::End { finish, tokens }) => {
                         let _ = tx
                             .send(c.chunk(json!({}), Some(finish.as_str()), None))

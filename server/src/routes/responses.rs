@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai_responses::ResponsesRequest;
 use crate::validate::ValidChat;
+use tiergate_engine::answer::request::{ToolCall, ToolChoice};
 use tiergate_engine::answer::stored::{ResponseStore, StoredResponse};
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
 use tiergate_engine::state::AppState;
@@ -36,7 +37,7 @@ pub type Store = Option<Arc<dyn ResponseStore>>;
 struct Keep {
     store: Option<Arc<dyn ResponseStore>>,
     tenant: String,
-    turns: Vec<(String, String)>,
+    turns: Vec<Value>,
     previous: Option<String>,
 }
 
@@ -49,12 +50,20 @@ impl Keep {
     }
 
     /// Keeps a finished response with its conversation (in the background; a failed write is logged).
-    fn save(&self, v: &ValidChat, text: &str, response: &Value) {
+    fn save(&self, v: &ValidChat, out: &Output, response: &Value) {
         let Some(store) = self.store.clone() else {
             return;
         };
         let mut messages = self.turns.clone();
-        messages.push(("assistant".into(), text.to_string()));
+        let mut answer = json!({"role": "assistant", "content": out.text});
+        if !out.calls.is_empty() {
+            answer["tool_calls"] = out
+                .calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+        }
+        messages.push(answer);
         let r = StoredResponse {
             id: v.id.clone(),
             tenant: self.tenant.clone(),
@@ -109,7 +118,7 @@ async fn continued(
     store: Option<&Arc<dyn ResponseStore>>,
     previous: Option<&str>,
     tenant: &TenantId,
-) -> Result<Vec<(String, String)>, ApiError> {
+) -> Result<Vec<Value>, ApiError> {
     let Some(id) = previous else {
         return Ok(Vec::new());
     };
@@ -170,24 +179,29 @@ async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer, keep: 
         mut outcome,
         admitted,
     } = a;
-    let one = |text: String, end: &str, t: Tokens| {
+    let one = |out: Output| {
         if stream {
-            one_piece_events(v, &keep, &text, end, t)
+            one_piece_events(v, &keep, &out)
         } else {
-            let r = keep.dress(response(v, "completed", Some(&text), end, t));
-            keep.save(v, &text, &r);
+            let r = keep.dress(response(v, "completed", Some(&out)));
+            keep.save(v, &out, &r);
             axum::Json(r).into_response()
         }
     };
     let resp = match body {
         Body::Label(l) => {
             let text = label_text(v, &outcome, &l);
-            one(text, "stop", tokens(l.prompt_tokens, 1))
+            one(Output::text(text, tokens(l.prompt_tokens, 1)))
         }
-        Body::Text { text, tokens } => one(text, "stop", tokens),
+        Body::Text { text, tokens } => one(Output::text(text, tokens)),
         Body::Stream(g) if stream => events(v, keep.clone(), *g),
         Body::Stream(g) => match collected(*g, &mut outcome).await {
-            Ok((text, end, t)) => one(text, end.as_str(), t),
+            Ok(c) => one(Output {
+                text: c.text,
+                calls: c.calls,
+                end: c.finish.as_str(),
+                tokens: c.tokens,
+            }),
             Err(e) => e.into_response(),
         },
     };
@@ -198,10 +212,57 @@ fn tokens(prompt: u32, completion: u32) -> Tokens {
     Tokens { prompt, completion }
 }
 
+/// What a response says: its text, its function calls, why it ended, its tokens.
+#[derive(Default)]
+struct Output {
+    text: String,
+    calls: Vec<ToolCall>,
+    end: &'static str,
+    tokens: Tokens,
+}
+
+impl Output {
+    fn text(text: String, tokens: Tokens) -> Self {
+        Self {
+            text,
+            calls: Vec::new(),
+            end: "stop",
+            tokens,
+        }
+    }
+
+    /// Whether it has a message item (text, or nothing else to say).
+    fn has_message(&self) -> bool {
+        !self.text.is_empty() || self.calls.is_empty()
+    }
+
+    /// Its output items: the message, then a `function_call` item per call.
+    fn items(&self, v: &ValidChat) -> Vec<Value> {
+        let message = self
+            .has_message()
+            .then(|| item(v, "completed", Some(&self.text)));
+        message
+            .into_iter()
+            .chain(self.calls.iter().map(|c| call_item(c, "completed")))
+            .collect()
+    }
+}
+
 /// The output message item (its text so far, or none yet).
 fn item(v: &ValidChat, status: &str, text: Option<&str>) -> Value {
     let content: Vec<Value> = text.map(part).into_iter().collect();
     json!({"type": "message", "id": item_id(v), "status": status, "role": "assistant", "content": content})
+}
+
+/// A `function_call` output item (`arguments` empty while in progress).
+fn call_item(c: &ToolCall, status: &str) -> Value {
+    let arguments = if status == "completed" {
+        c.arguments.as_str()
+    } else {
+        ""
+    };
+    json!({"type": "function_call", "id": format!("fc_{}", c.id), "call_id": c.id, "name": c.name,
+           "arguments": arguments, "status": status})
 }
 
 fn item_id(v: &ValidChat) -> String {
@@ -212,24 +273,47 @@ fn part(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": []})
 }
 
-/// A `response` object: `status` `in_progress` (no output yet, `text` none) or `completed`/`incomplete`.
-fn response(v: &ValidChat, status: &str, text: Option<&str>, end: &str, t: Tokens) -> Value {
-    let (status, incomplete) = match (status, end) {
-        ("completed", "length") => ("incomplete", json!({"reason": "max_output_tokens"})),
+/// The request's tools and choice as a response echoes them.
+fn tools_echo(v: &ValidChat) -> (Value, Value, bool) {
+    let Some(t) = &v.tools else {
+        return (json!([]), json!("none"), false);
+    };
+    let list: Vec<Value> = t
+        .list
+        .iter()
+        .map(|f| {
+            let parameters = serde_json::from_str::<Value>(&f.parameters).unwrap_or(Value::Null);
+            json!({"type": "function", "name": f.name, "description": f.description,
+                   "parameters": parameters, "strict": false})
+        })
+        .collect();
+    let choice = match &t.choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Function(name) => json!({"type": "function", "name": name}),
+    };
+    (Value::Array(list), choice, t.parallel)
+}
+
+/// A `response` object: `status` `in_progress` (no output yet, `out` none), `failed`, or
+/// `completed`/`incomplete`.
+fn response(v: &ValidChat, status: &str, out: Option<&Output>) -> Value {
+    let (status, incomplete) = match (status, out.map(|o| o.end)) {
+        ("completed", Some("length")) => ("incomplete", json!({"reason": "max_output_tokens"})),
         (s, _) => (s, Value::Null),
     };
-    let output: Vec<Value> = text
-        .map(|t| item(v, "completed", Some(t)))
-        .into_iter()
-        .collect();
+    let output = out.map(|o| o.items(v)).unwrap_or_default();
+    let t = out.map(|o| o.tokens).unwrap_or_default();
     let format = if v.json_object { "json_object" } else { "text" };
+    let (tools, tool_choice, parallel) = tools_echo(v);
     json!({
         "id": v.id, "object": "response", "created_at": tiergate_engine::load::utilization::unix_now_s(),
         "status": status, "error": null, "incomplete_details": incomplete, "model": v.route,
-        "output": output, "parallel_tool_calls": false, "previous_response_id": null,
+        "output": output, "parallel_tool_calls": parallel, "previous_response_id": null,
         "temperature": v.temperature, "top_p": v.top_p, "max_output_tokens": v.max_tokens,
-        "tool_choice": "none", "tools": [], "text": {"format": {"type": format}}, "truncation": "disabled",
-        "store": false, "metadata": {}, "instructions": null,
+        "tool_choice": tool_choice, "tools": tools, "text": {"format": {"type": format}},
+        "truncation": "disabled", "store": false, "metadata": {}, "instructions": null,
         "usage": {"input_tokens": t.prompt, "output_tokens": t.completion,
                   "total_tokens": t.prompt + t.completion,
                   "input_tokens_details": {"cached_tokens": 0},
@@ -237,82 +321,156 @@ fn response(v: &ValidChat, status: &str, text: Option<&str>, end: &str, t: Token
     })
 }
 
-/// Numbers the events of one response in order (`sequence_number`).
-struct Seq(u64);
+/// The events of one response in order (`sequence_number`), its output items opened as they come: the
+/// message item at the first text, a `function_call` item per call.
+#[derive(Default)]
+struct Seq {
+    n: u64,
+    /// Output items opened so far.
+    items: usize,
+    /// The output index of the message item, once opened.
+    message: Option<usize>,
+    /// It is done (a call followed it).
+    message_closed: bool,
+    /// What was said so far.
+    out: Output,
+}
 
 impl Seq {
     fn event(&mut self, kind: &str, mut data: Value) -> Event {
         data["type"] = json!(kind);
-        data["sequence_number"] = json!(self.0);
-        self.0 += 1;
+        data["sequence_number"] = json!(self.n);
+        self.n += 1;
         Event::default().event(kind).data(data.to_string())
     }
 
-    /// `response.created`, `response.in_progress`, the item and its text part added.
+    /// `response.created` and `response.in_progress`.
     fn opening(&mut self, v: &ValidChat, keep: &Keep) -> Vec<Event> {
-        let r = keep.dress(response(v, "in_progress", None, "stop", tokens(0, 0)));
+        let r = keep.dress(response(v, "in_progress", None));
         vec![
             self.event("response.created", json!({"response": r})),
             self.event("response.in_progress", json!({"response": r})),
+        ]
+    }
+
+    /// A text delta (opening the message item and its text part first).
+    fn text(&mut self, v: &ValidChat, text: &str) -> Vec<Event> {
+        let mut all = Vec::new();
+        if self.message_closed {
+            self.out.text.push_str(text);
+            return all;
+        }
+        let index = match self.message {
+            Some(i) => i,
+            None => {
+                let i = self.items;
+                self.items += 1;
+                self.message = Some(i);
+                all.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": i, "item": item(v, "in_progress", None)}),
+                ));
+                all.push(self.event(
+                    "response.content_part.added",
+                    json!({"item_id": item_id(v), "output_index": i, "content_index": 0, "part": part("")}),
+                ));
+                i
+            }
+        };
+        self.out.text.push_str(text);
+        all.push(self.event(
+            "response.output_text.delta",
+            json!({"item_id": item_id(v), "output_index": index, "content_index": 0, "delta": text}),
+        ));
+        all
+    }
+
+    /// A function call: the message item done when one is open, then the call's item added, its arguments
+    /// (one delta, then done), its item done.
+    fn call(&mut self, v: &ValidChat, c: ToolCall) -> Vec<Event> {
+        let mut all = self.message_done(v);
+        let i = self.items;
+        self.items += 1;
+        let id = format!("fc_{}", c.id);
+        all.extend([
             self.event(
                 "response.output_item.added",
-                json!({"output_index": 0, "item": item(v, "in_progress", None)}),
+                json!({"output_index": i, "item": call_item(&c, "in_progress")}),
             ),
             self.event(
-                "response.content_part.added",
-                json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "part": part("")}),
+                "response.function_call_arguments.delta",
+                json!({"item_id": id, "output_index": i, "delta": c.arguments}),
+            ),
+            self.event(
+                "response.function_call_arguments.done",
+                json!({"item_id": id, "output_index": i, "arguments": c.arguments}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": i, "item": call_item(&c, "completed")}),
+            ),
+        ]);
+        self.out.calls.push(c);
+        all
+    }
+
+    /// The open message item's text, part and item done (nothing when none is open). Text after it opens
+    /// no second item: it is in the finished response.
+    fn message_done(&mut self, v: &ValidChat) -> Vec<Event> {
+        let Some(i) = self.message.filter(|_| !self.message_closed) else {
+            return Vec::new();
+        };
+        self.message_closed = true;
+        let text = self.out.text.clone();
+        vec![
+            self.event(
+                "response.output_text.done",
+                json!({"item_id": item_id(v), "output_index": i, "content_index": 0, "text": text}),
+            ),
+            self.event(
+                "response.content_part.done",
+                json!({"item_id": item_id(v), "output_index": i, "content_index": 0, "part": part(&text)}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": i, "item": item(v, "completed", Some(&text))}),
             ),
         ]
     }
 
-    fn delta(&mut self, v: &ValidChat, text: &str) -> Event {
-        self.event(
-            "response.output_text.delta",
-            json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "delta": text}),
-        )
-    }
-
-    /// The text, its part and item done, then `response.completed` (or `response.incomplete`).
-    /// The finished response is kept (`[responses] store`) as it is announced.
-    fn closing(
-        &mut self,
-        v: &ValidChat,
-        keep: &Keep,
-        text: &str,
-        end: &str,
-        t: Tokens,
-    ) -> Vec<Event> {
-        let done = keep.dress(response(v, "completed", Some(text), end, t));
-        keep.save(v, text, &done);
+    /// The message item done (when one was opened, or nothing was said), then `response.completed` (or
+    /// `response.incomplete`). The finished response is kept (`[responses] store`) as it is announced.
+    fn closing(&mut self, v: &ValidChat, keep: &Keep, end: &'static str, t: Tokens) -> Vec<Event> {
+        self.out.end = end;
+        self.out.tokens = t;
+        let mut all = Vec::new();
+        if self.message.is_none() && self.out.calls.is_empty() {
+            all.extend(self.text(v, ""));
+        }
+        all.extend(self.message_done(v));
+        let done = keep.dress(response(v, "completed", Some(&self.out)));
+        keep.save(v, &self.out, &done);
         let last = if done["status"] == "incomplete" {
             "response.incomplete"
         } else {
             "response.completed"
         };
-        vec![
-            self.event(
-                "response.output_text.done",
-                json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "text": text}),
-            ),
-            self.event(
-                "response.content_part.done",
-                json!({"item_id": item_id(v), "output_index": 0, "content_index": 0, "part": part(text)}),
-            ),
-            self.event(
-                "response.output_item.done",
-                json!({"output_index": 0, "item": item(v, "completed", Some(text))}),
-            ),
-            self.event(last, json!({"response": done})),
-        ]
+        all.push(self.event(last, json!({"response": done})));
+        all
     }
 }
 
 /// A one-piece answer as the whole event sequence.
-fn one_piece_events(v: &ValidChat, keep: &Keep, text: &str, end: &str, t: Tokens) -> Response {
-    let mut seq = Seq(0);
+fn one_piece_events(v: &ValidChat, keep: &Keep, out: &Output) -> Response {
+    let mut seq = Seq::default();
     let mut all = seq.opening(v, keep);
-    all.push(seq.delta(v, text));
-    all.extend(seq.closing(v, keep, text, end, t));
+    if out.has_message() {
+        all.extend(seq.text(v, &out.text));
+    }
+    for c in &out.calls {
+        all.extend(seq.call(v, c.clone()));
+    }
+    all.extend(seq.closing(v, keep, out.end, out.tokens));
     Sse::new(futures_util::stream::iter(
         all.into_iter().map(Ok::<_, Infallible>),
     ))
@@ -325,26 +483,23 @@ fn events(v: &ValidChat, keep: Keep, mut g: Generation) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let v = v.clone();
     tokio::spawn(async move {
-        let mut seq = Seq(0);
+        let mut seq = Seq::default();
         for e in seq.opening(&v, &keep) {
             if tx.send(e).await.is_err() {
                 return;
             }
         }
-        let mut text = String::new();
         while let Some(next) = g.next().await {
             let out: Vec<Event> = match next {
-                Ok(Delta::Text(t)) => {
-                    text.push_str(&t);
-                    vec![seq.delta(&v, &t)]
-                }
+                Ok(Delta::Text(t)) => seq.text(&v, &t),
+                Ok(Delta::ToolCall(c)) => seq.call(&v, c),
                 Ok(Delta::End { finish, tokens }) => {
-                    seq.closing(&v, &keep, &text, finish.as_str(), tokens)
+                    seq.closing(&v, &keep, finish.as_str(), tokens)
                 }
                 Ok(_) => continue,
                 Err(e) => {
                     let e = ApiError::from(e);
-                    let mut r = keep.dress(response(&v, "failed", None, "stop", tokens(0, 0)));
+                    let mut r = keep.dress(response(&v, "failed", None));
                     r["error"] = json!({"code": e.parts().2, "message": e.to_string()});
                     vec![seq.event("response.failed", json!({"response": r}))]
                 }
