@@ -44,6 +44,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "test: installing Debian packages: ${missing[*]}" >&2
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  # A fresh machine's package lists may be empty or stale: refresh them first.
+  $sudo_cmd apt-get update -qq >/dev/null || { echo "test: apt-get update failed" >&2; exit 1; }
   $sudo_cmd apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
     || { echo "test: cannot install ${missing[*]} with apt-get" >&2; exit 1; }
 fi

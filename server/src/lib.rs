@@ -13,6 +13,7 @@ pub mod error;
 pub mod extract;
 pub mod openai;
 pub mod openai_responses;
+pub mod openai_tools;
 pub mod routes;
 pub mod serve;
 pub mod trace;

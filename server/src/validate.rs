@@ -6,12 +6,11 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use tiergate_config::RouteKind;
 
-mod tools;
-
 use crate::error::ApiError;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
+use crate::openai_tools as tools;
+pub use crate::openai_tools::{valid_name, MAX_TOOLS};
 pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
-pub use tools::{valid_name, MAX_TOOLS};
 
 /// Most characters of conversation text accepted (messages, tool calls' arguments and tool results
 /// together): an agent's 20-turn tool conversation fits; the body cap (`server.max_body_bytes`, 256 KiB) and
@@ -188,6 +187,7 @@ fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String),
     }
     let mut messages = Vec::with_capacity(wire.len());
     let mut total = 0usize;
+    let mut called = std::collections::HashSet::new();
     for (i, m) in wire.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
@@ -207,26 +207,8 @@ fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String),
                 ))
             }
         };
-        let tool_calls = match m.tool_calls.as_ref().filter(|v| !v.is_null()) {
-            Some(_) if role != "assistant" => {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}].tool_calls"),
-                    "only assistant messages carry tool calls",
-                ))
-            }
-            Some(v) => tools::calls(v, i)?,
-            None => Vec::new(),
-        };
-        let tool_call_id = match (role, m.tool_call_id) {
-            ("tool", Some(id)) if !id.is_empty() => Some(id),
-            ("tool", _) => {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}].tool_call_id"),
-                    "a tool message needs the tool_call_id it answers",
-                ))
-            }
-            (_, _) => None,
-        };
+        let (tool_calls, tool_call_id) =
+            tools::message_tools(role, m.tool_calls.as_ref(), m.tool_call_id, i, &mut called)?;
         let content = match m.content {
             None => String::new(),
             Some(Content::Text(t)) => t,
@@ -565,6 +547,10 @@ mod tests {
             ),
             (
                 serde_json::json!({"model":"generate","messages":[user,{"role":"tool","content":"42"}]}),
+                "messages[1].tool_call_id",
+            ),
+            (
+                serde_json::json!({"model":"generate","messages":[user,{"role":"tool","tool_call_id":"c9","content":"42"}]}),
                 "messages[1].tool_call_id",
             ),
             (

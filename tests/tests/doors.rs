@@ -267,3 +267,51 @@ fn tool_calls_on(engine: &str, mode: &str) {
     let out = sdk("tool_calls.py", &s.base, &[mode]);
     assert!(out.contains("cases passed"), "{out}");
 }
+
+/// The conformance matrix (`tests/python/conformance_matrix.py`, ≥ 50 named cases): {chat, responses,
+/// messages} × {plain, streamed} × {classify, answer, generate} text, the tool loop on generate and JSON output
+/// on classify, then each door's errors in its own shape (bad field, missing `max_tokens`, unknown model, over
+/// the body cap, bad key, a tool result without its call, an unknown, unstored or another tenant's
+/// `previous_response_id`), with the official SDKs, 0 failures.
+#[test]
+fn the_conformance_matrix_passes() {
+    let work = tempfile::tempdir().unwrap();
+    let ledger = format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    );
+    let file = format!(
+        "responses.path=\"{}\"",
+        work.path().join("responses.sqlite").display()
+    );
+    let tenants = format!(
+        "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
+        key_sha256("key-a"),
+        key_sha256("key-b")
+    );
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.tools=true",
+        "--set",
+        &ledger,
+        "--set",
+        "responses.store=true",
+        "--set",
+        &file,
+        "--set",
+        &tenants,
+    ]);
+    let out = sdk(
+        "conformance_matrix.py",
+        &s.base,
+        &["key-a", "key-b", "key-wrong"],
+    );
+    let passed: usize = out
+        .lines()
+        .find_map(|l| l.strip_suffix(" cases passed"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(passed >= 50, "{passed} cases: {out}");
+}

@@ -1,4 +1,4 @@
-//! Tool use on the chat door: `tools`, `tool_choice` and `parallel_tool_calls` become the engine's
+//! OpenAI's tool fields (the Chat Completions wire format, validated): tool use on the chat door: `tools`, `tool_choice` and `parallel_tool_calls` become the engine's
 //! [`Tools`]; an assistant turn's `tool_calls` and a `tool` turn's `tool_call_id` are read into its
 //! messages. Every malformed field is a 400 that names it; the legacy `functions` / `function_call` are
 //! refused with the fields to send instead.
@@ -179,8 +179,48 @@ fn choice(c: Option<&Value>, list: &[Tool]) -> Result<ToolChoice, ApiError> {
     }
 }
 
+/// Message `i`'s tool calls (an assistant's) and the call it answers (a `tool` message's), checked: only an
+/// assistant carries calls, a tool message names a call an earlier assistant turn made (`called` collects
+/// their ids) — a result without its call is a 400, not a turn the model reads out of context.
+pub fn message_tools(
+    role: &str,
+    tool_calls: Option<&Value>,
+    tool_call_id: Option<String>,
+    i: usize,
+    called: &mut std::collections::HashSet<String>,
+) -> Result<(Vec<ToolCall>, Option<String>), ApiError> {
+    let calls = match tool_calls.filter(|v| !v.is_null()) {
+        Some(_) if role != "assistant" => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_calls"),
+                "only assistant messages carry tool calls",
+            ))
+        }
+        Some(v) => calls(v, i)?,
+        None => Vec::new(),
+    };
+    called.extend(calls.iter().map(|c| c.id.clone()));
+    let answers = match (role, tool_call_id) {
+        ("tool", Some(id)) if called.contains(&id) => Some(id),
+        ("tool", Some(id)) if !id.is_empty() => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_call_id"),
+                format!("`{id}` names no tool call of an earlier assistant message"),
+            ))
+        }
+        ("tool", _) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_call_id"),
+                "a tool message needs the tool_call_id it answers",
+            ))
+        }
+        (_, _) => None,
+    };
+    Ok((calls, answers))
+}
+
 /// An assistant turn's `tool_calls` (`messages[i].tool_calls`).
-pub fn calls(v: &Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
+fn calls(v: &Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
     let at = |j: usize, f: &str| format!("messages[{i}].tool_calls[{j}]{f}");
     let list = v.as_array().ok_or_else(|| {
         ApiError::invalid(format!("messages[{i}].tool_calls"), "must be an array")
