@@ -35,12 +35,12 @@ pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,
 };
 pub use prompts::{display_label, render, PromptConfig, ScoringMethod, NEUTRAL_PROMPTS};
-pub use resolve::{Backend, Resolved, Route, Stage};
+pub use resolve::{Backend, Resolved, Route, Stage, Steer};
 pub use responses::ResponsesConfig;
 pub use serving::{
     BrownoutConfig, EngineKind, FailureMode, Grade, OnBreach, OtlpProtocol, OutOfScopeConfig,
     PolicyStoreConfig, Prefer, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode,
-    RoutingPatch, ScoringWeights, ServerConfig, StageConfig, StageTable, StoreKind,
+    RoutingPatch, ScoringWeights, ServerConfig, StageConfig, StageTable, SteerConfig, StoreKind,
     UtilizationConfig, UtilizationSource,
 };
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};

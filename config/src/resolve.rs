@@ -56,6 +56,19 @@ pub struct Route {
     pub max_deadline_ms: u64,
     /// Its written answers and generations at temperature 0 may be cached.
     pub cache_generations: bool,
+    /// How Tier-0 steers a generate route between its stages.
+    pub steer: Option<Steer>,
+}
+
+/// A steered generate route's map, its stages by index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Steer {
+    /// Label → stage index.
+    pub by_label: Vec<(String, usize)>,
+    /// The stage of unsure requests and unmapped labels.
+    pub default: usize,
+    /// The most ambiguity a sure label may have.
+    pub theta: f64,
 }
 
 /// The config as every reader takes it.
@@ -113,6 +126,7 @@ impl Config {
             max_deadline_ms: None,
             stages: None,
             cache_generations: false,
+            steer: None,
         }];
         let listed: &[RouteConfig] = if self.routes.is_empty() {
             &implicit
@@ -157,7 +171,13 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<Stage>, ConfigError>>()?;
+        let steer = r
+            .steer
+            .as_ref()
+            .map(|s| steer_of(r, s, &stages))
+            .transpose()?;
         Ok(Route {
+            steer,
             name: r.name.clone(),
             kind: r.kind,
             head: r
@@ -175,6 +195,51 @@ impl Config {
             cache_generations: r.cache_generations,
         })
     }
+}
+
+/// Route `r`'s steering with its stage names resolved: only a generate route is steered, by a θ in [0, 1],
+/// to stages it has.
+fn steer_of(
+    r: &RouteConfig,
+    s: &crate::SteerConfig,
+    stages: &[Stage],
+) -> Result<Steer, ConfigError> {
+    let at = format!("routes.{}.steer", r.name);
+    if r.kind != RouteKind::Generate {
+        return Err(ConfigError::invalid(
+            at,
+            "only a generate route is steered (classify and answer routes escalate instead)",
+        ));
+    }
+    if !(0.0..=1.0).contains(&s.theta) {
+        return Err(ConfigError::invalid(
+            format!("{at}.theta"),
+            "must be in [0, 1]",
+        ));
+    }
+    let index = |name: &str| {
+        stages.iter().position(|st| st.name == name).ok_or_else(|| {
+            let names: Vec<&str> = stages.iter().map(|st| st.name.as_str()).collect();
+            ConfigError::invalid(
+                format!("{at}.by_label"),
+                format!("`{name}` is no stage of the route ({})", names.join(", ")),
+            )
+        })
+    };
+    let mut by_label = Vec::new();
+    let mut default = stages.len() - 1;
+    for (label, stage) in &s.by_label {
+        if label == "*" {
+            default = index(stage)?;
+        } else {
+            by_label.push((label.clone(), index(stage)?));
+        }
+    }
+    Ok(Steer {
+        by_label,
+        default,
+        theta: s.theta,
+    })
 }
 
 #[cfg(test)]
@@ -338,6 +403,49 @@ mod tests {
         ] {
             let e = config(text).resolve().unwrap_err();
             assert_eq!(invalid_field(e), field, "{text}");
+        }
+    }
+
+    #[test]
+    fn steer_is_for_generate_routes_and_their_own_stages() {
+        let with = |kind: &str, steer: &str| {
+            config(&format!(
+                "[[routes]]\nname = \"r\"\nkind = \"{kind}\"\nsteer = {steer}\n"
+            ))
+            .resolve()
+        };
+        let ok = with(
+            "generate",
+            r#"{ by_label = { a = "default" }, theta = 0.3 }"#,
+        )
+        .unwrap();
+        let s = ok.routes[0].steer.as_ref().unwrap();
+        assert_eq!(
+            (s.by_label.clone(), s.default, s.theta),
+            (vec![("a".to_string(), 0)], 0, 0.3)
+        );
+        for (kind, steer, field) in [
+            (
+                "classify",
+                r#"{ by_label = { a = "default" } }"#,
+                "routes.r.steer",
+            ),
+            (
+                "generate",
+                r#"{ by_label = { a = "nope" } }"#,
+                "routes.r.steer.by_label",
+            ),
+            (
+                "generate",
+                r#"{ by_label = { a = "default" }, theta = 2.0 }"#,
+                "routes.r.steer.theta",
+            ),
+        ] {
+            assert_eq!(
+                invalid_field(with(kind, steer).unwrap_err()),
+                field,
+                "{steer}"
+            );
         }
     }
 }

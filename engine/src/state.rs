@@ -331,7 +331,7 @@ fn route_of(
 ) -> anyhow::Result<Route> {
     // The first stage's judge decides how candidates are shown (grounded or not).
     let grounded = crate::answer::judge::grounded(resolved.judge(r), &r.prompts);
-    let prefilter = if r.kind == RouteKind::Generate {
+    let prefilter = if r.kind == RouteKind::Generate && r.steer.is_none() {
         None
     } else {
         Some(prefilter_for(config, resolved, r, grounded, handles)?)
@@ -369,7 +369,12 @@ fn route_of(
             s,
         );
     }
+    let steer = match (&r.steer, &prefilter) {
+        (Some(s), Some(p)) => Some(crate::routing::route::Steering::of(&r.name, s, p.labels())?),
+        _ => None,
+    };
     Ok(Route {
+        steer,
         name: r.name.clone(),
         kind: r.kind,
         prefilter,

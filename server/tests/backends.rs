@@ -680,3 +680,68 @@ async fn a_generation_is_retried_or_moved_only_before_its_first_byte() {
         "the failure is in the stream: {body}"
     );
 }
+
+/// A generate route steered by Tier-0 (`steer`): a sure label goes to the stage its map names, an unsure one
+/// or an unmapped label to the default (the last stage), and the response names the stage and backend; a map
+/// naming a label the head does not have, a stage the route does not have, or a classify route is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steered_generate_route_sends_sure_labels_to_their_stage() {
+    let steered = |theta: f64, map: &'static str| {
+        move |c: &mut Config| {
+            c.llm = vec![
+                entry("small", "engine = \"stub\"\nworkers = 1"),
+                entry("big", "engine = \"stub\"\nworkers = 1"),
+            ];
+            for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
+                r.stages = Some(vec![
+                    tiergate_config::StageConfig::Name("small".into()),
+                    tiergate_config::StageConfig::Name("big".into()),
+                ]);
+                r.steer = Some(toml::from_str(&format!("theta = {theta}\n{map}")).unwrap());
+            }
+        }
+    };
+    let ask = |text: &str| post("/v1/chat/completions", chat("generate", text));
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    // θ 1: every label counts as sure.
+    let r = all_live(rig(1, steered(1.0, "[by_label]\ncard_lost = \"small\"")));
+    let (s, h, b) = call(&r.app, ask("card lost")).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    assert_eq!(header(&h, "x-tiergate-backend").as_deref(), Some("small"));
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert!(v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("stub:"));
+    // A label the map does not name: the default stage (the last).
+    let (_, h, _) = call(&r.app, ask("pay bill")).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    drop(r);
+    // θ 0: no label is sure; `"*"` names the default.
+    let r = all_live(rig(
+        1,
+        steered(0.0, "[by_label]\ncard_lost = \"small\"\n\"*\" = \"big\""),
+    ));
+    let (_, h, _) = call(&r.app, ask("card lost")).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    drop(r);
+    // Refused at start: a label the head does not have, a stage the route does not have.
+    for map in [
+        "[by_label]\nno_such_label = \"small\"",
+        "[by_label]\ncard_lost = \"no_such_stage\"",
+    ] {
+        let tiny = tiergate_prefilter::testing::TinyModel::create(2).unwrap();
+        let mut cfg = common::config(&tiny);
+        cfg.reranker.engine = tiergate_config::EngineKind::Stub;
+        steered(1.0, map)(&mut cfg);
+        let built =
+            tiergate_engine::state::AppState::build(cfg, None, Some(common::worker_program()));
+        let e = format!("{:#}", built.err().expect(map));
+        assert!(
+            e.contains("no_such_label") || e.contains("no_such_stage"),
+            "{map}: {e}"
+        );
+    }
+}

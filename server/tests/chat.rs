@@ -440,6 +440,7 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 max_deadline_ms: Some(30_000),
                 stages: None,
                 cache_generations: false,
+                steer: None,
             },
             tiergate_config::RouteConfig {
                 name: "generate".into(),
@@ -451,6 +452,7 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 max_deadline_ms: None,
                 stages: None,
                 cache_generations: false,
+                steer: None,
             },
         ];
     });

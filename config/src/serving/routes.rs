@@ -48,6 +48,26 @@ pub struct RouteConfig {
     /// tenant (off: only rerank verdicts are cached).
     #[serde(default)]
     pub cache_generations: bool,
+    /// A generate route steered by Tier-0: its head classifies the conversation's last user turn, a sure label
+    /// (ambiguity 1 − p ≤ `theta`) sends it to the stage `by_label` maps it to, an unsure one — or a label the
+    /// map does not name — to the `"*"` stage (by default the route's last, strongest stage).
+    #[serde(default)]
+    pub steer: Option<SteerConfig>,
+}
+
+/// `steer = { by_label = { billing = "small", "*" = "big" }, theta = 0.4 }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SteerConfig {
+    /// Label → stage name; `"*"`: the stage of unsure requests and unmapped labels.
+    pub by_label: std::collections::BTreeMap<String, String>,
+    /// The most ambiguity a label may have to count as sure (0.5 when unset).
+    #[serde(default = "default_steer_theta")]
+    pub theta: f64,
+}
+
+fn default_steer_theta() -> f64 {
+    0.5
 }
 
 /// One stage of a route's cascade: a backend's name, or a table.

@@ -39,10 +39,11 @@ pub(super) async fn generate_route(
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
     let route = super::route_of(state, v)?;
+    let k = steered(&route, v, out).await?;
     let stage = route
         .stages
-        .first()
-        .ok_or_else(|| EngineError::Internal(format!("route `{}` has no stage", v.route)))?;
+        .get(k)
+        .ok_or_else(|| EngineError::Internal(format!("route `{}` has no stage {k}", v.route)))?;
     if v.uses_tools() {
         calls_tools(state, &v.route, stage)?;
     }
@@ -70,6 +71,19 @@ pub(super) async fn generate_route(
         .unwrap_or_else(EngineError::busy)),
         Err(Declined::Refused(r)) => Err(r.into_error(&v.tenant.0)),
     }
+}
+
+/// The stage a steered route sends `v` to — Tier-0 classifies its last user turn; a sure label goes to its
+/// mapped stage, anything else to the route's default — or the first stage of a route not steered.
+async fn steered(route: &Route, v: &ValidChat, out: &mut Outcome) -> Result<usize, EngineError> {
+    let Some(s) = &route.steer else {
+        return Ok(0);
+    };
+    let pred = super::tier0::tier0(route, v, out).await?;
+    let (k, sure) = s.stage(pred.label, pred.confidence);
+    out.threshold = Some(s.theta);
+    tracing::debug!(route = %route.name, label = pred.label, p = pred.confidence, sure, stage = k, "steered");
+    Ok(k)
 }
 
 /// A request with tools (or a conversation with tool calls and results) goes to a stage whose every

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tiergate_config::{display_label, render, RouteKind};
-use tiergate_prefilter::{Prediction, PrefilterError};
+use tiergate_prefilter::Prediction;
 use tiergate_queue::{Job, Message};
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
@@ -20,7 +20,6 @@ use crate::answer::out_of_scope::NONE;
 use crate::answer::outcome::{DegradeReason, Outcome, Tier};
 use crate::answer::request::ValidChat;
 use crate::error::EngineError;
-use crate::metrics as m;
 use crate::state::{AppState, Route};
 
 pub(super) async fn classified(
@@ -30,7 +29,7 @@ pub(super) async fn classified(
 ) -> Result<Body, EngineError> {
     let route = super::route_of(state, v)?;
     let route = &*route;
-    let pred = tier0(route, v, out).await?;
+    let pred = super::tier0::tier0(route, v, out).await?;
     let d = decide(state, route, pred, v.forced, out);
     state
         .routing
@@ -66,46 +65,6 @@ pub(super) async fn classified(
             .record_escalated_latency(Instant::now(), v.started.elapsed().as_secs_f64() * 1e3);
     }
     Ok(Body::Label(labelled(route, v, &d.pred, answer, out)))
-}
-
-/// Tier-0's prediction, its metrics and timings.
-async fn tier0(route: &Route, v: &ValidChat, out: &mut Outcome) -> Result<Prediction, EngineError> {
-    let prefilter = route
-        .prefilter
-        .as_ref()
-        .ok_or_else(|| EngineError::Internal("route without a classifier".into()))?;
-    let span = tracing::info_span!(target: TARGET, "prefilter");
-    let at = std::time::SystemTime::now();
-    let pred = prefilter
-        .classify(&v.text)
-        .instrument(span.clone())
-        .await
-        .map_err(prefilter_error)?;
-    crate::answer::trace::prefilter_steps(&span, at, &pred);
-    metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
-    metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
-    metrics::histogram!(m::PREFILTER_QUEUE_SECONDS).record(pred.timings.queue.as_secs_f64());
-    out.tier = Tier::Tier0;
-    out.confidence = Some(pred.confidence);
-    out.head = Some(route.head_version.clone());
-    out.timings.prefilter_ms = v.started.elapsed().as_secs_f64() * 1e3;
-    out.timings.infer_ms = pred.timings.infer.as_secs_f64() * 1e3;
-    Ok(pred)
-}
-
-fn prefilter_error(e: PrefilterError) -> EngineError {
-    match e {
-        PrefilterError::Overloaded { .. } => EngineError::Overloaded {
-            message: e.to_string(),
-            retry_after_s: 1,
-        },
-        PrefilterError::InvalidInput(m) => EngineError::Invalid {
-            param: "messages",
-            message: m,
-        },
-        PrefilterError::Closed => EngineError::Unavailable("the prefilter is shutting down".into()),
-        other => EngineError::Internal(other.to_string()),
-    }
 }
 
 /// An answer route's escalation: the LLM writes the reply, grounded in the candidates' approved replies — or

@@ -39,6 +39,52 @@ pub struct Route {
     pub head_version: String,
     /// Its LLM-written answers and generations at temperature 0 may be cached (`cache_generations`).
     pub cache_generations: bool,
+    /// A generate route steered by Tier-0 between its stages (`steer`).
+    pub steer: Option<Steering>,
+}
+
+/// A steered generate route's map over its head's labels.
+#[derive(Debug, Clone)]
+pub struct Steering {
+    /// The stage of each head label (index by label), none when the map does not name it.
+    pub by_label: Vec<Option<usize>>,
+    /// The stage of unsure requests and unmapped labels.
+    pub default: usize,
+    /// The most ambiguity (1 − p) a sure label may have.
+    pub theta: f64,
+}
+
+impl Steering {
+    /// `steer` over `labels` (a label the head does not have is an error naming it).
+    pub fn of(
+        route: &str,
+        steer: &tiergate_config::Steer,
+        labels: &[String],
+    ) -> anyhow::Result<Self> {
+        let mut by_label = vec![None; labels.len()];
+        for (label, stage) in &steer.by_label {
+            let i = labels.iter().position(|l| l == label).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "routes.{route}.steer.by_label: `{label}` is not a label of the route's head"
+                )
+            })?;
+            by_label[i] = Some(*stage);
+        }
+        Ok(Self {
+            by_label,
+            default: steer.default,
+            theta: steer.theta,
+        })
+    }
+
+    /// The stage for Tier-0's `label` at probability `p`: its mapped stage when sure, else the default.
+    pub fn stage(&self, label: usize, p: f32) -> (usize, bool) {
+        let sure = 1.0 - f64::from(p) <= self.theta;
+        match self.by_label.get(label).copied().flatten() {
+            Some(k) if sure => (k, true),
+            _ => (self.default, false),
+        }
+    }
 }
 
 /// One stage of a route's cascade.

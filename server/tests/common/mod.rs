@@ -73,6 +73,7 @@ pub fn config(tiny: &TinyModel) -> Config {
         max_deadline_ms: None,
         stages: None,
         cache_generations: false,
+        steer: None,
     })
     .collect();
     cfg

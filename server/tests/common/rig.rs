@@ -224,6 +224,7 @@ pub fn guarded(c: &mut Config) {
             max_deadline_ms: None,
             stages: None,
             cache_generations: false,
+            steer: None,
         });
     }
 }
