@@ -219,6 +219,12 @@ pub fn message_tools(
     Ok((calls, answers))
 }
 
+/// A call as Chat Completions writes it in an assistant message's `tool_calls` (a stored conversation keeps
+/// it so too).
+pub fn call_json(c: &ToolCall) -> Value {
+    serde_json::json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
 /// An assistant turn's `tool_calls` (`messages[i].tool_calls`).
 fn calls(v: &Value, i: usize) -> Result<Vec<ToolCall>, ApiError> {
     let at = |j: usize, f: &str| format!("messages[{i}].tool_calls[{j}]{f}");

@@ -31,14 +31,26 @@ fn sdk(script: &str, base: &str, keys: &[&str]) -> String {
     stdout
 }
 
+/// `--set` values that keep a test server's decision records and stored responses in `work`.
+fn ledger_in(work: &tempfile::TempDir) -> String {
+    format!(
+        "feedback.path=\"{}\"",
+        work.path().join("f.sqlite").display()
+    )
+}
+
+fn responses_in(work: &tempfile::TempDir) -> String {
+    format!(
+        "responses.path=\"{}\"",
+        work.path().join("responses.sqlite").display()
+    )
+}
+
 /// Every route through `POST /v1/messages` with the official `anthropic` SDK (stub LLM engine).
 #[test]
 fn the_anthropic_sdk_talks_to_every_route() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
     let s = start(&["--set", "reranker.engine=\"stub\"", "--set", &ledger]);
     sdk("anthropic_messages.py", &s.base, &[]);
     assert_door_counted(&s.base, "messages");
@@ -63,10 +75,7 @@ fn assert_door_counted(base: &str, door: &str) {
 #[test]
 fn an_anthropic_key_is_a_tenant_key() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
     let tenants = format!(
         "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}]",
         key_sha256("key-a")
@@ -86,10 +95,7 @@ fn an_anthropic_key_is_a_tenant_key() {
 #[test]
 fn the_openai_sdk_talks_to_every_route_through_responses() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
     let s = start(&["--set", "reranker.engine=\"stub\"", "--set", &ledger]);
     sdk("openai_responses.py", &s.base, &[]);
     assert_door_counted(&s.base, "responses");
@@ -101,10 +107,7 @@ fn the_openai_sdk_talks_to_every_route_through_responses() {
 #[test]
 fn the_bench_speaks_every_dialect() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
     let tenants = format!(
         "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}]",
         key_sha256("key-a")
@@ -180,19 +183,13 @@ fn the_bench_speaks_every_dialect() {
 #[test]
 fn stored_responses_continue_for_their_tenant_only() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
     let tenants = format!(
         "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
         key_sha256("key-a"),
         key_sha256("key-b")
     );
-    let file = format!(
-        "responses.path=\"{}\"",
-        work.path().join("responses.sqlite").display()
-    );
+    let file = responses_in(&work);
     let args = [
         "--set",
         "reranker.engine=\"stub\"",
@@ -244,14 +241,8 @@ fn tool_calls_travel_through_every_door() {
 
 fn tool_calls_on(engine: &str, mode: &str) {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
-    let file = format!(
-        "responses.path=\"{}\"",
-        work.path().join("responses.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
+    let file = responses_in(&work);
     let s = start(&[
         "--set",
         engine,
@@ -276,14 +267,8 @@ fn tool_calls_on(engine: &str, mode: &str) {
 #[test]
 fn the_conformance_matrix_passes() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = format!(
-        "feedback.path=\"{}\"",
-        work.path().join("f.sqlite").display()
-    );
-    let file = format!(
-        "responses.path=\"{}\"",
-        work.path().join("responses.sqlite").display()
-    );
+    let ledger = ledger_in(&work);
+    let file = responses_in(&work);
     let tenants = format!(
         "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
         key_sha256("key-a"),

@@ -231,7 +231,7 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
 /// the `<tool_call>` and the worker streams it as one tool-call frame), then answers from the tool's result
 /// (the assistant turn's call and the tool message rendered by the template).
 fn qwen_calls_a_tool_and_reads_its_result(client: &tiergate_queue::Client) {
-    use tiergate_queue::{Tool, ToolCall, ToolChoice, Tools};
+    use tiergate_queue::{Tool, ToolChoice, Tools};
     let tools = Tools {
         list: vec![Tool {
             name: "get_weather".into(),
@@ -261,17 +261,7 @@ fn qwen_calls_a_tool_and_reads_its_result(client: &tiergate_queue::Client) {
             }),
         };
         let h = client.submit(&job, Duration::from_secs(120)).unwrap();
-        let (mut text, mut calls) = (String::new(), Vec::<ToolCall>::new());
-        let usage = loop {
-            match h.events.recv_timeout(Duration::from_secs(120)).unwrap() {
-                Event::Chunk(c) => text.push_str(&c),
-                Event::ToolCall(c) => calls.push(c),
-                Event::Reply(Reply::Generated(u)) => break u,
-                other => panic!("unexpected {other:?}"),
-            }
-        };
-        eprintln!("text {text:?} calls {calls:?} {usage:?}");
-        (text, calls, usage)
+        common::generated(&h, Duration::from_secs(120))
     };
     let (_, calls, usage) = run(vec![ask.clone()], ToolChoice::Auto);
     assert_eq!(usage.finish_reason, "tool_calls", "{calls:?}");

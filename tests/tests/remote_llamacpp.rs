@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tiergate_queue::{
     Candidate, Client, Event, Geometry, Job, Message, QueueError, Reply, Sampling, Segment,
-    Supervisor, SupervisorConfig, Tool, ToolCall, ToolChoice, Tools,
+    Supervisor, SupervisorConfig, Tool, ToolChoice, Tools,
 };
 use tiergate_tests::{binary, root};
 
@@ -663,17 +663,7 @@ fn the_remote_engine_passes_tool_calls_through_a_real_llama_cpp_server() {
             tools: Some(tools.clone()),
         };
         let h = r.client.submit(&job, Duration::from_secs(60)).unwrap();
-        let (mut text, mut calls) = (String::new(), Vec::<ToolCall>::new());
-        let usage = loop {
-            match h.events.recv_timeout(Duration::from_secs(60)).unwrap() {
-                Event::Chunk(c) => text.push_str(&c),
-                Event::ToolCall(c) => calls.push(c),
-                Event::Reply(Reply::Generated(u)) => break u,
-                other => panic!("unexpected {other:?}"),
-            }
-        };
-        eprintln!("text {text:?} calls {calls:?} {usage:?}");
-        (text, calls, usage)
+        common::generated(&h, Duration::from_secs(60))
     };
     let (_, calls, usage) = run(vec![ask.clone()], &tools);
     let [call] = calls.as_slice() else {

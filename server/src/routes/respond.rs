@@ -78,10 +78,7 @@ pub(super) async fn completion(
         if message["content"] == "" {
             message["content"] = Value::Null;
         }
-        message["tool_calls"] = calls
-            .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect();
+        message["tool_calls"] = calls.iter().map(crate::openai_tools::call_json).collect();
     }
     let c = Chunks::of(v);
     Ok(json!({

@@ -60,7 +60,7 @@ impl Keep {
             answer["tool_calls"] = out
                 .calls
                 .iter()
-                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .map(crate::openai_tools::call_json)
                 .collect();
         }
         messages.push(answer);

@@ -222,3 +222,22 @@ pub fn redis(port: u16) -> Killed {
     }
     Killed(child)
 }
+
+/// A generation's events read to its end (each within `wait`): its text, its tool calls and its usage.
+pub fn generated(
+    h: &tiergate_queue::JobHandle,
+    wait: Duration,
+) -> (String, Vec<tiergate_queue::ToolCall>, tiergate_queue::Usage) {
+    use tiergate_queue::{Event, Reply};
+    let (mut text, mut calls) = (String::new(), Vec::new());
+    let usage = loop {
+        match h.events.recv_timeout(wait).unwrap() {
+            Event::Chunk(c) => text.push_str(&c),
+            Event::ToolCall(c) => calls.push(c),
+            Event::Reply(Reply::Generated(u)) => break u,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    eprintln!("text {text:?} calls {calls:?} {usage:?}");
+    (text, calls, usage)
+}
