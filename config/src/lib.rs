@@ -19,6 +19,7 @@ pub mod redact;
 mod resolve;
 mod responses;
 mod serving;
+mod sessions;
 mod tenants;
 mod worker;
 
@@ -40,9 +41,10 @@ pub use responses::ResponsesConfig;
 pub use serving::{
     BrownoutConfig, EngineKind, FailureMode, Grade, OnBreach, OtlpProtocol, OutOfScopeConfig,
     PolicyStoreConfig, Prefer, RerankerConfig, RouteConfig, RouteKind, RoutingConfig, RoutingMode,
-    RoutingPatch, ScoringWeights, ServerConfig, StageConfig, StageTable, SteerConfig, StoreKind,
-    UtilizationConfig, UtilizationSource,
+    RoutingPatch, ScoringWeights, ServerConfig, StageConfig, StageTable, SteerConfig,
+    SteerOverride, StoreKind, UtilizationConfig, UtilizationSource,
 };
+pub use sessions::SessionsConfig;
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 
@@ -89,6 +91,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// The Responses API's store (`previous_response_id`, `GET /v1/responses/{id}`).
     pub responses: ResponsesConfig,
+    /// Session pins: a conversation stays with the stage and backend of its last turn.
+    pub sessions: SessionsConfig,
 }
 
 impl Config {
@@ -141,6 +145,7 @@ impl Config {
         self.heads.validate("heads")?;
         self.cache.validate("cache")?;
         self.responses.validate("responses")?;
+        self.sessions.validate("sessions")?;
         self.brownout.validate("brownout")?;
         if self.routing.utilization_source == UtilizationSource::Prometheus
             && self.utilization.prometheus_url.is_empty()

@@ -67,8 +67,10 @@ pub struct Steer {
     pub by_label: Vec<(String, usize)>,
     /// The stage of unsure requests and unmapped labels.
     pub default: usize,
-    /// The most ambiguity a sure label may have.
-    pub theta: f64,
+    /// Its θ policy (a static `theta` unless the route sets one): a sure label's ambiguity is at most its θ_eff.
+    pub policy: RoutingConfig,
+    /// Label → what its generations are written with.
+    pub overrides: Vec<(String, crate::SteerOverride)>,
 }
 
 /// The config as every reader takes it.
@@ -174,7 +176,7 @@ impl Config {
         let steer = r
             .steer
             .as_ref()
-            .map(|s| steer_of(r, s, &stages))
+            .map(|s| steer_of(r, s, &stages, &self.routing))
             .transpose()?;
         Ok(Route {
             steer,
@@ -203,6 +205,7 @@ fn steer_of(
     r: &RouteConfig,
     s: &crate::SteerConfig,
     stages: &[Stage],
+    global: &RoutingConfig,
 ) -> Result<Steer, ConfigError> {
     let at = format!("routes.{}.steer", r.name);
     if r.kind != RouteKind::Generate {
@@ -235,10 +238,26 @@ fn steer_of(
             by_label.push((label.clone(), index(stage)?));
         }
     }
+    let policy = s.policy(global);
+    policy.validate_stage(&format!("{at}.policy"))?;
+    for (label, o) in &s.overrides {
+        let bad =
+            |f: &str, why: &str| ConfigError::invalid(format!("{at}.overrides.{label}.{f}"), why);
+        if o.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+            return Err(bad("temperature", "must be in [0, 2]"));
+        }
+        if o.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+            return Err(bad("top_p", "must be in (0, 1]"));
+        }
+        if o.max_tokens == Some(0) {
+            return Err(bad("max_tokens", "must be at least 1"));
+        }
+    }
     Ok(Steer {
         by_label,
         default,
-        theta: s.theta,
+        policy,
+        overrides: s.overrides.clone().into_iter().collect(),
     })
 }
 
@@ -421,9 +440,18 @@ mod tests {
         .unwrap();
         let s = ok.routes[0].steer.as_ref().unwrap();
         assert_eq!(
-            (s.by_label.clone(), s.default, s.theta),
+            (s.by_label.clone(), s.default, s.policy.theta_base),
             (vec![("a".to_string(), 0)], 0, 0.3)
         );
+        assert_eq!(s.policy.mode, crate::RoutingMode::Static);
+        let own = with(
+            "generate",
+            r#"{ by_label = { a = "default" }, policy = { mode = "load", theta_base = 0.2, k = 0.5 }, overrides = { a = { system = "Be brief.", max_tokens = 64 } } }"#,
+        )
+        .unwrap();
+        let s = own.routes[0].steer.as_ref().unwrap();
+        assert_eq!((s.policy.mode, s.policy.k), (crate::RoutingMode::Load, 0.5));
+        assert_eq!(s.overrides[0].1.max_tokens, Some(64));
         for (kind, steer, field) in [
             (
                 "classify",
@@ -439,6 +467,16 @@ mod tests {
                 "generate",
                 r#"{ by_label = { a = "default" }, theta = 2.0 }"#,
                 "routes.r.steer.theta",
+            ),
+            (
+                "generate",
+                r#"{ by_label = { a = "default" }, policy = { mode = "risk", max_error = 0.1 } }"#,
+                "routes.r.steer.policy.max_error",
+            ),
+            (
+                "generate",
+                r#"{ by_label = { a = "default" }, overrides = { a = { temperature = 3.0 } } }"#,
+                "routes.r.steer.overrides.a.temperature",
             ),
         ] {
             assert_eq!(

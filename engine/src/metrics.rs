@@ -124,6 +124,17 @@ pub const CACHE_BYTES: &str = "tiergate_cache_bytes";
 /// 1 while the shared (Redis) answer cache answers, 0 while lookups miss without it.
 pub const CACHE_SHARED_UP: &str = "tiergate_cache_shared_up";
 
+/// θ in force of each route's own policy (a steered route's, a cascade stage's), by route and stage.
+pub const ROUTE_THETA_EFF: &str = "tiergate_route_theta_eff_ratio";
+/// u that policy reads, by route and stage.
+pub const ROUTE_UTILIZATION: &str = "tiergate_route_utilization_ratio";
+/// Steered generate requests by route, stage and whether Tier-0 was sure.
+pub const STEERED_TOTAL: &str = "tiergate_steered_total";
+/// Session turns by route and what the pin did (`new`, `kept`, `up`, `switched`, `unpinned`).
+pub const SESSION_TURNS_TOTAL: &str = "tiergate_session_turns_total";
+/// Session pins this replica holds in memory.
+pub const SESSION_PINS: &str = "tiergate_session_pins";
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
     60.0,
@@ -240,6 +251,23 @@ fn describe() {
         RISK_UPPER_BOUND,
         "Clopper-Pearson upper bound on the calibration rows' error at the bound's theta, by route"
     );
+    describe_gauge!(
+        ROUTE_THETA_EFF,
+        "Theta in force of a route's own policy (a steered generate route's: stage=\"\"; a cascade stage's), by route and stage"
+    );
+    describe_gauge!(
+        ROUTE_UTILIZATION,
+        "Utilisation u a route's own policy reads, by route and stage"
+    );
+    describe_counter!(
+        STEERED_TOTAL,
+        "Steered generate requests, by route, stage chosen and sure (Tier-0 sure of a mapped label)"
+    );
+    describe_counter!(
+        SESSION_TURNS_TOTAL,
+        "Turns of pinned sessions by route and outcome (new, kept, up: a stronger stage, switched: the pinned backend unhealthy or out of budget, unpinned: sessions off)"
+    );
+    describe_gauge!(SESSION_PINS, "Session pins held in this replica's memory");
     describe_counter!(
         LEDGER_DROPPED_TOTAL,
         "Decision records dropped: the writer's queue was full or the store failed"

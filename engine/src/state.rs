@@ -93,15 +93,17 @@ impl AppState {
             });
         }
         let cache = crate::cache::AnswerCache::new(&config.cache)?;
+        let store = match config.policy_store.kind {
+            tiergate_config::StoreKind::Redis => Some(Arc::new(
+                crate::routing::store::RedisStore::new(&config.policy_store)?,
+            )),
+            tiergate_config::StoreKind::Memory => None,
+        };
         let routing = crate::routing::Routing {
             policy: Arc::new(Policy::new(config.routing.clone())),
             experiments: crate::routing::experiments::Experiments::new(config.experiments.clone()),
-            store: match config.policy_store.kind {
-                tiergate_config::StoreKind::Redis => Some(Arc::new(
-                    crate::routing::store::RedisStore::new(&config.policy_store)?,
-                )),
-                tiergate_config::StoreKind::Memory => None,
-            },
+            sessions: crate::routing::sessions::Sessions::new(&config.sessions, store.clone()),
+            store,
             routes: crate::routing::route_table::RouteTable::new(routes),
             resolved,
             heads: crate::routing::heads::Heads::default(),
@@ -185,30 +187,50 @@ impl AppState {
         self.backend(0)
     }
 
-    /// The stage policy of `route`'s stage `stage` (after the first).
-    pub fn stage_policy(&self, route: &str, stage: &str) -> Option<Arc<Policy>> {
-        self.routing
-            .routes
-            .get(route)?
-            .stages
-            .iter()
-            .filter(|s| s.name == stage)
-            .find_map(|s| s.policy.clone())
+    /// A route's own policy: a steered route's (`stage` none) or its stage `stage`'s (after the first).
+    pub fn route_policy(&self, route: &str, stage: Option<&str>) -> Option<Arc<Policy>> {
+        let r = self.routing.routes.get(route)?;
+        match stage {
+            None => r.steer.as_ref().map(|s| s.policy.clone()),
+            Some(st) => r
+                .stages
+                .iter()
+                .filter(|s| s.name == st)
+                .find_map(|s| s.policy.clone()),
+        }
     }
 
-    /// Every stage policy, with its route and stage names, in config order.
-    pub fn stage_policies(&self) -> Vec<(String, String, Arc<Policy>)> {
-        self.routing
+    /// Every route's own policy (steered routes', cascade stages' after the first), in config order, with
+    /// the backends whose load it reads: a steered route's default stage's, a stage's own.
+    pub fn route_policies(&self) -> Vec<RoutePolicy> {
+        let backends = |s: &Stage| s.alternatives.iter().map(|(b, _)| *b).collect();
+        let mut all = Vec::new();
+        for r in self
+            .routing
             .route_order
             .iter()
             .filter_map(|n| self.routing.routes.get(n))
-            .flat_map(|r| {
-                r.stages
-                    .iter()
-                    .filter_map(|s| Some((r.name.clone(), s.name.clone(), s.policy.clone()?)))
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        {
+            if let Some(s) = &r.steer {
+                all.push(RoutePolicy {
+                    route: r.name.clone(),
+                    stage: None,
+                    policy: s.policy.clone(),
+                    backends: r.stages.get(s.default).map(backends).unwrap_or_default(),
+                });
+            }
+            for st in &r.stages {
+                if let Some(p) = &st.policy {
+                    all.push(RoutePolicy {
+                        route: r.name.clone(),
+                        stage: Some(st.name.clone()),
+                        policy: p.clone(),
+                        backends: backends(st),
+                    });
+                }
+            }
+        }
+        all
     }
 
     /// `server.admin_token`.
@@ -303,6 +325,26 @@ impl AppState {
             })
             .map(|r| r.name.clone())
             .collect()
+    }
+}
+
+/// A route's own policy ([`AppState::route_policies`]).
+pub struct RoutePolicy {
+    pub route: String,
+    /// The stage it belongs to; none: a steered route's.
+    pub stage: Option<String>,
+    pub policy: Arc<Policy>,
+    /// The backends whose load its `load` mode reads.
+    pub backends: Vec<usize>,
+}
+
+impl RoutePolicy {
+    /// Its name in the console's series and metrics: `route` or `route/stage`.
+    pub fn key(&self) -> String {
+        match &self.stage {
+            Some(st) => format!("{}/{st}", self.route),
+            None => self.route.clone(),
+        }
     }
 }
 
@@ -463,6 +505,7 @@ fn stages_of(
                 policy: st.policy.clone().map(|p| Arc::new(Policy::new(p))),
                 fusions,
                 cache_scope: 0,
+                pinned: None,
             }
         })
         .collect()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::state::AppState;
 
 /// Starts the engine's background tasks: utilisation sampling, the audit follower, the LLM's second opinion,
-/// the shared store's syncs (the policy, each stage's policy, heads, tenants) and the fleet's Prometheus poll.
+/// the shared store's syncs (the policy, each route's and stage's policy, heads, tenants) and the fleet's Prometheus poll.
 /// Each holds a weak reference and ends when the state is gone.
 pub fn start(state: &Arc<AppState>) {
     tokio::spawn(crate::load::utilization::sample_utilization(
@@ -19,11 +19,11 @@ pub fn start(state: &Arc<AppState>) {
             store.routing_key().to_string(),
             Arc::downgrade(&state.routing.policy),
         ));
-        for (route, stage, policy) in state.stage_policies() {
+        for rp in state.route_policies() {
             tokio::spawn(crate::routing::store::sync_policy(
                 store.clone(),
-                store.stage_key(&route, &stage),
-                Arc::downgrade(&policy),
+                store.policy_key(&rp.route, rp.stage.as_deref()),
+                Arc::downgrade(&rp.policy),
             ));
         }
         tokio::spawn(crate::routing::head_swap::sync_heads(

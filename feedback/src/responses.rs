@@ -93,6 +93,7 @@ mod tests {
             at_ms,
             messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
             response: serde_json::json!({"id": id}),
+            session: None,
         }
     }
 

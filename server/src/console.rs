@@ -129,9 +129,11 @@ pub async fn data(
         "breaker": state.default_llm().is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
         "history": state.load.history.points(),
-        "stages": state.stage_policies().into_iter().map(|(route, stage, p)| json!({
-            "route": route, "stage": stage, "theta_eff": p.theta_eff(now), "version": p.current().version,
-            "mode": p.current().cfg.mode,
+        "stages": state.route_policies().into_iter().map(|rp| json!({
+            "route": rp.route, "stage": rp.stage, "theta_eff": rp.policy.theta_eff(now),
+            "version": rp.policy.current().version, "mode": rp.policy.current().cfg.mode,
+            "utilization": rp.policy.live_view(now).utilization,
+            "escalated_share_60s": rp.policy.live_view(now).escalated_share_60s,
         })).collect::<Vec<_>>(),
         "quality": quality(&state, live.theta_eff),
         "cache": cache(&state, &recent),

@@ -80,6 +80,10 @@ pub fn validate(
         req.response_format.as_ref().map(|f| f.kind.as_str()),
     )?;
     let user = req.user.map(|u| u.chars().take(256).collect::<String>());
+    let session = match session_header(caller.headers)? {
+        Some(s) => Some(s),
+        None => user.clone().filter(|u| !u.is_empty()),
+    };
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
         .stream_options
@@ -116,6 +120,7 @@ pub fn validate(
         top_logprobs,
         json_object,
         user,
+        session,
         batch: caller.batch,
         tenant: caller.tenant,
         deadline,
@@ -125,6 +130,22 @@ pub fn validate(
         started: caller.started,
         tools,
     })
+}
+
+/// The session key `x-session-id` names: 1 to 256 visible ASCII characters, else a 400 naming the header.
+fn session_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let name = tiergate_core::outcome::header::SESSION_ID;
+    let Some(raw) = headers.get(name) else {
+        return Ok(None);
+    };
+    let text = raw.to_str().unwrap_or("").trim();
+    if text.is_empty() || text.len() > 256 || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::invalid(
+            name,
+            "a session key is 1 to 256 visible ASCII characters (no spaces)",
+        ));
+    }
+    Ok(Some(text.to_string()))
 }
 
 /// What `Cache-Control` lets the answer cache do: `no-cache` skips the lookup, `no-store` the write

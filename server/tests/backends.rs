@@ -16,7 +16,9 @@ use serde_json::{json, Value};
 use tiergate_config::{Config, LlmEntry, StageConfig, StageTable};
 
 mod common;
-use common::rig::{admin, assert_openai_error, call, chat, force, post, rig, Rig, TOKEN};
+use common::rig::{
+    admin, admin_req, assert_openai_error, call, chat, force, post, rig, Rig, TOKEN,
+};
 
 fn entry(name: &str, fields: &str) -> LlmEntry {
     LlmEntry {
@@ -243,9 +245,9 @@ fn stages_are_named_apart_or_refused() {
     c.validate().unwrap();
     let state = tiergate_engine::state::AppState::build(c, None, None).unwrap();
     let names: Vec<String> = state
-        .stage_policies()
+        .route_policies()
         .into_iter()
-        .map(|(_, stage, _)| stage)
+        .filter_map(|rp| rp.stage)
         .collect();
     assert_eq!(names, ["b", "b-then-a"]);
 }
@@ -474,8 +476,9 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
     let (_, _, b) = call(&r.admin, stage_admin("GET", "", None)).await;
     let v: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(v["mode"], "load");
+    // A route alone names a steered route's own policy: this one has none.
     let (s, _, b) = call(&r.admin, stage_admin("GET", "?route=classify", None)).await;
-    assert_openai_error(s, &b, 400);
+    assert_openai_error(s, &b, 404);
     let (s, _, b) = call(
         &r.admin,
         stage_admin("GET", "?route=classify&stage=small", None),
@@ -744,4 +747,209 @@ async fn a_steered_generate_route_sends_sure_labels_to_their_stage() {
             "{map}: {e}"
         );
     }
+}
+
+/// A steered route's θ is its own live policy: `/admin/routing?route=generate` reads and changes it (θ 0: no
+/// label is sure, the default stage; θ 1 again: the mapped stage), the console lists it; a route with no
+/// policy of its own is 404, a `stage` without its route 400. A sure label's overrides shape its job: its
+/// `max_tokens` caps the echo, its system prompt is counted in the prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steered_routes_theta_is_a_live_policy_and_a_labels_overrides_shape_its_job() {
+    let r = all_live(rig(1, |c: &mut Config| {
+        c.llm = vec![
+            entry("small", "engine = \"stub\"\nworkers = 1"),
+            entry("big", "engine = \"stub\"\nworkers = 1"),
+        ];
+        for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            r.stages = Some(vec![
+                StageConfig::Name("small".into()),
+                StageConfig::Name("big".into()),
+            ]);
+            r.steer = Some(
+                toml::from_str(
+                    "theta = 1.0\n[by_label]\ncard_lost = \"small\"\n\
+                     [overrides.card_lost]\nsystem = \"Answer in two words please.\"\nmax_tokens = 2\n",
+                )
+                .unwrap(),
+            );
+        }
+    }));
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let ask = |text: &str| post("/v1/chat/completions", chat("generate", text));
+    let (s, h, b) = call(&r.app, ask("card lost")).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    // The override's max_tokens (2): "stub:" and the first word; its system prompt's 5 words before the turn's 2.
+    assert_eq!(v["choices"][0]["message"]["content"], "stub: card");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["prompt_tokens"], 7, "{v}");
+    // The route's policy, live.
+    let v = routing(&r, "?route=generate").await;
+    assert_eq!(
+        (v["mode"].as_str(), v["theta_eff"].as_f64()),
+        (Some("static"), Some(1.0))
+    );
+    let patch = |theta: f64| {
+        admin_req(
+            "PATCH",
+            "/admin/routing?route=generate",
+            Some(json!({ "theta_base": theta })),
+        )
+    };
+    let (s, _, b) = call(&r.admin, patch(0.0)).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(routing(&r, "?route=generate").await["version"], 2);
+    let (_, h, b) = call(&r.app, ask("card lost")).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("big"));
+    assert_eq!(
+        header(&h, "x-tiergate-threshold").as_deref(),
+        Some("0.0000")
+    );
+    // Not sure: no override — the whole echo.
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "stub: card lost");
+    call(&r.admin, patch(1.0)).await;
+    let (_, h, _) = call(&r.app, ask("card lost")).await;
+    assert_eq!(header(&h, "x-tiergate-stage").as_deref(), Some("small"));
+    // The console lists it beside the stage policies, with its share sent to the default stage.
+    let (_, _, b) = call(&r.admin, admin_req("GET", "/admin/console", None)).await;
+    let console: Value = serde_json::from_slice(&b).unwrap();
+    let mine = console["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["route"] == "generate" && s["stage"].is_null())
+        .cloned()
+        .unwrap_or_else(|| panic!("{}", console["stages"]));
+    assert_eq!(mine["version"], 3);
+    assert!((mine["escalated_share_60s"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9);
+    // What is not a route's own policy.
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req("GET", "/admin/routing?route=classify", None),
+    )
+    .await;
+    assert_openai_error(s, &b, 404);
+    let (s, _, b) = call(&r.admin, admin_req("GET", "/admin/routing?stage=big", None)).await;
+    assert_openai_error(s, &b, 400);
+    // A steered route's policy takes no error bound.
+    let (s, _, b) = call(
+        &r.admin,
+        admin_req(
+            "PATCH",
+            "/admin/routing?route=generate",
+            Some(json!({"mode": "risk", "max_error": 0.1})),
+        ),
+    )
+    .await;
+    assert_openai_error(s, &b, 400);
+}
+
+/// A session (`x-session-id`) stays with the backend of its last turn: a first turn under a 300 ms budget
+/// goes to the fast alternative (the slow one does not fit) and pins it; later turns without a budget stay
+/// there although the stage prefers the slow one, while a request without the session goes to the slow one.
+/// A pin never overrides the budget: the session pinned to the slow one moves when a turn's budget rules it
+/// out. On a steered route a session moves up to a stronger stage, never down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() {
+    let entry = |name: &str, delay: u64| {
+        tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!(
+            "engine = \"stub\"\nworkers = 1\ngenerate_prior_ms = {}\nextra_args = [\"--stub-delay-ms\", \"{delay}\"]",
+            delay.max(100) * 2
+        ))
+        .unwrap(),
+    }
+    };
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("slow", 600), entry("fast", 20)],
+            "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
+            |r| r == "generate",
+        ),
+    ));
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let ask = |session: Option<&str>, budget: Option<&str>| {
+        let mut req = post("/v1/chat/completions", chat("generate", "hello"));
+        for (k, v) in [
+            ("x-session-id", session),
+            ("x-tiergate-deadline-ms", budget),
+        ] {
+            if let Some(v) = v {
+                req.headers_mut().insert(k, v.parse().unwrap());
+            }
+        }
+        req
+    };
+    let turn = |session, budget| {
+        let req = ask(session, budget);
+        let app = r.app.clone();
+        async move {
+            let (s, h, b) = call(&app, req).await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            (
+                header(&h, "x-tiergate-backend"),
+                header(&h, "x-tiergate-session"),
+            )
+        }
+    };
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(turn(Some("a"), Some("300")).await, (s("fast"), s("new")));
+    for _ in 0..3 {
+        assert_eq!(turn(Some("a"), None).await, (s("fast"), s("kept")));
+    }
+    assert_eq!(turn(None, None).await, (s("slow"), None));
+    // Pinned to the slow one; a turn whose budget it cannot meet moves, and the pin follows.
+    assert_eq!(turn(Some("b"), None).await, (s("slow"), s("new")));
+    assert_eq!(
+        turn(Some("b"), Some("300")).await,
+        (s("fast"), s("switched"))
+    );
+    assert_eq!(turn(Some("b"), None).await, (s("fast"), s("kept")));
+    assert_eq!(r.state.routing.sessions.len(), 2);
+    // A bad session key is a 400 naming the header.
+    let mut bad = ask(None, None);
+    bad.headers_mut()
+        .insert("x-session-id", "has space".parse().unwrap());
+    let (st, _, b) = call(&r.app, bad).await;
+    let v = assert_openai_error(st, &b, 400);
+    assert_eq!(v["error"]["param"], "x-session-id");
+    drop(r);
+
+    // Steered: a sure label goes to the small stage, an unsure one to the big; a session that reached the
+    // big stage stays there when its next turn is sure.
+    let r = all_live(rig(1, |c: &mut Config| {
+        c.llm = vec![entry("small", 10), entry("big", 10)];
+        for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            r.stages = Some(vec![
+                StageConfig::Name("small".into()),
+                StageConfig::Name("big".into()),
+            ]);
+            r.steer =
+                Some(toml::from_str("theta = 1.0\n[by_label]\ncard_lost = \"small\"").unwrap());
+        }
+    }));
+    let steered = |session: &str, text: &str| {
+        let mut req = post("/v1/chat/completions", chat("generate", text));
+        req.headers_mut()
+            .insert("x-session-id", session.parse().unwrap());
+        let app = r.app.clone();
+        async move {
+            let (_, h, _) = call(&app, req).await;
+            (
+                header(&h, "x-tiergate-stage"),
+                header(&h, "x-tiergate-session"),
+            )
+        }
+    };
+    assert_eq!(steered("c", "card lost").await, (s("small"), s("new")));
+    assert_eq!(steered("c", "pay bill").await, (s("big"), s("up")));
+    assert_eq!(steered("c", "card lost").await, (s("big"), s("kept")));
+    // Another session is steered on its own.
+    assert_eq!(steered("d", "card lost").await, (s("small"), s("new")));
 }

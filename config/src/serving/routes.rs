@@ -61,9 +61,50 @@ pub struct RouteConfig {
 pub struct SteerConfig {
     /// Label → stage name; `"*"`: the stage of unsure requests and unmapped labels.
     pub by_label: std::collections::BTreeMap<String, String>,
-    /// The most ambiguity a label may have to count as sure (0.5 when unset).
+    /// The most ambiguity a label may have to count as sure (0.5 when unset): the `theta_base` of a static
+    /// policy when `policy` is unset.
     #[serde(default = "default_steer_theta")]
     pub theta: f64,
+    /// The route's own θ policy (`mode`, `theta_base`, `k`, …; not `risk`): changed live with
+    /// `/admin/routing?route=…`. In `load` mode u is the busiest of the default stage's backends: as they get
+    /// busy θ rises, more labels count as sure and go to their (cheaper) stages.
+    #[serde(default)]
+    pub policy: Option<RoutingConfig>,
+    /// Per label, what its generation is written with: a system prompt put before the conversation's own and
+    /// sampling that replaces the client's (`max_tokens` caps it).
+    #[serde(default)]
+    pub overrides: std::collections::BTreeMap<String, SteerOverride>,
+}
+
+/// `[routes.steer.overrides.billing] system = "…", temperature = 0.2, top_p = 0.9, max_tokens = 200`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SteerOverride {
+    /// A system prompt put first (before the client's own system turn, joined with a blank line).
+    #[serde(default)]
+    pub system: Option<String>,
+    /// Temperature, replacing the client's.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus mass, replacing the client's.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// The most tokens the label's generations may write (the client's `max_tokens` when smaller).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+}
+
+impl SteerConfig {
+    /// Its θ policy: its own, else a static θ of `theta` over `global`'s other fields.
+    pub fn policy(&self, global: &RoutingConfig) -> RoutingConfig {
+        self.policy.clone().unwrap_or_else(|| RoutingConfig {
+            mode: RoutingMode::Static,
+            theta_base: self.theta,
+            max_error: None,
+            audit_rate: 0.0,
+            ..global.clone()
+        })
+    }
 }
 
 fn default_steer_theta() -> f64 {

@@ -37,6 +37,7 @@ where
         .collect();
     let left = v.deadline.map(crate::backends::deadline::left);
     let order = crate::answer::select::order(&predicted, stage.prefer, left);
+    let order = crate::answer::select::pin_first(order, stage.pinned);
     if order.is_empty() && !predicted.is_empty() {
         metrics::counter!(m::UNREACHABLE_TOTAL).increment(1);
     }

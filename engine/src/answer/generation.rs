@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use tiergate_cache::HitKind;
 use tiergate_config::RouteKind;
-use tiergate_queue::{Event, Job, JobHandle, Message, QueueError, Reply};
+use tiergate_queue::{Event, Job, JobHandle, QueueError, Reply};
 
 use super::Body;
 use crate::answer::attempt::{attempt, first_event, Started};
-use crate::answer::cascade::sampling;
 use crate::answer::outcome::{CacheHit, Outcome, Tier};
 use crate::answer::request::ValidChat;
 use crate::backends::llm::Refused;
@@ -32,37 +31,26 @@ pub(super) enum Declined {
     Refused(Refused),
 }
 
-/// A generate route's request: its conversation, written by the route's first stage.
+/// A generate route's request: its conversation, written by the stage steering and the session's pin
+/// choose (the first stage of a route not steered).
 pub(super) async fn generate_route(
     state: &Arc<AppState>,
     v: &ValidChat,
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
     let route = super::route_of(state, v)?;
-    let k = steered(&route, v, out).await?;
-    let stage = route
-        .stages
-        .get(k)
-        .ok_or_else(|| EngineError::Internal(format!("route `{}` has no stage {k}", v.route)))?;
+    let steer = super::steer::steered(&route, v, out).await?;
+    let turn = super::session::Turn::open(state, &route, v).await;
+    let (k, stage) = turn.stage(&route, steer.stage)?;
     if v.uses_tools() {
-        calls_tools(state, &v.route, stage)?;
+        calls_tools(state, &v.route, &stage)?;
     }
-    let messages = v
-        .messages
-        .iter()
-        .map(|m| Message {
-            role: m.role.clone(),
-            content: m.content.clone(),
-            tool_calls: m.tool_calls.clone(),
-            tool_call_id: m.tool_call_id.clone(),
-        })
-        .collect();
-    let job = Job::Generate {
-        messages,
-        sampling: sampling(v),
-        tools: v.tools.clone(),
-    };
-    match generate(state, &route, stage, v, job, 0, out).await {
+    let job = super::steer::job(&route, &steer, v);
+    let body = generate(state, &route, &stage, v, job, 0, out).await;
+    if body.is_ok() {
+        turn.close(state, &route, k, out).await;
+    }
+    match body {
         Ok(body) => Ok(body),
         Err(Declined::Paused) => Err(crate::load::brownout::refusal(
             out.brownout,
@@ -71,19 +59,6 @@ pub(super) async fn generate_route(
         .unwrap_or_else(EngineError::busy)),
         Err(Declined::Refused(r)) => Err(r.into_error(&v.tenant.0)),
     }
-}
-
-/// The stage a steered route sends `v` to — Tier-0 classifies its last user turn; a sure label goes to its
-/// mapped stage, anything else to the route's default — or the first stage of a route not steered.
-async fn steered(route: &Route, v: &ValidChat, out: &mut Outcome) -> Result<usize, EngineError> {
-    let Some(s) = &route.steer else {
-        return Ok(0);
-    };
-    let pred = super::tier0::tier0(route, v, out).await?;
-    let (k, sure) = s.stage(pred.label, pred.confidence);
-    out.threshold = Some(s.theta);
-    tracing::debug!(route = %route.name, label = pred.label, p = pred.confidence, sure, stage = k, "steered");
-    Ok(k)
 }
 
 /// A request with tools (or a conversation with tool calls and results) goes to a stage whose every

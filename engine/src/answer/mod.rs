@@ -8,7 +8,8 @@
 //! a step of the pipeline itself. Here too: the request as validated ([`request`]), what became of it
 //! ([`outcome`]), the decision and the cascade ([`cascade`], [`out_of_scope`], [`judge`]), a stage's
 //! alternatives ([`attempt`], [`select`]), the records of an answer ([`answered`]) and its trace steps
-//! ([`trace`]), Tier-0 on a request ([`tier0`]), and the conversations a Responses door keeps when told to
+//! ([`trace`]), Tier-0 on a request ([`tier0`]), a steered
+//! generate route's choice of stage ([`steer`]), a session's pin ([`session`]), and the conversations a Responses door keeps when told to
 //! ([`stored`]).
 
 pub mod answered;
@@ -21,6 +22,8 @@ pub mod out_of_scope;
 pub mod outcome;
 pub mod request;
 pub mod select;
+mod session;
+mod steer;
 pub mod stored;
 mod tier0;
 pub mod trace;

@@ -39,6 +39,8 @@ pub struct Outcome {
     pub stage: Option<String>,
     /// The backend of that stage that answered (one of its alternatives).
     pub backend: Option<String>,
+    /// What the session's pin did (`new`, `kept`, `up`, `switched`), for a turn with a session key.
+    pub session: Option<&'static str>,
     /// The version of the head that classified it (classified routes).
     pub head: Option<String>,
     /// θ was forced by an operator's override header: the answer is no evidence about the traffic.

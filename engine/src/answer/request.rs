@@ -61,6 +61,9 @@ pub struct ValidChat {
     pub json_object: bool,
     /// End-user id, recorded in the request's log line.
     pub user: Option<String>,
+    /// The session it belongs to (`x-session-id`, else `user`, else a Responses chain's first id): its turns
+    /// stay with the stage and backend of its last LLM turn ([`crate::routing::sessions`]).
+    pub session: Option<String>,
     /// A line of a batch (from the caller, not the client): its LLM work waits for the interactive channel.
     pub batch: Option<crate::backends::priority::BatchLine>,
     /// The tenant it runs as (from the caller).

@@ -27,6 +27,16 @@ pub fn order(
     fit.into_iter().map(|(_, b, _)| b).collect()
 }
 
+/// `order` with `pinned` first when it is there (a session's backend, when it fits the budget: a pin never
+/// puts back an alternative the budget ruled out).
+pub fn pin_first(mut order: Vec<usize>, pinned: Option<usize>) -> Vec<usize> {
+    if let Some(i) = pinned.and_then(|p| order.iter().position(|b| *b == p)) {
+        let b = order.remove(i);
+        order.insert(0, b);
+    }
+    order
+}
+
 /// Whether a job that ended with `e` is worth running again on the same backend: an engine or upstream error,
 /// or a reply that broke the protocol. Not a dead worker (the supervisor already ran its job again once: a
 /// request is never retried twice for one failure), not a deadline (no time left), not load.
@@ -58,6 +68,19 @@ mod tests {
             order(&[(1, ms(5)), (2, ms(5))], Prefer::Latency, None),
             vec![1, 2]
         );
+    }
+
+    #[test]
+    fn a_pinned_backend_goes_first_only_when_it_fits() {
+        let alts = [(7, ms(900)), (3, ms(120)), (5, ms(400))];
+        let fit = order(&alts, Prefer::Latency, Some(ms(500)));
+        assert_eq!(pin_first(fit.clone(), Some(5)), vec![5, 3]);
+        assert_eq!(
+            pin_first(fit.clone(), Some(7)),
+            vec![3, 5],
+            "7 is over the budget"
+        );
+        assert_eq!(pin_first(fit, None), vec![3, 5]);
     }
 
     #[test]

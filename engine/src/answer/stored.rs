@@ -22,6 +22,10 @@ pub struct StoredResponse {
     pub messages: Vec<serde_json::Value>,
     /// The response object as the door rendered it.
     pub response: serde_json::Value,
+    /// The session its chain belongs to (the client's key, else the chain's first response id): a
+    /// `previous_response_id` continuing it is that session's next turn.
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// Where stored responses live.
@@ -159,6 +163,7 @@ mod tests {
             at_ms,
             messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
             response: serde_json::json!({"id": id}),
+            session: None,
         }
     }
 

@@ -87,6 +87,7 @@ mod tests {
                 fit: None,
             }],
             cache_scope: 0,
+            pinned: None,
         }
     }
 

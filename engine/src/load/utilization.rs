@@ -63,13 +63,9 @@ pub async fn sample_utilization(state: Weak<AppState>) {
             &firsts,
             smooth.entry(String::new()).or_default(),
         );
-        for r in state.routing.routes.values() {
-            for s in r.stages.iter().skip(1) {
-                let Some(p) = &s.policy else { continue };
-                let mine: Vec<usize> = s.alternatives.iter().map(|(b, _)| *b).collect();
-                let key = format!("{}/{}", r.name, s.name);
-                feed(p, &signals, &mine, smooth.entry(key).or_default());
-            }
+        for rp in state.route_policies() {
+            let smoothed = smooth.entry(rp.key()).or_default();
+            feed(&rp.policy, &signals, &rp.backends, smoothed);
         }
         observe_brownout(&state, u);
         sample_history(&state);
@@ -140,9 +136,9 @@ pub fn sample_history(state: &AppState) {
             t_ms: 0,
             theta_eff: live.theta_eff,
             stage_theta: state
-                .stage_policies()
+                .route_policies()
                 .into_iter()
-                .map(|(r, st, p)| (format!("{r}/{st}"), p.theta_eff(now)))
+                .map(|rp| (rp.key(), rp.policy.theta_eff(now)))
                 .collect(),
             escalated_share: live.escalated_share_60s,
             degraded_share: degraded,

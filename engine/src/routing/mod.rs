@@ -1,7 +1,7 @@
 //! Routing: what a route is ([`route`]: its head, prompts and cascade of stages; [`route_table`]: the routes
 //! by name, swapped whole), the θ policy ([`policy`]) and the shared store that carries it across replicas
 //! ([`store`]), the error bound ([`risk`]), live head swaps ([`heads`], [`head_swap`]), latency experiments
-//! ([`experiments`]) and how a stage's LLM scores are fused with the distribution so far ([`fusion`]).
+//! ([`experiments`]), session pins ([`sessions`]) and how a stage's LLM scores are fused with the distribution so far ([`fusion`]).
 
 pub mod experiments;
 pub mod fusion;
@@ -11,6 +11,7 @@ pub mod policy;
 pub mod risk;
 pub mod route;
 pub mod route_table;
+pub mod sessions;
 pub mod store;
 
 use std::sync::Arc;
@@ -31,4 +32,6 @@ pub struct Routing {
     pub store: Option<Arc<store::RedisStore>>,
     /// Latency-injection experiments in force.
     pub experiments: experiments::Experiments,
+    /// Session pins (`[sessions]`).
+    pub sessions: sessions::Sessions,
 }

@@ -43,14 +43,27 @@ pub struct Route {
     pub steer: Option<Steering>,
 }
 
-/// A steered generate route's map over its head's labels.
-#[derive(Debug, Clone)]
+/// A steered generate route's map over its head's labels, and its θ policy.
+#[derive(Clone)]
 pub struct Steering {
     /// The stage of each head label (index by label), none when the map does not name it.
     pub by_label: Vec<Option<usize>>,
     /// The stage of unsure requests and unmapped labels.
     pub default: usize,
-    /// The most ambiguity (1 − p) a sure label may have.
+    /// Its θ policy: a label is sure when its ambiguity (1 − p) is at most θ_eff (`/admin/routing?route=`).
+    pub policy: Arc<Policy>,
+    /// What each head label's generations are written with (index by label).
+    pub overrides: Vec<Option<tiergate_config::SteerOverride>>,
+}
+
+/// Where a steered request goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Steered {
+    /// The stage.
+    pub stage: usize,
+    /// The label counted as sure (its mapped stage chosen).
+    pub sure: bool,
+    /// θ_eff it was judged by.
     pub theta: f64,
 }
 
@@ -61,29 +74,52 @@ impl Steering {
         steer: &tiergate_config::Steer,
         labels: &[String],
     ) -> anyhow::Result<Self> {
+        let index = |label: &str, what: &str| {
+            labels.iter().position(|l| l == label).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "routes.{route}.steer.{what}: `{label}` is not a label of the route's head"
+                )
+            })
+        };
         let mut by_label = vec![None; labels.len()];
         for (label, stage) in &steer.by_label {
-            let i = labels.iter().position(|l| l == label).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "routes.{route}.steer.by_label: `{label}` is not a label of the route's head"
-                )
-            })?;
-            by_label[i] = Some(*stage);
+            by_label[index(label, "by_label")?] = Some(*stage);
+        }
+        let mut overrides = vec![None; labels.len()];
+        for (label, o) in &steer.overrides {
+            overrides[index(label, "overrides")?] = Some(o.clone());
         }
         Ok(Self {
             by_label,
             default: steer.default,
-            theta: steer.theta,
+            policy: Arc::new(Policy::new(steer.policy.clone())),
+            overrides,
         })
     }
 
-    /// The stage for Tier-0's `label` at probability `p`: its mapped stage when sure, else the default.
-    pub fn stage(&self, label: usize, p: f32) -> (usize, bool) {
-        let sure = 1.0 - f64::from(p) <= self.theta;
-        match self.by_label.get(label).copied().flatten() {
-            Some(k) if sure => (k, true),
-            _ => (self.default, false),
+    /// The stage for Tier-0's `label` at probability `p`: its mapped stage when sure (ambiguity at most θ_eff
+    /// now), else the default; the decision is recorded in the policy (sent to the default stage counts as
+    /// escalated).
+    pub fn stage(&self, label: usize, p: f32, now: std::time::Instant) -> Steered {
+        let theta = self.policy.theta_eff(now);
+        let ambiguity = 1.0 - f64::from(p);
+        let sure = ambiguity <= theta;
+        let to = match self.by_label.get(label).copied().flatten() {
+            Some(k) if sure => k,
+            _ => self.default,
+        };
+        self.policy
+            .record_decision(now, ambiguity, to == self.default);
+        Steered {
+            stage: to,
+            sure,
+            theta,
         }
+    }
+
+    /// What `label`'s generations are written with, if the route says.
+    pub fn override_of(&self, label: usize) -> Option<&tiergate_config::SteerOverride> {
+        self.overrides.get(label).and_then(Option::as_ref)
     }
 }
 
@@ -111,9 +147,23 @@ pub struct Stage {
     /// Its answer-cache scope ([`crate::cache::scope`]): the part of a cached verdict's key that changes with
     /// anything that makes its verdicts valid.
     pub cache_scope: u64,
+    /// A session's backend (index) tried first when it fits the budget (set on one request's copy only).
+    pub pinned: Option<usize>,
 }
 
 impl Stage {
+    /// This stage for one request of a session pinned to its alternative `backend` (by name; the stage as it
+    /// is when that is not one of its alternatives).
+    pub fn pinned_to(&self, backend: &str) -> Self {
+        let mut s = self.clone();
+        s.pinned = self
+            .alternatives
+            .iter()
+            .find(|(_, n)| n == backend)
+            .map(|(i, _)| *i);
+        s
+    }
+
     /// The fusion of the alternative named `backend` (the first's when it is not one).
     pub fn fusion_of(&self, backend: &str) -> &crate::routing::fusion::Fusion {
         let i = self

@@ -6,7 +6,8 @@
 //! in `/ready` and in `tiergate_policy_store_up`, and refuses policy changes (503) until Redis is back.
 //!
 //! Each cascade stage's policy (a route's stage after the first) has a hash of its own,
-//! `{key}:stage:{route}:{stage}`, kept in step the same way. Every hash carries the `format` it was written in
+//! `{key}:stage:{route}:{stage}`, kept in step the same way; a steered generate route's θ policy too, under
+//! `{key}:route:{route}`. Every hash carries the `format` it was written in
 //! ([`FORMAT`]; none: 1, the replicas before stages). A replica never installs a policy written in a newer
 //! format (it could misread it) and the store refuses its writes over one (it would drop what it does not
 //! know), so during a rollout replicas of two versions neither misread nor lose each other's changes; replicas
@@ -109,6 +110,32 @@ impl RedisStore {
         self.note(r).await
     }
 
+    /// The string at `key` (none when absent or expired).
+    pub async fn get_value(&self, key: &str) -> redis::RedisResult<Option<String>> {
+        let r = async {
+            let mut c = self.connection().await?;
+            redis::cmd("GET").arg(key).query_async(&mut c).await
+        }
+        .await;
+        self.note(r).await
+    }
+
+    /// Sets `key` to `value`, expiring after `ttl_ms`.
+    pub async fn set_value(&self, key: &str, value: &str, ttl_ms: u64) -> redis::RedisResult<()> {
+        let r = async {
+            let mut c = self.connection().await?;
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("PX")
+                .arg(ttl_ms.max(1))
+                .query_async(&mut c)
+                .await
+        }
+        .await;
+        self.note(r).await
+    }
+
     /// Whether the last exchange with Redis worked.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
@@ -154,6 +181,14 @@ impl RedisStore {
     /// The hash of `route`'s stage `stage`'s policy.
     pub fn stage_key(&self, route: &str, stage: &str) -> String {
         format!("{}:stage:{route}:{stage}", self.key)
+    }
+
+    /// The hash of a route's own policy: its stage `stage`'s, or (none) a steered route's.
+    pub fn policy_key(&self, route: &str, stage: Option<&str>) -> String {
+        match stage {
+            Some(st) => self.stage_key(route, st),
+            None => format!("{}:route:{route}", self.key),
+        }
     }
 
     /// The key of `route`'s promoted head.

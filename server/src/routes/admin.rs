@@ -15,25 +15,30 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use tiergate_engine::state::AppState;
 
-/// Which policy an `/admin/routing` request is about: the routing policy, or a cascade stage's
-/// (`?route=R&stage=S`, the stage's backend name).
+/// Which policy an `/admin/routing` request is about: the routing policy, a steered generate route's
+/// (`?route=R`) or a cascade stage's (`?route=R&stage=S`, the stage's name).
 fn target(
     state: &AppState,
     q: &std::collections::HashMap<String, String>,
 ) -> Result<Option<Arc<tiergate_engine::routing::policy::Policy>>, ApiError> {
     match (q.get("route"), q.get("stage")) {
         (None, None) => Ok(None),
-        (Some(r), Some(st)) => state
-            .stage_policy(r, st)
+        (Some(r), stage) => state
+            .route_policy(r, stage.map(String::as_str))
             .map(Some)
             .ok_or_else(|| {
-                ApiError::NotFound(format!(
-                    "route `{r}` has no stage `{st}` after its first (stages after the first have a policy)"
-                ))
+                ApiError::NotFound(match stage {
+                    Some(st) => format!(
+                        "route `{r}` has no stage `{st}` after its first (stages after the first have a policy)"
+                    ),
+                    None => format!(
+                        "route `{r}` has no policy of its own (a steered generate route has; name a `stage` for a cascade stage's)"
+                    ),
+                })
             }),
-        _ => Err(ApiError::invalid(
+        (None, Some(_)) => Err(ApiError::invalid(
             "stage",
-            "name both `route` and `stage` for a stage's policy, or neither",
+            "a stage's policy needs its `route` too",
         )),
     }
 }
@@ -257,9 +262,9 @@ async fn change(
         let expected = if_match.unwrap_or(current.version);
         let outcome = match &state.routing.store {
             Some(store) => {
-                let key = match (q.get("route"), q.get("stage")) {
-                    (Some(r), Some(st)) => store.stage_key(r, st),
-                    _ => store.routing_key().to_string(),
+                let key = match q.get("route") {
+                    Some(r) => store.policy_key(r, q.get("stage").map(String::as_str)),
+                    None => store.routing_key().to_string(),
                 };
                 let audit = json!({"from_version": expected, "peer": peer.map(|p| p.to_string()),
                     "change": change, "route": q.get("route"), "stage": q.get("stage")});

@@ -51,6 +51,16 @@ pub fn refresh_gauges(state: &AppState) {
     metrics::gauge!(m::ESCALATION_SHARE).set(view.escalated_share_60s);
     let policy = state.routing.policy.current();
     metrics::gauge!(m::POLICY_VERSION).set(policy.version as f64);
+    let now = Instant::now();
+    for rp in state.route_policies() {
+        let labels = [
+            ("route", rp.route.clone()),
+            ("stage", rp.stage.clone().unwrap_or_default()),
+        ];
+        let live = rp.policy.live_view(now);
+        metrics::gauge!(m::ROUTE_THETA_EFF, &labels).set(live.theta_eff);
+        metrics::gauge!(m::ROUTE_UTILIZATION, &labels).set(live.utilization);
+    }
     if let Some(ledger) = &state.evidence.ledger {
         ledger_gauges(state, &ledger.summary());
     }

@@ -183,6 +183,7 @@ pub(super) fn outcome_headers(state: &AppState, o: &Outcome) -> Vec<(&'static st
     put(header::DEGRADED, o.degraded.map(|d| d.as_str().to_string()));
     put(header::STAGE, o.stage.clone());
     put(header::BACKEND, o.backend.clone());
+    put(header::SESSION, o.session.map(str::to_string));
     put(header::CACHE, o.cache.map(|c| c.kind.as_str().to_string()));
     put(
         header::CACHE_SIMILARITY,

@@ -70,6 +70,7 @@ impl Keep {
             at_ms: tiergate_engine::evidence::ledger::now_ms(),
             messages,
             response: response.clone(),
+            session: v.session.clone(),
         };
         tokio::task::spawn_blocking(move || {
             if let Err(e) = store.put(&r) {
@@ -89,18 +90,22 @@ pub async fn responses(
     let stream = req.streams();
     let keep_it = req.store.unwrap_or(true);
     let previous = req.previous_response_id.clone();
-    let turns = match continued(store.as_ref(), previous.as_deref(), &asking.tenant).await {
+    let (turns, chain) = match continued(store.as_ref(), previous.as_deref(), &asking.tenant).await
+    {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
     let started = Instant::now();
-    let (v, turns) = match req
+    let (mut v, turns) = match req
         .into_chat(turns)
         .and_then(|(chat, turns)| Ok((validated(&state, &asking, chat, started)?, turns)))
     {
         Ok((v, turns)) => (in_dialect(v, "resp_", "responses"), turns),
         Err(e) => return e.into_response(),
     };
+    // Without a key of its own, a kept response's chain is its session: its first response's id.
+    let kept = keep_it && store.is_some();
+    v.session = v.session.or(chain).or_else(|| kept.then(|| v.id.clone()));
     let keep = Keep {
         store: store.filter(|_| keep_it),
         tenant: asking.tenant.0.to_string(),
@@ -113,14 +118,15 @@ pub async fn responses(
     }
 }
 
-/// The conversation `previous` names, when the server stores responses and this tenant stored it.
+/// The conversation `previous` names and its session, when the server stores responses and this tenant
+/// stored it.
 async fn continued(
     store: Option<&Arc<dyn ResponseStore>>,
     previous: Option<&str>,
     tenant: &TenantId,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<(Vec<Value>, Option<String>), ApiError> {
     let Some(id) = previous else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     let Some(store) = store else {
         return Err(ApiError::invalid(
@@ -130,7 +136,7 @@ async fn continued(
     };
     fetch(store, id, tenant)
         .await?
-        .map(|r| r.messages)
+        .map(|r| (r.messages, r.session.or(Some(r.id))))
         .ok_or_else(|| {
             ApiError::NotFound(format!(
             "no stored response `{id}` (previous_response_id): unknown, expired, or not this key's"

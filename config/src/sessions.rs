@@ -1,0 +1,51 @@
+//! `[sessions]`: a conversation stays with the stage and backend that wrote its last turn. A request names its
+//! session with the `x-session-id` header, else its `user` (`metadata.user_id` on Messages), else — on
+//! Responses — the first response of its `previous_response_id` chain. The pin holds while that backend's
+//! breaker is closed and it is predicted to finish within the request's budget; it expires after `ttl_s`
+//! without a turn, at most `max_pins` are kept per replica (the least recently used dropped first), and with
+//! `[policy_store] kind = "redis"` they live in Redis, so every replica keeps a session where it was.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+/// Session pins.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    /// Pin sessions (a request without a session key is never pinned).
+    pub enabled: bool,
+    /// A pin expires this long after its session's last turn, seconds.
+    pub ttl_s: u64,
+    /// The most pins one replica keeps in memory.
+    pub max_pins: usize,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ttl_s: 1800,
+            max_pins: 100_000,
+        }
+    }
+}
+
+impl SessionsConfig {
+    /// Checks the section; errors name the field.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if self.ttl_s == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.ttl_s"),
+                "must be at least 1",
+            ));
+        }
+        if self.max_pins == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_pins"),
+                "must be at least 1 (set enabled = false to pin nothing)",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,231 @@
+//! Session pins (`[sessions]`): the stage and backend that wrote a session's last LLM turn, so that its next
+//! turn goes there too (a warm prompt cache; a follow-up judged with the model that wrote what it follows).
+//! Keyed by a digest of tenant, route and session key (the key itself is never stored); in memory, bounded and
+//! least-recently-used first out, with a TTL renewed by each turn; in Redis under the policy store's key when
+//! the policy store is Redis (every replica reads the same pin; memory serves while Redis is down).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tiergate_config::SessionsConfig;
+
+use crate::routing::store::RedisStore;
+
+/// Where a session's last LLM turn was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    /// The stage's index in its route.
+    pub stage: usize,
+    /// The backend's name.
+    pub backend: String,
+}
+
+impl Pin {
+    fn encode(&self) -> String {
+        format!("{}\t{}", self.stage, self.backend)
+    }
+
+    fn decode(s: &str) -> Option<Self> {
+        let (stage, backend) = s.split_once('\t')?;
+        Some(Self {
+            stage: stage.parse().ok()?,
+            backend: backend.to_string(),
+        })
+    }
+}
+
+/// A session's key: a digest of tenant, route and the client's session key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionKey([u8; 16]);
+
+impl SessionKey {
+    pub fn of(tenant: &str, route: &str, session: &str) -> Self {
+        let mut h = Sha256::new();
+        for part in [tenant, route, session] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&h.finalize()[..16]);
+        Self(k)
+    }
+
+    fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+struct Entry {
+    pin: Pin,
+    at: Instant,
+    touch: u64,
+}
+
+#[derive(Default)]
+struct Memory {
+    map: HashMap<SessionKey, Entry>,
+    /// Touches in order (key, touch number): an entry whose number is not its last is stale here.
+    order: VecDeque<(SessionKey, u64)>,
+    touches: u64,
+}
+
+impl Memory {
+    fn put(&mut self, key: SessionKey, pin: Pin, now: Instant, max: usize) {
+        self.touches += 1;
+        let touch = self.touches;
+        self.map.insert(
+            key,
+            Entry {
+                pin,
+                at: now,
+                touch,
+            },
+        );
+        self.order.push_back((key, touch));
+        while self.map.len() > max {
+            let Some((k, t)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&k).is_some_and(|e| e.touch == t) {
+                self.map.remove(&k);
+            }
+        }
+        if self.order.len() > 2 * max.max(self.map.len()) + 16 {
+            // Drop the stale touches: rebuild the order from the entries' last touches.
+            let mut live: Vec<(SessionKey, u64)> =
+                self.map.iter().map(|(k, e)| (*k, e.touch)).collect();
+            live.sort_by_key(|(_, t)| *t);
+            self.order = live.into();
+        }
+    }
+
+    fn get(&mut self, key: &SessionKey, now: Instant, ttl: Duration) -> Option<Pin> {
+        let e = self.map.get(key)?;
+        if now.saturating_duration_since(e.at) > ttl {
+            self.map.remove(key);
+            return None;
+        }
+        Some(e.pin.clone())
+    }
+}
+
+/// The pins.
+pub struct Sessions {
+    cfg: SessionsConfig,
+    memory: Mutex<Memory>,
+    redis: Option<Arc<RedisStore>>,
+}
+
+impl Sessions {
+    pub fn new(cfg: &SessionsConfig, redis: Option<Arc<RedisStore>>) -> Self {
+        Self {
+            cfg: cfg.clone(),
+            memory: Mutex::new(Memory::default()),
+            redis,
+        }
+    }
+
+    /// Whether sessions are pinned.
+    pub fn enabled(&self) -> bool {
+        self.cfg.enabled
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(self.cfg.ttl_s)
+    }
+
+    /// `key`'s pin, if it has one that has not expired: Redis's when it answers, else this replica's.
+    pub async fn get(&self, key: &SessionKey) -> Option<Pin> {
+        if !self.cfg.enabled {
+            return None;
+        }
+        if let Some(r) = &self.redis {
+            if let Ok(v) = r.get_value(&self.redis_key(r, key)).await {
+                return v.as_deref().and_then(Pin::decode);
+            }
+        }
+        let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(key, Instant::now(), self.ttl())
+    }
+
+    /// Pins `key` to `pin` for the TTL from now (in memory, and in Redis when it is the store).
+    pub async fn put(&self, key: &SessionKey, pin: Pin) {
+        if !self.cfg.enabled {
+            return;
+        }
+        if let Some(r) = &self.redis {
+            let ttl_ms = self.ttl().as_millis() as u64;
+            let _ = r
+                .set_value(&self.redis_key(r, key), &pin.encode(), ttl_ms)
+                .await;
+        }
+        let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        m.put(*key, pin, Instant::now(), self.cfg.max_pins);
+        metrics::gauge!(crate::metrics::SESSION_PINS).set(m.map.len() as f64);
+    }
+
+    /// Pins held in this replica's memory.
+    pub fn len(&self) -> usize {
+        self.memory.lock().map_or(0, |m| m.map.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn redis_key(&self, r: &RedisStore, key: &SessionKey) -> String {
+        format!("{}:pin:{}", r.key(), key.hex())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(stage: usize, b: &str) -> Pin {
+        Pin {
+            stage,
+            backend: b.into(),
+        }
+    }
+
+    #[test]
+    fn pins_are_bounded_least_recently_used_first_out_and_expire() {
+        let mut m = Memory::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let k = |i: u8| SessionKey::of("t", "r", &i.to_string());
+        m.put(k(1), pin(0, "a"), t0, 2);
+        m.put(k(2), pin(0, "b"), t0, 2);
+        // Session 1's new turn makes session 2 the least recently used.
+        m.put(k(1), pin(1, "c"), t0, 2);
+        m.put(k(3), pin(0, "a"), t0, 2);
+        assert_eq!(m.get(&k(1), t0, ttl), Some(pin(1, "c")));
+        assert_eq!(m.get(&k(2), t0, ttl), None);
+        assert_eq!(m.get(&k(3), t0, ttl), Some(pin(0, "a")));
+        assert_eq!(m.get(&k(3), t0 + Duration::from_secs(11), ttl), None);
+        // Many turns of one session do not grow the order without bound.
+        for _ in 0..1000 {
+            m.put(k(1), pin(0, "a"), t0, 2);
+        }
+        assert!(m.order.len() <= 2 * 2 + 16 + 1, "{}", m.order.len());
+        // Session 3's pin was dropped when read past its TTL.
+        assert_eq!(m.map.len(), 1);
+    }
+
+    #[test]
+    fn keys_are_per_tenant_and_route_and_pins_round_trip() {
+        assert_ne!(SessionKey::of("a", "r", "s"), SessionKey::of("b", "r", "s"));
+        assert_ne!(SessionKey::of("a", "r", "s"), SessionKey::of("a", "q", "s"));
+        // Lengths are part of the digest: ("ab", "c") is not ("a", "bc").
+        assert_ne!(
+            SessionKey::of("ab", "c", "s"),
+            SessionKey::of("a", "bc", "s")
+        );
+        let p = pin(2, "qwen\tx");
+        assert_eq!(Pin::decode(&p.encode()), Some(p));
+        assert_eq!(Pin::decode("x\ty"), None);
+    }
+}
