@@ -58,6 +58,9 @@ pub struct Route {
     pub cache_generations: bool,
     /// How Tier-0 steers a generate route between its stages.
     pub steer: Option<Steer>,
+    /// Earlier user turns Tier-0 reads, and at most how many characters of them.
+    pub context_turns: usize,
+    pub context_chars: usize,
 }
 
 /// A steered generate route's map, its stages by index.
@@ -129,6 +132,8 @@ impl Config {
             stages: None,
             cache_generations: false,
             steer: None,
+            context_turns: 0,
+            context_chars: 400,
         }];
         let listed: &[RouteConfig] = if self.routes.is_empty() {
             &implicit
@@ -173,6 +178,18 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<Stage>, ConfigError>>()?;
+        if r.context_turns > 0 && r.kind == RouteKind::Generate && r.steer.is_none() {
+            return Err(ConfigError::invalid(
+                format!("routes.{}.context_turns", r.name),
+                "a generate route has no Tier-0 unless it is steered: there is nothing to read context",
+            ));
+        }
+        if r.context_turns > 0 && r.context_chars == 0 {
+            return Err(ConfigError::invalid(
+                format!("routes.{}.context_chars", r.name),
+                "must be at least 1 when context_turns is set",
+            ));
+        }
         let steer = r
             .steer
             .as_ref()
@@ -195,6 +212,8 @@ impl Config {
             deadline_ms: r.deadline_ms,
             max_deadline_ms: r.max_deadline_ms_in_force(),
             cache_generations: r.cache_generations,
+            context_turns: r.context_turns,
+            context_chars: r.context_chars,
         })
     }
 }

@@ -166,6 +166,8 @@ pub mod header {
     pub const CACHE_SIMILARITY: &str = "x-tiergate-cache-similarity";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
+    /// Earlier user turns Tier-0 read with the last one (absent when none).
+    pub const CONTEXT: &str = "x-tiergate-context-turns";
     /// What a session's pin did for this turn: `new`, `kept`, `up` (a stronger stage than the pin's),
     /// `switched` (its backend could not take it: breaker or budget); absent without a session key.
     pub const SESSION: &str = "x-tiergate-session";

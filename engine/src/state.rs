@@ -430,6 +430,8 @@ fn route_of(
         risk,
         head_version,
         cache_generations: r.cache_generations,
+        context_turns: r.context_turns,
+        context_chars: r.context_chars,
     })
 }
 

@@ -441,6 +441,8 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 stages: None,
                 cache_generations: false,
                 steer: None,
+                context_turns: 0,
+                context_chars: 400,
             },
             tiergate_config::RouteConfig {
                 name: "generate".into(),
@@ -453,6 +455,8 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 stages: None,
                 cache_generations: false,
                 steer: None,
+                context_turns: 0,
+                context_chars: 400,
             },
         ];
     });

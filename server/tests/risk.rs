@@ -197,6 +197,9 @@ async fn the_error_bound_follows_the_heads_calibration_rows() {
         trained(c);
         c.routing.max_error = Some(0.05);
         c.routing.confidence = 0.95;
+        for route in c.routes.iter_mut().filter(|r| r.name == "classify") {
+            route.context_turns = 1;
+        }
     });
     let (_, _, b) = call(&r.admin, admin("GET", None, true, None)).await;
     let v: Value = serde_json::from_slice(&b).unwrap();
@@ -233,11 +236,57 @@ async fn the_error_bound_follows_the_heads_calibration_rows() {
     let risk = &v["risk"]["classify"];
     assert_eq!(risk["outside_proof"], true, "{risk}");
     assert_eq!(risk["theta_eff"].as_f64(), Some(start / 2.0), "not capped");
+    // A follow-up is classified with its context (the route reads one earlier turn): outside the rows'
+    // calibration (single utterances), so while the bound is set the LLM decides — even when Tier-0 is sure.
+    let follow_ups = [
+        ("card stolen", "card lost"),
+        ("pay bill", "pay bill"),
+        ("hello hi", "hello hi"),
+        ("my card is lost", "card stolen"),
+    ];
+    for (first, then) in follow_ups {
+        let (tier, _, turns) = follow_up(&r, first, then).await;
+        assert_eq!(
+            (tier.as_str(), turns.as_deref()),
+            ("llm", Some("1")),
+            "{first} / {then}"
+        );
+    }
     // Without the bound the same server answers every one of them alone.
     patch_routing(&r, json!({"max_error": null, "theta_base": 1.0})).await;
     for t in TEXTS {
         assert_eq!(tier_and_ambiguity(&r, t, None).await.0, "tier0");
     }
+    // … the follow-ups too, flagged; and at least one was sure enough to stay with Tier-0 under the bound's
+    // θ had it been a single utterance (so the escalations above were the context's doing).
+    let mut sure = 0;
+    for (first, then) in follow_ups {
+        let (tier, a, turns) = follow_up(&r, first, then).await;
+        assert_eq!((tier.as_str(), turns.as_deref()), ("tier0", Some("1")));
+        sure += usize::from(a <= want.theta);
+    }
+    assert!(
+        sure > 0,
+        "no follow-up's ambiguity is under θ {:.4}",
+        want.theta
+    );
+}
+
+/// A two-turn conversation's tier, ambiguity and the context turns Tier-0 read.
+async fn follow_up(r: &Rig, first: &str, then: &str) -> (String, f64, Option<String>) {
+    let body = json!({"model": "classify", "messages": [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": then}]});
+    let (s, h, b) = call(&r.app, post("/v1/chat/completions", body)).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let get = |k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let c: f64 = get("x-tiergate-confidence").unwrap().parse().unwrap();
+    (
+        get("x-tiergate-tier").unwrap(),
+        1.0 - c,
+        get("x-tiergate-context-turns"),
+    )
 }
 
 /// Feedback joins the decision behind an answer: right or wrong from the true label, the first of repeated

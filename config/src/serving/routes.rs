@@ -53,6 +53,19 @@ pub struct RouteConfig {
     /// map does not name — to the `"*"` stage (by default the route's last, strongest stage).
     #[serde(default)]
     pub steer: Option<SteerConfig>,
+    /// Earlier user turns Tier-0 reads with the last one (classify, answer and steered routes; 0: the last
+    /// turn alone). A follow-up such as "and cancel it" is then classified with what it follows; the
+    /// context is part of the answer cache's key, and an answer classified with it is outside the error
+    /// bound's calibration (single utterances): escalated while a bound is set, never drawn for audit.
+    #[serde(default)]
+    pub context_turns: usize,
+    /// The most characters of earlier turns read (the latest kept; the last turn is always whole).
+    #[serde(default = "default_context_chars")]
+    pub context_chars: usize,
+}
+
+fn default_context_chars() -> usize {
+    400
 }
 
 /// `steer = { by_label = { billing = "small", "*" = "big" }, theta = 0.4 }`.

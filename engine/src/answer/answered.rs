@@ -67,8 +67,10 @@ pub fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
         forced: o.forced,
     };
     let rate = policy.cfg.audit_rate;
-    // Only answers decided under the policy's own θ are drawn: a forced θ says nothing about the traffic.
-    if rec.is_evidence() && !o.out_of_scope && rate > 0.0 && rand::random::<f64>() < rate {
+    // Only answers decided under the policy's own θ are drawn: a forced θ says nothing about the traffic; nor
+    // are answers classified with context (the bound's calibration is single utterances).
+    let drawn = rec.is_evidence() && !o.out_of_scope && o.context == 0;
+    if drawn && rate > 0.0 && rand::random::<f64>() < rate {
         if let (Some(auditor), Some(text)) = (&state.evidence.auditor, &a.text) {
             auditor.offer(crate::evidence::auditor::Item {
                 route: rec.route.clone(),

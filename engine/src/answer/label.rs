@@ -30,7 +30,11 @@ pub(super) async fn classified(
     let route = super::route_of(state, v)?;
     let route = &*route;
     let pred = super::tier0::tier0(route, v, out).await?;
-    let d = decide(state, route, pred, v.forced, out);
+    let mut d = decide(state, route, pred, v.forced, out);
+    // Classified with context, outside the bound's calibration: while a bound is set, the LLM decides.
+    if out.context > 0 && d.bound.is_some() && !d.escalate() {
+        d.verdict = crate::answer::out_of_scope::Verdict::Escalate;
+    }
     state
         .routing
         .heads

@@ -8,13 +8,14 @@
 //! a step of the pipeline itself. Here too: the request as validated ([`request`]), what became of it
 //! ([`outcome`]), the decision and the cascade ([`cascade`], [`out_of_scope`], [`judge`]), a stage's
 //! alternatives ([`attempt`], [`select`]), the records of an answer ([`answered`]) and its trace steps
-//! ([`trace`]), Tier-0 on a request ([`tier0`]), a steered
+//! ([`trace`]), Tier-0 on a request ([`tier0`]) and the context it reads ([`context`]), a steered
 //! generate route's choice of stage ([`steer`]), a session's pin ([`session`]), and the conversations a Responses door keeps when told to
 //! ([`stored`]).
 
 pub mod answered;
 pub mod attempt;
 pub mod cascade;
+mod context;
 mod generation;
 pub mod judge;
 mod label;
@@ -104,9 +105,15 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
         ran,
     };
     let admitted = admit(state, v, step).map_err(|e| decline(e, false))?;
+    // What Tier-0 reads (and the cache keys, the LLM reranks): the last turn, with its context if the route
+    // reads one.
+    let route = route_of(state, v).map_err(|e| decline(e, false))?;
+    let (v, context) = context::with_context(&route, v);
+    let v = &*v;
     let asked = crate::answer::answered::Asked::of(state, v);
     let mut out = Outcome {
         brownout: step,
+        context,
         ..Outcome::default()
     };
     let body = match v.kind {

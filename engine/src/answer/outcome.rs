@@ -39,6 +39,9 @@ pub struct Outcome {
     pub stage: Option<String>,
     /// The backend of that stage that answered (one of its alternatives).
     pub backend: Option<String>,
+    /// Earlier user turns Tier-0 read with the last one (`context_turns`): such an answer is outside the
+    /// error bound's calibration.
+    pub context: usize,
     /// What the session's pin did (`new`, `kept`, `up`, `switched`), for a turn with a session key.
     pub session: Option<&'static str>,
     /// The version of the head that classified it (classified routes).

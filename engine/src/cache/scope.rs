@@ -5,8 +5,10 @@
 //! alternative's model identity — engine, model file or upstream model and URL, profile, scoring arithmetic,
 //! its prompts and knobs — and its fusion). The text and the candidates are the key's other parts.
 //!
-//! The conversation before the last user turn is not in it: a rerank judges the last user turn only (the
-//! job carries nothing else), so earlier turns cannot change its verdict.
+//! The conversation before the last user turn is in the key only as far as the route reads it: a rerank
+//! judges the text Tier-0 classified — the last user turn, with its earlier user turns on a route with
+//! `context_turns` ([`crate::answer::context`]) — and that text is the key's; the context bounds are in the
+//! scope, so a route that starts reading context starts afresh.
 
 use tiergate_config::{Backend, Route as RouteConfig};
 use tiergate_core::fnv::Fnv;
@@ -34,6 +36,7 @@ pub fn scope(
         "out_of_scope": r.out_of_scope,
         "head": r.head,
         "head_version": head_version,
+        "context": [r.context_turns, r.context_chars],
     }));
     if let Some(p) = prefilter {
         eat(serde_json::json!({

@@ -41,6 +41,9 @@ pub struct Route {
     pub cache_generations: bool,
     /// A generate route steered by Tier-0 between its stages (`steer`).
     pub steer: Option<Steering>,
+    /// Earlier user turns Tier-0 reads with the last, and at most how many characters of them.
+    pub context_turns: usize,
+    pub context_chars: usize,
 }
 
 /// A steered generate route's map over its head's labels, and its θ policy.

@@ -184,6 +184,10 @@ pub(super) fn outcome_headers(state: &AppState, o: &Outcome) -> Vec<(&'static st
     put(header::STAGE, o.stage.clone());
     put(header::BACKEND, o.backend.clone());
     put(header::SESSION, o.session.map(str::to_string));
+    put(
+        header::CONTEXT,
+        (o.context > 0).then(|| o.context.to_string()),
+    );
     put(header::CACHE, o.cache.map(|c| c.kind.as_str().to_string()));
     put(
         header::CACHE_SIMILARITY,

@@ -74,6 +74,8 @@ pub fn config(tiny: &TinyModel) -> Config {
         stages: None,
         cache_generations: false,
         steer: None,
+        context_turns: 0,
+        context_chars: 400,
     })
     .collect();
     cfg

@@ -225,6 +225,8 @@ pub fn guarded(c: &mut Config) {
             stages: None,
             cache_generations: false,
             steer: None,
+            context_turns: 0,
+            context_chars: 400,
         });
     }
 }
