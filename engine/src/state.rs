@@ -644,5 +644,6 @@ pub fn start_backend(
             r.in_flight_limit().saturating_sub(r.capacity()),
         ),
         tools: r.tools,
+        pressure: std::sync::atomic::AtomicU64::new(0),
     })
 }

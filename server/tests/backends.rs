@@ -953,3 +953,62 @@ async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() 
     // Another session is steered on its own.
     assert_eq!(steered("d", "card lost").await, (s("small"), s("new")));
 }
+
+/// Brownout on a steered route: the ladder follows the busiest backend, but it pauses generation only where
+/// the stage is pressed too. The big backend (one slot, room for one waiting job) gets two slow generations:
+/// one runs, one waits — its queue full, the ladder climbs to `rerank_only`. A request Tier-0 is sure of
+/// still goes to the calm small stage and is written there; an unsure one, for the big stage, gets the
+/// paused generation's 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brownout_pauses_the_busy_stage_not_the_calm_one() {
+    let r = all_live(rig(1, |c: &mut Config| {
+        c.llm = vec![
+            entry("small", "engine = \"stub\"\nworkers = 1"),
+            entry(
+                "big",
+                "engine = \"stub\"\nworkers = 1\nmax_concurrent = 1\nmax_in_flight = 2\ngenerate_prior_ms = 100\n\
+                 extra_args = [\"--stub-delay-ms\", \"3000\"]",
+            ),
+        ];
+        for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            r.stages = Some(vec![
+                StageConfig::Name("small".into()),
+                StageConfig::Name("big".into()),
+            ]);
+            r.steer =
+                Some(toml::from_str("theta = 1.0\n[by_label]\ncard_lost = \"small\"").unwrap());
+        }
+        c.brownout.enabled = true;
+        c.brownout.hold_ms = 0;
+    }));
+    let ask = |text: &str| post("/v1/chat/completions", chat("generate", text));
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let app = r.app.clone();
+            tokio::spawn(async move { call(&app, ask("pay bill")).await })
+        })
+        .collect();
+    let t = Instant::now();
+    while r.state.backend(1).unwrap().share.load().1 == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no job waited on big");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..4 {
+        tiergate_engine::load::utilization::observe_brownout(&r.state, 0.0);
+    }
+    assert_eq!(r.state.brownout().as_str(), "rerank_only");
+    let (s, h, b) = call(&r.app, ask("card lost")).await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(h["x-tiergate-stage"], "small");
+    assert_eq!(h["x-tiergate-brownout"], "rerank_only");
+    let (s, _, b) = call(&r.app, ask("pay bill")).await;
+    let e = assert_openai_error(s, &b, 429);
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("paused"),
+        "{e}"
+    );
+    for job in busy {
+        let (s, _, _) = job.await.unwrap();
+        assert_eq!(s, StatusCode::OK);
+    }
+}

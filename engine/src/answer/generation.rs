@@ -1,6 +1,6 @@
 //! The one generation path, for a generate route and for an answer route's escalation: the answer cache
 //! first (a written answer it holds, served under brownout too), then — unless the brownout step pauses
-//! generation — the stage's alternatives until one produces its first event. From there the answer is a
+//! generation on a stage that is pressed itself — the stage's alternatives until one produces its first event. From there the answer is a
 //! [`Generation`]: its deltas as they come, kept whole in the cache when it ends well.
 //!
 //! The two callers differ on purpose in what a refusal means: a generate route has nothing else to answer
@@ -110,7 +110,7 @@ pub(super) async fn generate(
         let text = hit.text.clone().unwrap_or_default();
         return Ok(Body::Text { text, tokens });
     }
-    if !out.brownout.generates() {
+    if !generates(state, stage, out.brownout) {
         return Err(Declined::Paused);
     }
     let (started, by) = attempt(state, stage, v, &job, first_event)
@@ -130,6 +130,18 @@ pub(super) async fn generate(
         keep,
         prompt_tokens,
     ))))
+}
+
+/// Whether `stage` may generate at `step`: the ladder pauses generation where the stage is pressed too
+/// ([`crate::load::brownout::stage_generates`]).
+fn generates(state: &AppState, stage: &Stage, step: crate::load::brownout::Step) -> bool {
+    let pressures = stage
+        .alternatives
+        .iter()
+        .filter_map(|(b, _)| state.backend(*b))
+        .map(|l| l.pressure());
+    let calm = state.config.brownout.leave[0];
+    crate::load::brownout::stage_generates(step, pressures, calm)
 }
 
 /// Tokens in and out.

@@ -41,6 +41,8 @@ pub struct Llm {
     pub breaker: std::sync::Mutex<crate::backends::breaker::Breaker>,
     /// It calls tools (`tools = true` in its config).
     pub tools: bool,
+    /// Its own brownout pressure at the last reading (f64 bits; [`crate::load::brownout::pressure`]).
+    pub pressure: std::sync::atomic::AtomicU64,
 }
 
 /// The `[reranker]` bounds a submission is checked against.
@@ -69,6 +71,11 @@ impl Limits {
 }
 
 impl Llm {
+    /// Its own brownout pressure at the last reading.
+    pub fn pressure(&self) -> f64 {
+        f64::from_bits(self.pressure.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Jobs waiting in the segment for a worker to take them.
     pub fn waiting(&self) -> usize {
         let seg = self.client.segment();

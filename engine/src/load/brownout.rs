@@ -9,6 +9,10 @@
 //! and P95 can hold the ladder at `tier0_only` but not push it to `shed` (429 for requests Tier-0 could
 //! answer); `shed` is entered and left on the server's own load, its requests in flight ÷
 //! `server.max_in_flight` ([`Ladder::fed`]).
+//! The step follows the busiest backend, so on its own it would pause a cheap stage beside a saturated strong
+//! one; a generation is paused only where its stage is pressed too ([`stage_generates`]): at `rerank_only`
+//! and `tier0_only` a stage with an alternative whose own pressure is below the ladder's first `leave` still
+//! writes.
 //! Every answer carries `x-tiergate-brownout` while the ladder is above `normal`; `tiergate_brownout_step`
 //! and the console show the step.
 
@@ -139,6 +143,16 @@ impl Ladder {
     }
 }
 
+/// Whether a stage whose alternatives' own pressures are `pressures` may generate at `step`: always at
+/// `normal`, never at `shed`, and in between while one of them is calm (below `calm`, the first `leave`).
+pub fn stage_generates(step: Step, mut pressures: impl Iterator<Item = f64>, calm: f64) -> bool {
+    match step {
+        Step::Normal => true,
+        Step::Shed => false,
+        Step::RerankOnly | Step::Tier0Only => pressures.any(|p| p < calm),
+    }
+}
+
 /// What a step refuses outright: every chat request at `shed`, generations from `rerank_only` on (429 with
 /// `Retry-After`; the client should back off).
 pub fn refusal(step: Step, kind: tiergate_config::RouteKind) -> Option<crate::error::EngineError> {
@@ -171,6 +185,25 @@ pub fn pressure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_calm_stage_generates_while_the_ladder_is_up_for_a_busy_one() {
+        let calm = 0.6;
+        assert!(stage_generates(Step::Normal, [2.0].into_iter(), calm));
+        assert!(stage_generates(
+            Step::RerankOnly,
+            [1.5, 0.1].into_iter(),
+            calm
+        ));
+        assert!(stage_generates(Step::Tier0Only, [0.2].into_iter(), calm));
+        assert!(!stage_generates(
+            Step::RerankOnly,
+            [1.5, 0.7].into_iter(),
+            calm
+        ));
+        assert!(!stage_generates(Step::Shed, [0.0].into_iter(), calm));
+        assert!(!stage_generates(Step::RerankOnly, std::iter::empty(), calm));
+    }
 
     fn ladder() -> Ladder {
         Ladder::new(&BrownoutConfig {

@@ -81,13 +81,30 @@ pub fn observe_brownout(state: &AppState, u: f64) {
         return;
     }
     let limit = Duration::from_millis(cfg.p95_limit_ms);
+    // Each backend's own pressure (kept: a calm stage may generate while a busy one holds the step up). u is
+    // its own part only when it is a shared device's (NVML, the fleet's query, a manual value): the workers'
+    // u is the busiest first stage's, not every backend's.
+    let source = state
+        .routing
+        .policy
+        .live_view(std::time::Instant::now())
+        .utilization_in_use;
+    let shared_u = if source == "workers" { 0.0 } else { u };
     let llm = state
         .llms()
         .map(|(_, l)| {
             let (_, waiting) = l.share.load();
             let room = l.limits.in_flight.saturating_sub(l.limits.capacity);
             let p95 = l.rerank_times.recent_p95(Duration::from_secs(30));
-            crate::load::brownout::pressure(waiting, room, p95.unwrap_or_default(), limit, u)
+            let own = crate::load::brownout::pressure(
+                waiting,
+                room,
+                p95.unwrap_or_default(),
+                limit,
+                shared_u,
+            );
+            l.pressure.store(own.to_bits(), Ordering::Relaxed);
+            own
         })
         .fold(u, f64::max);
     let max = state.config.server.max_in_flight.max(1);
