@@ -36,7 +36,8 @@ pub struct RunReport {
     pub requests: u64,
     pub elapsed_s: f64,
     pub interrupted: bool,
-    /// tier0, escalated, degraded, untiered, errors, then `served` (all answers) and `all`.
+    /// tier0, escalated, degraded, untiered, errors, `stage NAME` per stage that answered, then `served` (all
+    /// answers) and `all`.
     pub channels: Vec<ChannelStats>,
     pub slo: Vec<SloResult>,
     pub client: ClientOverhead,
@@ -121,6 +122,16 @@ impl RunReport {
                             | Channel::Served(Served::Degraded)
                     )
                 }),
+                total,
+                e,
+            ));
+        }
+        // A cascade's or a steered route's stages, each a channel of its own with its band (`stage NAME`).
+        for (stage, _) in by_stage(os) {
+            channels.push(ChannelStats::of(
+                &format!("stage {stage}"),
+                os.iter()
+                    .filter(|o| o.error.is_none() && o.stage == Some(stage.as_str())),
                 total,
                 e,
             ));

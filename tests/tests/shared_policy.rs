@@ -883,3 +883,67 @@ fn a_stored_response_is_continued_on_another_replica() {
         .unwrap();
     assert!(ttl > 500 && ttl <= 600, "TTL {ttl}");
 }
+
+/// A steered generate route's θ policy and the session pins are shared through Redis like the rest: a change
+/// of `?route=chat` through A reaches B; a session pinned on A (its first turn's budget rules the slow
+/// alternative out, so it goes to the fast one) is kept there on B, where the stage would otherwise prefer
+/// the slow one; the pin is one key with its TTL, and holds no session key in clear.
+#[test]
+fn a_steered_routes_policy_and_session_pins_are_shared_across_replicas() {
+    let port = free_port();
+    let _redis = redis(port);
+    let url = format!("policy_store.url=\"redis://127.0.0.1:{port}\"");
+    let args = [
+        "--set",
+        "policy_store.kind=\"redis\"",
+        "--set",
+        &url,
+        "--set",
+        "policy_store.sync_ms=200",
+        "--set",
+        "llm=[{ name = \"slow\", engine = \"stub\", workers = 1, generate_prior_ms = 5000, extra_args = [\"--stub-delay-ms\", \"1500\"] }, \
+              { name = \"fast\", engine = \"stub\", workers = 1, generate_prior_ms = 100 }]",
+        "--set",
+        "routes=[{ name = \"chat\", kind = \"generate\", stages = [{ name = \"s\", any = [\"slow\", \"fast\"] }], \
+                 steer = { by_label = { card_not_arrived = \"s\" }, theta = 0.4 } }]",
+    ];
+    let a = start(&args);
+    let b = start(&args);
+    let path = "/admin/routing?route=chat";
+    until_2s(&b.admin, path, |v| v["version"].as_u64() >= Some(1));
+    let changed = at(&a.admin, path, Some(json!({"theta_base": 0.55}))).unwrap();
+    let version = changed["version"].as_u64().unwrap();
+    let seen = until_2s(&b.admin, path, |v| v["version"].as_u64() == Some(version));
+    assert_eq!(seen["theta_base"].as_f64(), Some(0.55));
+    assert!(!redis_cli(port, &["HGET", "tiergate:policy:route:chat", "policy"]).is_empty());
+
+    let turn = |base: &str, budget: Option<&str>| {
+        let mut r = ureq::post(&format!("{base}/v1/chat/completions"))
+            .set("x-session-id", "conversation-42");
+        if let Some(ms) = budget {
+            r = r.set("x-tiergate-deadline-ms", ms);
+        }
+        let resp = r
+            .send_json(json!({"model": "chat", "messages": [{"role": "user", "content": "where is my card"}]}))
+            .unwrap();
+        (
+            resp.header("x-tiergate-backend").map(str::to_string),
+            resp.header("x-tiergate-session").map(str::to_string),
+        )
+    };
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(turn(&a.base, Some("1000")), (s("fast"), s("new")));
+    assert_eq!(turn(&b.base, None), (s("fast"), s("kept")));
+    let keys = redis_cli(port, &["KEYS", "tiergate:policy:pin:*"]);
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    assert!(!keys.contains("conversation-42"), "{keys}");
+    let ttl: i64 = redis_cli(port, &["PTTL", keys.trim()]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 1_800_000, "{ttl}");
+    // Without the session, B's stage prefers the slow one (listed first).
+    let plain = ureq::post(&format!("{}/v1/chat/completions", b.base))
+        .send_json(
+            json!({"model": "chat", "messages": [{"role": "user", "content": "where is my card"}]}),
+        )
+        .unwrap();
+    assert_eq!(plain.header("x-tiergate-backend"), Some("slow"));
+}
