@@ -1012,3 +1012,98 @@ async fn brownout_pauses_the_busy_stage_not_the_calm_one() {
         assert_eq!(s, StatusCode::OK);
     }
 }
+
+/// Every door names a session its own way: Chat Completions' `user`, Messages' `metadata.user_id`, a Responses
+/// chain through `previous_response_id` (its first response's id, with `[responses] store`). Each session's
+/// first turn is `new`, its next `kept` on the same backend although the stage would choose another (a budget
+/// on the first turn sent it to the fast one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_door_names_its_session() {
+    let entry = |name: &str, prior: u64| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!(
+            "engine = \"stub\"\nworkers = 1\ngenerate_prior_ms = {prior}"
+        ))
+        .unwrap(),
+    };
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("slow", 5000), entry("fast", 100)],
+            "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
+            |r| r == "generate",
+        ),
+    ));
+    // The rig's config has no Responses store; this one keeps them in memory.
+    let mut cfg = r.state.config.clone();
+    cfg.responses.store = true;
+    let state = Arc::new(
+        tiergate_engine::state::AppState::build(cfg, None, Some(common::worker_program())).unwrap(),
+    );
+    let r = all_live(Rig {
+        app: tiergate_server::routes::router(state.clone()),
+        admin: tiergate_server::routes::admin_router(state.clone()),
+        state,
+        tiny: r.tiny,
+    });
+    let send = |uri: &str, body: Value, budget: bool| {
+        let mut req = post(uri, body);
+        if budget {
+            req.headers_mut()
+                .insert("x-tiergate-deadline-ms", "1000".parse().unwrap());
+        }
+        req.headers_mut()
+            .insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let app = r.app.clone();
+        async move {
+            let (s, h, b) = call(&app, req).await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            let get = |k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+            let v: Value = serde_json::from_slice(&b).unwrap();
+            (get("x-tiergate-backend"), get("x-tiergate-session"), v)
+        }
+    };
+    let s = |v: &str| Some(v.to_string());
+    let chat_turn = json!({"model": "generate", "user": "u-1", "messages": [{"role": "user", "content": "hi"}]});
+    let (b, p, _) = send("/v1/chat/completions", chat_turn.clone(), true).await;
+    assert_eq!((b, p), (s("fast"), s("new")));
+    let (b, p, _) = send("/v1/chat/completions", chat_turn, false).await;
+    assert_eq!((b, p), (s("fast"), s("kept")));
+    let message = json!({"model": "generate", "max_tokens": 8, "metadata": {"user_id": "u-2"},
+                         "messages": [{"role": "user", "content": "hi"}]});
+    let (b, p, _) = send("/v1/messages", message.clone(), true).await;
+    assert_eq!((b, p), (s("fast"), s("new")));
+    let (b, p, _) = send("/v1/messages", message, false).await;
+    assert_eq!((b, p), (s("fast"), s("kept")));
+    let (b, p, first) = send(
+        "/v1/responses",
+        json!({"model": "generate", "input": "hi"}),
+        true,
+    )
+    .await;
+    assert_eq!((b, p), (s("fast"), s("new")));
+    let id = first["id"].as_str().unwrap();
+    let (b, p, second) = send(
+        "/v1/responses",
+        json!({"model": "generate", "input": "again", "previous_response_id": id}),
+        false,
+    )
+    .await;
+    assert_eq!((b, p), (s("fast"), s("kept")));
+    // The chain's third response is still the first one's session.
+    let (b, p, _) = send(
+        "/v1/responses",
+        json!({"model": "generate", "input": "and again", "previous_response_id": second["id"]}),
+        false,
+    )
+    .await;
+    assert_eq!((b, p), (s("fast"), s("kept")));
+    // Without a key, a plain chat turn is not pinned: the stage's own choice.
+    let (b, p, _) = send(
+        "/v1/chat/completions",
+        json!({"model": "generate", "messages": [{"role": "user", "content": "hi"}]}),
+        false,
+    )
+    .await;
+    assert_eq!((b, p), (s("slow"), None));
+}
