@@ -13,6 +13,7 @@ mod feedback;
 mod heads;
 mod load;
 mod models;
+pub mod origins;
 mod prefilter;
 mod prompts;
 pub mod redact;
@@ -30,7 +31,7 @@ pub use error::ConfigError;
 pub use experiments::{validate_experiments, DelayConfig, ExperimentConfig, MAX_DELAY_MS};
 pub use feedback::{FeedbackConfig, FeedbackTrust};
 pub use heads::HeadsConfig;
-pub use load::{load, DEFAULT_CONFIG, ENV_PREFIX};
+pub use load::{explain, load, DEFAULT_CONFIG, ENV_PREFIX};
 pub use models::{profile_for, profiles, template, ChatTemplate, Formulation, ModelProfile};
 pub use prefilter::{
     FewShotLabel, HeadConfig, PoolingConfig, Precision, PrefilterConfig, TrainedHeadConfig,

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use toml::{Table, Value};
 
+use crate::origins::Origins;
 use crate::{Config, ConfigError};
 
 /// Environment variables that start with this prefix override config fields: `TIERGATE__PREFILTER__MAX_BATCH=8`
@@ -16,7 +17,8 @@ pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
 
 /// Loads the configuration.
 ///
-/// * `file`: a TOML file (fields it leaves out take the schema defaults); `None` uses [`DEFAULT_CONFIG`].
+/// * `file`: a TOML file (fields it leaves out take the schema defaults; `extends` names a base it builds on,
+///   [`crate::origins`]); `None` uses [`DEFAULT_CONFIG`].
 /// * `env`: the process environment as `(name, value)` pairs (only `main` reads the real environment).
 /// * `overrides`: `dotted.path=value` strings from the command line, applied last.
 ///
@@ -27,26 +29,53 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &[String],
 ) -> Result<Config, ConfigError> {
+    Ok(layered(file, env, overrides)?.0)
+}
+
+/// Every value of the configuration `load` would give, with the layer it came from (`default`, `example`,
+/// a base or config file's path, `env TIERGATE__…`, `--set …`), in the schema's order.
+pub fn explain(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &[String],
+) -> Result<Vec<(String, Value, String)>, ConfigError> {
+    let (config, origins) = layered(file, env, overrides)?;
+    let value = Value::try_from(&config).map_err(|e| ConfigError::Parse {
+        origin: "the loaded config".into(),
+        message: e.to_string(),
+    })?;
+    let mut out = Vec::new();
+    crate::origins::leaves(&value, "", &mut out);
+    Ok(out
+        .into_iter()
+        .map(|(path, v)| {
+            let layer = origins.of(&path).to_string();
+            (path, v, layer)
+        })
+        .collect())
+}
+
+/// The layers merged, deserialised and validated, and where each value came from.
+fn layered(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &[String],
+) -> Result<(Config, Origins), ConfigError> {
+    let mut origins = Origins::default();
     let mut lacks = Vec::new();
     let mut table = match file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            let t = text.parse::<Table>().map_err(|e| ConfigError::Parse {
-                origin: path.display().to_string(),
-                message: e.to_string(),
-            })?;
-            lacks = lacking(&t);
+            let (t, extends) = read_file(path, &mut origins, 0)?;
+            if !extends {
+                lacks = lacking(&t);
+            }
             t
         }
-        None => DEFAULT_CONFIG
-            .parse::<Table>()
-            .map_err(|e| ConfigError::Parse {
-                origin: "embedded default config".into(),
-                message: e.to_string(),
-            })?,
+        None => {
+            let t = embedded()?;
+            origins.mark("", &Value::Table(t.clone()), "example");
+            t
+        }
     };
     let mut env: Vec<(String, String)> = env
         .into_iter()
@@ -58,7 +87,9 @@ pub fn load(
             .split("__")
             .map(|s| s.to_ascii_lowercase())
             .collect();
-        set_path(&mut table, &path, parse_value(&value), &key)?;
+        let value = parse_value(&value);
+        origins.mark(&path.join("."), &value, &format!("env {key}"));
+        set_path(&mut table, &path, value, &key)?;
     }
     for item in overrides {
         let (key, value) = item.split_once('=').ok_or_else(|| ConfigError::Parse {
@@ -66,12 +97,9 @@ pub fn load(
             message: "expected `dotted.path=value`".into(),
         })?;
         let path: Vec<String> = key.trim().split('.').map(str::to_string).collect();
-        set_path(
-            &mut table,
-            &path,
-            parse_value(value.trim()),
-            &format!("--set {item}"),
-        )?;
+        let value = parse_value(value.trim());
+        origins.mark(&path.join("."), &value, &format!("--set {}", key.trim()));
+        set_path(&mut table, &path, value, &format!("--set {item}"))?;
     }
     let config: Config = Value::Table(table)
         .try_into()
@@ -90,7 +118,65 @@ pub fn load(
         },
         _ => cause,
     })?;
-    Ok(config)
+    Ok((config, origins))
+}
+
+/// The embedded example (`config/default.toml`) as a table.
+fn embedded() -> Result<Table, ConfigError> {
+    DEFAULT_CONFIG
+        .parse::<Table>()
+        .map_err(|e| ConfigError::Parse {
+            origin: "embedded default config".into(),
+            message: e.to_string(),
+        })
+}
+
+/// How deep `extends` may chain (a file extending a file extending the example is 2).
+const MAX_EXTENDS: usize = 4;
+
+/// `path` as a table, over the base its `extends` names (`"example"`: the embedded default; else a file,
+/// relative to `path`'s folder), and whether it extends one.
+fn read_file(
+    path: &Path,
+    origins: &mut Origins,
+    depth: usize,
+) -> Result<(Table, bool), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut t = text.parse::<Table>().map_err(|e| ConfigError::Parse {
+        origin: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let bad = |message: String| ConfigError::Invalid {
+        field: format!("{}: extends", path.display()),
+        message,
+    };
+    let Some(extends) = t.remove("extends") else {
+        origins.mark("", &Value::Table(t.clone()), &path.display().to_string());
+        return Ok((t, false));
+    };
+    let Value::String(base) = extends else {
+        return Err(bad(
+            "a string: \"example\" (the embedded default) or a file".into(),
+        ));
+    };
+    if depth >= MAX_EXTENDS {
+        return Err(bad(format!(
+            "more than {MAX_EXTENDS} files deep (a loop of extends?)"
+        )));
+    }
+    let mut table = if base == "example" {
+        let e = embedded()?;
+        origins.mark("", &Value::Table(e.clone()), "example");
+        e
+    } else {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        read_file(&dir.join(&base), origins, depth + 1)?.0
+    };
+    crate::origins::merge(&mut table, t, "", &path.display().to_string(), origins);
+    Ok((table, true))
 }
 
 /// The embedded default's sections a config file leaves out (it replaces the default, so it has none of them).
@@ -264,6 +350,85 @@ labels = [{ label = "a", examples = ["x"] }, { label = "a", examples = ["y"] }]
         // The default itself, written to a file, is a valid file.
         std::fs::write(&path, DEFAULT_CONFIG).unwrap();
         load(Some(&path), std::iter::empty(), &[]).unwrap();
+    }
+
+    #[test]
+    fn a_file_extends_the_example_and_says_only_what_differs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("two.toml");
+        // Ten lines: the example's head, prompts and routes, and two more backends.
+        std::fs::write(
+            &path,
+            "extends = \"example\"\n[[llm]]\nname = \"small\"\nengine = \"stub\"\n\
+             [[llm]]\nname = \"big\"\nengine = \"stub\"\n[prefilter]\nmax_batch = 8\n",
+        )
+        .unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().lines().count() <= 10);
+        let cfg = load(Some(&path), Vec::new(), &[]).unwrap();
+        let example = load(None, Vec::new(), &[]).unwrap();
+        assert_eq!(cfg.llm.len(), 2);
+        assert_eq!(cfg.routes, example.routes, "the example's routes");
+        assert_eq!(cfg.prefilter.head, example.prefilter.head, "and head");
+        assert_eq!(cfg.prefilter.max_batch, 8, "a table merges key by key");
+        assert_eq!(cfg.prefilter.encoder, example.prefilter.encoder);
+        // A tagged table replaces whole: a trained head keeps none of the example's labels.
+        std::fs::write(
+            &path,
+            "extends = \"example\"\n[prefilter.head]\nkind = \"trained\"\ndir = \"/tmp/h\"\n",
+        )
+        .unwrap();
+        let cfg = load(Some(&path), Vec::new(), &[]).unwrap();
+        assert!(matches!(cfg.prefilter.head, HeadConfig::Trained(_)));
+        // A file may extend a file (relative to its own folder), which extends the example.
+        let top = dir.path().join("top.toml");
+        std::fs::write(&path, "extends = \"example\"\n[prefilter]\nmax_batch = 8\n").unwrap();
+        std::fs::write(&top, "extends = \"two.toml\"\n[prefilter]\ntop_k = 9\n").unwrap();
+        let cfg = load(Some(&top), Vec::new(), &[]).unwrap();
+        assert_eq!((cfg.prefilter.max_batch, cfg.prefilter.top_k), (8, 9));
+        // A loop is refused, so is a field the schema does not have (naming it and the file).
+        std::fs::write(&path, "extends = \"top.toml\"\n").unwrap();
+        let e = load(Some(&top), Vec::new(), &[]).unwrap_err().to_string();
+        assert!(e.contains("extends") && e.contains("deep"), "{e}");
+        std::fs::write(&path, "extends = \"example\"\n[prefilter]\nmax_bacth = 8\n").unwrap();
+        let e = load(Some(&path), Vec::new(), &[]).unwrap_err().to_string();
+        assert!(e.contains("max_bacth") && e.contains("two.toml"), "{e}");
+    }
+
+    #[test]
+    fn explain_names_the_layer_of_every_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "extends = \"example\"\n[[llm]]\nname = \"small\"\nengine = \"stub\"\n[prefilter]\ntop_k = 9\n",
+        )
+        .unwrap();
+        let env = vec![(
+            "TIERGATE__PREFILTER__MAX_BATCH".to_string(),
+            "8".to_string(),
+        )];
+        let all = explain(Some(&path), env, &["routing.theta_base=0.4".into()]).unwrap();
+        let layer = |p: &str| {
+            all.iter()
+                .find(|(k, _, _)| k == p)
+                .map(|(_, v, l)| (v.to_string(), l.clone()))
+                .unwrap_or_else(|| panic!("{p} not listed"))
+        };
+        let file = path.display().to_string();
+        assert_eq!(layer("prefilter.top_k"), ("9".into(), file.clone()));
+        assert_eq!(
+            layer("prefilter.max_batch").1,
+            "env TIERGATE__PREFILTER__MAX_BATCH"
+        );
+        assert_eq!(
+            layer("routing.theta_base"),
+            ("0.4".into(), "--set routing.theta_base".into())
+        );
+        assert_eq!(layer("prefilter.encoder").1, "example");
+        assert_eq!(layer("prefilter.head.kind").1, "example");
+        assert_eq!(layer("llm").1, file);
+        assert_eq!(layer("sessions.ttl_s").1, "default");
+        assert!(all.len() > 100, "every value: {}", all.len());
     }
 
     #[test]

@@ -226,3 +226,34 @@ fn every_item_the_where_table_names_is_defined_there() {
     assert_eq!(p, vec![vec!["Step", "generates"], vec!["Step", "reranks"]]);
     assert!(!defines("fn other() {}", "gone") && defines("pub async fn gone() {}", "gone"));
 }
+
+/// The config examples the README and docs/configuration.md print are whole files as printed: each loads
+/// (it `extends` the example) and resolves.
+#[test]
+fn the_printed_config_examples_are_complete_files() {
+    for (page, heading) in [
+        ("README.md", "### Several LLMs, one deadline"),
+        ("docs/configuration.md", "## Configuration"),
+    ] {
+        let text = std::fs::read_to_string(root().join(page)).unwrap();
+        let from = text
+            .find(heading)
+            .unwrap_or_else(|| panic!("{page}: {heading}"));
+        let block = text[from..]
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .unwrap_or_else(|| panic!("{page}: no toml block under {heading}"));
+        let block: String = block
+            .lines()
+            .map(|l| format!("{}\n", l.trim_start()))
+            .collect();
+        assert!(block.contains("extends = \"example\""), "{page}: {block}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiergate.toml");
+        std::fs::write(&path, &block).unwrap();
+        let cfg = tiergate_config::load(Some(&path), Vec::new(), &[])
+            .unwrap_or_else(|e| panic!("{page}: {e}\n{block}"));
+        cfg.resolve().unwrap_or_else(|e| panic!("{page}: {e}"));
+    }
+}

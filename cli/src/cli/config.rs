@@ -1,5 +1,6 @@
-//! `tiergate config`: the embedded default config (`--default`), and a check of a config file with the
-//! environment and `--set` overrides as `serve` would read it (`--check`).
+//! `tiergate config`: the embedded default config (`--default`), a check of a config file with the
+//! environment and `--set` overrides as `serve` would read it (`--check`), and every value with the layer it
+//! came from (`--explain`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,6 +17,14 @@ pub struct ConfigArgs {
     /// `serve` would accept it.
     #[arg(long, value_name = "FILE")]
     pub check: Option<PathBuf>,
+    /// Print every value `serve` would run with (the embedded example, or --config FILE, with the
+    /// environment and --set) and the layer it came from: `default` (the field's documented default),
+    /// `example`, a file, `env TIERGATE__…`, `--set …`.
+    #[arg(long, conflicts_with_all = ["check", "default"])]
+    pub explain: bool,
+    /// The config file --explain reads (default: the embedded example).
+    #[arg(long, value_name = "FILE", requires = "explain")]
+    pub config: Option<PathBuf>,
     /// Override a config field, as for `serve`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -36,8 +45,19 @@ pub fn run(
         );
         return Ok(());
     }
+    if args.explain {
+        let mut out = std::io::stdout().lock();
+        for (path, value, layer) in
+            tiergate_config::explain(args.config.as_deref(), env, &args.overrides)?
+        {
+            writeln!(out, "{path} = {value}    # {layer}")?;
+        }
+        return Ok(());
+    }
     if !args.default {
-        anyhow::bail!("say what to do: --default (print the embedded default) or --check FILE");
+        anyhow::bail!(
+            "say what to do: --default (print the embedded default), --check FILE or --explain [--config FILE]"
+        );
     }
     std::io::stdout().write_all(tiergate_config::DEFAULT_CONFIG.as_bytes())?;
     Ok(())
