@@ -23,7 +23,7 @@ for pins in true false; do
     for _ in $(seq 1 120); do curl -sf http://127.0.0.1:$port/v1/models >/dev/null && break; sleep 1; done
   done
   "$bin" serve --listen 127.0.0.1:18513 --admin-listen 127.0.0.1:18514 \
-    --set 'llm=[{ name = "a", engine = "openai", url = "http://127.0.0.1:18511/v1", model = "smollm2", workers = 1, max_concurrent = 1 }, { name = "b", engine = "openai", url = "http://127.0.0.1:18512/v1", model = "smollm2", workers = 1, max_concurrent = 1 }]' \
+    --set 'llm=[{ name = "a", engine = "openai", url = "http://127.0.0.1:18511/v1", model = "smollm2", workers = 1, max_concurrent = 1, generate_prior_ms = 300 }, { name = "b", engine = "openai", url = "http://127.0.0.1:18512/v1", model = "smollm2", workers = 1, max_concurrent = 1, generate_prior_ms = 300 }]' \
     --set 'routes=[{ name = "chat", kind = "generate", stages = [{ name = "s", any = ["a", "b"], prefer = "latency" }] }]' \
     --set "sessions.enabled=$pins" >/tmp/replay-llama-serve.log 2>&1 &
   pids+=($!)
