@@ -912,6 +912,39 @@ async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() 
     );
     assert_eq!(turn(Some("b"), None).await, (s("fast"), s("kept")));
     assert_eq!(r.state.routing.sessions.len(), 2);
+    drop(r);
+    // A pinned backend that fails: the turn goes on to the next alternative and the pin follows it.
+    let flaky = tiergate_config::LlmEntry {
+        name: "flaky".into(),
+        fields: toml::from_str(
+            "engine = \"stub\"\nworkers = 1\ngenerate_prior_ms = 100\nbreaker_failures = 1\n\
+             extra_args = [\"--stub-garbage-every\", \"2\"]",
+        )
+        .unwrap(),
+    };
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![flaky, entry("fast", 20)],
+            "any = [\"flaky\", \"fast\"]\nprefer = \"quality\"",
+            |r| r == "generate",
+        ),
+    ));
+    let turn = |session| {
+        let req = ask(session, None);
+        let app = r.app.clone();
+        async move {
+            let (s, h, b) = call(&app, req).await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            (
+                header(&h, "x-tiergate-backend"),
+                header(&h, "x-tiergate-session"),
+            )
+        }
+    };
+    assert_eq!(turn(Some("e")).await, (s("flaky"), s("new")));
+    assert_eq!(turn(Some("e")).await, (s("fast"), s("switched")));
+    assert_eq!(turn(Some("e")).await, (s("fast"), s("kept")));
     // A bad session key is a 400 naming the header.
     let mut bad = ask(None, None);
     bad.headers_mut()
