@@ -13,7 +13,7 @@ pub const MAGIC: u64 = 0x5449_4552_4741_5445;
 /// Bumped on any change of the layout below or of the job encoding (2: per-slot wake-ups, counted waiters,
 /// postcard-encoded jobs and replies; 3: jobs carry the submitter's trace context; 4: a rerank carries no fusion
 /// weights and its reply only the LLM's scores: the server fuses).
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Worker records in the header.
 pub const MAX_WORKERS: usize = 16;
 
@@ -64,6 +64,9 @@ pub struct WorkerRecord {
     pub busy_ns: AtomicU64,
     /// Jobs finished.
     pub jobs_done: AtomicU64,
+    /// Units of work the worker's engine has finished (forward passes, tokens; [`crate::worker::note_progress`]),
+    /// published with each heartbeat: the supervisor spares a worker past a job's deadline while it advances.
+    pub progress: AtomicU64,
 }
 
 /// The segment header.

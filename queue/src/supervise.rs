@@ -1,7 +1,10 @@
 //! Worker supervision (server side, no async runtime): spawn N worker processes, notice death at once (child
 //! exit) and hangs (stale heartbeat), kill and reap a suspect *before* reclaiming its slots, then retry each
 //! of its jobs once (when nothing was streamed yet and the deadline allows) or fail it with `WorkerDown`, and
-//! restart it with exponential backoff.
+//! restart it with exponential backoff. A worker holding a job past its deadline is killed as stuck unless it is
+//! making progress — its engine's count of finished work ([`crate::worker::note_progress`]: forward passes,
+//! tokens) advanced within the grace — and for at most the load timeout past it: a slow job (a cold judge
+//! building its label prefixes) is let finish, keeping what it built; a job that never returns is not.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -55,6 +58,24 @@ struct Proc {
     next_start: Instant,
     failures: u32,
     started: Instant,
+    watch: Watch,
+}
+
+/// What the supervisor remembers of a worker's progress.
+struct Watch {
+    /// The last progress count seen and when it last advanced.
+    progress: (u64, Instant),
+    /// Since when it has held a job past its deadline (while spared for its progress).
+    stuck_since: Option<Instant>,
+}
+
+impl Watch {
+    fn new() -> Self {
+        Self {
+            progress: (0, Instant::now()),
+            stuck_since: None,
+        }
+    }
 }
 
 /// Runs the supervision thread; dropping it stops the workers.
@@ -99,6 +120,7 @@ fn run(seg: &Segment, cfg: &SupervisorConfig, stop: &AtomicBool, stats: &Supervi
             next_start: Instant::now(),
             failures: 0,
             started: Instant::now(),
+            watch: Watch::new(),
         })
         .collect();
     let mut stuck = Vec::new();
@@ -115,7 +137,7 @@ fn run(seg: &Segment, cfg: &SupervisorConfig, stop: &AtomicBool, stats: &Supervi
                 Some(child) => {
                     let exited = matches!(child.try_wait(), Ok(Some(_)) | Err(_));
                     let hung = (!exited)
-                        .then(|| suspect(seg, cfg, i, p.started, &stuck))
+                        .then(|| suspect(seg, cfg, i, p.started, &mut p.watch, &stuck))
                         .flatten();
                     if exited || hung.is_some() {
                         if let Some(why) = hung {
@@ -169,17 +191,35 @@ fn suspect(
     cfg: &SupervisorConfig,
     i: usize,
     started: Instant,
+    w: &mut Watch,
     stuck: &[usize],
 ) -> Option<&'static str> {
     let rec = &seg.header().workers[i];
     let ready = rec.ready.load(Acquire) == 1;
     let beat_age = now_ns().saturating_sub(rec.heartbeat_ns.load(Acquire));
+    let now = Instant::now();
+    let count = rec.progress.load(Acquire);
+    if count != w.progress.0 {
+        w.progress = (count, now);
+    }
+    if !stuck.contains(&i) {
+        w.stuck_since = None;
+    }
     if ready && beat_age > cfg.heartbeat_timeout.as_nanos() as u64 {
         Some("heartbeat is stale")
     } else if !ready && started.elapsed() > cfg.load_timeout {
         Some("not ready within the load timeout")
     } else if stuck.contains(&i) {
-        Some("holds a job past its deadline")
+        let since = *w.stuck_since.get_or_insert(now);
+        let advancing = now.duration_since(w.progress.1) < cfg.heartbeat_timeout;
+        if advancing && now.duration_since(since) < cfg.load_timeout {
+            return None;
+        }
+        Some(if advancing {
+            "holds a job past its deadline, still working, for longer than the load timeout"
+        } else {
+            "holds a job past its deadline and makes no progress"
+        })
     } else {
         None
     }
@@ -215,6 +255,7 @@ fn spawn(cfg: &SupervisorConfig, i: usize, p: &mut Proc) {
             tracing::info!(worker = i, pid = child.id(), "reranker worker started");
             p.child = Some(child);
             p.started = Instant::now();
+            p.watch = Watch::new();
         }
         Err(e) => {
             tracing::error!(worker = i, error = %e, program = %cfg.program.display(), "cannot start worker");

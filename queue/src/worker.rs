@@ -17,6 +17,15 @@ use crate::slot;
 /// without a wake-up (which costs tens of microseconds); one thread polls at a time per finished job.
 const TAKE_SPIN: Duration = Duration::from_micros(100);
 
+/// Work this process's engine has finished (forward passes, generated tokens), published with each heartbeat.
+static PROGRESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a unit of work the engine finished (a forward pass, a token): a worker whose count advances is making
+/// progress, and the supervisor does not kill it for a job past its deadline ([`crate::supervise`]).
+pub fn note_progress() {
+    PROGRESS.fetch_add(1, Relaxed);
+}
+
 /// Bytes kept free in every response area for the final frame.
 pub const FINAL_RESERVE: usize = 4096;
 
@@ -71,6 +80,7 @@ impl QueueWorker {
     /// job was running: a continuous busy fraction, not bursts credited when long jobs end.
     pub fn heartbeat(&self) {
         let r = self.record();
+        r.progress.store(PROGRESS.load(Relaxed), Release);
         r.heartbeat_ns.store(now_ns(), Release);
         if let Ok(mut last) = self.last_beat.lock() {
             let elapsed = last.elapsed();

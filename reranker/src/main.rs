@@ -53,6 +53,9 @@ struct Args {
     /// Stub: every generation fails after its first token (a stream broken mid-way).
     #[arg(long)]
     stub_fail_mid_stream: bool,
+    /// Stub: a job's delay runs uninterrupted and counts progress, as a model's forward passes would.
+    #[arg(long)]
+    stub_progress: bool,
     /// Stub: milliseconds the "model load" takes before the worker is ready.
     #[arg(long, default_value_t = 0)]
     stub_load_ms: u64,
@@ -128,6 +131,7 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
                 garbage_every: args.stub_garbage_every,
                 stuck_after: args.stub_stuck_after,
                 fail_mid_stream: args.stub_fail_mid_stream,
+                progress: args.stub_progress,
             }))
         }
         EngineSpec::Mistralrs { .. } => load_llm(spec)?,

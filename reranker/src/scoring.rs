@@ -507,6 +507,7 @@ impl Scorer {
             }
         }
         let (hidden, kv) = self.model.forward(&segments, None)?;
+        tiergate_queue::worker::note_progress();
         let mut out = Vec::with_capacity(texts.len());
         let mut at = 0usize;
         for t in texts {
@@ -570,6 +571,7 @@ impl Scorer {
         let caches: Vec<&KvCache> = distinct.iter().map(|(p, _)| &p.kv).collect();
         let past = KvCache::concat(&caches)?;
         let (hidden, _) = self.model.forward(&segments, Some(&past))?;
+        tiergate_queue::worker::note_progress();
         let mut rows = Vec::with_capacity(segments.len() * 2);
         let mut targets = Vec::new();
         let mut at = 0;

@@ -275,6 +275,7 @@ pub(crate) async fn dispatch(runner: &impl Runner, job: TakenJob) {
                         tools.as_ref(),
                         &mut |p| {
                             spans.token();
+                            tiergate_queue::worker::note_progress();
                             match p {
                                 Piece::Text(t) => taken.chunk(t),
                                 Piece::Call(c) => taken.tool_call(&c),

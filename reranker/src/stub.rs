@@ -24,6 +24,9 @@ pub struct StubKnobs {
     pub stuck_after: Option<u64>,
     /// Every generation fails after its first token.
     pub fail_mid_stream: bool,
+    /// A job's delay runs uninterrupted (a forward pass cannot be cancelled half-way) and counts progress every
+    /// 10 ms, as a model's forward passes would.
+    pub progress: bool,
 }
 
 /// The stub engine.
@@ -97,17 +100,20 @@ impl StubEngine {
 }
 
 /// Sleeps `d` in short steps, as an engine works in passes; false when `cancelled` said stop first.
-fn sleep_unless_cancelled(d: Duration, cancelled: &dyn Fn() -> bool) -> bool {
+fn sleep_unless_cancelled(d: Duration, cancelled: &dyn Fn() -> bool, progress: bool) -> bool {
     let end = std::time::Instant::now() + d;
     loop {
         let left = end.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             return true;
         }
-        if cancelled() {
+        if cancelled() && !progress {
             return false;
         }
         std::thread::sleep(left.min(Duration::from_millis(10)));
+        if progress {
+            tiergate_queue::worker::note_progress();
+        }
     }
 }
 
@@ -158,7 +164,7 @@ impl Engine for StubEngine {
         if candidates.is_empty() {
             return Err(EngineError::Invalid("no candidates".into()));
         }
-        if !sleep_unless_cancelled(self.knobs.delay, cancelled) {
+        if !sleep_unless_cancelled(self.knobs.delay, cancelled, self.knobs.progress) {
             return Err(EngineError::Cancelled);
         }
         let words = words(text);

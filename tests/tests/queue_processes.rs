@@ -613,6 +613,33 @@ fn a_job_stuck_in_the_engine_gets_its_worker_killed_and_restarted() {
     }
 }
 
+/// A worker past a job's deadline that is still making progress (its engine's count of finished work
+/// advancing: a cold judge building label prefixes) is not killed: the caller gets its deadline, the job runs
+/// to its end, the slot comes back and the same process (with what it built) takes the next job. Without
+/// progress the same lateness gets the worker killed
+/// (`a_job_stuck_in_the_engine_gets_its_worker_killed_and_restarted`).
+#[test]
+fn a_late_worker_that_makes_progress_is_not_killed() {
+    let r = rig(4, 1, &["--stub-delay-ms", "1500", "--stub-progress"]);
+    let pid = r.seg.header().workers[0].pid.load(Ordering::SeqCst);
+    let late = r
+        .client
+        .call(&rerank_job("slow"), Duration::from_millis(300));
+    assert_eq!(late.unwrap_err(), QueueError::DeadlineExceeded);
+    // 1.2 s past the deadline, three times the 400 ms grace after which a silent worker is killed.
+    std::thread::sleep(Duration::from_millis(1500));
+    all_slots_come_back(&r.seg);
+    assert_eq!(
+        r.sup.stats.restarts.load(Ordering::SeqCst),
+        0,
+        "killed while working"
+    );
+    assert_eq!(r.seg.header().workers[0].pid.load(Ordering::SeqCst), pid);
+    assert!(r.seg.header().workers[0].progress.load(Ordering::SeqCst) > 50);
+    let on_time = r.client.call(&rerank_job("next"), Duration::from_secs(5));
+    assert!(on_time.is_ok(), "{on_time:?}");
+}
+
 /// A worker that never becomes ready (a hung model load) is killed after the load timeout and restarted.
 #[test]
 fn a_worker_hung_while_loading_is_killed() {
