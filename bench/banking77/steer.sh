@@ -11,12 +11,7 @@ cd "$root"
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/tiergate"
 b=/tmp/b77
 [[ -f $b/head/head.json ]] || "$bin" train --encoder models/all-MiniLM-L6-v2 --data $b/train.csv --out $b/head
-map=$(python3 - bench/banking77/steer_map.toml <<'PY'
-import sys, tomllib
-m = tomllib.load(open(sys.argv[1], "rb"))["by_label"]
-print("{ " + ", ".join(f'"{k}" = "{v}"' for k, v in m.items()) + " }")
-PY
-)
+map=$(python3 bench/inline_map.py bench/banking77/steer_map.toml)
 "$bin" serve --listen 127.0.0.1:18490 --admin-listen 127.0.0.1:18491 \
   --set "prefilter.head={ kind = \"trained\", dir = \"$b/head\" }" \
   --set 'llm=[{ name = "small", engine = "stub", workers = 1 }, { name = "big", engine = "stub", workers = 1 }]' \

@@ -25,12 +25,7 @@ done
 for port in 18501 18502; do
   for _ in $(seq 1 120); do curl -sf http://127.0.0.1:$port/v1/models >/dev/null && break; sleep 1; done
 done
-map=$(python3 - bench/steer/map.toml <<'PY'
-import sys, tomllib
-m = tomllib.load(open(sys.argv[1], "rb"))["by_label"]
-print("{ " + ", ".join(f'"{k}" = "{v}"' for k, v in m.items()) + " }")
-PY
-)
+map=$(python3 bench/inline_map.py bench/steer/map.toml)
 "$bin" serve --listen 127.0.0.1:18503 --admin-listen 127.0.0.1:18504 \
   --set 'llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18501/v1", model = "smollm2", workers = 1 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18502/v1", model = "qwen", workers = 1 }]' \
   --set "routes=[{ name = \"chat\", kind = \"generate\", stages = [\"small\", \"big\"], steer = { by_label = $map, policy = { mode = \"load\", theta_base = 0.05, k = 0.9, theta_max = 0.95, utilization_source = \"workers\" } } }]" \
