@@ -66,12 +66,13 @@ for backends, _, f in results:
             continue
         later += 1
         switches += a != b
+by_turn = {}
+for _, ttfts, _ in results:
+    for t, first in ttfts:
+        if first:
+            by_turn.setdefault(t, []).append(first)
 print(json.dumps({
     "sessions": sessions, "turns": turns, "failed": failed, "later_turns": later, "switches": switches,
     "switch_share": switches / max(later, 1), "seconds": round(took, 1),
-    "ttft_by_turn_ms": {
-        str(t): round(1e3 * sorted(x for r in results for (tt, x) in r[1] if tt == t and x)[
-            len([1 for r in results for (tt, x) in r[1] if tt == t and x]) // 2], 1)
-        for t in range(turns) if any(tt == t and x for r in results for (tt, x) in r[1])
-    },
+    "ttft_by_turn_ms": {str(t): round(1e3 * sorted(xs)[len(xs) // 2], 1) for t, xs in sorted(by_turn.items())},
 }))

@@ -129,12 +129,14 @@ pub async fn data(
         "breaker": state.default_llm().is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
         "backends": backends(&state),
         "history": state.load.history.points(),
-        "stages": state.route_policies().into_iter().map(|rp| json!({
-            "route": rp.route, "stage": rp.stage, "theta_eff": rp.policy.theta_eff(now),
-            "version": rp.policy.current().version, "mode": rp.policy.current().cfg.mode,
-            "utilization": rp.policy.live_view(now).utilization,
-            "escalated_share_60s": rp.policy.live_view(now).escalated_share_60s,
-        })).collect::<Vec<_>>(),
+        "stages": state.route_policies().into_iter().map(|rp| {
+            let (live, p) = (rp.policy.live_view(now), rp.policy.current());
+            json!({
+                "route": rp.route, "stage": rp.stage, "theta_eff": live.theta_eff, "version": p.version,
+                "mode": p.cfg.mode, "utilization": live.utilization,
+                "escalated_share_60s": live.escalated_share_60s,
+            })
+        }).collect::<Vec<_>>(),
         "quality": quality(&state, live.theta_eff),
         "cache": cache(&state, &recent),
         "token_required": state.config.server.admin_token.is_some(),

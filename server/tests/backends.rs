@@ -1059,26 +1059,16 @@ async fn each_door_names_its_session() {
         ))
         .unwrap(),
     };
-    let r = all_live(rig(
-        1,
-        with_stage(
-            vec![entry("slow", 5000), entry("fast", 100)],
-            "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
-            |r| r == "generate",
-        ),
-    ));
-    // The rig's config has no Responses store; this one keeps them in memory.
-    let mut cfg = r.state.config.clone();
-    cfg.responses.store = true;
-    let state = Arc::new(
-        tiergate_engine::state::AppState::build(cfg, None, Some(common::worker_program())).unwrap(),
+    // With the Responses store on (in memory), for the chain.
+    let stage = with_stage(
+        vec![entry("slow", 5000), entry("fast", 100)],
+        "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
+        |r| r == "generate",
     );
-    let r = all_live(Rig {
-        app: tiergate_server::routes::router(state.clone()),
-        admin: tiergate_server::routes::admin_router(state.clone()),
-        state,
-        tiny: r.tiny,
-    });
+    let r = all_live(rig(1, |c: &mut Config| {
+        stage(c);
+        c.responses.store = true;
+    }));
     let send = |uri: &str, body: Value, budget: bool| {
         let mut req = post(uri, body);
         if budget {

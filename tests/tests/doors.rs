@@ -239,13 +239,10 @@ fn tool_calls_travel_through_every_door() {
     tool_calls_on("reranker.engine=\"stub\"", "stub");
 }
 
-fn tool_calls_on(engine: &str, mode: &str) {
-    let work = tempfile::tempdir().unwrap();
-    let ledger = ledger_in(&work);
-    let file = responses_in(&work);
-    let s = start(&[
-        "--set",
-        engine,
+/// A server whose backend calls tools, with a ledger and a Responses store in `work`, and `extra` settings.
+fn tools_server(work: &tempfile::TempDir, extra: &[&str]) -> common::Server {
+    let (ledger, file) = (ledger_in(work), responses_in(work));
+    let mut args = vec![
         "--set",
         "reranker.tools=true",
         "--set",
@@ -254,7 +251,14 @@ fn tool_calls_on(engine: &str, mode: &str) {
         "responses.store=true",
         "--set",
         &file,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    start(&args)
+}
+
+fn tool_calls_on(engine: &str, mode: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let s = tools_server(&work, &["--set", engine]);
     let out = sdk("tool_calls.py", &s.base, &[mode]);
     assert!(out.contains("cases passed"), "{out}");
 }
@@ -267,27 +271,15 @@ fn tool_calls_on(engine: &str, mode: &str) {
 #[test]
 fn the_conformance_matrix_passes() {
     let work = tempfile::tempdir().unwrap();
-    let ledger = ledger_in(&work);
-    let file = responses_in(&work);
     let tenants = format!(
         "tenants=[{{ name = \"a\", key_sha256 = \"{}\" }}, {{ name = \"b\", key_sha256 = \"{}\" }}]",
         key_sha256("key-a"),
         key_sha256("key-b")
     );
-    let s = start(&[
-        "--set",
-        "reranker.engine=\"stub\"",
-        "--set",
-        "reranker.tools=true",
-        "--set",
-        &ledger,
-        "--set",
-        "responses.store=true",
-        "--set",
-        &file,
-        "--set",
-        &tenants,
-    ]);
+    let s = tools_server(
+        &work,
+        &["--set", "reranker.engine=\"stub\"", "--set", &tenants],
+    );
     let out = sdk(
         "conformance_matrix.py",
         &s.base,

@@ -110,13 +110,9 @@ pub struct SteerOverride {
 impl SteerConfig {
     /// Its θ policy: its own, else a static θ of `theta` over `global`'s other fields.
     pub fn policy(&self, global: &RoutingConfig) -> RoutingConfig {
-        self.policy.clone().unwrap_or_else(|| RoutingConfig {
-            mode: RoutingMode::Static,
-            theta_base: self.theta,
-            max_error: None,
-            audit_rate: 0.0,
-            ..global.clone()
-        })
+        self.policy
+            .clone()
+            .unwrap_or_else(|| global.fixed_at(self.theta))
     }
 }
 
@@ -222,13 +218,7 @@ impl StageConfig {
             StageConfig::Table(StageTable {
                 policy: Some(p), ..
             }) => p.clone(),
-            _ => RoutingConfig {
-                mode: RoutingMode::Static,
-                theta_base: self.theta().unwrap_or(0.0),
-                max_error: None,
-                audit_rate: 0.0,
-                ..global.clone()
-            },
+            _ => global.fixed_at(self.theta().unwrap_or(0.0)),
         }
     }
 

@@ -213,8 +213,20 @@ impl RoutingConfig {
         self.validate_risk(at)
     }
 
-    /// Checks a cascade stage's policy: the error bound and the audits are about the answers Tier-0 gives
-    /// alone, decided by the routing policy, not by a later stage's.
+    /// A static θ of `theta` over these fields, without an error bound or audits: the policy of a stage or a
+    /// steered route that sets none of its own.
+    pub fn fixed_at(&self, theta: f64) -> RoutingConfig {
+        RoutingConfig {
+            mode: RoutingMode::Static,
+            theta_base: theta,
+            max_error: None,
+            audit_rate: 0.0,
+            ..self.clone()
+        }
+    }
+
+    /// Checks a cascade stage's (or a steered route's) policy: the error bound and the audits are about the
+    /// answers Tier-0 gives alone, decided by the routing policy, not by a later stage's.
     pub fn validate_stage(&self, at: &str) -> Result<(), ConfigError> {
         self.validate(at)?;
         if self.mode == RoutingMode::Risk || self.max_error.is_some() || self.audit_rate > 0.0 {

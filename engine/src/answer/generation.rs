@@ -35,20 +35,20 @@ pub(super) enum Declined {
 /// choose (the first stage of a route not steered).
 pub(super) async fn generate_route(
     state: &Arc<AppState>,
+    route: &Route,
     v: &ValidChat,
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
-    let route = super::route_of(state, v)?;
-    let steer = super::steer::steered(&route, v, out).await?;
-    let turn = super::session::Turn::open(state, &route, v).await;
-    let (k, stage) = turn.stage(&route, steer.stage)?;
+    let steer = super::steer::steered(route, v, out).await?;
+    let turn = super::session::Turn::open(state, route, v).await;
+    let (k, stage) = turn.stage(route, steer.stage)?;
     if v.uses_tools() {
         calls_tools(state, &v.route, &stage)?;
     }
-    let job = super::steer::job(&route, &steer, v);
-    let body = generate(state, &route, &stage, v, job, 0, out).await;
+    let job = super::steer::job(route, &steer, v);
+    let body = generate(state, route, &stage, v, job, 0, out).await;
     if body.is_ok() {
-        turn.close(state, &route, k, out).await;
+        turn.close(state, route, k, out).await;
     }
     match body {
         Ok(body) => Ok(body),

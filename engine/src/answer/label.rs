@@ -24,11 +24,10 @@ use crate::state::{AppState, Route};
 
 pub(super) async fn classified(
     state: &Arc<AppState>,
+    route: &Route,
     v: &ValidChat,
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
-    let route = super::route_of(state, v)?;
-    let route = &*route;
     let pred = super::tier0::tier0(route, v, out).await?;
     let mut d = decide(state, route, pred, v.forced, out);
     // Classified with context, outside the bound's calibration: while a bound is set, the LLM decides.

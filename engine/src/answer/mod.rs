@@ -105,8 +105,8 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
         ran,
     };
     let admitted = admit(state, v, step).map_err(|e| decline(e, false))?;
-    // What Tier-0 reads (and the cache keys, the LLM reranks): the last turn, with its context if the route
-    // reads one.
+    // The route as it is now, kept to the end (a head promoted meanwhile is not half seen). What Tier-0 reads
+    // (and the cache keys, the LLM reranks): the last turn, with its context if the route reads one.
     let route = route_of(state, v).map_err(|e| decline(e, false))?;
     let (v, context) = context::with_context(&route, v);
     let v = &*v;
@@ -119,11 +119,13 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
     let body = match v.kind {
         RouteKind::Generate => {
             let span = tracing::info_span!(target: TARGET, "generation");
-            generation::generate_route(state, v, &mut out)
+            generation::generate_route(state, &route, v, &mut out)
                 .instrument(span)
                 .await
         }
-        RouteKind::Classify | RouteKind::Answer => label::classified(state, v, &mut out).await,
+        RouteKind::Classify | RouteKind::Answer => {
+            label::classified(state, &route, v, &mut out).await
+        }
     };
     match body {
         Ok(body) => {
@@ -141,8 +143,7 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
     }
 }
 
-/// The route `v` names, as it is now (kept to the end of the request: a head promoted meanwhile is not half
-/// seen).
+/// The route `v` names, as it is now.
 fn route_of(
     state: &AppState,
     v: &ValidChat,

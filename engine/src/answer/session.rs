@@ -3,6 +3,8 @@
 //! pinned backend first when that backend's breaker lets it and it fits the budget ([`crate::answer::select`])
 //! — and written once a backend has started the turn.
 
+use std::borrow::Cow;
+
 use crate::answer::outcome::{Outcome, Tier};
 use crate::answer::request::ValidChat;
 use crate::error::EngineError;
@@ -34,15 +36,19 @@ impl Turn {
 
     /// The stage the turn runs on (`steered`, or the pinned stage when that is stronger) and that stage as
     /// this turn sees it (its pinned backend first).
-    pub fn stage(&self, route: &Route, steered: usize) -> Result<(usize, Stage), EngineError> {
+    pub fn stage<'r>(
+        &self,
+        route: &'r Route,
+        steered: usize,
+    ) -> Result<(usize, Cow<'r, Stage>), EngineError> {
         let pinned = self.pin.as_ref().filter(|p| p.stage < route.stages.len());
         let k = pinned.map_or(steered, |p| p.stage.max(steered));
         let stage = route.stages.get(k).ok_or_else(|| {
             EngineError::Internal(format!("route `{}` has no stage {k}", route.name))
         })?;
         Ok(match pinned {
-            Some(p) if p.stage == k => (k, stage.pinned_to(&p.backend)),
-            _ => (k, stage.clone()),
+            Some(p) if p.stage == k => (k, Cow::Owned(stage.pinned_to(&p.backend))),
+            _ => (k, Cow::Borrowed(stage)),
         })
     }
 

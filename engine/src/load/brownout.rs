@@ -146,11 +146,7 @@ impl Ladder {
 /// Whether a stage whose alternatives' own pressures are `pressures` may generate at `step`: always at
 /// `normal`, never at `shed`, and in between while one of them is calm (below `calm`, the first `leave`).
 pub fn stage_generates(step: Step, mut pressures: impl Iterator<Item = f64>, calm: f64) -> bool {
-    match step {
-        Step::Normal => true,
-        Step::Shed => false,
-        Step::RerankOnly | Step::Tier0Only => pressures.any(|p| p < calm),
-    }
+    step.generates() || (step < Step::Shed && pressures.any(|p| p < calm))
 }
 
 /// What a step refuses outright: every chat request at `shed`, generations from `rerank_only` on (429 with

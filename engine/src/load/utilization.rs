@@ -84,12 +84,8 @@ pub fn observe_brownout(state: &AppState, u: f64) {
     // Each backend's own pressure (kept: a calm stage may generate while a busy one holds the step up). u is
     // its own part only when it is a shared device's (NVML, the fleet's query, a manual value): the workers'
     // u is the busiest first stage's, not every backend's.
-    let source = state
-        .routing
-        .policy
-        .live_view(std::time::Instant::now())
-        .utilization_in_use;
-    let shared_u = if source == "workers" { 0.0 } else { u };
+    let workers = state.routing.policy.utilization_source() == "workers";
+    let shared_u = if workers { 0.0 } else { u };
     let llm = state
         .llms()
         .map(|(_, l)| {

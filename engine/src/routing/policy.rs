@@ -140,6 +140,11 @@ impl Policy {
         }
     }
 
+    /// Where u comes from now (`workers`, `nvml`, `prometheus`, `manual`, `none`).
+    pub fn utilization_source(&self) -> &'static str {
+        self.live.lock().map_or("none", |l| l.source)
+    }
+
     /// θ_eff now.
     pub fn theta_eff(&self, now: Instant) -> f64 {
         let p = self.current();
