@@ -10,7 +10,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 rev="${1:-HEAD}" out="${2:-/tmp/coldstart}" port="${3:-18080}"
 rm -rf "$out" && mkdir -p "$out"
-export CARGO_HOME="$out/cargo-home" CARGO_TARGET_DIR="$out/target"
+# An empty pip cache too: the model wheels download as on a fresh machine.
+export CARGO_HOME="$out/cargo-home" CARGO_TARGET_DIR="$out/target" PIP_CACHE_DIR="$out/pip-cache"
 # Every cargo build the serve script runs writes a `--timings` report.
 export TIERGATE_CARGO_FLAGS="--timings"
 start=$(date +%s.%N)
