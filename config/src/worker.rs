@@ -22,6 +22,13 @@ pub struct WorkerSpec {
     /// Where the worker exports its job spans (the server's own OTLP endpoint); `None`: not exported.
     #[serde(default)]
     pub telemetry: Option<WorkerTelemetry>,
+    /// A JSON file of rerank jobs (`tiergate_queue::Job`s) the server built from its routes' labels: the
+    /// worker scores them before it says it is ready. `None`: no warm-up.
+    #[serde(default)]
+    pub warmup: Option<PathBuf>,
+    /// The most time the warm-up may take, milliseconds (`[reranker] warmup_ms`).
+    #[serde(default)]
+    pub warmup_ms: u64,
 }
 
 fn default_max_concurrent() -> usize {
@@ -121,6 +128,8 @@ impl WorkerSpec {
             max_concurrent: r.max_concurrent,
             heartbeat_ms: default_heartbeat_ms(),
             telemetry: None,
+            warmup: None,
+            warmup_ms: r.warmup_ms,
         }
     }
 
@@ -141,6 +150,8 @@ impl WorkerSpec {
             max_concurrent: default_max_concurrent(),
             heartbeat_ms: default_heartbeat_ms(),
             telemetry: None,
+            warmup: None,
+            warmup_ms: 0,
         }
     }
 }

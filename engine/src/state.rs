@@ -76,13 +76,15 @@ impl AppState {
             config.batch.max_llm_wait_ms,
         )));
         let mut backends = Vec::new();
-        for b in &resolved.backends {
+        for (i, b) in resolved.backends.iter().enumerate() {
             let llm = if b.config.workers > 0 {
+                let warmup = crate::backends::warmup::jobs(i, &routes, &order);
                 Some(start_backend(
                     &b.name,
                     &b.config,
                     gate.clone(),
                     worker_program.clone(),
+                    &warmup,
                 )?)
             } else {
                 None
@@ -560,15 +562,17 @@ pub fn start_llm(
     worker_program: Option<PathBuf>,
 ) -> anyhow::Result<Llm> {
     let gate = Arc::new(crate::backends::priority::Gate::new(max_llm_wait));
-    start_backend(&backend.name, &backend.config, gate, worker_program)
+    start_backend(&backend.name, &backend.config, gate, worker_program, &[])
 }
 
 /// Creates backend `backend`'s segment and starts its workers; batch lines wait at `gate` (shared by all).
+/// A local (`mistralrs`) worker scores `warmup` ([`crate::backends::warmup`]) before it is ready.
 pub fn start_backend(
     backend: &str,
     r: &tiergate_config::RerankerConfig,
     gate: Arc<crate::backends::priority::Gate>,
     worker_program: Option<PathBuf>,
+    warmup: &[tiergate_queue::Job],
 ) -> anyhow::Result<Llm> {
     if r.engine == tiergate_config::EngineKind::Mistralrs && r.workers > 0 {
         crate::backends::preflight::check_local_model(&r.model)?;
@@ -597,6 +601,13 @@ pub fn start_backend(
         r.program.clone()
     };
     let mut spec = tiergate_config::WorkerSpec::of(r);
+    let warmup = match r.engine {
+        tiergate_config::EngineKind::Mistralrs if r.warmup_ms > 0 => {
+            crate::backends::warmup::write(warmup)?
+        }
+        _ => None,
+    };
+    spec.warmup = warmup.as_ref().map(|p| p.to_path_buf());
     // The worker exports its job spans where this server exports its own.
     spec.telemetry = tiergate_telemetry::export().map(|e| tiergate_config::WorkerTelemetry {
         endpoint: e.url.clone(),
@@ -645,5 +656,6 @@ pub fn start_backend(
         ),
         tools: r.tools,
         pressure: std::sync::atomic::AtomicU64::new(0),
+        warmup,
     })
 }

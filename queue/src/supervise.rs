@@ -257,6 +257,15 @@ fn spawn(cfg: &SupervisorConfig, i: usize, p: &mut Proc) {
             p.started = Instant::now();
             p.watch = Watch::new();
         }
+        // Not there (yet): `scripts/tiergate` starts the server while cargo still builds the worker. Said once,
+        // then looked for every backoff_initial × 10.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if p.failures == 0 {
+                tracing::warn!(worker = i, program = %cfg.program.display(), "worker program not found (still building?): waiting for it");
+            }
+            p.failures = 1;
+            p.next_start = Instant::now() + cfg.backoff_initial * 10;
+        }
         Err(e) => {
             tracing::error!(worker = i, error = %e, program = %cfg.program.display(), "cannot start worker");
             p.failures += 1;

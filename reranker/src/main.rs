@@ -167,8 +167,24 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
     let cfg = ServeConfig {
         max_concurrent: spec.max_concurrent,
         heartbeat,
+        warmup: warmup_jobs(spec),
+        warmup_budget: Duration::from_millis(spec.warmup_ms),
     };
     Ok(serve(worker, engine, cfg))
+}
+
+/// The server's warm-up jobs (`spec.warmup`); an unreadable file is logged and means no warm-up.
+fn warmup_jobs(spec: &WorkerSpec) -> Vec<tiergate_queue::Job> {
+    let Some(path) = &spec.warmup else {
+        return Vec::new();
+    };
+    let read = std::fs::read(path)
+        .map_err(anyhow::Error::from)
+        .and_then(|b| Ok(serde_json::from_slice(&b)?));
+    read.unwrap_or_else(|e: anyhow::Error| {
+        tracing::warn!(path = %path.display(), error = %e, "cannot read the warm-up jobs: none run");
+        Vec::new()
+    })
 }
 
 #[cfg(feature = "llm")]

@@ -15,12 +15,16 @@ use crate::engine::{Engine, EngineError, Piece, Scored};
 use crate::trace::JobTrace;
 
 /// Loop settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Jobs run at once (each on its own thread; the engine batches them).
     pub max_concurrent: usize,
     /// Heartbeat period.
     pub heartbeat: Duration,
+    /// Rerank jobs scored before the worker says it is ready (the server's warm-up), and the most time they
+    /// may take.
+    pub warmup: Vec<Job>,
+    pub warmup_budget: Duration,
 }
 
 /// Serves jobs until the server shuts down or disappears. Returns the process exit code.
@@ -30,6 +34,7 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
         tracing::error!(error = %e, "cannot start the heartbeat thread");
         return 1;
     }
+    warm(engine.as_ref(), &cfg.warmup, cfg.warmup_budget);
     worker.set_ready(true);
     tracing::info!(engine = engine.name(), "worker ready");
     // A fixed set of job threads, each taking jobs itself: no thread spawn and no hand-off on the job path.
@@ -63,6 +68,43 @@ pub fn serve(worker: QueueWorker, engine: Arc<dyn Engine>, cfg: ServeConfig) -> 
         let _ = t.join();
     }
     0
+}
+
+/// Scores the warm-up jobs one after another (the heartbeat runs; the worker is not ready yet), stopping at
+/// `budget`: the label prefixes and the first passes are then built before the first real escalation.
+/// A failing job is logged and skipped: a warm-up never keeps a worker from serving.
+pub fn warm(engine: &dyn Engine, jobs: &[Job], budget: Duration) {
+    if jobs.is_empty() {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let over = || start.elapsed() >= budget;
+    let mut done = 0;
+    for job in jobs {
+        let Job::Rerank {
+            text,
+            candidates,
+            prompt,
+        } = job
+        else {
+            continue;
+        };
+        if over() {
+            break;
+        }
+        match engine.score(text, candidates, prompt, &over) {
+            Ok(_) => done += 1,
+            Err(EngineError::Cancelled) => break,
+            Err(e) => tracing::warn!(error = %e, "warm-up job failed"),
+        }
+    }
+    tracing::info!(
+        jobs = done,
+        of = jobs.len(),
+        seconds = start.elapsed().as_secs_f64(),
+        complete = done == jobs.len(),
+        "warm-up done"
+    );
 }
 
 /// Starts the heartbeat thread: liveness and busy time every `period`, and the process's exit when the server
@@ -291,4 +333,90 @@ pub(crate) async fn dispatch(runner: &impl Runner, job: TakenJob) {
     }
     .instrument(span)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An engine whose scoring takes `each` and counts its calls (what `warm` does with jobs is the question
+    /// here, not what a model does with them).
+    struct Counting {
+        each: Duration,
+        calls: AtomicUsize,
+    }
+
+    impl Engine for Counting {
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn score(
+            &self,
+            _: &str,
+            candidates: &[Candidate],
+            _: &PromptConfig,
+            cancelled: &dyn Fn() -> bool,
+        ) -> Result<Scored, EngineError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(self.each);
+            if cancelled() {
+                return Err(EngineError::Cancelled);
+            }
+            Ok(Scored {
+                scores: vec![0.0; candidates.len()],
+                prompt_tokens: 1,
+            })
+        }
+        fn generate(
+            &self,
+            _: &[Message],
+            _: &Sampling,
+            _: Option<&Tools>,
+            _: &mut dyn FnMut(Piece<'_>) -> bool,
+        ) -> Result<Usage, EngineError> {
+            Err(EngineError::Invalid("no generation here".into()))
+        }
+    }
+
+    fn jobs(n: usize) -> Vec<Job> {
+        (0..n)
+            .map(|i| Job::Rerank {
+                text: format!("query {i}"),
+                candidates: vec![Candidate {
+                    label: format!("label {i}"),
+                    reply: None,
+                    description: None,
+                    examples: vec![],
+                    p: 1.0,
+                }],
+                prompt: PromptConfig::default(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_warm_up_scores_every_job_within_its_budget() {
+        let e = Counting {
+            each: Duration::from_millis(1),
+            calls: AtomicUsize::new(0),
+        };
+        warm(&e, &jobs(5), Duration::from_secs(10));
+        assert_eq!(e.calls.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn the_warm_up_stops_at_its_budget() {
+        let e = Counting {
+            each: Duration::from_millis(40),
+            calls: AtomicUsize::new(0),
+        };
+        let t = std::time::Instant::now();
+        warm(&e, &jobs(50), Duration::from_millis(100));
+        let calls = e.calls.load(Ordering::Relaxed);
+        assert!((2..=4).contains(&calls), "{calls} jobs started");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
 }

@@ -432,10 +432,15 @@ fn no_crate_but_config_reads_the_reranker_section() {
 
 /// Package → its enabled features, from `cargo tree` over the workspace with the given edge kinds.
 fn features(edges: &str) -> HashMap<String, HashSet<String>> {
+    features_of("--workspace", edges)
+}
+
+/// [`features`] for a selection of packages (`--workspace`, `-ptiergate-cli`).
+fn features_of(selection: &str, edges: &str) -> HashMap<String, HashSet<String>> {
     let out = cargo(&[
         "tree",
         "--offline",
-        "--workspace",
+        selection,
         "--prefix",
         "none",
         "-e",
@@ -477,6 +482,32 @@ fn the_binaries_and_the_tests_build_shared_dependencies_alike() {
         .filter_map(|(p, f)| {
             let extra: Vec<&String> = all.get(p)?.difference(f).collect();
             (!extra.is_empty()).then(|| format!("{p}: the tests add {extra:?}"))
+        })
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "pin these in hack/Cargo.toml: {differ:#?}"
+    );
+}
+
+/// `scripts/tiergate` serves as soon as cargo has linked `tiergate`, and a build of `-p tiergate-cli` alone
+/// must not compile shared dependencies with other features than the workspace build (the worker's
+/// dependencies turn on more in crates `tiergate` shares): else the workspace build after it recompiles them
+/// and everything above. A new difference goes into `hack/Cargo.toml`.
+#[test]
+fn the_server_alone_and_the_workspace_build_shared_dependencies_alike() {
+    let server = features_of("-ptiergate-cli", "normal,build");
+    let all = features("normal,build");
+    assert!(
+        server.len() > 100,
+        "cargo tree listed {} packages",
+        server.len()
+    );
+    let differ: Vec<String> = server
+        .iter()
+        .filter_map(|(p, f)| {
+            let extra: Vec<&String> = all.get(p)?.difference(f).collect();
+            (!extra.is_empty()).then(|| format!("{p}: the workspace adds {extra:?}"))
         })
         .collect();
     assert!(

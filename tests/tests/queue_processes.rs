@@ -754,3 +754,31 @@ fn stale_segments_are_removed_and_live_ones_never_touched() {
     assert!(tiergate_queue::layout::sweep_stale(&other) >= 1);
     assert!(!std::path::Path::new(&format!("/dev/shm/{other}")).exists());
 }
+
+/// A worker program that is not there yet (`scripts/tiergate` serves while cargo still builds the worker) is
+/// waited for, not given up on: once it appears the supervisor starts it and it serves.
+#[test]
+fn a_worker_program_that_appears_later_is_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let later = dir.path().join("tiergate-reranker");
+    let r = rig_with(8, 1, &[], |c| c.program = later.clone());
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(r.client.live_workers(), 0);
+    std::os::unix::fs::symlink(binary("tiergate-reranker"), &later).unwrap();
+    let t = Instant::now();
+    while r.client.live_workers() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the worker was not started once its program appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let h = r
+        .client
+        .submit(
+            &rerank_job("my card has not arrived"),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert!(matches!(h.wait_reply().unwrap(), Reply::Rerank(_)));
+}

@@ -19,11 +19,15 @@ pub struct ServeArgs {
     pub admin_listen: Option<SocketAddr>,
 }
 
-/// The worker binary shipped next to this one.
+/// The worker program of a backend whose `program` is empty: `TIERGATE_WORKER_PROGRAM` where set, else the
+/// binary shipped next to this one. It may not be there yet (`scripts/tiergate` serves while cargo still builds
+/// it, and links it there when done): the supervisor starts it once it is.
 pub fn worker_program() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TIERGATE_WORKER_PROGRAM").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
     let exe = std::env::current_exe().ok()?;
-    let p = exe.parent()?.join("tiergate-reranker");
-    p.is_file().then_some(p)
+    Some(exe.parent()?.join("tiergate-reranker"))
 }
 
 pub fn run(

@@ -101,6 +101,11 @@ pub struct RerankerConfig {
     /// say so, and a route with none answers 400. The model's chat template must render tools (Qwen2.5's
     /// does, SmolLM2's does not); the `openai` engine hands them to its upstream.
     pub tools: bool,
+    /// How long a starting local worker (`mistralrs`) may spend scoring the server's warm-up jobs before it
+    /// says it is ready, milliseconds: one rerank per chunk of each escalating route's labels, so the label
+    /// prefixes and first passes are built before the first real escalation (and again after a restart).
+    /// 0: no warm-up. Counts in `load_timeout_ms`.
+    pub warmup_ms: u64,
 }
 
 impl Default for RerankerConfig {
@@ -138,6 +143,7 @@ impl Default for RerankerConfig {
             candidates: 5,
             max_in_flight: 0,
             tools: false,
+            warmup_ms: 120_000,
         }
     }
 }
@@ -250,6 +256,12 @@ impl RerankerConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.heartbeat_timeout_ms"),
                 "must be at least 100 (workers heartbeat every 100 ms)",
+            ));
+        }
+        if self.warmup_ms >= self.load_timeout_ms {
+            return Err(ConfigError::invalid(
+                format!("{at}.warmup_ms"),
+                "must be below load_timeout_ms (the warm-up is part of a worker's start)",
             ));
         }
         for (name, v) in [

@@ -43,6 +43,8 @@ pub struct Llm {
     pub tools: bool,
     /// Its own brownout pressure at the last reading (f64 bits; [`crate::load::brownout::pressure`]).
     pub pressure: std::sync::atomic::AtomicU64,
+    /// The warm-up file its workers read at each start (removed when the backend is dropped).
+    pub warmup: Option<tempfile::TempPath>,
 }
 
 /// The `[reranker]` bounds a submission is checked against.

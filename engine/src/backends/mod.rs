@@ -9,3 +9,4 @@ pub mod fair;
 pub mod llm;
 pub mod preflight;
 pub mod priority;
+pub mod warmup;

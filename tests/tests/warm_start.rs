@@ -1,0 +1,108 @@
+//! The first escalation as fast as the hundredth: `tiergate serve` with the Qwen2.5-Coder-0.5B judge (channel
+//! formulation: each candidate's label prefix is prefilled once and cached), every classify request escalated
+//! (static θ = 0) under a short rerank deadline. With the warm-up (`[reranker] warmup_ms`, on by default) the
+//! worker scores one rerank per chunk of the route's labels before it is ready, so the first escalations after
+//! `/ready` find their prefixes built and are served by the LLM; without it (`warmup_ms = 0`, the control) the
+//! first ones build them on the request path and overrun the same deadline (degraded `deadline`/`timeout`).
+//!
+//! The deadline (`DEADLINE_MS`, 500 ms) sits between the two, measured here with it at 5 s (3 runs, 2 cores):
+//! the warm-up scores 5 jobs in 3.9–4.4 s; a warmed worker's first six escalations take 164–263 ms (request
+//! to reply; 162–290 ms in two more runs at 450 ms); a cold worker's first one 800–914 ms (its five prefixes
+//! prefilled), then 341–1,043 ms; at 450 ms its first four degraded `deadline` and the next were refused at
+//! once as out of reach (`deadline_unreachable`): the failure the warm-up removes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
+
+use std::path::PathBuf;
+
+use tiergate_tests::root;
+
+mod common;
+
+const DEADLINE_MS: u64 = 500;
+
+/// Queries about different intents of the embedded bank label set (each escalation shows its top five).
+const QUERIES: &[&str] = &[
+    "I lost my card yesterday",
+    "What is the exchange rate for euros?",
+    "How do I change my address?",
+    "My transfer has not arrived",
+    "Can I get a loan?",
+    "Why was I charged a fee?",
+];
+
+fn qwen() -> PathBuf {
+    let p =
+        root().join("models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        p.is_file(),
+        "{} not fetched: run scripts/fetch-models.sh --judge qwen2.5-0.5b",
+        p.display()
+    );
+    p
+}
+
+fn serve(warmup_ms: u64) -> common::Server {
+    let model = format!("reranker.model={:?}", qwen().display().to_string());
+    let deadline = format!("reranker.rerank_deadline_ms={DEADLINE_MS}");
+    let warmup = format!("reranker.warmup_ms={warmup_ms}");
+    common::start(&[
+        "--set",
+        &model,
+        "--set",
+        &deadline,
+        // The service time assumed before any is measured: below the deadline, so the first escalations are
+        // tried (a prior above it would degrade them before they reach the worker).
+        "--set",
+        "reranker.rerank_prior_ms=100",
+        "--set",
+        &warmup,
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=0.0",
+    ])
+}
+
+/// The first escalations after `/ready`, one at a time: (tier, degradation reason, milliseconds).
+fn first_escalations(s: &common::Server) -> Vec<(String, String, u128)> {
+    QUERIES
+        .iter()
+        .map(|q| {
+            let t = std::time::Instant::now();
+            let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+                .send_json(serde_json::json!({
+                    "model": "classify",
+                    "messages": [{"role": "user", "content": q}]
+                }))
+                .unwrap();
+            let header = |h: &str| r.header(h).unwrap_or("").to_string();
+            (
+                header("x-tiergate-tier"),
+                header("x-tiergate-degraded"),
+                t.elapsed().as_millis(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_warmed_worker_serves_its_first_escalations_and_a_cold_one_does_not() {
+    let warm = first_escalations(&serve(60_000));
+    eprintln!("warm worker, first escalations: {warm:?}");
+    for (i, (tier, degraded, _)) in warm.iter().enumerate() {
+        assert_eq!(
+            (tier.as_str(), degraded.as_str()),
+            ("llm", ""),
+            "escalation {i} of a warmed worker: {warm:?}"
+        );
+    }
+    // The control: the same deadline without the warm-up degrades the first escalation (its five prefixes
+    // are built on the request path), so the check above can fail.
+    let cold = first_escalations(&serve(0));
+    eprintln!("cold worker, first escalations: {cold:?}");
+    assert_ne!(
+        cold[0].1, "",
+        "the first escalation of a cold worker was served in time: {cold:?}"
+    );
+}
