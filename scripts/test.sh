@@ -52,5 +52,9 @@ fi
 # The end-to-end tests run the workspace's binaries (`tiergate`, `tiergate-reranker`): `cargo test` builds
 # only the binaries of packages that have integration tests of their own, so build them all first (the same
 # dependency builds: see hack/).
+t=$SECONDS
 cargo build --workspace --bins
+echo "test: the binaries' build took $((SECONDS - t)) s (installs and fetches before it: $t s)" >&2
+t=$SECONDS
 cargo test --workspace --all-targets --features tiergate-tests/real "$@"
+echo "test: cargo test (its build and every test) took $((SECONDS - t)) s" >&2
