@@ -25,6 +25,20 @@ pub fn minilm_dir() -> PathBuf {
     dir
 }
 
+/// The Qwen2.5-Coder-0.5B judge's file (`scripts/fetch-models.sh --judge qwen2.5-0.5b`, which
+/// `scripts/test.sh` runs): the tests that need it run under `--features real`, where a missing file is a
+/// failure, never a silent pass.
+pub fn qwen_judge() -> PathBuf {
+    let p =
+        root().join("models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        p.is_file(),
+        "{} not fetched: run scripts/fetch-models.sh --judge qwen2.5-0.5b",
+        p.display()
+    );
+    p
+}
+
 /// A binary of this workspace built next to the running test (`scripts/test.sh` builds them all before the
 /// tests: `cargo test` alone builds only the binaries of packages with integration tests of their own).
 pub fn binary(name: &str) -> PathBuf {

@@ -228,13 +228,7 @@ fn stored_responses_continue_for_their_tenant_only() {
 /// held to: parallel and named calls, a 20-turn conversation at the size limits).
 #[test]
 fn tool_calls_travel_through_every_door() {
-    let qwen =
-        root().join("models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(
-        qwen.is_file(),
-        "{} missing: scripts/fetch-models.sh --judge qwen2.5-0.5b",
-        qwen.display()
-    );
+    let qwen = tiergate_tests::qwen_judge();
     tool_calls_on(&format!("reranker.model=\"{}\"", qwen.display()), "model");
     tool_calls_on("reranker.engine=\"stub\"", "stub");
 }

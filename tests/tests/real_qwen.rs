@@ -29,17 +29,9 @@ const TOL: f32 = 2e-3;
 const INT8_MEAN: f32 = 0.3;
 const INT8_MAX: f32 = 1.0;
 
-/// The judge's weights: these tests run only under `--features real`, where a missing model is a failure
-/// (scripts/test.sh fetches it), never a silent pass.
+/// The judge's weights ([`tiergate_tests::qwen_judge`]).
 fn qwen() -> PathBuf {
-    let p =
-        root().join("models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(
-        p.is_file(),
-        "{} not fetched: run scripts/fetch-models.sh --judge qwen2.5-0.5b",
-        p.display()
-    );
-    p
+    tiergate_tests::qwen_judge()
 }
 
 #[test]

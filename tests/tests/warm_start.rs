@@ -13,10 +13,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::path::PathBuf;
-
-use tiergate_tests::root;
-
 mod common;
 
 const DEADLINE_MS: u64 = 500;
@@ -31,19 +27,11 @@ const QUERIES: &[&str] = &[
     "Why was I charged a fee?",
 ];
 
-fn qwen() -> PathBuf {
-    let p =
-        root().join("models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(
-        p.is_file(),
-        "{} not fetched: run scripts/fetch-models.sh --judge qwen2.5-0.5b",
-        p.display()
-    );
-    p
-}
-
 fn serve(warmup_ms: u64) -> common::Server {
-    let model = format!("reranker.model={:?}", qwen().display().to_string());
+    let model = format!(
+        "reranker.model={:?}",
+        tiergate_tests::qwen_judge().display().to_string()
+    );
     let deadline = format!("reranker.rerank_deadline_ms={DEADLINE_MS}");
     let warmup = format!("reranker.warmup_ms={warmup_ms}");
     common::start(&[
