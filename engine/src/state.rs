@@ -78,7 +78,11 @@ impl AppState {
         let mut backends = Vec::new();
         for (i, b) in resolved.backends.iter().enumerate() {
             let llm = if b.config.workers > 0 {
-                let warmup = crate::backends::warmup::jobs(i, &routes, &order);
+                let warmup = if crate::backends::warmup::wanted(&b.config) {
+                    crate::backends::warmup::jobs(i, &routes, &order)
+                } else {
+                    Vec::new()
+                };
                 Some(start_backend(
                     &b.name,
                     &b.config,
@@ -566,7 +570,7 @@ pub fn start_llm(
 }
 
 /// Creates backend `backend`'s segment and starts its workers; batch lines wait at `gate` (shared by all).
-/// A local (`mistralrs`) worker scores `warmup` ([`crate::backends::warmup`]) before it is ready.
+/// Its workers score `warmup` ([`crate::backends::warmup`]; empty: none) before they are ready.
 pub fn start_backend(
     backend: &str,
     r: &tiergate_config::RerankerConfig,
@@ -601,12 +605,7 @@ pub fn start_backend(
         r.program.clone()
     };
     let mut spec = tiergate_config::WorkerSpec::of(r);
-    let warmup = match r.engine {
-        tiergate_config::EngineKind::Mistralrs if r.warmup_ms > 0 => {
-            crate::backends::warmup::write(warmup)?
-        }
-        _ => None,
-    };
+    let warmup = crate::backends::warmup::write(warmup)?;
     spec.warmup = warmup.as_ref().map(|p| p.to_path_buf());
     // The worker exports its job spans where this server exports its own.
     spec.telemetry = tiergate_telemetry::export().map(|e| tiergate_config::WorkerTelemetry {

@@ -40,15 +40,17 @@ struct Rig {
 
 fn rig(slots: usize, workers: usize, stub_args: &[&str]) -> Rig {
     let r = rig_with(slots, workers, stub_args, |_| {});
+    wait_live(&r.client, workers, "workers did not become ready");
+    r
+}
+
+/// Waits up to 10 s for `n` live workers, failing with `why`.
+fn wait_live(client: &Client, n: usize, why: &str) {
     let start = Instant::now();
-    while r.client.live_workers() < workers {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "workers did not become ready"
-        );
+    while client.live_workers() < n {
+        assert!(start.elapsed() < Duration::from_secs(10), "{why}");
         std::thread::sleep(Duration::from_millis(10));
     }
-    r
 }
 
 /// A rig whose supervisor settings `tweak` may change; does not wait for the workers.
@@ -603,14 +605,7 @@ fn a_job_stuck_in_the_engine_gets_its_worker_killed_and_restarted() {
     all_slots_come_back(&r.seg);
     // The restarted worker registers and is live again (its own first job would get stuck too: the knob
     // counts per process).
-    let t = Instant::now();
-    while r.client.live_workers() == 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the worker did not come back"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_live(&r.client, 1, "the worker did not come back");
 }
 
 /// A worker past a job's deadline that is still making progress (its engine's count of finished work
@@ -765,14 +760,11 @@ fn a_worker_program_that_appears_later_is_started() {
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(r.client.live_workers(), 0);
     std::os::unix::fs::symlink(binary("tiergate-reranker"), &later).unwrap();
-    let t = Instant::now();
-    while r.client.live_workers() == 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the worker was not started once its program appeared"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_live(
+        &r.client,
+        1,
+        "the worker was not started once its program appeared",
+    );
     let h = r
         .client
         .submit(
