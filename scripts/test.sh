@@ -19,10 +19,11 @@ if ! "$python" -c "import anthropic" >/dev/null 2>&1; then
 fi
 if ! "$python" -c "import llama_cpp.server" >/dev/null 2>&1; then
   # The openai engine's test runs a real llama.cpp server (llama-cpp-python has no binary wheels: this
-  # compiles llama.cpp once, a few minutes). Generic x86-64 flags: a native build can use instructions the
-  # CPU reports but the VM does not allow.
+  # compiles llama.cpp once, a few minutes; pip keeps the wheel it built and reinstalls from it). Generic x86-64
+  # flags: a native build can use instructions the CPU reports but the VM does not allow. Without libmtmd
+  # (LLAVA_BUILD=OFF): the multimodal library only a llava/mtmd chat format loads, which no test uses.
   echo "test: installing llama-cpp-python[server] (real upstream for the openai engine test)" >&2
-  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON}" \
+  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF}" \
     "$python" -m pip install --quiet "llama-cpp-python[server]==0.3.36" \
     || { echo "test: cannot install llama-cpp-python[server] with pip" >&2; exit 1; }
 fi
@@ -55,6 +56,14 @@ fi
 t=$SECONDS
 cargo build --workspace --bins
 echo "test: the binaries' build took $((SECONDS - t)) s (installs and fetches before it: $t s)" >&2
+# cargo-nextest runs every test in its own process, two at a time across test binaries (.config/nextest.toml
+# keeps the LLM tests one at a time and the latency tests alone); without it, `cargo test` runs the same tests,
+# one binary after another (about 1.7 times as long here).
 t=$SECONDS
-cargo test --workspace --all-targets --features tiergate-tests/real "$@"
-echo "test: cargo test (its build and every test) took $((SECONDS - t)) s" >&2
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --all-targets --features tiergate-tests/real "$@"
+else
+  echo "test: cargo-nextest not found (cargo install cargo-nextest --locked): running cargo test" >&2
+  cargo test --workspace --all-targets --features tiergate-tests/real "$@"
+fi
+echo "test: the test build and every test took $((SECONDS - t)) s" >&2

@@ -233,6 +233,12 @@ fn tool_calls_travel_through_every_door() {
     tool_calls_on("reranker.engine=\"stub\"", "stub");
 }
 
+/// A generation's deadline for these runs (the Qwen one needs it): mistralrs spends about 160 ms a token
+/// on this model on two cores, prompt tokens included (a tool turn's prompt is 140–200), so one turn takes up
+/// to ~35 s alone and twice that when another test shares the cores. The cases assert what travels through
+/// the doors, not how fast: five minutes, the same as the client's timeout in `tool_calls.py`.
+const GENERATE_DEADLINE: &str = "reranker.generate_deadline_ms=300000";
+
 /// A server whose backend calls tools, with a ledger and a Responses store in `work`, and `extra` settings.
 fn tools_server(work: &tempfile::TempDir, extra: &[&str]) -> common::Server {
     let (ledger, file) = (ledger_in(work), responses_in(work));
@@ -252,7 +258,7 @@ fn tools_server(work: &tempfile::TempDir, extra: &[&str]) -> common::Server {
 
 fn tool_calls_on(engine: &str, mode: &str) {
     let work = tempfile::tempdir().unwrap();
-    let s = tools_server(&work, &["--set", engine]);
+    let s = tools_server(&work, &["--set", engine, "--set", GENERATE_DEADLINE]);
     let out = sdk("tool_calls.py", &s.base, &[mode]);
     assert!(out.contains("cases passed"), "{out}");
 }
