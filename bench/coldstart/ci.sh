@@ -6,22 +6,15 @@
 # step's time in it) and OUT/times.txt.
 #
 # usage: bench/coldstart/ci.sh [REV] [OUT]     (defaults HEAD /tmp/coldci)
-# Run it on a quiet machine: nothing else building or testing. It needs ~25 GB of disk for the target directory.
+# Run it on a quiet machine: nothing else building or testing. Its target directory took 6.5 GB.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 rev="${1:-HEAD}" out="${2:-/tmp/coldci}"
-rm -rf "$out" && mkdir -p "$out"
-export CARGO_HOME="$out/cargo-home" CARGO_TARGET_DIR="$out/target" PIP_CACHE_DIR="$out/pip-cache"
 # The toolchain's proxies and cargo-nextest stay reachable from the usual cargo home's bin.
 export PATH="$HOME/.cargo/bin:$PATH"
+source "$root/bench/coldstart/fresh.sh"
 python3 -m venv "$out/venv"
 export PATH="$out/venv/bin:$PATH"
-start=$(date +%s.%N)
-mark() { printf '%-24s %7.1f s\n' "$1" "$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$out/times.txt"; }
-git clone -q "$root" "$out/clone"
-git -C "$out/clone" checkout -q "$rev"
-cd "$out/clone"
-mark cloned
 rc=0
 .ci/run >"$out/ci.log" 2>&1 || rc=$?
 mark ".ci/run exited $rc"

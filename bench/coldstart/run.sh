@@ -9,17 +9,10 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 rev="${1:-HEAD}" out="${2:-/tmp/coldstart}" port="${3:-18080}"
-rm -rf "$out" && mkdir -p "$out"
-# An empty pip cache too: the model wheels download as on a fresh machine.
-export CARGO_HOME="$out/cargo-home" CARGO_TARGET_DIR="$out/target" PIP_CACHE_DIR="$out/pip-cache"
 # Every cargo build the serve script runs writes a `--timings` report.
 export TIERGATE_CARGO_FLAGS="--timings"
-start=$(date +%s.%N)
-mark() { printf '%-24s %7.1f s\n' "$1" "$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$out/times.txt"; }
-git clone -q "$root" "$out/clone"
-git -C "$out/clone" checkout -q "$rev"
-cd "$out/clone"
-mark cloned
+# An empty pip cache too: the model wheels download as on a fresh machine.
+source "$root/bench/coldstart/fresh.sh"
 scripts/tiergate serve --set "server.listen=\"127.0.0.1:$port\"" >"$out/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; pkill -f "$out/target/debug/tiergate" 2>/dev/null || true' EXIT
