@@ -12,7 +12,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
@@ -29,14 +28,9 @@ const TOL: f32 = 2e-3;
 const INT8_MEAN: f32 = 0.3;
 const INT8_MAX: f32 = 1.0;
 
-/// The judge's weights ([`tiergate_tests::qwen_judge`]).
-fn qwen() -> PathBuf {
-    tiergate_tests::qwen_judge()
-}
-
 #[test]
 fn qwen2_forward_matches_candle_quantized_qwen2() {
-    let path = qwen();
+    let path = tiergate_tests::qwen_judge();
     let ours = Llama::load(&path, WeightFormat::Quantized).unwrap();
     assert_eq!(ours.config().arch, Arch::Qwen2);
     assert_eq!((ours.config().n_layer, ours.config().hidden), (24, 896));
@@ -121,7 +115,7 @@ fn cand(label: &str) -> Candidate {
 
 #[test]
 fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
-    let model = qwen();
+    let model = tiergate_tests::qwen_judge();
     let (client, _sup) = common::llm_worker(&model, "qwen", Duration::from_secs(300));
     let cases = [
         (
@@ -309,7 +303,7 @@ fn queued_channel_jobs_share_a_forward_and_keep_their_scores() {
 fn queued_jobs_share_a_forward(method: tiergate_config::ScoringMethod) {
     use std::sync::{Arc, Barrier};
     use tiergate_reranker::engine::Engine;
-    let model = qwen();
+    let model = tiergate_tests::qwen_judge();
     let engine = Arc::new(
         tiergate_reranker::llm::MistralEngine::load(&tiergate_reranker::llm::LlmOptions {
             model,
@@ -393,7 +387,7 @@ fn queued_jobs_share_a_forward(method: tiergate_config::ScoringMethod) {
 /// (printed beside the error of the file's own quantized kernels).
 #[test]
 fn int8_scoring_forward_matches_the_f32_forward() {
-    let path = qwen();
+    let path = tiergate_tests::qwen_judge();
     let ids: Vec<u32> = (0..29u32).map(|i| 1000 + i * 311).collect();
     let log_p = |format: WeightFormat| -> Vec<f32> {
         let m = Llama::load(&path, format).unwrap();
