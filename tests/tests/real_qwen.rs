@@ -2,7 +2,8 @@
 //! `scripts/test.sh` runs): our scoring forward on the `qwen2` architecture matches candle-transformers'
 //! `quantized_qwen2` on the real file, and through a real worker process the `channel` formulation (picked by
 //! the model's profile under `method = "auto"`) and `choice` answer easy cases right; generation streams;
-//! queued choice jobs share a forward.
+//! queued choice jobs share a forward. (Its tool calls, and its answer from a tool's result, are checked end to
+//! end through every door: `tool_calls_travel_through_every_door` in tests/tests/doors.rs.)
 //!
 //! Without the file these tests say so and pass: the judge is an optional download for a user.
 //!
@@ -210,80 +211,6 @@ fn qwen_judges_easy_cases_right_through_the_worker_and_streams() {
     eprintln!("generated {:?} {usage:?}", chunks.concat());
     assert!(!chunks.concat().trim().is_empty());
     assert!(usage.completion_tokens >= 1 && usage.completion_tokens <= 16);
-    qwen_calls_a_tool_and_reads_its_result(&client);
-}
-
-/// mistralrs with the Qwen2.5-Coder-0.5B file calls a tool (its chat template renders tools; mistralrs parses
-/// the `<tool_call>` and the worker streams it as one tool-call frame), then answers from the tool's result
-/// (the assistant turn's call and the tool message rendered by the template).
-fn qwen_calls_a_tool_and_reads_its_result(client: &tiergate_queue::Client) {
-    use tiergate_queue::{Tool, ToolChoice, Tools};
-    let tools = Tools {
-        list: vec![Tool {
-            name: "get_weather".into(),
-            description: Some("Get the current weather in a city".into()),
-            parameters: r#"{"type":"object","properties":{"city":{"type":"string","description":"The city"}},"required":["city"]}"#.into(),
-        }],
-        choice: ToolChoice::Auto,
-        parallel: false,
-    };
-    let sampling = Sampling {
-        max_tokens: 64,
-        temperature: Some(0.0),
-        ..Default::default()
-    };
-    let ask = Message {
-        role: "user".into(),
-        content: "What is the weather like in Paris right now?".into(),
-        ..Default::default()
-    };
-    let run = |messages: Vec<Message>, choice: ToolChoice| {
-        let job = Job::Generate {
-            messages,
-            sampling: sampling.clone(),
-            tools: Some(Tools {
-                choice,
-                ..tools.clone()
-            }),
-        };
-        let h = client.submit(&job, Duration::from_secs(120)).unwrap();
-        common::generated(&h, Duration::from_secs(120))
-    };
-    let (_, calls, usage) = run(vec![ask.clone()], ToolChoice::Auto);
-    assert_eq!(usage.finish_reason, "tool_calls", "{calls:?}");
-    let [call] = calls.as_slice() else {
-        panic!("one call expected: {calls:?}")
-    };
-    assert_eq!(call.name, "get_weather");
-    let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
-    assert!(
-        args["city"].as_str().is_some_and(|c| c.contains("Paris")),
-        "{args}"
-    );
-    let answered = vec![
-        ask,
-        Message {
-            role: "assistant".into(),
-            tool_calls: calls.clone(),
-            ..Default::default()
-        },
-        Message {
-            role: "tool".into(),
-            content: r#"{"city": "Paris", "weather": "light rain", "celsius": 11}"#.into(),
-            tool_call_id: Some(call.id.clone()),
-            ..Default::default()
-        },
-    ];
-    // With `auto` the 0.5B model calls the tool again on this turn (seen: the same call); an agent that
-    // wants the answer says `none`, and the template still shows the call and its result.
-    let (text, calls, usage) = run(answered, ToolChoice::None);
-    assert!(calls.is_empty(), "{calls:?}");
-    assert_ne!(usage.finish_reason, "tool_calls");
-    let lower = text.to_lowercase();
-    assert!(
-        lower.contains("rain") || lower.contains("11"),
-        "the answer does not use the tool's result: {text:?}"
-    );
 }
 
 /// Choice jobs that queue while a forward runs go through one forward together, and get the scores they get
