@@ -57,13 +57,19 @@ t=$SECONDS
 cargo build --workspace --bins
 echo "test: the binaries' build took $((SECONDS - t)) s (installs and fetches before it: $t s)" >&2
 # cargo-nextest runs every test in its own process, two at a time across test binaries (.config/nextest.toml
-# keeps the LLM tests one at a time and the latency tests alone); without it, `cargo test` runs the same tests,
-# one binary after another (1,026 s against 779 s here: docs/benchmarks.md).
+# keeps the LLM tests one at a time and the latency tests alone); `cargo test` runs the same tests one binary
+# after another (1,026 s against 779 s here: docs/benchmarks.md). It is installed once when missing (282 s here
+# from an empty cargo home, about what one `cargo test` run loses), in its own temporary target directory; if
+# that fails, `cargo test` runs.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "test: installing cargo-nextest (once, a few minutes)" >&2
+  env -u CARGO_TARGET_DIR cargo install --quiet --locked cargo-nextest --version 0.9.151 \
+    || echo "test: cannot install cargo-nextest: running cargo test" >&2
+fi
 t=$SECONDS
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-targets --features tiergate-tests/real "$@"
 else
-  echo "test: cargo-nextest not found (cargo install cargo-nextest --locked): running cargo test" >&2
   cargo test --workspace --all-targets --features tiergate-tests/real "$@"
 fi
 echo "test: the test build and every test took $((SECONDS - t)) s" >&2
