@@ -35,6 +35,21 @@ for module in kubernetes_validate:kubernetes-validate websocket:websocket-client
     "$python" -m pip install --quiet "${module#*:}" || { echo "test: cannot install ${module#*:}" >&2; exit 1; }
   fi
 done
+# The agent CLIs people run (tests/tests/agents.rs): Claude Code and Codex CLI, pinned, from npm, kept outside
+# the clone so that a CI run installs them once (a fresh install takes about 20 s here).
+agents="${TIERGATE_AGENTS_DIR:-$HOME/.cache/tiergate/agents}"
+claude_version=2.1.328
+codex_version=0.169.0
+if ! "$agents/node_modules/.bin/claude" --version 2>/dev/null | grep -q "^$claude_version " \
+  || ! "$agents/node_modules/.bin/codex" --version 2>/dev/null | grep -q " $codex_version$"; then
+  command -v npm >/dev/null 2>&1 || { echo "test: npm (Node.js) is needed for the agent CLIs' tests" >&2; exit 1; }
+  echo "test: installing Claude Code $claude_version and Codex CLI $codex_version from npm" >&2
+  mkdir -p "$agents"
+  npm install --silent --no-audit --no-fund --prefix "$agents" \
+    "@anthropic-ai/claude-code@$claude_version" "@openai/codex@$codex_version" \
+    || { echo "test: cannot install the agent CLIs with npm" >&2; exit 1; }
+fi
+export TIERGATE_AGENTS_DIR="$agents"
 # Debian packages of the real components some tests start: Prometheus (fleet utilisation, rules), Redis
 # (replicas sharing one policy), Chromium (the /console page in a real browser).
 missing=()

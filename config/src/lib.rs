@@ -250,6 +250,39 @@ impl Config {
                     "deadline_ms and max_deadline_ms must be positive, deadline_ms at most max_deadline_ms",
                 ));
             }
+            if r.max_tokens == Some(0) {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].max_tokens"),
+                    "must be at least 1",
+                ));
+            }
+            if let Some(a) = r.aliases.iter().find(|a| {
+                a.trim().is_empty()
+                    || a.as_str() == "auto"
+                    || self.routes.iter().any(|o| &o.name == *a)
+            }) {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].aliases"),
+                    format!("`{a}` is empty, `auto` (which names the steered route) or another route's name"),
+                ));
+            }
+            if let Some(a) = r
+                .aliases
+                .iter()
+                .filter(|a| !a.contains('*'))
+                .find(|a| self.routes[..i].iter().any(|o| o.aliases.contains(a)))
+            {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].aliases"),
+                    format!("`{a}` is an alias of an earlier route too"),
+                ));
+            }
+            if r.default && self.routes[..i].iter().any(|o| o.default) {
+                return Err(ConfigError::invalid(
+                    format!("routes[{i}].default"),
+                    "only one route may answer unknown model names",
+                ));
+            }
             if let Some(o) = &r.out_of_scope {
                 if r.kind == RouteKind::Generate {
                     return Err(ConfigError::invalid(

@@ -61,6 +61,13 @@ pub struct Route {
     /// Earlier user turns Tier-0 reads, and at most how many characters of them.
     pub context_turns: usize,
     pub context_chars: usize,
+    /// Other model names it answers to (exact names and `*` globs), and whether it answers unknown names.
+    pub aliases: Vec<String>,
+    pub default: bool,
+    /// The most tokens one request may generate.
+    pub max_tokens: u32,
+    /// The most characters of conversation text one request may carry.
+    pub max_text_chars: usize,
 }
 
 /// A steered generate route's map, its stages by index.
@@ -134,6 +141,10 @@ impl Config {
             steer: None,
             context_turns: 0,
             context_chars: 400,
+            aliases: Vec::new(),
+            default: false,
+            max_tokens: None,
+            max_text_chars: None,
         }];
         let listed: &[RouteConfig] = if self.routes.is_empty() {
             &implicit
@@ -214,6 +225,10 @@ impl Config {
             cache_generations: r.cache_generations,
             context_turns: r.context_turns,
             context_chars: r.context_chars,
+            aliases: r.aliases.clone(),
+            default: r.default,
+            max_tokens: r.max_tokens_in_force(),
+            max_text_chars: r.max_text_chars_in_force(),
         })
     }
 }

@@ -173,6 +173,10 @@ pub mod header {
     pub const SESSION: &str = "x-tiergate-session";
     /// The session key a request named (`x-session-id`; else its `user`).
     pub const SESSION_ID: &str = "x-session-id";
+    /// The request fields accepted but not honoured, by name (docs/api.md, "Fields set aside").
+    pub const SET_ASIDE: &str = "x-tiergate-set-aside";
+    /// The `max_tokens` a request was given when it asked for more than its route allows.
+    pub const MAX_TOKENS: &str = "x-tiergate-max-tokens";
 }
 
 #[cfg(test)]

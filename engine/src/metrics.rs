@@ -132,6 +132,10 @@ pub const ROUTE_UTILIZATION: &str = "tiergate_route_utilization_ratio";
 pub const STEERED_TOTAL: &str = "tiergate_steered_total";
 /// Session turns by route and what the pin did (`new`, `kept`, `up`, `switched`, `unpinned`).
 pub const SESSION_TURNS_TOTAL: &str = "tiergate_session_turns_total";
+/// Request fields set aside (accepted, not honoured), by door and field (`other` for a field no rule names).
+pub const FIELDS_SET_ASIDE_TOTAL: &str = "tiergate_request_fields_set_aside_total";
+/// Requests whose `max_tokens` was above what their route allows and was lowered to it, by door.
+pub const MAX_TOKENS_CLAMPED_TOTAL: &str = "tiergate_max_tokens_clamped_total";
 /// Session pins this replica holds in memory.
 pub const SESSION_PINS: &str = "tiergate_session_pins";
 
@@ -162,6 +166,14 @@ fn describe() {
         "Chat requests by route, tier, channel (tier0, escalated, degraded, error) and outcome"
     );
     describe_gauge!(QUEUE_WAITING, "Escalations waiting for a worker");
+    describe_counter!(
+        FIELDS_SET_ASIDE_TOTAL,
+        "Request fields accepted but not honoured, by door and field (other: a field no rule names)"
+    );
+    describe_counter!(
+        MAX_TOKENS_CLAMPED_TOTAL,
+        "Requests whose max_tokens was lowered to the route's ceiling, by door"
+    );
     describe_counter!(
         EXPERIMENT_REQUESTS_TOTAL,
         "Requests on routes under a latency-injection experiment, by variant and route"

@@ -438,6 +438,10 @@ fn route_of(
         cache_generations: r.cache_generations,
         context_turns: r.context_turns,
         context_chars: r.context_chars,
+        aliases: r.aliases.clone(),
+        default: r.default,
+        max_tokens: r.max_tokens,
+        max_text_chars: r.max_text_chars,
     })
 }
 

@@ -59,6 +59,10 @@ struct Args {
     /// Stub: milliseconds the "model load" takes before the worker is ready.
     #[arg(long, default_value_t = 0)]
     stub_load_ms: u64,
+    /// Stub: an agent's script, a JSON file `{"calls": [["Read", {"file_path": "…"}], …]}` (the agent CLIs'
+    /// tests): the stub calls the first scripted tool a conversation offers, then answers from its result.
+    #[arg(long)]
+    stub_script: Option<std::path::PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -124,6 +128,10 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
     let engine: Arc<dyn Engine> = match &spec.engine {
         EngineSpec::Stub => {
             std::thread::sleep(Duration::from_millis(args.stub_load_ms));
+            let script = match &args.stub_script {
+                Some(path) => Some(serde_json::from_slice(&std::fs::read(path)?)?),
+                None => None,
+            };
             Arc::new(StubEngine::new(StubKnobs {
                 delay: Duration::from_millis(args.stub_delay_ms),
                 crash_after: args.stub_crash_after,
@@ -132,6 +140,7 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
                 stuck_after: args.stub_stuck_after,
                 fail_mid_stream: args.stub_fail_mid_stream,
                 progress: args.stub_progress,
+                script,
             }))
         }
         EngineSpec::Mistralrs { .. } => load_llm(spec)?,

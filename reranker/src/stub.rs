@@ -27,6 +27,18 @@ pub struct StubKnobs {
     /// A job's delay runs uninterrupted (a forward pass cannot be cancelled half-way) and counts progress every
     /// 10 ms, as a model's forward passes would.
     pub progress: bool,
+    /// An agent's script: which tool to call, with which arguments, when a conversation offers it.
+    pub script: Option<AgentScript>,
+}
+
+/// A scripted agent turn for the real agent CLIs' tests (a fake model: none that runs here calls tools
+/// reliably): offered one of the scripted tools, the stub calls the first it finds, with its scripted
+/// arguments; given the tool's result, it answers with that result's text — so a word in the answer can
+/// only have come through the tool-result block the client sent back.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct AgentScript {
+    /// Tool name → the arguments of its call (a JSON object), in the order they are tried.
+    pub calls: Vec<(String, serde_json::Value)>,
 }
 
 /// The stub engine.
@@ -200,6 +212,11 @@ impl Engine for StubEngine {
         tools: Option<&Tools>,
         on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
     ) -> Result<Usage, EngineError> {
+        if let Some(script) = &self.knobs.script {
+            if let Some(out) = scripted(script, messages, tools, sampling, on_piece) {
+                return Ok(out);
+            }
+        }
         if let Some(calls) = tools.and_then(|t| stub_calls(messages, t)) {
             let n = calls.len() as u32;
             for c in calls {
@@ -237,6 +254,47 @@ impl Engine for StubEngine {
         }
         Ok(usage(messages, sent, reason))
     }
+}
+
+/// The scripted turn, when the script has one for this conversation: after a tool's result, text from
+/// that result; offered a scripted tool (and no result yet), its call. `None`: the stub's usual turn.
+fn scripted(
+    script: &AgentScript,
+    messages: &[Message],
+    tools: Option<&Tools>,
+    sampling: &Sampling,
+    on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
+) -> Option<Usage> {
+    let last = messages.last()?;
+    if last.role == "tool" {
+        let result: String = last.content.chars().take(400).collect();
+        tracing::info!(call = ?last.tool_call_id, result = ?result, "stub: answering from the tool result");
+        let text = format!("stub: the tool returned: {result}");
+        let max = sampling.max_tokens.max(1) as usize;
+        let mut sent = 0u32;
+        for w in text.split_inclusive(' ').take(max) {
+            if !on_piece(Piece::Text(w)) {
+                return Some(usage(messages, sent, "cancelled"));
+            }
+            sent += 1;
+        }
+        return Some(usage(messages, sent, "stop"));
+    }
+    let offered = tools?;
+    let (name, arguments) = script
+        .calls
+        .iter()
+        .find(|(name, _)| offered.list.iter().any(|t| &t.name == name))?;
+    let call = ToolCall {
+        id: format!("call_{}_0", messages.len()),
+        name: name.clone(),
+        arguments: arguments.to_string(),
+    };
+    tracing::info!(tool = %name, "stub: calling the scripted tool");
+    if !on_piece(Piece::Call(call)) {
+        return Some(usage(messages, 0, "cancelled"));
+    }
+    Some(usage(messages, 1, "tool_calls"))
 }
 
 fn usage(messages: &[Message], completion: u32, finish: &str) -> Usage {

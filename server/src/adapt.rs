@@ -94,6 +94,24 @@ pub fn mark_brownout(mut resp: axum::response::Response, step: Step) -> axum::re
     resp
 }
 
+/// `resp` with the request's set-aside fields (`x-tiergate-set-aside`) and, when its `max_tokens` was lowered,
+/// the ceiling it got (`x-tiergate-max-tokens`).
+pub fn mark_request(
+    mut resp: Response,
+    v: &tiergate_engine::answer::request::ValidChat,
+) -> Response {
+    use tiergate_core::outcome::header;
+    let value = tiergate_engine::answer::fields::header_value(&v.set_aside);
+    if let Some(h) = value.and_then(|s| HeaderValue::from_str(&s).ok()) {
+        resp.headers_mut().insert(header::SET_ASIDE, h);
+    }
+    if v.max_tokens_clamped {
+        resp.headers_mut()
+            .insert(header::MAX_TOKENS, HeaderValue::from(v.max_tokens));
+    }
+    resp
+}
+
 /// Adds the variant's delay, then its header and metrics, to a response (`started`: the request's start).
 pub async fn apply_variant(a: &Assigned, route: &str, resp: &mut Response, started: Instant) {
     if !a.delay.is_zero() {

@@ -17,6 +17,10 @@ pub enum ApiError {
     /// Unknown `model` (404).
     #[error("{0}")]
     UnknownModel(String),
+    /// A `previous_response_id` this tenant has no stored response for — unknown, expired, another
+    /// tenant's, or the server stores none (400 `previous_response_not_found`, as OpenAI answers).
+    #[error("{0}")]
+    PreviousResponseNotFound(String),
     /// No such path (404).
     #[error("{0}")]
     NotFound(String),
@@ -92,6 +96,11 @@ impl ApiError {
                 "model_not_found",
             ),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            ApiError::PreviousResponseNotFound(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "previous_response_not_found",
+            ),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "invalid_request_error",
@@ -164,6 +173,7 @@ impl ApiError {
         let param = match self {
             ApiError::Invalid { param, .. } => param.clone(),
             ApiError::UnknownModel(_) => Some("model".into()),
+            ApiError::PreviousResponseNotFound(_) => Some("previous_response_id".into()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})

@@ -1,4 +1,6 @@
-//! OpenAI chat wire types (what clients send and receive). Unknown request fields are ignored.
+//! OpenAI chat wire types (what clients send and receive). A request field this server does not honour is set
+//! aside by the rule in [`tiergate_engine::answer::fields`] and named in `x-tiergate-set-aside`, never
+//! dropped in silence.
 
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +62,20 @@ pub struct ChatRequest {
     pub functions: Option<serde_json::Value>,
     #[serde(default)]
     pub function_call: Option<serde_json::Value>,
+    /// OpenAI's prompt-cache key: a session key here (a conversation's turns stay on one backend, whose
+    /// prompt cache is warm).
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
+    /// Every other field, by name: set aside (named in the response's `x-tiergate-set-aside`).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+    /// Fields another door set aside before mapping its request onto this one (`thinking`, `reasoning`, …).
+    #[serde(skip)]
+    pub set_aside: Vec<String>,
+    /// Session keys the client's own wire carries, most specific first (Claude Code's and Codex's session ids,
+    /// `prompt_cache_key`), set by the door that read them.
+    #[serde(skip)]
+    pub client_sessions: Vec<String>,
 }
 
 /// A message as sent.
@@ -120,9 +136,12 @@ pub struct StreamOptions {
 /// Response format.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResponseFormat {
-    /// `text`, `json_object` (or `json_schema`, rejected).
+    /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// `json_schema`'s `{name, schema, strict}`.
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// Token usage.
@@ -134,6 +153,15 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Sum.
     pub total_tokens: u32,
+    /// `cached_tokens`, which clients read: 0, as no backend's prompt cache is visible here.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens read from a prompt cache.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -143,6 +171,7 @@ impl Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails::default(),
         }
     }
 }

@@ -10,25 +10,26 @@ use crate::error::ApiError;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
 use crate::openai_tools as tools;
 pub use crate::openai_tools::{valid_name, MAX_TOOLS};
+use tiergate_engine::answer::fields;
 pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
 
-/// Most characters of conversation text accepted (messages, tool calls' arguments and tool results
-/// together): an agent's 20-turn tool conversation fits; the body cap (`server.max_body_bytes`, 256 KiB) and
-/// the queue slot (`reranker.request_bytes`, 256 KiB) hold it.
-pub const MAX_TEXT_CHARS: usize = 131_072;
-/// Most tokens a client may ask to generate.
-pub const MAX_TOKENS_LIMIT: u32 = 4_096;
 /// Default generation length.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
 /// What a route tells validation: its kind and its budgets.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RouteFacts {
     pub kind: RouteKind,
     /// The budget of a request that names none.
     pub deadline: Option<Duration>,
     /// The largest budget a request may name.
     pub max_deadline: Duration,
+    /// The most tokens a request may generate (a larger `max_tokens` is lowered to it).
+    pub max_tokens: u32,
+    /// The most characters of conversation text a request may carry.
+    pub max_text_chars: usize,
+    /// The route's name (errors name its config keys).
+    pub name: String,
 }
 
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
@@ -48,13 +49,13 @@ pub fn validate(
     route_of: impl Fn(&str) -> Option<RouteFacts>,
     caller: Caller<'_>,
 ) -> Result<ValidChat, ApiError> {
-    let facts = route_of(&req.model);
-    let kind = facts.map(|f| f.kind).ok_or_else(|| {
+    let facts = route_of(&req.model).ok_or_else(|| {
         ApiError::UnknownModel(format!(
             "the model `{}` does not exist; see GET /v1/models",
             req.model
         ))
     })?;
+    let kind = facts.kind;
     if let Some(n) = req.n {
         if n != 1 {
             return Err(ApiError::invalid(
@@ -64,7 +65,20 @@ pub fn validate(
         }
     }
     let tools = tools::valid_tools(&req, kind)?;
-    let (messages, text) = valid_messages(req.messages)?;
+    let schema_set_aside = (kind == RouteKind::Generate
+        && req
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.kind == "json_schema"))
+    .then(|| "response_format.json_schema".to_string());
+    let set_aside = fields::set_aside(
+        req.set_aside
+            .iter()
+            .cloned()
+            .chain(req.other.keys().cloned())
+            .chain(schema_set_aside),
+    );
+    let (messages, text) = valid_messages(req.messages, facts.max_text_chars, &facts.name)?;
     let s = valid_sampling(
         req.max_completion_tokens,
         req.max_tokens,
@@ -73,6 +87,7 @@ pub fn validate(
         req.stop,
         req.seed,
     )?;
+    let (max_tokens, max_tokens_clamped) = fields::clamp_max_tokens(s.max_tokens, facts.max_tokens);
     let (logprobs, top_logprobs, json_object) = valid_outputs(
         kind,
         req.logprobs,
@@ -80,20 +95,20 @@ pub fn validate(
         req.response_format.as_ref().map(|f| f.kind.as_str()),
     )?;
     let user = req.user.map(|u| u.chars().take(256).collect::<String>());
-    let session = match session_header(caller.headers)? {
-        Some(s) => Some(s),
-        None => user.clone().filter(|u| !u.is_empty()),
-    };
+    let mut client_sessions = req.client_sessions;
+    client_sessions.extend(req.prompt_cache_key);
+    let session = fields::session_key(
+        session_header(caller.headers)?,
+        &client_sessions,
+        user.as_deref(),
+    );
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
         .stream_options
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let deadline = match facts {
-        Some(f) => crate::adapt::budget(caller.headers, f.deadline, f.max_deadline)?
-            .map(|b| caller.started + b),
-        None => None,
-    };
+    let deadline = crate::adapt::budget(caller.headers, facts.deadline, facts.max_deadline)?
+        .map(|b| caller.started + b);
     let forced = match kind {
         RouteKind::Generate => None,
         RouteKind::Classify | RouteKind::Answer => caller.forced?,
@@ -111,7 +126,9 @@ pub fn validate(
         text,
         stream,
         include_usage,
-        max_tokens: s.max_tokens,
+        max_tokens,
+        max_tokens_clamped,
+        set_aside,
         temperature: s.temperature,
         top_p: s.top_p,
         stop: s.stop,
@@ -199,7 +216,11 @@ pub fn born_ms(id: &str) -> Option<u64> {
 
 /// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last
 /// non-empty user message).
-fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String), ApiError> {
+fn valid_messages(
+    wire: Vec<WireMessage>,
+    limit: usize,
+    route: &str,
+) -> Result<(Vec<ValidMessage>, String), ApiError> {
     if wire.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -259,10 +280,12 @@ fn valid_messages(wire: Vec<WireMessage>) -> Result<(Vec<ValidMessage>, String),
             tool_call_id,
         });
     }
-    if total > MAX_TEXT_CHARS {
+    if total > limit {
         return Err(ApiError::invalid(
             "messages",
-            format!("{total} characters of text; the limit is {MAX_TEXT_CHARS}"),
+            format!(
+                "{total} characters of text; the limit is {limit} (routes.{route}.max_text_chars)"
+            ),
         ));
     }
     let text = messages
@@ -291,19 +314,17 @@ fn valid_sampling(
     stop: Option<Stop>,
     seed: Option<i64>,
 ) -> Result<Sampling, ApiError> {
+    // A ceiling, not a request: anything from 1 up is accepted and lowered to the route's ceiling after.
     let max_tokens = match max_completion_tokens.or(max_tokens) {
         None => DEFAULT_MAX_TOKENS,
-        Some(v) if v >= 1 && v <= i64::from(MAX_TOKENS_LIMIT) => v as u32,
+        Some(v) if v >= 1 => u32::try_from(v).unwrap_or(u32::MAX),
         Some(v) => {
             let field = if max_completion_tokens.is_some() {
                 "max_completion_tokens"
             } else {
                 "max_tokens"
             };
-            return Err(ApiError::invalid(
-                field,
-                format!("{v} is outside 1..={MAX_TOKENS_LIMIT}"),
-            ));
+            return Err(ApiError::invalid(field, format!("{v} must be at least 1")));
         }
     };
     let temperature = match temperature {
@@ -390,10 +411,13 @@ fn valid_outputs(
                 "json_object is available on classify routes only",
             ))
         }
+        // No engine here constrains a generation to a schema yet: the text is answered and the format named
+        // in `x-tiergate-set-aside` (see fields::SET_ASIDE_RULES).
+        Some("json_schema") if kind == RouteKind::Generate => false,
         Some(other) => {
             return Err(ApiError::invalid(
                 "response_format",
-                format!("type `{other}` is not supported"),
+                format!("type `{other}` is not supported on a {kind:?} route"),
             ))
         }
     };
@@ -418,6 +442,9 @@ mod tests {
             kind,
             deadline: None,
             max_deadline: Duration::from_secs(60),
+            max_tokens: 4096,
+            max_text_chars: 131_072,
+            name: name.to_string(),
         })
     }
 

@@ -53,6 +53,9 @@ fn valid(
             kind: x.kind,
             deadline: x.deadline,
             max_deadline: x.max_deadline,
+            max_tokens: x.max_tokens,
+            max_text_chars: x.max_text_chars,
+            name: x.name.clone(),
         })
     };
     let caller = Caller {

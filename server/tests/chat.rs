@@ -443,6 +443,10 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 steer: None,
                 context_turns: 0,
                 context_chars: 400,
+                aliases: Vec::new(),
+                default: false,
+                max_tokens: None,
+                max_text_chars: None,
             },
             tiergate_config::RouteConfig {
                 name: "generate".into(),
@@ -457,6 +461,10 @@ async fn a_budget_too_short_for_the_llm_is_answered_by_tier0() {
                 steer: None,
                 context_turns: 0,
                 context_chars: 400,
+                aliases: Vec::new(),
+                default: false,
+                max_tokens: None,
+                max_text_chars: None,
             },
         ];
     });

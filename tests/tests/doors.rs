@@ -267,7 +267,9 @@ fn tool_calls_on(engine: &str, mode: &str) {
 /// messages} × {plain, streamed} × {classify, answer, generate} text, the tool loop on generate and JSON output
 /// on classify, then each door's errors in its own shape (bad field, missing `max_tokens`, unknown model, over
 /// the body cap, bad key, a tool result without its call, an unknown, unstored or another tenant's
-/// `previous_response_id`), with the official SDKs, 0 failures.
+/// `previous_response_id`), then what agents send (Claude Code's and Codex's first requests, every field set
+/// aside by name, usage on streams, `count_tokens` against the backend's own count, `max_tokens` 64,000, a
+/// 1 MB conversation, model aliases, Codex's freeform and shell tools), with the official SDKs, 0 failures.
 #[test]
 fn the_conformance_matrix_passes() {
     let work = tempfile::tempdir().unwrap();
@@ -278,7 +280,15 @@ fn the_conformance_matrix_passes() {
     );
     let s = tools_server(
         &work,
-        &["--set", "reranker.engine=\"stub\"", "--set", &tenants],
+        &[
+            "--set",
+            "reranker.engine=\"stub\"",
+            "--set",
+            &tenants,
+            "--set",
+            "routes=[{ name = \"classify\", kind = \"classify\" }, { name = \"answer\", kind = \"answer\" }, \
+             { name = \"generate\", kind = \"generate\", aliases = [\"claude-*\", \"gpt-5*\"] }]",
+        ],
     );
     let out = sdk(
         "conformance_matrix.py",

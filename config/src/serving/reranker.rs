@@ -124,7 +124,7 @@ impl Default for RerankerConfig {
             max_concurrent: 4,
             extra_args: Vec::new(),
             slots: 64,
-            request_bytes: 256 * 1024,
+            request_bytes: 4 * 1024 * 1024,
             response_bytes: 64 * 1024,
             heartbeat_timeout_ms: 5_000,
             load_timeout_ms: 600_000,

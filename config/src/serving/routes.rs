@@ -62,6 +62,23 @@ pub struct RouteConfig {
     /// The most characters of earlier turns read (the latest kept; the last turn is always whole).
     #[serde(default = "default_context_chars")]
     pub context_chars: usize,
+    /// Other model names this route answers to: exact names, or globs with `*` (`claude-*`, `gpt-5*`) — an
+    /// agent names its provider's models (Claude Code's background calls name a `claude-haiku-*`). A route's
+    /// own name wins over an alias, an exact alias over a glob; two routes may not claim one exact name.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// This route answers a model name no route or alias names (at most one route; off: 404).
+    #[serde(default)]
+    pub default: bool,
+    /// The most tokens one request may generate here (4096 when unset): a client that asks for more is given
+    /// this many — `max_tokens` is a ceiling, not a request (Anthropic's clients send 32,000 and more).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// The most characters of conversation text one request may carry (message contents, tool calls'
+    /// arguments, tool results; 4,194,304 when unset, with `server.max_body_bytes` and
+    /// `reranker.request_bytes` the other two limits an agent's conversation meets).
+    #[serde(default)]
+    pub max_text_chars: Option<usize>,
 }
 
 fn default_context_chars() -> usize {
@@ -248,6 +265,16 @@ impl StageConfig {
 
 impl RouteConfig {
     /// The largest budget in force.
+    /// Its text limit in force.
+    pub fn max_text_chars_in_force(&self) -> usize {
+        self.max_text_chars.unwrap_or(4 * 1024 * 1024)
+    }
+
+    /// Its generation ceiling in force.
+    pub fn max_tokens_in_force(&self) -> u32 {
+        self.max_tokens.unwrap_or(4096)
+    }
+
     pub fn max_deadline_ms_in_force(&self) -> u64 {
         self.max_deadline_ms.unwrap_or(600_000)
     }

@@ -61,7 +61,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            max_body_bytes: 256 * 1024,
+            max_body_bytes: 4 * 1024 * 1024,
             max_header_bytes: 64 * 1024,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,

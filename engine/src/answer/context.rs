@@ -102,6 +102,8 @@ mod tests {
             started: std::time::Instant::now(),
             tools: None,
             door: "chat",
+            set_aside: Vec::new(),
+            max_tokens_clamped: false,
         }
     }
 

@@ -9,13 +9,14 @@
 //! ([`outcome`]), the decision and the cascade ([`cascade`], [`out_of_scope`], [`judge`]), a stage's
 //! alternatives ([`attempt`], [`select`]), the records of an answer ([`answered`]) and its trace steps
 //! ([`trace`]), Tier-0 on a request ([`tier0`]) and the context it reads ([`context`]), a steered
-//! generate route's choice of stage ([`steer`]), a session's pin ([`session`]), and the conversations a Responses door keeps when told to
+//! generate route's choice of stage ([`steer`]), a session's pin ([`session`]), what a door sets aside of a request and its session key ([`fields`]), and the conversations a Responses door keeps when told to
 //! ([`stored`]).
 
 pub mod answered;
 pub mod attempt;
 pub mod cascade;
 mod context;
+pub mod fields;
 mod generation;
 pub mod judge;
 mod label;
@@ -108,6 +109,7 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
     // The route as it is now, kept to the end (a head promoted meanwhile is not half seen). What Tier-0 reads
     // (and the cache keys, the LLM reranks): the last turn, with its context if the route reads one.
     let route = route_of(state, v).map_err(|e| decline(e, false))?;
+    fields::count(v.door, &v.set_aside, v.max_tokens_clamped);
     let (v, context) = context::with_context(&route, v);
     let v = &*v;
     let asked = crate::answer::answered::Asked::of(state, v);
@@ -193,4 +195,45 @@ fn settle(
 /// status).
 pub fn count_failed(v: &ValidChat, code: &str) {
     metrics::counter!(m::REQUESTS_TOTAL, "route" => v.route.clone(), "tier" => "none", "channel" => "error", "outcome" => code.to_string(), "tenant" => v.tenant.0.to_string(), "door" => v.door).increment(1);
+}
+
+/// A request's prompt tokens, counted by the tokenizer of what would answer it — Tier-0's encoder on a
+/// classify or answer route, the chosen stage's backend on a generate route (a steered route's stage as
+/// steering picks it; the outcome names it) — exact, never estimated: the backend reads the prompt as it
+/// would for the answer (one token is generated, not sent; the answer cache is skipped). On a CPU backend
+/// this costs the prompt's prefill. The permit is the caller's to hold until it has answered.
+pub async fn count_tokens(
+    state: &Arc<AppState>,
+    v: &ValidChat,
+) -> Result<(u32, Outcome, Admitted), Declined> {
+    let mut v = v.clone();
+    v.max_tokens = 1;
+    v.stream = false;
+    v.temperature = Some(0.0);
+    v.cache.no_cache = true;
+    v.cache.no_store = true;
+    let Answer {
+        body,
+        outcome,
+        admitted,
+    } = answer(state, &v).await?;
+    let prompt = match body {
+        Body::Label(l) => l.prompt_tokens,
+        Body::Text { tokens, .. } => tokens.prompt,
+        Body::Stream(mut g) => loop {
+            match g.next().await {
+                Some(Ok(Delta::End { tokens, .. })) => break tokens.prompt,
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => {
+                    return Err(Declined {
+                        error,
+                        brownout: outcome.brownout,
+                        ran: true,
+                    })
+                }
+                None => break 0,
+            }
+        },
+    };
+    Ok((prompt, outcome, admitted))
 }

@@ -83,6 +83,10 @@ pub struct ValidChat {
     pub tools: Option<Tools>,
     /// The door it came through (`chat`, `responses`, `messages`, `batch`): a label of the request metrics.
     pub door: &'static str,
+    /// The request fields set aside ([`crate::answer::fields`]), named in the answer's `x-tiergate-set-aside`.
+    pub set_aside: Vec<String>,
+    /// The client asked for more tokens than the route allows and was given the route's ceiling.
+    pub max_tokens_clamped: bool,
 }
 
 impl ValidChat {

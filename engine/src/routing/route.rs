@@ -44,6 +44,14 @@ pub struct Route {
     /// Earlier user turns Tier-0 reads with the last, and at most how many characters of them.
     pub context_turns: usize,
     pub context_chars: usize,
+    /// Other model names it answers to (exact names and `*` globs), and whether it answers unknown names
+    /// ([`crate::routing::route_table::RouteTable::resolve`]).
+    pub aliases: Vec<String>,
+    pub default: bool,
+    /// The most tokens one request may generate (a larger `max_tokens` is lowered to it).
+    pub max_tokens: u32,
+    /// The most characters of conversation text one request may carry.
+    pub max_text_chars: usize,
 }
 
 /// A steered generate route's map over its head's labels, and its θ policy.

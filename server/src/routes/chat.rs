@@ -43,6 +43,7 @@ pub async fn chat(
         }
         Err(d) => refused(&v, d),
     };
+    resp = crate::adapt::mark_request(resp, &v);
     // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).
     if let Some(a) = &variant {
         crate::adapt::apply_variant(a, &v.route, &mut resp, started).await;
@@ -56,6 +57,9 @@ pub(crate) fn facts(state: &AppState, name: &str) -> Option<RouteFacts> {
         kind: r.kind,
         deadline: r.deadline,
         max_deadline: r.max_deadline,
+        max_tokens: r.max_tokens,
+        max_text_chars: r.max_text_chars,
+        name: r.name.clone(),
     })
 }
 
@@ -63,9 +67,13 @@ pub(crate) fn facts(state: &AppState, name: &str) -> Option<RouteFacts> {
 pub(super) fn validated(
     state: &AppState,
     asking: &Asking,
-    req: ChatRequest,
+    mut req: ChatRequest,
     started: Instant,
 ) -> Result<ValidChat, ApiError> {
+    // A model name may be a route's alias, `auto` or unknown to a route that answers unknown names.
+    if let Some(route) = state.routing.routes.resolve(&req.model) {
+        req.model = route;
+    }
     let caller = Caller {
         tenant: asking.tenant.clone(),
         batch: asking.batch.clone(),

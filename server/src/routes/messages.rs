@@ -31,17 +31,58 @@ pub async fn messages(
 ) -> Response {
     let stream = req.streams();
     let started = Instant::now();
+    let v = match req.into_chat().and_then(|mut chat| {
+        chat.client_sessions
+            .splice(0..0, claude_code_session(&asking.headers));
+        validated(&state, &asking, chat, started)
+    }) {
+        Ok(v) => in_dialect(v, "msg_", "messages"),
+        Err(e) => return e.into_response(),
+    };
+    let resp = match tiergate_engine::answer::answer(&state, &v).await {
+        Ok(a) => render(&state, &v, stream, a).await,
+        Err(d) => refused(&v, d),
+    };
+    crate::adapt::mark_request(resp, &v)
+}
+
+/// `POST /v1/messages/count_tokens`: the request's input tokens by the tokenizer of what would answer it
+/// ([`tiergate_engine::answer::count_tokens`]; `x-tiergate-stage` and `x-tiergate-backend` say whose).
+pub async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    asking: Asking,
+    ApiJson(mut req): ApiJson<MessagesRequest>,
+) -> Response {
+    req.max_tokens = req.max_tokens.or(Some(1));
+    req.stream = None;
+    let started = Instant::now();
     let v = match req
         .into_chat()
         .and_then(|chat| validated(&state, &asking, chat, started))
     {
-        Ok(v) => in_dialect(v, "msg_", "messages"),
+        Ok(v) => in_dialect(v, "msg_", "count_tokens"),
         Err(e) => return e.into_response(),
     };
-    match tiergate_engine::answer::answer(&state, &v).await {
-        Ok(a) => render(&state, &v, stream, a).await,
+    let resp = match tiergate_engine::answer::count_tokens(&state, &v).await {
+        Ok((n, outcome, admitted)) => finish(
+            axum::Json(json!({"input_tokens": n})).into_response(),
+            &state,
+            &outcome,
+            admitted,
+        ),
         Err(d) => refused(&v, d),
-    }
+    };
+    crate::adapt::mark_request(resp, &v)
+}
+
+/// Claude Code's session id (`X-Claude-Code-Session-Id`), a session key of its conversation.
+fn claude_code_session(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get("x-claude-code-session-id")
+        .and_then(|h| h.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 /// The `message` for the engine's answer, as JSON or as its event stream.
@@ -115,8 +156,14 @@ fn message(v: &ValidChat, w: Option<&Whole>, t: Tokens) -> Value {
         content.extend(w.calls.iter().map(tool_use));
     }
     json!({"id": v.id, "type": "message", "role": "assistant", "model": v.route, "content": content,
-           "stop_reason": w.map(|w| stop_reason(w.end)), "stop_sequence": null,
-           "usage": {"input_tokens": t.prompt, "output_tokens": t.completion}})
+           "stop_reason": w.map(|w| stop_reason(w.end)), "stop_sequence": null, "usage": usage(t)})
+}
+
+/// A `usage` object: the backend's own counts; no prompt cache is read or written that this server could
+/// count, so the cache fields clients read are 0.
+fn usage(t: Tokens) -> Value {
+    json!({"input_tokens": t.prompt, "output_tokens": t.completion,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
 }
 
 fn event(kind: &str, data: Value) -> Event {
@@ -198,8 +245,8 @@ impl Blocks {
         )]
     }
 
-    /// Closes the last block and the message.
-    fn end(&mut self, end: &str, completion: u32) -> Vec<Event> {
+    /// Closes the last block and the message (its usage whole: the prompt's tokens are known only now).
+    fn end(&mut self, end: &str, tokens: Tokens) -> Vec<Event> {
         let mut out = if self.opened == 0 {
             self.text("") // a message has at least one block
         } else {
@@ -209,7 +256,7 @@ impl Blocks {
         out.push(event(
             "message_delta",
             json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(end), "stop_sequence": null},
-                   "usage": {"output_tokens": completion}}),
+                   "usage": usage(tokens)}),
         ));
         out.push(event("message_stop", json!({"type": "message_stop"})));
         out
@@ -229,7 +276,7 @@ fn one_piece(v: &ValidChat, stream: bool, w: Whole) -> Response {
     for c in &w.calls {
         all.extend(blocks.call(c));
     }
-    all.extend(blocks.end(w.end, w.tokens.completion));
+    all.extend(blocks.end(w.end, w.tokens));
     Sse::new(futures_util::stream::iter(
         all.into_iter().map(Ok::<_, Infallible>),
     ))
@@ -252,7 +299,7 @@ fn events(v: &ValidChat, mut g: Generation) -> Response {
             let out: Vec<Event> = match next {
                 Ok(Delta::Text(t)) => blocks.text(&t),
                 Ok(Delta::ToolCall(c)) => blocks.call(&c),
-                Ok(Delta::End { finish, tokens }) => blocks.end(finish.as_str(), tokens.completion),
+                Ok(Delta::End { finish, tokens }) => blocks.end(finish.as_str(), tokens),
                 Ok(_) => continue,
                 Err(e) => {
                     let e = ApiError::from(e);
@@ -268,5 +315,8 @@ fn events(v: &ValidChat, mut g: Generation) -> Response {
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-    Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>)).into_response()
+    let ping = event("ping", json!({"type": "ping"}));
+    Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>))
+        .keep_alive(super::respond::keep_alive(Some(ping)))
+        .into_response()
 }

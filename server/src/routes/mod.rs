@@ -58,7 +58,9 @@ pub fn router_with(
     // Anthropic's door: the same layers, and every error leaving it (auth, limits, the body, the handler)
     // reshaped into Anthropic's error shape.
     let messages = api_layers(
-        Router::new().route("/v1/messages", post(messages::messages)),
+        Router::new()
+            .route("/v1/messages", post(messages::messages))
+            .route("/v1/messages/count_tokens", post(messages::count_tokens)),
         &state,
     )
     .layer(axum::middleware::map_response(crate::anthropic::reshape));

@@ -13,7 +13,14 @@ use tiergate_engine::metrics as m;
 use tiergate_engine::state::AppState;
 
 /// `GET /v1/models`: the routes.
-pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+pub async fn models(
+    State(state): State<Arc<AppState>>,
+    tenant: Option<axum::Extension<tiergate_engine::tenancy::tenants::TenantId>>,
+) -> Response {
+    let tenant = tenant.map_or_else(
+        tiergate_engine::tenancy::tenants::TenantId::anonymous,
+        |t| t.0,
+    );
     // When the routes were loaded (the server's start), as Unix seconds.
     let created = tiergate_engine::load::utilization::unix_now_s()
         .saturating_sub(state.started.elapsed().as_secs());
@@ -22,13 +29,16 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
         .route_order
         .iter()
         .filter_map(|n| state.routing.routes.get(n))
+        .filter(|r| state.tenants().permit(&tenant, &r.name).is_ok())
         .map(|r| {
             let kind = match r.kind {
                 RouteKind::Classify => "classify",
                 RouteKind::Answer => "answer",
                 RouteKind::Generate => "generate",
             };
-            json!({"id": r.name, "object": "model", "created": created, "owned_by": "tiergate", "tiergate_kind": kind})
+            json!({"id": r.name, "object": "model", "created": created, "owned_by": "tiergate",
+                   "tiergate_kind": kind, "tiergate_aliases": r.aliases, "tiergate_default": r.default,
+                   "tiergate_max_tokens": r.max_tokens, "tiergate_max_text_chars": r.max_text_chars})
         })
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()

@@ -390,7 +390,19 @@ fn stream(v: &ValidChat, mut g: Generation) -> Response {
     );
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let stream = futures_util::StreamExt::map(stream, Ok::<_, Infallible>);
-    Sse::new(stream).into_response()
+    Sse::new(stream)
+        .keep_alive(keep_alive(None))
+        .into_response()
+}
+
+/// While a generation is quiet (a long prompt's prefill, a slow step), an SSE comment (or the dialect's own
+/// event: Anthropic's `ping`) every 15 s, so an agent's idle timeout does not fire and retry the whole prompt.
+pub(super) fn keep_alive(event: Option<SseEvent>) -> axum::response::sse::KeepAlive {
+    let k = axum::response::sse::KeepAlive::new().interval(std::time::Duration::from_secs(15));
+    match event {
+        Some(e) => k.event(e),
+        None => k,
+    }
 }
 
 /// The response to a request the engine declined: its error, counted when it ran, marked with the brownout

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
-use crate::openai_responses::ResponsesRequest;
+use crate::openai_responses::{ResponsesRequest, Shapes};
 use crate::validate::ValidChat;
 use tiergate_engine::answer::request::{ToolCall, ToolChoice};
 use tiergate_engine::answer::stored::{ResponseStore, StoredResponse};
@@ -31,26 +31,33 @@ use super::respond::{collected, finish, label_text, refused};
 /// The store the server was configured with (`[responses] store`), if any.
 pub type Store = Option<Arc<dyn ResponseStore>>;
 
-/// What a kept response needs besides the answer: the store, its tenant, the conversation that led to it,
-/// and the response it continues.
+/// How long a response's write to the store may take before the response is answered as not stored.
+const STORE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What a response needs besides the answer: the store, its tenant, the conversation that led to it, the
+/// response it continues, and the shapes of the client's tools (its calls are answered in them).
 #[derive(Clone)]
 struct Keep {
     store: Option<Arc<dyn ResponseStore>>,
     tenant: String,
     turns: Vec<Value>,
     previous: Option<String>,
+    shapes: Shapes,
 }
 
 impl Keep {
-    /// The response object as it is answered and kept: `store` says whether it is kept.
-    fn dress(&self, mut r: Value) -> Value {
+    /// The response object as it is answered: `store` says whether it is to be kept.
+    fn response(&self, v: &ValidChat, status: &str, out: Option<&Output>) -> Value {
+        let mut r = response(v, status, out, &self.shapes);
         r["store"] = json!(self.store.is_some());
         r["previous_response_id"] = json!(self.previous);
         r
     }
 
-    /// Keeps a finished response with its conversation (in the background; a failed write is logged).
-    fn save(&self, v: &ValidChat, out: &Output, response: &Value) {
+    /// Keeps a finished response with its conversation before it is answered, so that a continuation that
+    /// follows at once finds it; a write that fails or misses [`STORE_DEADLINE`] is logged and the response
+    /// says `"store": false` — never an id that was not stored.
+    async fn save(&self, v: &ValidChat, out: &Output, response: &mut Value) {
         let Some(store) = self.store.clone() else {
             return;
         };
@@ -72,11 +79,16 @@ impl Keep {
             response: response.clone(),
             session: v.session.clone(),
         };
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = store.put(&r) {
-                tracing::warn!(id = %r.id, error = %e, "a response was not stored");
-            }
-        });
+        let id = r.id.clone();
+        let write = tokio::task::spawn_blocking(move || store.put(&r));
+        let failed = match tokio::time::timeout(STORE_DEADLINE, write).await {
+            Ok(Ok(Ok(()))) => return,
+            Ok(Ok(Err(e))) => e,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {STORE_DEADLINE:?}"),
+        };
+        tracing::warn!(%id, error = %failed, "a response was not stored: answered with store false");
+        response["store"] = json!(false);
     }
 }
 
@@ -96,11 +108,11 @@ pub async fn responses(
         Err(e) => return e.into_response(),
     };
     let started = Instant::now();
-    let (mut v, turns) = match req
-        .into_chat(turns)
-        .and_then(|(chat, turns)| Ok((validated(&state, &asking, chat, started)?, turns)))
-    {
-        Ok((v, turns)) => (in_dialect(v, "resp_", "responses"), turns),
+    let (mut v, turns, shapes) = match req.into_chat(turns).and_then(|(mut chat, turns, shapes)| {
+        chat.client_sessions.extend(codex_session(&asking.headers));
+        Ok((validated(&state, &asking, chat, started)?, turns, shapes))
+    }) {
+        Ok((v, turns, shapes)) => (in_dialect(v, "resp_", "responses"), turns, shapes),
         Err(e) => return e.into_response(),
     };
     // Without a key of its own, a kept response's chain is its session: its first response's id.
@@ -111,11 +123,23 @@ pub async fn responses(
         tenant: asking.tenant.0.to_string(),
         turns,
         previous,
+        shapes,
     };
-    match tiergate_engine::answer::answer(&state, &v).await {
+    let resp = match tiergate_engine::answer::answer(&state, &v).await {
         Ok(a) => render(&state, &v, stream, a, keep).await,
         Err(d) => refused(&v, d),
-    }
+    };
+    crate::adapt::mark_request(resp, &v)
+}
+
+/// Codex's session id (its `session-id` header), a session key of its conversation.
+fn codex_session(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get("session-id")
+        .and_then(|h| h.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 /// The conversation `previous` names and its session, when the server stores responses and this tenant
@@ -129,18 +153,17 @@ async fn continued(
         return Ok((Vec::new(), None));
     };
     let Some(store) = store else {
-        return Err(ApiError::invalid(
-            "previous_response_id",
-            "this server stores no responses ([responses] store = false): send the whole conversation as `input`",
-        ));
+        return Err(ApiError::PreviousResponseNotFound(format!(
+            "previous response `{id}` not found: this server stores no responses ([responses] store = false); send the whole conversation as `input`"
+        )));
     };
     fetch(store, id, tenant)
         .await?
         .map(|r| (r.messages, r.session.or(Some(r.id))))
         .ok_or_else(|| {
-            ApiError::NotFound(format!(
-            "no stored response `{id}` (previous_response_id): unknown, expired, or not this key's"
-        ))
+            ApiError::PreviousResponseNotFound(format!(
+                "previous response `{id}` not found: unknown, expired, or not this key's"
+            ))
         })
 }
 
@@ -185,31 +208,31 @@ async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer, keep: 
         mut outcome,
         admitted,
     } = a;
-    let one = |out: Output| {
-        if stream {
-            one_piece_events(v, &keep, &out)
-        } else {
-            let r = keep.dress(response(v, "completed", Some(&out)));
-            keep.save(v, &out, &r);
-            axum::Json(r).into_response()
-        }
-    };
-    let resp = match body {
+    let out = match body {
         Body::Label(l) => {
             let text = label_text(v, &outcome, &l);
-            one(Output::text(text, tokens(l.prompt_tokens, 1)))
+            Output::text(text, tokens(l.prompt_tokens, 1))
         }
-        Body::Text { text, tokens } => one(Output::text(text, tokens)),
-        Body::Stream(g) if stream => events(v, keep.clone(), *g),
+        Body::Text { text, tokens } => Output::text(text, tokens),
+        Body::Stream(g) if stream => {
+            return finish(events(v, keep, *g), state, &outcome, admitted);
+        }
         Body::Stream(g) => match collected(*g, &mut outcome).await {
-            Ok(c) => one(Output {
+            Ok(c) => Output {
                 text: c.text,
                 calls: c.calls,
                 end: c.finish.as_str(),
                 tokens: c.tokens,
-            }),
-            Err(e) => e.into_response(),
+            },
+            Err(e) => return e.into_response(),
         },
+    };
+    let resp = if stream {
+        one_piece_events(v, &keep, &out).await
+    } else {
+        let mut r = keep.response(v, "completed", Some(&out));
+        keep.save(v, &out, &mut r).await;
+        axum::Json(r).into_response()
     };
     finish(resp, state, &outcome, admitted)
 }
@@ -242,14 +265,14 @@ impl Output {
         !self.text.is_empty() || self.calls.is_empty()
     }
 
-    /// Its output items: the message, then a `function_call` item per call.
-    fn items(&self, v: &ValidChat) -> Vec<Value> {
+    /// Its output items: the message, then an item per call in its tool's shape.
+    fn items(&self, v: &ValidChat, shapes: &Shapes) -> Vec<Value> {
         let message = self
             .has_message()
             .then(|| item(v, "completed", Some(&self.text)));
         message
             .into_iter()
-            .chain(self.calls.iter().map(|c| call_item(c, "completed")))
+            .chain(self.calls.iter().map(|c| shapes.call_item(c, "completed")))
             .collect()
     }
 }
@@ -258,17 +281,6 @@ impl Output {
 fn item(v: &ValidChat, status: &str, text: Option<&str>) -> Value {
     let content: Vec<Value> = text.map(part).into_iter().collect();
     json!({"type": "message", "id": item_id(v), "status": status, "role": "assistant", "content": content})
-}
-
-/// A `function_call` output item (`arguments` empty while in progress).
-fn call_item(c: &ToolCall, status: &str) -> Value {
-    let arguments = if status == "completed" {
-        c.arguments.as_str()
-    } else {
-        ""
-    };
-    json!({"type": "function_call", "id": format!("fc_{}", c.id), "call_id": c.id, "name": c.name,
-           "arguments": arguments, "status": status})
 }
 
 fn item_id(v: &ValidChat) -> String {
@@ -304,12 +316,12 @@ fn tools_echo(v: &ValidChat) -> (Value, Value, bool) {
 
 /// A `response` object: `status` `in_progress` (no output yet, `out` none), `failed`, or
 /// `completed`/`incomplete`.
-fn response(v: &ValidChat, status: &str, out: Option<&Output>) -> Value {
+fn response(v: &ValidChat, status: &str, out: Option<&Output>, shapes: &Shapes) -> Value {
     let (status, incomplete) = match (status, out.map(|o| o.end)) {
         ("completed", Some("length")) => ("incomplete", json!({"reason": "max_output_tokens"})),
         (s, _) => (s, Value::Null),
     };
-    let output = out.map(|o| o.items(v)).unwrap_or_default();
+    let output = out.map(|o| o.items(v, shapes)).unwrap_or_default();
     let t = out.map(|o| o.tokens).unwrap_or_default();
     let format = if v.json_object { "json_object" } else { "text" };
     let (tools, tool_choice, parallel) = tools_echo(v);
@@ -352,7 +364,7 @@ impl Seq {
 
     /// `response.created` and `response.in_progress`.
     fn opening(&mut self, v: &ValidChat, keep: &Keep) -> Vec<Event> {
-        let r = keep.dress(response(v, "in_progress", None));
+        let r = keep.response(v, "in_progress", None);
         vec![
             self.event("response.created", json!({"response": r})),
             self.event("response.in_progress", json!({"response": r})),
@@ -393,29 +405,40 @@ impl Seq {
 
     /// A function call: the message item done when one is open, then the call's item added, its arguments
     /// (one delta, then done), its item done.
-    fn call(&mut self, v: &ValidChat, c: ToolCall) -> Vec<Event> {
+    fn call(&mut self, v: &ValidChat, shapes: &Shapes, c: ToolCall) -> Vec<Event> {
         let mut all = self.message_done(v);
         let i = self.items;
         self.items += 1;
-        let id = format!("fc_{}", c.id);
-        all.extend([
-            self.event(
-                "response.output_item.added",
-                json!({"output_index": i, "item": call_item(&c, "in_progress")}),
-            ),
-            self.event(
+        let id = shapes.item_id(&c);
+        all.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": i, "item": shapes.call_item(&c, "in_progress")}),
+        ));
+        let done = shapes.call_item(&c, "completed");
+        if shapes.is_custom(&c.name) {
+            let input = done["input"].clone();
+            all.push(self.event(
+                "response.custom_tool_call_input.delta",
+                json!({"item_id": id, "output_index": i, "delta": input}),
+            ));
+            all.push(self.event(
+                "response.custom_tool_call_input.done",
+                json!({"item_id": id, "output_index": i, "input": input}),
+            ));
+        } else if done["type"] == "function_call" {
+            all.push(self.event(
                 "response.function_call_arguments.delta",
                 json!({"item_id": id, "output_index": i, "delta": c.arguments}),
-            ),
-            self.event(
+            ));
+            all.push(self.event(
                 "response.function_call_arguments.done",
                 json!({"item_id": id, "output_index": i, "arguments": c.arguments}),
-            ),
-            self.event(
-                "response.output_item.done",
-                json!({"output_index": i, "item": call_item(&c, "completed")}),
-            ),
-        ]);
+            ));
+        }
+        all.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": i, "item": done}),
+        ));
         self.out.calls.push(c);
         all
     }
@@ -446,7 +469,13 @@ impl Seq {
 
     /// The message item done (when one was opened, or nothing was said), then `response.completed` (or
     /// `response.incomplete`). The finished response is kept (`[responses] store`) as it is announced.
-    fn closing(&mut self, v: &ValidChat, keep: &Keep, end: &'static str, t: Tokens) -> Vec<Event> {
+    async fn closing(
+        &mut self,
+        v: &ValidChat,
+        keep: &Keep,
+        end: &'static str,
+        t: Tokens,
+    ) -> Vec<Event> {
         self.out.end = end;
         self.out.tokens = t;
         let mut all = Vec::new();
@@ -454,8 +483,8 @@ impl Seq {
             all.extend(self.text(v, ""));
         }
         all.extend(self.message_done(v));
-        let done = keep.dress(response(v, "completed", Some(&self.out)));
-        keep.save(v, &self.out, &done);
+        let mut done = keep.response(v, "completed", Some(&self.out));
+        keep.save(v, &self.out, &mut done).await;
         let last = if done["status"] == "incomplete" {
             "response.incomplete"
         } else {
@@ -467,16 +496,16 @@ impl Seq {
 }
 
 /// A one-piece answer as the whole event sequence.
-fn one_piece_events(v: &ValidChat, keep: &Keep, out: &Output) -> Response {
+async fn one_piece_events(v: &ValidChat, keep: &Keep, out: &Output) -> Response {
     let mut seq = Seq::default();
     let mut all = seq.opening(v, keep);
     if out.has_message() {
         all.extend(seq.text(v, &out.text));
     }
     for c in &out.calls {
-        all.extend(seq.call(v, c.clone()));
+        all.extend(seq.call(v, &keep.shapes, c.clone()));
     }
-    all.extend(seq.closing(v, keep, out.end, out.tokens));
+    all.extend(seq.closing(v, keep, out.end, out.tokens).await);
     Sse::new(futures_util::stream::iter(
         all.into_iter().map(Ok::<_, Infallible>),
     ))
@@ -498,14 +527,14 @@ fn events(v: &ValidChat, keep: Keep, mut g: Generation) -> Response {
         while let Some(next) = g.next().await {
             let out: Vec<Event> = match next {
                 Ok(Delta::Text(t)) => seq.text(&v, &t),
-                Ok(Delta::ToolCall(c)) => seq.call(&v, c),
+                Ok(Delta::ToolCall(c)) => seq.call(&v, &keep.shapes, c),
                 Ok(Delta::End { finish, tokens }) => {
-                    seq.closing(&v, &keep, finish.as_str(), tokens)
+                    seq.closing(&v, &keep, finish.as_str(), tokens).await
                 }
                 Ok(_) => continue,
                 Err(e) => {
                     let e = ApiError::from(e);
-                    let mut r = keep.dress(response(&v, "failed", None));
+                    let mut r = keep.response(&v, "failed", None);
                     r["error"] = json!({"code": e.parts().2, "message": e.to_string()});
                     vec![seq.event("response.failed", json!({"response": r}))]
                 }
@@ -518,5 +547,7 @@ fn events(v: &ValidChat, keep: Keep, mut g: Generation) -> Response {
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-    Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>)).into_response()
+    Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>))
+        .keep_alive(super::respond::keep_alive(None))
+        .into_response()
 }

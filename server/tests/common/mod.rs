@@ -76,6 +76,10 @@ pub fn config(tiny: &TinyModel) -> Config {
         steer: None,
         context_turns: 0,
         context_chars: 400,
+        aliases: Vec::new(),
+        default: false,
+        max_tokens: None,
+        max_text_chars: None,
     })
     .collect();
     cfg

@@ -227,6 +227,10 @@ pub fn guarded(c: &mut Config) {
             steer: None,
             context_turns: 0,
             context_chars: 400,
+            aliases: Vec::new(),
+            default: false,
+            max_tokens: None,
+            max_text_chars: None,
         });
     }
 }

@@ -38,6 +38,11 @@ pub fn start(extra: &[&str]) -> Server {
 
 /// [`start`] with extra environment variables.
 pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    start_logged(extra, env, Stdio::inherit())
+}
+
+/// [`start_env`] with the server's (and its workers') log going to `stderr`.
+pub fn start_logged(extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Server {
     minilm_dir();
     let mut child = Command::new(binary("tiergate"))
         .envs(env.iter().copied())
@@ -51,7 +56,7 @@ pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         ])
         .args(extra)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
