@@ -314,12 +314,14 @@ fn chat_turns(
                 }
                 out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
             }
-            (_, kind) => return Err(ApiError::invalid(
-                here(".type"),
-                format!(
+            (_, kind) => {
+                return Err(ApiError::invalid(
+                    here(".type"),
+                    format!(
                     "content blocks of type `{kind}` are not supported in a {role} message here"
                 ),
-            )),
+                ))
+            }
         }
     }
     if !calls.is_empty() {

@@ -28,8 +28,8 @@ pub enum ApiError {
     #[error("method not allowed")]
     MethodNotAllowed,
     /// Body over the limit (413).
-    #[error("request body exceeds the server's size limit (server.max_body_bytes)")]
-    TooLarge,
+    #[error("{0}")]
+    TooLarge(String),
     /// Admin credentials missing or wrong (401).
     #[error("{0}")]
     Unauthorized(String),
@@ -74,6 +74,17 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A 413 naming the body limit (`limit` bytes when the caller knows it) and its config key.
+    pub fn too_large(limit: Option<usize>) -> Self {
+        let what = limit.map_or_else(
+            || "the server's size limit".to_string(),
+            |l| format!("{l} bytes"),
+        );
+        ApiError::TooLarge(format!(
+            "the request body exceeds {what} (server.max_body_bytes)"
+        ))
+    }
+
     /// A 400 naming the offending field.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
         ApiError::Invalid {
@@ -106,7 +117,7 @@ impl ApiError {
                 "invalid_request_error",
                 "method_not_allowed",
             ),
-            ApiError::TooLarge => (
+            ApiError::TooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 "request_too_large",
@@ -258,7 +269,7 @@ mod tests {
         for (e, status) in [
             (ApiError::UnknownModel("x".into()), 404),
             (ApiError::MethodNotAllowed, 405),
-            (ApiError::TooLarge, 413),
+            (ApiError::too_large(Some(1)), 413),
             (
                 ApiError::Overloaded {
                     message: "busy".into(),

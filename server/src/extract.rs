@@ -74,7 +74,7 @@ where
 
 fn map_rejection(r: JsonRejection) -> ApiError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::TooLarge;
+        return ApiError::too_large(None);
     }
     match r {
         JsonRejection::JsonDataError(e) => ApiError::Invalid {

@@ -239,18 +239,50 @@ def anthropic_error(code, v, status, kind):
     assert code == status and v["type"] == "error" and v["error"]["type"] == kind, (code, v)
 
 
+def not_found_previous(code, v):
+    """OpenAI's answer to a previous_response_id it does not have: 400 previous_response_not_found."""
+    openai_error(code, v, 400, "previous_response_id")
+    assert v["error"]["code"] == "previous_response_not_found", v
+
+
 USER = [{"role": "user", "content": "hi"}]
 ORPHAN = USER + [{"role": "tool", "tool_call_id": "call_nowhere", "content": "42"}]
-BIG = "x" * (4 * 1024 * 1024 + 1024)
+LIMIT = 4 * 1024 * 1024  # server.max_body_bytes
+
+
+def over_limit(path, headers=None):
+    """A body declared one KiB over the body cap: the server answers from its Content-Length at once (a
+    client writing 4 MiB into a closed connection would see a broken pipe, not the answer); only a prefix
+    is sent."""
+    import http.client
+    from urllib.parse import urlparse
+    u = urlparse(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    h = {"content-type": "application/json", "authorization": f"Bearer {key}", **(headers or {})}
+    conn.putrequest("POST", path)
+    for k, v in h.items():
+        conn.putheader(k, v)
+    conn.putheader("content-length", str(LIMIT + 1024))
+    conn.endheaders()
+    try:
+        conn.send(b'{"model": "generate", "messages": [{"role": "user", "content": "' + b"x" * 4096)
+    except OSError:
+        pass
+    r = conn.getresponse()
+    v = json.loads(r.read() or b"{}")
+    text = json.dumps(v)
+    assert str(LIMIT) in text and "server.max_body_bytes" in text, v
+    return r.status, v
+
 
 case("errors/chat/bad-field", lambda: openai_error(*raw("/v1/chat/completions", {"model": "classify", "messages": USER, "temperature": 9}), 400, "temperature"))
 case("errors/messages/missing-max_tokens", lambda: anthropic_error(*raw("/v1/messages", {"model": "classify", "messages": USER}), 400, "invalid_request_error"))
 case("errors/chat/unknown-model", lambda: openai_error(*raw("/v1/chat/completions", {"model": "nope", "messages": USER}), 404))
 case("errors/responses/unknown-model", lambda: openai_error(*raw("/v1/responses", {"model": "nope", "input": "hi"}), 404))
 case("errors/messages/unknown-model", lambda: anthropic_error(*raw("/v1/messages", {"model": "nope", "max_tokens": 8, "messages": USER}), 404, "not_found_error"))
-case("errors/chat/over-limit", lambda: openai_error(*raw("/v1/chat/completions", {"model": "generate", "messages": [{"role": "user", "content": BIG}]}), 413))
-case("errors/responses/over-limit", lambda: openai_error(*raw("/v1/responses", {"model": "generate", "input": BIG}), 413))
-case("errors/messages/over-limit", lambda: anthropic_error(*raw("/v1/messages", {"model": "generate", "max_tokens": 8, "messages": [{"role": "user", "content": BIG}]}), 413, "request_too_large"))
+case("errors/chat/over-limit", lambda: openai_error(*over_limit("/v1/chat/completions"), 413))
+case("errors/responses/over-limit", lambda: openai_error(*over_limit("/v1/responses"), 413))
+case("errors/messages/over-limit", lambda: anthropic_error(*over_limit("/v1/messages"), 413, "request_too_large"))
 case("errors/chat/bad-key", lambda: openai_error(*raw("/v1/chat/completions", {"model": "classify", "messages": USER}, {"authorization": f"Bearer {bad_key}"}), 401))
 case("errors/responses/bad-key", lambda: openai_error(*raw("/v1/responses", {"model": "classify", "input": "hi"}, {"authorization": f"Bearer {bad_key}"}), 401))
 case("errors/messages/bad-key", lambda: anthropic_error(*raw("/v1/messages", {"model": "classify", "max_tokens": 8, "messages": USER}, {"authorization": None, "x-api-key": bad_key}), 401, "authentication_error"))
@@ -258,12 +290,6 @@ case("errors/chat/tool-result-without-call", lambda: openai_error(*raw("/v1/chat
 case("errors/responses/tool-result-without-call", lambda: openai_error(*raw("/v1/responses", {"model": "generate", "input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "call_nowhere", "output": "42"}]}), 400, "messages[1].tool_call_id"))
 case("errors/messages/tool-result-without-call", lambda: anthropic_error(*raw("/v1/messages", {"model": "generate", "max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "tool_result", "tool_use_id": "toolu_nowhere", "content": "42"}]}]}), 400, "invalid_request_error"))
 case("errors/responses/unknown-previous_response_id", lambda: not_found_previous(*raw("/v1/responses", {"model": "generate", "input": "hi", "previous_response_id": "resp_000000000000000000000000000f"})))
-
-
-def not_found_previous(code, v):
-    """OpenAI's answer to a previous_response_id it does not have: 400 previous_response_not_found."""
-    openai_error(code, v, 400, "previous_response_id")
-    assert v["error"]["code"] == "previous_response_not_found", v
 
 
 def foreign_previous():
@@ -439,8 +465,7 @@ def max_tokens_64k():
     assert c.choices[0].message.content.startswith("stub:"), c
 
 
-MEGA = "a file line of an agent's read
-" * (1024 * 1024 // 31)
+MEGA = "a file line of an agent's read\n" * (1024 * 1024 // 31)
 
 
 def one_megabyte_conversation():

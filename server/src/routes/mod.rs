@@ -193,7 +193,7 @@ async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return ApiError::TooLarge.into_response();
+        return ApiError::too_large(Some(limit)).into_response();
     }
     let deadline = std::time::Duration::from_millis(state.config.server.body_timeout_ms);
     let (parts, body) = req.into_parts();
@@ -203,7 +203,7 @@ async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
             let too_large = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             if too_large {
-                ApiError::TooLarge.into_response()
+                ApiError::too_large(Some(limit)).into_response()
             } else {
                 ApiError::invalid("body", format!("cannot read the request body: {e}"))
                     .into_response()
@@ -254,7 +254,7 @@ async fn too_large_and_request_id(req: Request, next: Next) -> Response {
             .get("content-type")
             .is_none_or(|v| v != "application/json")
     {
-        resp = ApiError::TooLarge.into_response();
+        resp = ApiError::too_large(None).into_response();
     }
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("x-request-id", v);
