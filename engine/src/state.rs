@@ -442,6 +442,11 @@ fn route_of(
         default: r.default,
         max_tokens: r.max_tokens,
         max_text_chars: r.max_text_chars,
+        schema_decoding: r
+            .stages
+            .iter()
+            .flat_map(|s| &s.alternatives)
+            .all(|&b| resolved.backends[b].config.engine != tiergate_config::EngineKind::Stub),
     })
 }
 

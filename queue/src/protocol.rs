@@ -110,6 +110,9 @@ pub struct Sampling {
     /// Sampling seed.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// A JSON Schema the answer must follow (constrained decoding), as JSON text.
+    #[serde(default)]
+    pub json_schema: Option<String>,
 }
 
 /// A job for a worker (externally tagged: an internally tagged enum cannot be decoded from a non-self-describing

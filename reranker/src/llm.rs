@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use either::Either;
 use mistralrs::{
-    ChatCompletionChunkResponse, GgufModelBuilder, IsqType, Model, RequestBuilder, Response,
-    StopTokens, TextModelBuilder,
+    ChatCompletionChunkResponse, Constraint, GgufModelBuilder, IsqType, Model, RequestBuilder,
+    Response, StopTokens, TextModelBuilder,
 };
 use tiergate_queue::{Candidate, Message, Sampling, ToolCall, Tools, Usage};
 
@@ -299,6 +299,14 @@ fn sampled(sampling: &Sampling) -> RequestBuilder {
     }
     if !sampling.stop.is_empty() {
         request = request.set_sampler_stop_toks(StopTokens::Seqs(sampling.stop.clone()));
+    }
+    // A schema the server validated as a JSON object; text that does not parse is left unconstrained.
+    if let Some(schema) = sampling
+        .json_schema
+        .as_deref()
+        .and_then(|s| serde_json::from_str(s).ok())
+    {
+        request = request.set_constraint(Constraint::JsonSchema(schema));
     }
     request
 }

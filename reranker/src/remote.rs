@@ -188,6 +188,12 @@ impl RemoteEngine {
         if let Some(s) = sampling.seed {
             body["seed"] = json!(s);
         }
+        if let Some(schema) = &sampling.json_schema {
+            let schema: Value = serde_json::from_str(schema)
+                .map_err(|e| EngineError::Invalid(format!("json_schema: {e}")))?;
+            body["response_format"] = json!({"type": "json_schema",
+                "json_schema": {"name": "response", "schema": schema, "strict": true}});
+        }
         let resp = self.post(&body).await?;
         let mut usage = Usage {
             prompt_tokens: 0,

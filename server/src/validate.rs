@@ -30,6 +30,8 @@ pub struct RouteFacts {
     pub max_text_chars: usize,
     /// The route's name (errors name its config keys).
     pub name: String,
+    /// Its backends constrain decoding to a JSON Schema.
+    pub schema_decoding: bool,
 }
 
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
@@ -65,12 +67,7 @@ pub fn validate(
         }
     }
     let tools = tools::valid_tools(&req, kind)?;
-    let schema_set_aside = (kind == RouteKind::Generate
-        && req
-            .response_format
-            .as_ref()
-            .is_some_and(|f| f.kind == "json_schema"))
-    .then(|| "response_format.json_schema".to_string());
+    let (json_schema, schema_set_aside) = json_schema(&req, &facts)?;
     let set_aside = fields::set_aside(
         req.set_aside
             .iter()
@@ -129,6 +126,7 @@ pub fn validate(
         max_tokens,
         max_tokens_clamped,
         set_aside,
+        json_schema,
         temperature: s.temperature,
         top_p: s.top_p,
         stop: s.stop,
@@ -147,6 +145,32 @@ pub fn validate(
         started: caller.started,
         tools,
     })
+}
+
+/// A generate route's `response_format: json_schema`: the schema (as JSON text) passed on when every backend
+/// of the route constrains decoding, else set aside by name (the text is answered unconstrained).
+fn json_schema(
+    req: &ChatRequest,
+    facts: &RouteFacts,
+) -> Result<(Option<String>, Option<String>), ApiError> {
+    let Some(f) = req
+        .response_format
+        .as_ref()
+        .filter(|f| f.kind == "json_schema" && facts.kind == RouteKind::Generate)
+    else {
+        return Ok((None, None));
+    };
+    if !facts.schema_decoding {
+        return Ok((None, Some("response_format.json_schema".into())));
+    }
+    let schema = f.json_schema.as_ref().map(|j| &j["schema"]);
+    match schema {
+        Some(s) if s.is_object() => Ok((Some(s.to_string()), None)),
+        _ => Err(ApiError::invalid(
+            "response_format.json_schema.schema",
+            "a JSON Schema object is required",
+        )),
+    }
 }
 
 /// The session key `x-session-id` names: 1 to 256 visible ASCII characters, else a 400 naming the header.
@@ -445,6 +469,7 @@ mod tests {
             max_tokens: 4096,
             max_text_chars: 131_072,
             name: name.to_string(),
+            schema_decoding: false,
         })
     }
 

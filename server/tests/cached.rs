@@ -56,6 +56,7 @@ fn valid(
             max_tokens: x.max_tokens,
             max_text_chars: x.max_text_chars,
             name: x.name.clone(),
+            schema_decoding: x.schema_decoding,
         })
     };
     let caller = Caller {

@@ -213,6 +213,26 @@ fn real_smollm2_behind_serve_generates_and_reranks() {
         r.header("x-tiergate-degraded")
     );
     assert!(r.header("server-timing").unwrap().contains("rerank;dur="));
+    // A JSON Schema is passed on to mistralrs's constrained decoding (not set aside): the answer follows it.
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "blue"]}},
+                        "required": ["color"], "additionalProperties": false});
+    let r = ureq::post(&format!("{}/v1/chat/completions", s.base))
+        .send_json(json!({"model": "generate", "max_tokens": 24, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+            "messages": [{"role": "user", "content": "Pick a color."}]}))
+        .unwrap();
+    assert!(
+        r.header("x-tiergate-set-aside").is_none(),
+        "{:?}",
+        r.header("x-tiergate-set-aside")
+    );
+    let v: serde_json::Value = r.into_json().unwrap();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let answer: serde_json::Value = serde_json::from_str(text.trim()).expect(text);
+    assert!(
+        answer["color"] == "red" || answer["color"] == "blue",
+        "{answer}"
+    );
 }
 
 /// `tiergate-bench` against the real server (real MiniLM, stub LLM worker process): channels from the real

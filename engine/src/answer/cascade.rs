@@ -52,6 +52,7 @@ pub fn sampling(v: &ValidChat) -> Sampling {
         top_p: v.top_p,
         stop: v.stop.clone(),
         seed: v.seed,
+        json_schema: v.json_schema.clone(),
     }
 }
 

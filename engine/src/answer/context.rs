@@ -104,6 +104,7 @@ mod tests {
             door: "chat",
             set_aside: Vec::new(),
             max_tokens_clamped: false,
+            json_schema: None,
         }
     }
 

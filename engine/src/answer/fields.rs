@@ -73,7 +73,7 @@ pub const SET_ASIDE_RULES: &[(&str, &str)] = &[
     ("image", "a text-only backend reads a placeholder"),
     (
         "response_format.json_schema",
-        "no engine here constrains decoding to a schema yet: text is answered",
+        "a backend of the route cannot constrain decoding to a schema (the stub): text is answered",
     ),
 ];
 

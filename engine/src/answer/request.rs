@@ -87,6 +87,9 @@ pub struct ValidChat {
     pub set_aside: Vec<String>,
     /// The client asked for more tokens than the route allows and was given the route's ceiling.
     pub max_tokens_clamped: bool,
+    /// A JSON Schema the generation must follow (`response_format: json_schema` on a route whose every
+    /// backend constrains decoding), as JSON text.
+    pub json_schema: Option<String>,
 }
 
 impl ValidChat {

@@ -52,6 +52,9 @@ pub struct Route {
     pub max_tokens: u32,
     /// The most characters of conversation text one request may carry.
     pub max_text_chars: usize,
+    /// Every backend of its stages constrains decoding to a JSON Schema (mistralrs, an OpenAI-compatible
+    /// upstream; not the stub): a request's `json_schema` is passed on rather than set aside.
+    pub schema_decoding: bool,
 }
 
 /// A steered generate route's map over its head's labels, and its θ policy.

@@ -60,6 +60,7 @@ pub(crate) fn facts(state: &AppState, name: &str) -> Option<RouteFacts> {
         max_tokens: r.max_tokens,
         max_text_chars: r.max_text_chars,
         name: r.name.clone(),
+        schema_decoding: r.schema_decoding,
     })
 }
 
