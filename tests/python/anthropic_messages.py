@@ -158,16 +158,18 @@ def raw_post(body):
         return e.code, json.loads(e.read())
 
 
-@case("a missing max_tokens and a bad field are invalid_request_errors")
+@case("a missing max_tokens and a bad role are invalid_request_errors; an unknown field is set aside")
 def _():
     for body in (
         {"model": "classify", "messages": user("hi")},
-        {"model": "classify", "max_tokens": 8, "messages": user("hi"), "nonsense": 1},
-        {"model": "classify", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+        {"model": "classify", "max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]},
     ):
         code, v = raw_post(body)
         assert code == 400 and v["type"] == "error", (code, v)
         assert v["error"]["type"] == "invalid_request_error", v
+    r = client.messages.with_raw_response.create(model="classify", max_tokens=8, messages=user("hi"),
+                                                 extra_body={"nonsense": 1})
+    assert "nonsense" in r.headers.get("x-tiergate-set-aside", ""), dict(r.headers)
 
 
 @case("feedback names a message by its id")

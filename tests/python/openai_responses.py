@@ -100,12 +100,12 @@ def refused(name, **kw):
         return e.body
 
 
-@case("what the door does not do is a 400 naming it")
+@case("what the door cannot do is a 400 naming it; a provider-run tool is set aside and named")
 def _():
-    b = refused("tools", model="generate", input="hi", tools=[{"type": "web_search_preview"}])
-    assert b["param"] == "tools.0.type" and "built-in" in b["message"], b
+    r = client.responses.with_raw_response.create(model="generate", input="hi", tools=[{"type": "web_search_preview"}])
+    assert "tools.web_search" in r.headers.get("x-tiergate-set-aside", ""), dict(r.headers)
     b = refused("previous_response_id", model="generate", input="hi", previous_response_id="resp_x")
-    assert b["param"] == "previous_response_id", b
+    assert b["param"] == "previous_response_id" and b["code"] == "previous_response_not_found", b
     # A tool's result, to a route whose backend does not call tools (this server's is not `tools = true`).
     b = refused(
         "function_call_output",
@@ -117,8 +117,12 @@ def _():
         ],
     )
     assert b["param"] == "tools" and "cannot call tools" in b["message"], b
-    b = refused("reasoning", model="generate", input=[{"type": "reasoning", "summary": []}])
+    b = refused("item_reference", model="generate", input=[{"type": "item_reference", "id": "msg_1"}])
     assert b["param"] == "input.0.type", b
+    # A reasoning item is set aside: the conversation around it is answered.
+    r = client.responses.with_raw_response.create(model="generate", input=[
+        {"type": "reasoning", "summary": []}, {"role": "user", "content": "hi"}])
+    assert "reasoning" in r.headers.get("x-tiergate-set-aside", ""), dict(r.headers)
 
 
 @case("an unknown model is a 404")

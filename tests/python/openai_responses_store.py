@@ -74,17 +74,17 @@ def _():
     try:
         other.responses.create(model="generate", input="hi", previous_response_id=first.id)
         raise AssertionError("another tenant's conversation was continued")
-    except openai.NotFoundError as e:
-        assert "previous_response_id" in e.body["message"], e.body
+    except openai.BadRequestError as e:
+        assert e.body["code"] == "previous_response_not_found", e.body
 
 
-@case("an unknown previous_response_id is a 404")
+@case("an unknown previous_response_id is a 400 previous_response_not_found, as OpenAI answers")
 def _():
     try:
         client.responses.create(model="generate", input="hi", previous_response_id="resp_nope")
         raise AssertionError("accepted")
-    except openai.NotFoundError:
-        pass
+    except openai.BadRequestError as e:
+        assert e.body["code"] == "previous_response_not_found" and e.body["param"] == "previous_response_id", e.body
 
 
 print(f"{len(cases)} cases passed")

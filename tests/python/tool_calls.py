@@ -272,13 +272,12 @@ def _():
     oslo_args(call.arguments)
 
 
-@case("responses: built-in tools are refused")
+@case("responses: a provider-run tool is set aside and named, the client's tools kept")
 def _():
-    try:
-        oai.responses.create(model="generate", input="hi", tools=[{"type": "web_search_preview"}])
-        raise AssertionError("accepted")
-    except openai.BadRequestError as e:
-        assert e.body["param"] == "tools.0.type", e.body
+    r = oai.responses.with_raw_response.create(model="generate", input="what is the weather in Oslo",
+                                               tools=[{"type": "web_search_preview"}, RTOOL], max_output_tokens=48)
+    assert "tools.web_search" in r.headers.get("x-tiergate-set-aside", ""), dict(r.headers)
+    assert any(o.type == "function_call" and o.name == "weather" for o in r.parse().output), r.parse().output
 
 
 # ---------------------------------------------------------------- Anthropic Messages

@@ -188,7 +188,7 @@ fn declared_too_large(base: &str, path: &str, key: &str) -> (u16, String) {
         c,
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        300 << 10
+        (4 << 20) + 1024
     )
     .unwrap();
     let mut raw = String::new();
@@ -241,7 +241,7 @@ fn bad_input_is_a_clear_error_and_concurrent_feedback_is_written_once() {
         let (code, body) = post_raw(&fb, "key-a", bad);
         shape(code, &body, 400);
     }
-    // A body declared over the cap is refused before it is read: a raw request whose head says 300 KiB and
+    // A body declared over the cap is refused before it is read: a raw request whose head says 4 MiB + 1 KiB and
     // which sends none of it (a client sending the whole body may see the connection close mid-send).
     let (code, body) = declared_too_large(&s.base, "/v1/feedback", "key-a");
     shape(code, &body, 413);

@@ -146,7 +146,7 @@ fn fill(port: u16, n: usize) {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), n.to_string());
 }
 
-/// A clear whose removal of old keys outlasts its budget (ten lookup budgets: 200 ms here, against 200,000
+/// A clear whose removal of old keys outlasts its budget (ten lookup budgets: 200 ms here, against 1,000,000
 /// keys) answers 202 and finishes in the background, reported by `GET /admin/cache`; the clear is whole at
 /// once all the same (the epoch moved on: an old verdict is read by no replica while its key still exists),
 /// lookups go on meanwhile (the store is never marked down for it), and a verdict written after the clear
@@ -165,7 +165,7 @@ fn a_clear_that_outlasts_its_budget_finishes_in_the_background() {
         &url,
         "--set",
         // 20 ms a lookup or write (a first write loads its script: a few round trips), so the clear's
-        // budget is 200 ms, which 200,000 keys outlast.
+        // budget is 200 ms, which 1,000,000 keys outlast (200,000 were removed within it on a quiet 2-core machine).
         "cache.redis_timeout_ms=20",
         "--set",
         "reranker.engine=\"stub\"",
@@ -185,7 +185,7 @@ fn a_clear_that_outlasts_its_budget_finishes_in_the_background() {
         assert!(t.elapsed() < Duration::from_secs(5), "no key written");
         std::thread::sleep(Duration::from_millis(20));
     }
-    fill(port, 200_000);
+    fill(port, 1_000_000);
     let r = ureq::delete(&format!("{}/admin/cache", a.admin))
         .call()
         .unwrap();
@@ -229,7 +229,7 @@ fn a_clear_that_outlasts_its_budget_finishes_in_the_background() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(removal["state"], "done", "{removal}");
-    assert!(removal["deleted"].as_u64().unwrap() >= 200_000, "{removal}");
+    assert!(removal["deleted"].as_u64().unwrap() >= 1_000_000, "{removal}");
 }
 
 /// A verdict computed before a clear is not written after it: a probe made, another replica clears (the

@@ -877,7 +877,8 @@ fn a_stored_response_is_continued_on_another_replica() {
         "key-b",
         json!({"model": "generate", "input": "hi", "previous_response_id": id}),
     );
-    assert_eq!(code, 404, "another tenant's response: {v}");
+    assert_eq!(code, 400, "another tenant's response: {v}");
+    assert_eq!(v["error"]["code"], "previous_response_not_found", "{v}");
     let ttl: i64 = redis_cli(port, &["TTL", &format!("tiergate:policy:responses:{id}")])
         .parse()
         .unwrap();
