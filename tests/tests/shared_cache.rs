@@ -229,7 +229,10 @@ fn a_clear_that_outlasts_its_budget_finishes_in_the_background() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(removal["state"], "done", "{removal}");
-    assert!(removal["deleted"].as_u64().unwrap() >= 1_000_000, "{removal}");
+    assert!(
+        removal["deleted"].as_u64().unwrap() >= 1_000_000,
+        "{removal}"
+    );
 }
 
 /// A verdict computed before a clear is not written after it: a probe made, another replica clears (the
