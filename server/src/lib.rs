@@ -9,6 +9,7 @@ pub mod adapt;
 pub mod anthropic;
 pub mod auth;
 pub mod console;
+pub mod early;
 pub mod error;
 pub mod extract;
 pub mod openai;

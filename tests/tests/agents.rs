@@ -306,3 +306,63 @@ fn a_clients_own_session_id_keeps_its_backend() {
         assert_eq!(second, (first.0.clone(), "kept".to_string()));
     }
 }
+
+/// Bytes while the model prefills: a streamed request whose answer has not started within
+/// `server.stream_head_ms` gets its head then and keep-alive events until the first token (Anthropic's
+/// `ping` events, SSE comments on the OpenAI doors), so an agent's idle timeout does not fire and retry the
+/// prompt. Here the stub takes 2 s to its first token, the head is due after 100 ms, a keep-alive after
+/// every 200 ms of quiet.
+#[test]
+fn a_slow_first_token_gets_its_head_early_and_keep_alives() {
+    let s = Scratch::new();
+    let ledger = format!("feedback.path=\"{}\"", s.path("ledger.sqlite").display());
+    let server = common::start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.extra_args=[\"--stub-delay-ms\", \"4000\"]",
+        "--set",
+        "server.stream_head_ms=100",
+        "--set",
+        "server.keepalive_ms=200",
+        "--set",
+        &ledger,
+    ]);
+    let cases = [
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "generate", "max_tokens": 8, "stream": true,
+                               "messages": [{"role": "user", "content": "hello"}]}),
+            "event: ping",
+            "event: message_start",
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "generate", "input": "hello", "stream": true}),
+            ": keep-alive",
+            "event: response.created",
+        ),
+    ];
+    for (path, body, ping, first) in cases {
+        let t = std::time::Instant::now();
+        let r = ureq::post(&format!("{}{path}", server.base))
+            .send_json(body)
+            .unwrap();
+        let head = t.elapsed();
+        assert_eq!(r.status(), 200);
+        assert!(
+            head < Duration::from_millis(1500),
+            "{path}: head after {head:?}"
+        );
+        let text = r.into_string().unwrap();
+        let before = &text[..text.find(first).unwrap_or(0)];
+        assert!(
+            before.matches(ping).count() >= 3,
+            "{path}: keep-alives before the first event:\n{text}"
+        );
+        assert!(
+            text.contains("stub:") && text.contains("hello"),
+            "{path}: {text}"
+        );
+    }
+}

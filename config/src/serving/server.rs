@@ -55,6 +55,14 @@ pub struct ServerConfig {
     /// Also record each label Tier-0 answers alone and sure (not escalated, not degraded, not out of scope)
     /// in `record_escalations`, as `"source": "tier0"`: pseudo-labels for `tiergate distill` (off by default).
     pub record_tier0: bool,
+    /// A streamed request whose answer has not started within this many milliseconds (a long prompt's
+    /// prefill) gets its response head then, and keep-alive events until the answer comes, so an agent's idle
+    /// timeout does not fire and retry the whole prompt; its `x-tiergate-*` outcome headers are then not sent
+    /// (they are known only once a backend answers).
+    pub stream_head_ms: u64,
+    /// Time without an event after which a stream sends a keep-alive (an SSE comment; Anthropic's door: a
+    /// `ping` event), in milliseconds.
+    pub keepalive_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -80,6 +88,8 @@ impl Default for ServerConfig {
             record_max_bytes: 64 << 20,
             record_text: false,
             record_tier0: false,
+            stream_head_ms: 5_000,
+            keepalive_ms: 15_000,
         }
     }
 }
@@ -106,6 +116,8 @@ impl ServerConfig {
             ));
         }
         positive("body_timeout_ms", self.body_timeout_ms)?;
+        positive("stream_head_ms", self.stream_head_ms)?;
+        positive("keepalive_ms", self.keepalive_ms)?;
         positive("max_in_flight", self.max_in_flight as u64)?;
         positive("max_connections", self.max_connections as u64)?;
         positive(

@@ -7,6 +7,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
+use crate::early::Dialect;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai::ChatRequest;
@@ -36,12 +37,22 @@ pub async fn chat(
             .routing
             .experiments
             .assign(&v.route, v.user.as_deref(), asking.request_id.as_deref());
-    let mut resp = match tiergate_engine::answer::answer(&state, &v).await {
-        Ok(a) => {
-            let span = tracing::info_span!(target: TARGET, "response");
-            render(&state, &v, a).instrument(span).await
+    let early = crate::early::for_request(&state.config.server, v.stream, Dialect::Chat);
+    let run = {
+        let (state, v) = (state.clone(), v.clone());
+        async move {
+            match tiergate_engine::answer::answer(&state, &v).await {
+                Ok(a) => {
+                    let span = tracing::info_span!(target: TARGET, "response");
+                    render(&state, &v, a).instrument(span).await
+                }
+                Err(d) => refused(&v, d),
+            }
         }
-        Err(d) => refused(&v, d),
+    };
+    let mut resp = match early {
+        Some(e) => crate::early::answer_streamed(e, run).await,
+        None => run.await,
     };
     resp = crate::adapt::mark_request(resp, &v);
     // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::anthropic::{error_body, stop_reason, MessagesRequest};
+use crate::early::Dialect;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::validate::ValidChat;
@@ -21,7 +22,7 @@ use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
 use tiergate_engine::state::AppState;
 
 use super::chat::{in_dialect, validated};
-use super::respond::{collected, finish, label_text, refused};
+use super::respond::{collected, every, finish, label_text, refused};
 
 /// The handler.
 pub async fn messages(
@@ -39,9 +40,19 @@ pub async fn messages(
         Ok(v) => in_dialect(v, "msg_", "messages"),
         Err(e) => return e.into_response(),
     };
-    let resp = match tiergate_engine::answer::answer(&state, &v).await {
-        Ok(a) => render(&state, &v, stream, a).await,
-        Err(d) => refused(&v, d),
+    let early = crate::early::for_request(&state.config.server, stream, Dialect::Messages);
+    let run = {
+        let (state, v) = (state.clone(), v.clone());
+        async move {
+            match tiergate_engine::answer::answer(&state, &v).await {
+                Ok(a) => render(&state, &v, stream, a).await,
+                Err(d) => refused(&v, d),
+            }
+        }
+    };
+    let resp = match early {
+        Some(e) => crate::early::answer_streamed(e, run).await,
+        None => run.await,
     };
     crate::adapt::mark_request(resp, &v)
 }
@@ -102,7 +113,7 @@ async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer) -> Res
             stream,
             Whole::text(text, "stop", tokens.prompt, tokens.completion),
         ),
-        Body::Stream(g) if stream => events(v, *g),
+        Body::Stream(g) if stream => events(v, *g, every(state)),
         Body::Stream(g) => match collected(*g, &mut outcome).await {
             Ok(c) => one_piece(
                 v,
@@ -285,7 +296,7 @@ fn one_piece(v: &ValidChat, stream: bool, w: Whole) -> Response {
 
 /// A generation as Messages events, fed by a task that ends (cancelling the job) when the client goes; an
 /// error after the start is an `error` event.
-fn events(v: &ValidChat, mut g: Generation) -> Response {
+fn events(v: &ValidChat, mut g: Generation, quiet: std::time::Duration) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let head = opening(v, 0);
     tokio::spawn(async move {
@@ -317,6 +328,6 @@ fn events(v: &ValidChat, mut g: Generation) -> Response {
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let ping = event("ping", json!({"type": "ping"}));
     Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>))
-        .keep_alive(super::respond::keep_alive(Some(ping)))
+        .keep_alive(super::respond::keep_alive(quiet, Some(ping)))
         .into_response()
 }

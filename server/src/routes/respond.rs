@@ -38,7 +38,7 @@ pub(super) async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Respon
             sse_one_piece(v, content, logprobs, Usage::new(l.prompt_tokens, 1))
         }
         Body::Text { text, tokens } if v.stream => sse_one_piece(v, text, None, usage(tokens)),
-        Body::Stream(g) if v.stream => stream(v, *g),
+        Body::Stream(g) if v.stream => stream(v, *g, every(state)),
         body => match completion(v, body, &mut outcome).await {
             Ok(json) => axum::Json(json).into_response(),
             Err(e) => return e.into_response(),
@@ -348,7 +348,7 @@ async fn collect(mut g: Generation, o: &mut Outcome) -> Result<Collected, ApiErr
 }
 
 /// The generation as server-sent events, fed by a task that ends (cancelling the job) when the client goes.
-fn stream(v: &ValidChat, mut g: Generation) -> Response {
+fn stream(v: &ValidChat, mut g: Generation, quiet: std::time::Duration) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let c = Chunks::of(v);
     let include_usage = v.include_usage;
@@ -391,14 +391,22 @@ fn stream(v: &ValidChat, mut g: Generation) -> Response {
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let stream = futures_util::StreamExt::map(stream, Ok::<_, Infallible>);
     Sse::new(stream)
-        .keep_alive(keep_alive(None))
+        .keep_alive(keep_alive(quiet, None))
         .into_response()
 }
 
-/// While a generation is quiet (a long prompt's prefill, a slow step), an SSE comment (or the dialect's own
-/// event: Anthropic's `ping`) every 15 s, so an agent's idle timeout does not fire and retry the whole prompt.
-pub(super) fn keep_alive(event: Option<SseEvent>) -> axum::response::sse::KeepAlive {
-    let k = axum::response::sse::KeepAlive::new().interval(std::time::Duration::from_secs(15));
+/// The quiet time after which a stream sends a keep-alive (`server.keepalive_ms`).
+pub(super) fn every(state: &AppState) -> std::time::Duration {
+    std::time::Duration::from_millis(state.config.server.keepalive_ms)
+}
+
+/// While a generation is quiet (a slow step), an SSE comment (or the dialect's own event: Anthropic's
+/// `ping`) after every `quiet` without an event, so an agent's idle timeout does not fire and retry.
+pub(super) fn keep_alive(
+    quiet: std::time::Duration,
+    event: Option<SseEvent>,
+) -> axum::response::sse::KeepAlive {
+    let k = axum::response::sse::KeepAlive::new().interval(quiet);
     match event {
         Some(e) => k.event(e),
         None => k,

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
 
+use crate::early::Dialect;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai_responses::{ResponsesRequest, Shapes};
@@ -125,9 +126,19 @@ pub async fn responses(
         previous,
         shapes,
     };
-    let resp = match tiergate_engine::answer::answer(&state, &v).await {
-        Ok(a) => render(&state, &v, stream, a, keep).await,
-        Err(d) => refused(&v, d),
+    let early = crate::early::for_request(&state.config.server, stream, Dialect::Responses);
+    let run = {
+        let (state, v) = (state.clone(), v.clone());
+        async move {
+            match tiergate_engine::answer::answer(&state, &v).await {
+                Ok(a) => render(&state, &v, stream, a, keep).await,
+                Err(d) => refused(&v, d),
+            }
+        }
+    };
+    let resp = match early {
+        Some(e) => crate::early::answer_streamed(e, run).await,
+        None => run.await,
     };
     crate::adapt::mark_request(resp, &v)
 }
@@ -215,7 +226,8 @@ async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer, keep: 
         }
         Body::Text { text, tokens } => Output::text(text, tokens),
         Body::Stream(g) if stream => {
-            return finish(events(v, keep, *g), state, &outcome, admitted);
+            let quiet = super::respond::every(state);
+            return finish(events(v, keep, *g, quiet), state, &outcome, admitted);
         }
         Body::Stream(g) => match collected(*g, &mut outcome).await {
             Ok(c) => Output {
@@ -514,7 +526,7 @@ async fn one_piece_events(v: &ValidChat, keep: &Keep, out: &Output) -> Response 
 
 /// A generation as Responses events, fed by a task that ends (cancelling the job) when the client goes; an
 /// error after the start is a `response.failed` event.
-fn events(v: &ValidChat, keep: Keep, mut g: Generation) -> Response {
+fn events(v: &ValidChat, keep: Keep, mut g: Generation, quiet: std::time::Duration) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
     let v = v.clone();
     tokio::spawn(async move {
@@ -548,6 +560,6 @@ fn events(v: &ValidChat, keep: Keep, mut g: Generation) -> Response {
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     Sse::new(futures_util::StreamExt::map(stream, Ok::<_, Infallible>))
-        .keep_alive(super::respond::keep_alive(None))
+        .keep_alive(super::respond::keep_alive(quiet, None))
         .into_response()
 }
