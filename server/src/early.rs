@@ -65,17 +65,26 @@ pub struct Early {
     pub dialect: Dialect,
 }
 
-/// The early head of a streamed request (`None` for one that does not stream).
-pub fn for_request(
+/// A door's answer: `answer` itself, or for a streamed request ([`answer_streamed`]) its events behind an
+/// early head when it is slow to start.
+pub async fn answered<F>(
     server: &tiergate_config::ServerConfig,
     stream: bool,
     dialect: Dialect,
-) -> Option<Early> {
-    stream.then(|| Early {
+    answer: F,
+) -> Response
+where
+    F: Future<Output = Response> + Send + 'static,
+{
+    if !stream {
+        return answer.await;
+    }
+    let early = Early {
         wait: Duration::from_millis(server.stream_head_ms),
         quiet: Duration::from_millis(server.keepalive_ms),
         dialect,
-    })
+    };
+    answer_streamed(early, answer).await
 }
 
 /// `answer` (the door's engine call and rendering) as it is when it comes within `e.wait`; else an event
@@ -90,7 +99,9 @@ where
         return resp;
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
-    tokio::spawn(async move {
+    // The request's span goes with the answer, so its log lines and trace stay the request's.
+    let span = tracing::Span::current();
+    let run = async move {
         let mut ticks = tokio::time::interval(e.quiet);
         ticks.tick().await; // the first tick is immediate: the head itself says the stream is alive
         let resp = loop {
@@ -117,7 +128,8 @@ where
                 }
             }
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(run, span));
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();

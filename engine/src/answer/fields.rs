@@ -69,8 +69,13 @@ pub const SET_ASIDE_RULES: &[(&str, &str)] = &[
         "no speculative decoding from a client's prediction",
     ),
     ("web_search_options", "a provider-run tool"),
-    ("parallel_tool_calls", "the backend decides"),
     ("image", "a text-only backend reads a placeholder"),
+    (
+        "cache_control",
+        "prompt caching is the sessions' work here: a conversation stays on the backend whose cache is warm",
+    ),
+    ("tool_choice", "it names a provider-run tool: the model chooses"),
+    ("text.verbosity", "no backend here has a verbosity setting"),
     (
         "response_format.json_schema",
         "a backend of the route cannot constrain decoding to a schema (the stub): text is answered",

@@ -37,7 +37,6 @@ pub async fn chat(
             .routing
             .experiments
             .assign(&v.route, v.user.as_deref(), asking.request_id.as_deref());
-    let early = crate::early::for_request(&state.config.server, v.stream, Dialect::Chat);
     let run = {
         let (state, v) = (state.clone(), v.clone());
         async move {
@@ -50,10 +49,7 @@ pub async fn chat(
             }
         }
     };
-    let mut resp = match early {
-        Some(e) => crate::early::answer_streamed(e, run).await,
-        None => run.await,
-    };
+    let mut resp = crate::early::answered(&state.config.server, v.stream, Dialect::Chat, run).await;
     resp = crate::adapt::mark_request(resp, &v);
     // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).
     if let Some(a) = &variant {

@@ -40,7 +40,6 @@ pub async fn messages(
         Ok(v) => in_dialect(v, "msg_", "messages"),
         Err(e) => return e.into_response(),
     };
-    let early = crate::early::for_request(&state.config.server, stream, Dialect::Messages);
     let run = {
         let (state, v) = (state.clone(), v.clone());
         async move {
@@ -50,10 +49,7 @@ pub async fn messages(
             }
         }
     };
-    let resp = match early {
-        Some(e) => crate::early::answer_streamed(e, run).await,
-        None => run.await,
-    };
+    let resp = crate::early::answered(&state.config.server, stream, Dialect::Messages, run).await;
     crate::adapt::mark_request(resp, &v)
 }
 

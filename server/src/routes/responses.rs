@@ -126,7 +126,6 @@ pub async fn responses(
         previous,
         shapes,
     };
-    let early = crate::early::for_request(&state.config.server, stream, Dialect::Responses);
     let run = {
         let (state, v) = (state.clone(), v.clone());
         async move {
@@ -136,10 +135,7 @@ pub async fn responses(
             }
         }
     };
-    let resp = match early {
-        Some(e) => crate::early::answer_streamed(e, run).await,
-        None => run.await,
-    };
+    let resp = crate::early::answered(&state.config.server, stream, Dialect::Responses, run).await;
     crate::adapt::mark_request(resp, &v)
 }
 
