@@ -94,6 +94,12 @@ pub fn mark_brownout(mut resp: axum::response::Response, step: Step) -> axum::re
     resp
 }
 
+/// A header's value as trimmed text, when it is there, readable and not empty.
+pub fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
+    let text = headers.get(name)?.to_str().ok()?.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
 /// `resp` with the request's set-aside fields (`x-tiergate-set-aside`) and, when its `max_tokens` was lowered,
 /// the ceiling it got (`x-tiergate-max-tokens`).
 pub fn mark_request(

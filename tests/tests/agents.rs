@@ -87,6 +87,11 @@ impl Scratch {
     fn path(&self, p: &str) -> PathBuf {
         self.dir.path().join(p)
     }
+
+    /// The `--set` that keeps a test server's decision records here.
+    fn ledger(&self) -> String {
+        format!("feedback.path=\"{}\"", self.path("ledger.sqlite").display())
+    }
 }
 
 /// A server whose `generate` route answers every model name these clients send (Claude Code's background
@@ -97,7 +102,7 @@ fn server(s: &Scratch) -> Server {
         "reranker.extra_args=[\"--stub-script\", \"{}\"]",
         s.path("script.json").display()
     );
-    let ledger = format!("feedback.path=\"{}\"", s.path("ledger.sqlite").display());
+    let ledger = s.ledger();
     common::start_logged(
         &[
             "--set",
@@ -256,7 +261,7 @@ fn codex_runs_a_command_through_its_tool_and_answers() {
 #[test]
 fn a_clients_own_session_id_keeps_its_backend() {
     let s = Scratch::new();
-    let ledger = format!("feedback.path=\"{}\"", s.path("ledger.sqlite").display());
+    let ledger = s.ledger();
     let server = common::start(&[
         "--set",
         "llm=[{ name = \"a\", engine = \"stub\", workers = 1 }, { name = \"b\", engine = \"stub\", workers = 1 }]",
@@ -315,7 +320,7 @@ fn a_clients_own_session_id_keeps_its_backend() {
 #[test]
 fn a_slow_first_token_gets_its_head_early_and_keep_alives() {
     let s = Scratch::new();
-    let ledger = format!("feedback.path=\"{}\"", s.path("ledger.sqlite").display());
+    let ledger = s.ledger();
     let server = common::start(&[
         "--set",
         "reranker.engine=\"stub\"",

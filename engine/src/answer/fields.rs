@@ -3,7 +3,7 @@
 //! carries, and how far its `max_tokens` is lowered. Agents add request fields every month; a field this
 //! server cannot honour is never a 400 for an otherwise valid request, and never dropped in silence.
 //!
-//! The rule (docs/api.md, "Fields set aside"): a field that asks a backend for something no tiergate backend
+//! The rule (docs/api.md, "What each door does with each request field"): a field that asks a backend for something no tiergate backend
 //! does — extended thinking or reasoning, a service tier, a server-side context editor, provider-run tools,
 //! encrypted reasoning in the output — is set aside on every route and named; so is a field no rule names
 //! (counted as `other`). What a backend can honour (sampling, stop sequences, tools the client runs) is
@@ -162,10 +162,7 @@ pub fn claude_session(user_id: &str) -> Option<String> {
 /// `asked` tokens lowered to the route's `ceiling` (a ceiling, not a request: Anthropic's clients ask for
 /// 32,000 to 64,000 as a matter of course), and whether it was lowered ([`count`] counts it).
 pub fn clamp_max_tokens(asked: u32, ceiling: u32) -> (u32, bool) {
-    if asked <= ceiling {
-        return (asked, false);
-    }
-    (ceiling, true)
+    (asked.min(ceiling), asked > ceiling)
 }
 
 #[cfg(test)]

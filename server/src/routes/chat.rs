@@ -16,7 +16,7 @@ use tiergate_engine::state::AppState;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
-use super::respond::{refused, render};
+use super::respond::{answered, render};
 
 /// The handler.
 pub async fn chat(
@@ -37,20 +37,11 @@ pub async fn chat(
             .routing
             .experiments
             .assign(&v.route, v.user.as_deref(), asking.request_id.as_deref());
-    let run = {
-        let (state, v) = (state.clone(), v.clone());
-        async move {
-            match tiergate_engine::answer::answer(&state, &v).await {
-                Ok(a) => {
-                    let span = tracing::info_span!(target: TARGET, "response");
-                    render(&state, &v, a).instrument(span).await
-                }
-                Err(d) => refused(&v, d),
-            }
-        }
-    };
-    let mut resp = crate::early::answered(&state.config.server, v.stream, Dialect::Chat, run).await;
-    resp = crate::adapt::mark_request(resp, &v);
+    let mut resp = answered(&state, &v, Dialect::Chat, |state, v, a| async move {
+        let span = tracing::info_span!(target: TARGET, "response");
+        render(&state, &v, a).instrument(span).await
+    })
+    .await;
     // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).
     if let Some(a) = &variant {
         crate::adapt::apply_variant(a, &v.route, &mut resp, started).await;

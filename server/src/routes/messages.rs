@@ -22,7 +22,7 @@ use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
 use tiergate_engine::state::AppState;
 
 use super::chat::{in_dialect, validated};
-use super::respond::{collected, every, finish, label_text, refused};
+use super::respond::{answered, collected, every, finish, label_text, refused};
 
 /// The handler.
 pub async fn messages(
@@ -30,27 +30,20 @@ pub async fn messages(
     asking: Asking,
     ApiJson(req): ApiJson<MessagesRequest>,
 ) -> Response {
-    let stream = req.streams();
     let started = Instant::now();
     let v = match req.into_chat().and_then(|mut chat| {
-        chat.client_sessions
-            .splice(0..0, claude_code_session(&asking.headers));
+        // Claude Code's session id, a session key of its conversation.
+        let header = crate::adapt::header_text(&asking.headers, "x-claude-code-session-id");
+        chat.client_sessions.splice(0..0, header);
         validated(&state, &asking, chat, started)
     }) {
         Ok(v) => in_dialect(v, "msg_", "messages"),
         Err(e) => return e.into_response(),
     };
-    let run = {
-        let (state, v) = (state.clone(), v.clone());
-        async move {
-            match tiergate_engine::answer::answer(&state, &v).await {
-                Ok(a) => render(&state, &v, stream, a).await,
-                Err(d) => refused(&v, d),
-            }
-        }
-    };
-    let resp = crate::early::answered(&state.config.server, stream, Dialect::Messages, run).await;
-    crate::adapt::mark_request(resp, &v)
+    answered(&state, &v, Dialect::Messages, |state, v, a| async move {
+        render(&state, &v, a).await
+    })
+    .await
 }
 
 /// `POST /v1/messages/count_tokens`: the request's input tokens by the tokenizer of what would answer it
@@ -82,18 +75,9 @@ pub async fn count_tokens(
     crate::adapt::mark_request(resp, &v)
 }
 
-/// Claude Code's session id (`X-Claude-Code-Session-Id`), a session key of its conversation.
-fn claude_code_session(headers: &axum::http::HeaderMap) -> Option<String> {
-    headers
-        .get("x-claude-code-session-id")
-        .and_then(|h| h.to_str().ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-}
-
 /// The `message` for the engine's answer, as JSON or as its event stream.
-async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer) -> Response {
+async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Response {
+    let stream = v.stream;
     let Answer {
         body,
         mut outcome,

@@ -4,6 +4,7 @@
 //! byte.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::HeaderValue;
@@ -47,6 +48,32 @@ pub(super) async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Respon
     let mut resp = hold(resp, admitted);
     apply_headers(&mut resp, state, &outcome);
     resp
+}
+
+/// The engine's answer to `v` as the door renders it (`draw`), or its refusal in the door's error shape —
+/// behind an early head when `v` streams and is slow to start ([`crate::early`]) — with the request's own
+/// marks ([`crate::adapt::mark_request`]): every door's one engine call.
+pub(super) async fn answered<D, Fut>(
+    state: &Arc<AppState>,
+    v: &ValidChat,
+    dialect: crate::early::Dialect,
+    draw: D,
+) -> Response
+where
+    D: FnOnce(Arc<AppState>, ValidChat, Answer) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Response> + Send,
+{
+    let run = {
+        let (state, v) = (state.clone(), v.clone());
+        async move {
+            match tiergate_engine::answer::answer(&state, &v).await {
+                Ok(a) => draw(state, v, a).await,
+                Err(d) => refused(&v, d),
+            }
+        }
+    };
+    let resp = crate::early::answered(&state.config.server, v.stream, dialect, run).await;
+    crate::adapt::mark_request(resp, v)
 }
 
 /// The answer as one `chat.completion` (a generation collected; its time goes into the outcome's model

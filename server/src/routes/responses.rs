@@ -27,7 +27,7 @@ use tiergate_engine::state::AppState;
 use tiergate_engine::tenancy::tenants::TenantId;
 
 use super::chat::{in_dialect, validated};
-use super::respond::{collected, finish, label_text, refused};
+use super::respond::{answered, collected, finish, label_text};
 
 /// The store the server was configured with (`[responses] store`), if any.
 pub type Store = Option<Arc<dyn ResponseStore>>;
@@ -100,7 +100,6 @@ pub async fn responses(
     asking: Asking,
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Response {
-    let stream = req.streams();
     let keep_it = req.store.unwrap_or(true);
     let previous = req.previous_response_id.clone();
     let (turns, chain) = match continued(store.as_ref(), previous.as_deref(), &asking.tenant).await
@@ -110,7 +109,9 @@ pub async fn responses(
     };
     let started = Instant::now();
     let (mut v, turns, shapes) = match req.into_chat(turns).and_then(|(mut chat, turns, shapes)| {
-        chat.client_sessions.extend(codex_session(&asking.headers));
+        // Codex's session id (its `session-id` header), a session key of its conversation.
+        let header = crate::adapt::header_text(&asking.headers, "session-id");
+        chat.client_sessions.extend(header);
         Ok((validated(&state, &asking, chat, started)?, turns, shapes))
     }) {
         Ok((v, turns, shapes)) => (in_dialect(v, "resp_", "responses"), turns, shapes),
@@ -126,27 +127,13 @@ pub async fn responses(
         previous,
         shapes,
     };
-    let run = {
-        let (state, v) = (state.clone(), v.clone());
-        async move {
-            match tiergate_engine::answer::answer(&state, &v).await {
-                Ok(a) => render(&state, &v, stream, a, keep).await,
-                Err(d) => refused(&v, d),
-            }
-        }
-    };
-    let resp = crate::early::answered(&state.config.server, stream, Dialect::Responses, run).await;
-    crate::adapt::mark_request(resp, &v)
-}
-
-/// Codex's session id (its `session-id` header), a session key of its conversation.
-fn codex_session(headers: &axum::http::HeaderMap) -> Option<String> {
-    headers
-        .get("session-id")
-        .and_then(|h| h.to_str().ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
+    answered(
+        &state,
+        &v,
+        Dialect::Responses,
+        move |state, v, a| async move { render(&state, &v, a, keep).await },
+    )
+    .await
 }
 
 /// The conversation `previous` names and its session, when the server stores responses and this tenant
@@ -209,7 +196,8 @@ async fn fetch(
 }
 
 /// The `response` for the engine's answer, as JSON or as its events.
-async fn render(state: &AppState, v: &ValidChat, stream: bool, a: Answer, keep: Keep) -> Response {
+async fn render(state: &AppState, v: &ValidChat, a: Answer, keep: Keep) -> Response {
+    let stream = v.stream;
     let Answer {
         body,
         mut outcome,
