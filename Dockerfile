@@ -14,13 +14,16 @@ ARG RUN_IMAGE=debian:bookworm-slim
 FROM ${BUILD_IMAGE} AS build
 ARG CUDA=0
 WORKDIR /src
+# llama.cpp (the CPU engine) compiles from source: cmake, and clang's libclang for its bindings.
+RUN apt-get update && apt-get install -y --no-install-recommends cmake clang libclang-dev \
+    && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN features=""; [ "$CUDA" = "1" ] && features="--features tiergate-reranker/cuda"; \
     cargo build --release --workspace --bins $features \
     && cp target/release/tiergate target/release/tiergate-reranker /usr/local/bin/
 
 FROM ${RUN_IMAGE}
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip ca-certificates \
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-pip ca-certificates libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/local/bin/tiergate /usr/local/bin/tiergate-reranker /usr/local/bin/
 COPY scripts/fetch-models.sh /opt/tiergate/scripts/fetch-models.sh

@@ -65,6 +65,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $sudo_cmd apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null \
     || { echo "test: cannot install ${missing[*]} with apt-get" >&2; exit 1; }
 fi
+# The llama.cpp engine's build tools (cmake, clang, libclang) and its OpenMP runtime.
+scripts/build-deps.sh
 # The end-to-end tests run the workspace's binaries (`tiergate`, `tiergate-reranker`): `cargo test` builds
 # only the binaries of packages that have integration tests of their own, so build them all first (the same
 # dependency builds: see hack/).

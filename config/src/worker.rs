@@ -63,6 +63,30 @@ pub enum EngineSpec {
         /// Memory for cached label prefixes, MiB.
         prefix_cache_mib: usize,
     },
+    /// llama.cpp (generation) and the scoring forward on a local GGUF file.
+    Llamacpp {
+        model: PathBuf,
+        /// Chosen by `engine = "auto"`: a worker without llama.cpp, or built for CUDA, runs mistralrs instead.
+        #[serde(default)]
+        auto: bool,
+        /// mistralrs's option, for that fallback.
+        #[serde(default)]
+        f32_weights: bool,
+        scoring_weights: crate::ScoringWeights,
+        #[serde(default)]
+        profile: String,
+        prefix_cache_mib: usize,
+        /// Decode threads (0: the machine's cores).
+        threads: usize,
+        /// Prompt-chunk threads (0: as `threads`).
+        batch_threads: usize,
+        /// KV cells shared by the sequences.
+        context_tokens: u32,
+        /// Cached finished sequences besides the running ones.
+        cached_sequences: usize,
+        /// Most tokens in one forward pass.
+        chunk_tokens: usize,
+    },
     /// A remote OpenAI-compatible server.
     Openai {
         /// The base URL, up to and including `/v1`.
@@ -99,6 +123,32 @@ pub struct WorkerTelemetry {
     pub service_name: String,
 }
 
+impl EngineSpec {
+    /// `auto`'s llama.cpp spec as mistralrs runs it (a worker without llama.cpp, or built for CUDA); any other
+    /// spec as it is.
+    pub fn as_mistralrs(&self) -> Option<Self> {
+        match self {
+            EngineSpec::Llamacpp {
+                model,
+                auto: true,
+                f32_weights,
+                scoring_weights,
+                profile,
+                prefix_cache_mib,
+                ..
+            } => Some(EngineSpec::Mistralrs {
+                model: model.clone(),
+                isq: None,
+                f32_weights: *f32_weights,
+                scoring_weights: *scoring_weights,
+                profile: profile.clone(),
+                prefix_cache_mib: *prefix_cache_mib,
+            }),
+            _ => None,
+        }
+    }
+}
+
 impl WorkerSpec {
     /// The spec `[reranker]` describes (without telemetry, which the server adds when it exports).
     pub fn of(r: &RerankerConfig) -> Self {
@@ -110,6 +160,19 @@ impl WorkerSpec {
                 scoring_weights: r.scoring_weights,
                 profile: r.profile.clone(),
                 prefix_cache_mib: r.prefix_cache_mib,
+            },
+            EngineKind::Llamacpp | EngineKind::Auto => EngineSpec::Llamacpp {
+                model: r.model.clone(),
+                auto: r.engine == EngineKind::Auto,
+                f32_weights: r.f32_weights,
+                scoring_weights: r.scoring_weights,
+                profile: r.profile.clone(),
+                prefix_cache_mib: r.prefix_cache_mib,
+                threads: r.threads,
+                batch_threads: r.batch_threads,
+                context_tokens: r.context_tokens,
+                cached_sequences: r.cached_sequences,
+                chunk_tokens: r.chunk_tokens,
             },
             EngineKind::Openai => EngineSpec::Openai {
                 url: r.url.clone(),
@@ -162,7 +225,13 @@ mod tests {
 
     #[test]
     fn the_reranker_section_round_trips_through_one_argument() {
-        for engine in [EngineKind::Stub, EngineKind::Mistralrs, EngineKind::Openai] {
+        for engine in [
+            EngineKind::Stub,
+            EngineKind::Mistralrs,
+            EngineKind::Llamacpp,
+            EngineKind::Auto,
+            EngineKind::Openai,
+        ] {
             let mut r = crate::Config::default().reranker;
             r.engine = engine;
             r.url = "http://127.0.0.1:9/v1".into();

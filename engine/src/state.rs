@@ -587,7 +587,7 @@ pub fn start_backend(
     worker_program: Option<PathBuf>,
     warmup: &[tiergate_queue::Job],
 ) -> anyhow::Result<Llm> {
-    if r.engine == tiergate_config::EngineKind::Mistralrs && r.workers > 0 {
+    if r.engine.is_local() && r.workers > 0 {
         crate::backends::preflight::check_local_model(&r.model)?;
     }
     // Unique per server instance in this process (tests run several).

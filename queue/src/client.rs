@@ -549,6 +549,9 @@ fn forward_frames(seg: &Segment, i: usize, f: &mut Inflight, st: u32) -> bool {
                         // Past the deadline, a worker's error is its reaction to the deadline (it stopped).
                         let e = if now_ns() >= f.deadline_ns {
                             QueueError::DeadlineExceeded
+                        } else if let Some(why) = m.strip_prefix(crate::protocol::INVALID_REQUEST) {
+                            // The engine refused the request itself (too long, a NUL byte): the client's error.
+                            QueueError::Invalid(why.to_string())
                         } else {
                             QueueError::Engine(m)
                         };

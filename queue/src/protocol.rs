@@ -165,6 +165,10 @@ pub struct Usage {
     pub finish_reason: String,
 }
 
+/// How a worker's error message starts when the engine refused the request itself (a prompt longer than the
+/// context window, a NUL byte): the server answers it as the client's error (400), never retries it.
+pub const INVALID_REQUEST: &str = "invalid request: ";
+
 /// The final answer of a job (externally tagged, as [`Job`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -68,4 +68,21 @@ pub enum Piece<'a> {
     Text(&'a str),
     /// A whole tool call.
     Call(ToolCall),
+    /// A forward pass that produced no output yet (a prompt chunk read): `on_piece` counts the progress and
+    /// answers false when the submitter has given up, so a long prefill stops between chunks.
+    Progress,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_request_says_so_in_the_queues_words() {
+        let e = EngineError::Invalid("the prompt is too long".into()).to_string();
+        assert!(
+            e.starts_with(tiergate_queue::protocol::INVALID_REQUEST),
+            "{e}"
+        );
+    }
 }

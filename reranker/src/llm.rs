@@ -18,11 +18,8 @@ use tiergate_queue::{Candidate, Message, Sampling, ToolCall, Tools, Usage};
 use tiergate_config::PromptConfig;
 
 use crate::engine::{Engine, EngineError, Piece, Scored};
-use crate::llama::{Llama, WeightFormat};
+use crate::llama::WeightFormat;
 use crate::scoring::{Scorer, Tokenize};
-
-/// Most candidates per rerank job.
-const MAX_CANDIDATES: usize = 10;
 
 /// How to load the model.
 #[derive(Debug, Clone)]
@@ -125,25 +122,12 @@ impl MistralEngine {
             .file_name()
             .map_or_else(|| "llm".into(), |n| n.to_string_lossy().into_owned());
         let scorer = if path.is_file() {
-            let t = std::time::Instant::now();
-            let llama = Llama::load(path, opts.scoring_weights).map_err(failed)?;
-            let profile = tiergate_config::profile_for(&path.to_string_lossy(), &opts.profile)
-                .map_err(failed)?;
-            let template = tiergate_config::template(&profile.template).map_err(failed)?;
-            tracing::info!(
-                took = ?t.elapsed(),
-                weights = ?opts.scoring_weights,
-                arch = llama.config().arch.name(),
-                profile = %profile.name,
-                method = profile.method.name(),
-                "scoring model loaded"
-            );
-            Some(Scorer::with_profile(
-                llama,
+            Some(crate::scoring::gguf_scorer(
+                path,
+                opts.scoring_weights,
                 opts.prefix_cache_bytes,
-                profile,
-                template,
-            ))
+                &opts.profile,
+            )?)
         } else {
             None
         };
@@ -180,16 +164,14 @@ impl Engine for MistralEngine {
         prompt: &PromptConfig,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
-        if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
-            return Err(EngineError::Invalid(format!(
-                "a rerank job needs 1..={MAX_CANDIDATES} candidates, got {}",
-                candidates.len()
-            )));
-        }
-        let scorer = self.scorer.as_ref().ok_or_else(|| {
-            EngineError::Invalid("scoring needs a .gguf model (llama or qwen2 architecture)".into())
-        })?;
-        scorer.score(self, text, candidates, prompt, cancelled)
+        crate::scoring::score_checked(
+            self.scorer.as_ref(),
+            self,
+            text,
+            candidates,
+            prompt,
+            cancelled,
+        )
     }
 
     fn generate(

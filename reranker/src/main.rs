@@ -144,6 +144,7 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
             }))
         }
         EngineSpec::Mistralrs { .. } => load_llm(spec)?,
+        EngineSpec::Llamacpp { .. } => load_local(spec)?,
         EngineSpec::Openai {
             url,
             model,
@@ -196,6 +197,78 @@ fn warmup_jobs(spec: &WorkerSpec) -> Vec<tiergate_queue::Job> {
     })
 }
 
+/// `auto` runs mistralrs in a worker built for CUDA (its `cuda` feature) or without llama.cpp; otherwise the
+/// spec's llama.cpp.
+fn load_local(spec: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
+    let mistralrs = cfg!(feature = "cuda") || !cfg!(feature = "llamacpp");
+    match spec.engine.as_mistralrs().filter(|_| mistralrs) {
+        Some(engine) => {
+            tracing::info!(
+                reason = if cfg!(feature = "cuda") {
+                    "built for CUDA"
+                } else {
+                    "built without llama.cpp"
+                },
+                "engine auto: mistralrs"
+            );
+            load_llm(&WorkerSpec {
+                engine,
+                ..spec.clone()
+            })
+        }
+        None => load_llamacpp(spec),
+    }
+}
+
+#[cfg(feature = "llamacpp")]
+fn load_llamacpp(spec: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
+    let EngineSpec::Llamacpp {
+        model,
+        scoring_weights,
+        profile,
+        prefix_cache_mib,
+        threads,
+        batch_threads,
+        context_tokens,
+        cached_sequences,
+        chunk_tokens,
+        ..
+    } = &spec.engine
+    else {
+        anyhow::bail!("not a llama.cpp spec")
+    };
+    let opts = tiergate_reranker::llamacpp::LlamaCppOptions {
+        model: model.clone(),
+        threads: *threads,
+        batch_threads: *batch_threads,
+        context_tokens: *context_tokens,
+        running: spec.max_concurrent.max(1),
+        cached: *cached_sequences,
+        chunk_tokens: *chunk_tokens,
+        scoring_weights: weights(*scoring_weights),
+        prefix_cache_bytes: prefix_cache_mib << 20,
+        profile: profile.clone(),
+    };
+    Ok(Arc::new(tiergate_reranker::llamacpp::LlamaCppEngine::load(
+        &opts,
+    )?))
+}
+
+#[cfg(not(feature = "llamacpp"))]
+fn load_llamacpp(_: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
+    anyhow::bail!("this build has no llama.cpp engine (built without the `llamacpp` feature)")
+}
+
+fn weights(w: tiergate_config::ScoringWeights) -> tiergate_reranker::llama::WeightFormat {
+    match w {
+        tiergate_config::ScoringWeights::Int8 => tiergate_reranker::llama::WeightFormat::Int8,
+        tiergate_config::ScoringWeights::F32 => tiergate_reranker::llama::WeightFormat::F32,
+        tiergate_config::ScoringWeights::Quantized => {
+            tiergate_reranker::llama::WeightFormat::Quantized
+        }
+    }
+}
+
 #[cfg(feature = "llm")]
 fn load_llm(spec: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
     let EngineSpec::Mistralrs {
@@ -217,13 +290,7 @@ fn load_llm(spec: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
         model: model.clone(),
         isq: isq.clone(),
         max_seqs: spec.max_concurrent.max(1),
-        scoring_weights: match scoring_weights {
-            tiergate_config::ScoringWeights::Int8 => tiergate_reranker::llama::WeightFormat::Int8,
-            tiergate_config::ScoringWeights::F32 => tiergate_reranker::llama::WeightFormat::F32,
-            tiergate_config::ScoringWeights::Quantized => {
-                tiergate_reranker::llama::WeightFormat::Quantized
-            }
-        },
+        scoring_weights: weights(*scoring_weights),
         prefix_cache_bytes: prefix_cache_mib << 20,
         profile: profile.clone(),
     };

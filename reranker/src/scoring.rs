@@ -41,6 +41,58 @@ pub trait Tokenize: Send + Sync {
     fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError>;
 }
 
+/// Most candidates per rerank job.
+pub const MAX_CANDIDATES: usize = 10;
+
+/// The scorer of a local GGUF model (`llama` or `qwen2`), with the profile `profile` names (empty: by the file
+/// name): every local engine scores on this forward.
+pub fn gguf_scorer(
+    path: &std::path::Path,
+    weights: crate::llama::WeightFormat,
+    prefix_cache_bytes: usize,
+    profile: &str,
+) -> Result<Scorer, EngineError> {
+    let t = std::time::Instant::now();
+    let llama = crate::llama::Llama::load(path, weights).map_err(failed)?;
+    let profile = tiergate_config::profile_for(&path.to_string_lossy(), profile).map_err(failed)?;
+    let template = tiergate_config::template(&profile.template).map_err(failed)?;
+    tracing::info!(
+        took = ?t.elapsed(),
+        weights = ?weights,
+        arch = llama.config().arch.name(),
+        profile = %profile.name,
+        method = profile.method.name(),
+        "scoring model loaded"
+    );
+    Ok(Scorer::with_profile(
+        llama,
+        prefix_cache_bytes,
+        profile,
+        template,
+    ))
+}
+
+/// A rerank on `scorer` (none: the model cannot score), its candidates checked first.
+pub fn score_checked(
+    scorer: Option<&Scorer>,
+    tok: &dyn Tokenize,
+    text: &str,
+    candidates: &[Candidate],
+    prompt: &PromptConfig,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Scored, EngineError> {
+    if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
+        return Err(EngineError::Invalid(format!(
+            "a rerank job needs 1..={MAX_CANDIDATES} candidates, got {}",
+            candidates.len()
+        )));
+    }
+    let scorer = scorer.ok_or_else(|| {
+        EngineError::Invalid("scoring needs a .gguf model (llama or qwen2 architecture)".into())
+    })?;
+    scorer.score(tok, text, candidates, prompt, cancelled)
+}
+
 fn failed(e: impl std::fmt::Display) -> EngineError {
     EngineError::Failed(e.to_string())
 }

@@ -316,11 +316,17 @@ pub(crate) async fn dispatch(runner: &impl Runner, job: TakenJob) {
                         &sampling,
                         tools.as_ref(),
                         &mut |p| {
-                            spans.token();
                             tiergate_queue::worker::note_progress();
                             match p {
-                                Piece::Text(t) => taken.chunk(t),
-                                Piece::Call(c) => taken.tool_call(&c),
+                                Piece::Text(t) => {
+                                    spans.token();
+                                    taken.chunk(t)
+                                }
+                                Piece::Call(c) => {
+                                    spans.token();
+                                    taken.tool_call(&c)
+                                }
+                                Piece::Progress => !taken.cancelled(),
                             }
                         },
                         left,

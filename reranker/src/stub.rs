@@ -419,6 +419,7 @@ mod tests {
                     pieces.push(match p {
                         Piece::Text(t) => t.to_string(),
                         Piece::Call(c) => format!("{}({})", c.name, c.arguments),
+                        Piece::Progress => String::new(),
                     });
                     true
                 })

@@ -223,14 +223,21 @@ fn stored_responses_continue_for_their_tenant_only() {
 
 /// Tool calls end to end through Chat Completions, Responses and Messages with the official SDKs: a worker
 /// process (`tools = true`) receives the tools and the conversation's tool calls and results through the
-/// queue and streams its calls back; the server renders them in each dialect. On mistralrs with the
-/// Qwen2.5-Coder-0.5B file (a real model's calls), then on the stub engine (the cases a 0.5B model cannot be
-/// held to: parallel and named calls, a 20-turn conversation at the size limits).
+/// queue and streams its calls back; the server renders them in each dialect. On both local engines (llama.cpp,
+/// the default, and mistralrs) with the Qwen2.5-Coder-0.5B file (a real model's calls), then on the stub engine
+/// (the cases a 0.5B model cannot be held to: parallel and named calls, a 20-turn conversation at the size
+/// limits).
 #[test]
 fn tool_calls_travel_through_every_door() {
     let qwen = tiergate_tests::qwen_judge();
-    tool_calls_on(&format!("reranker.model=\"{}\"", qwen.display()), "model");
-    tool_calls_on("reranker.engine=\"stub\"", "stub");
+    for engine in ["llamacpp", "mistralrs"] {
+        tool_calls_on(
+            &format!("reranker.model=\"{}\"", qwen.display()),
+            &format!("reranker.engine=\"{engine}\""),
+            "model",
+        );
+    }
+    tool_calls_on("reranker.engine=\"stub\"", "reranker.workers=1", "stub");
 }
 
 /// A generation's deadline for these runs (the Qwen one needs it): mistralrs spends about 160 ms a token
@@ -256,9 +263,12 @@ fn tools_server(work: &tempfile::TempDir, extra: &[&str]) -> common::Server {
     start(&args)
 }
 
-fn tool_calls_on(engine: &str, mode: &str) {
+fn tool_calls_on(engine: &str, also: &str, mode: &str) {
     let work = tempfile::tempdir().unwrap();
-    let s = tools_server(&work, &["--set", engine, "--set", GENERATE_DEADLINE]);
+    let s = tools_server(
+        &work,
+        &["--set", engine, "--set", also, "--set", GENERATE_DEADLINE],
+    );
     let out = sdk("tool_calls.py", &s.base, &[mode]);
     assert!(out.contains("cases passed"), "{out}");
 }

@@ -8,8 +8,13 @@ use super::*;
 pub enum EngineKind {
     /// A deterministic word-overlap scorer and echo generator (tests, load tests of the plumbing).
     Stub,
-    /// A local GGUF model in the worker process.
+    /// A local GGUF model in the worker process, on mistralrs (the engine for CUDA hosts).
     Mistralrs,
+    /// A local GGUF model in the worker process, on llama.cpp (the fast engine on a CPU).
+    Llamacpp,
+    /// A local model on the engine the worker was built for: llama.cpp, or mistralrs where the worker is built
+    /// for CUDA (the `cuda` feature) or without llama.cpp.
+    Auto,
     /// A remote OpenAI-compatible server.
     Openai,
 }
@@ -20,8 +25,18 @@ impl EngineKind {
         match self {
             EngineKind::Stub => "stub",
             EngineKind::Mistralrs => "mistralrs",
+            EngineKind::Llamacpp => "llamacpp",
+            EngineKind::Auto => "auto",
             EngineKind::Openai => "openai",
         }
+    }
+
+    /// A model in the worker process (mistralrs, llama.cpp or `auto`).
+    pub fn is_local(self) -> bool {
+        matches!(
+            self,
+            EngineKind::Mistralrs | EngineKind::Llamacpp | EngineKind::Auto
+        )
     }
 }
 
@@ -33,7 +48,8 @@ pub struct RerankerConfig {
     pub workers: usize,
     /// The worker program; empty: `tiergate-reranker` next to the `tiergate` binary.
     pub program: PathBuf,
-    /// `stub`, `mistralrs`, or `openai` (a remote OpenAI-compatible server: vLLM, TGI, llama.cpp, …).
+    /// `auto` (llama.cpp; mistralrs in a worker built for CUDA), `llamacpp`, `mistralrs`, `stub`, or `openai` (a
+    /// remote OpenAI-compatible server: vLLM, TGI, llama.cpp's server, …).
     pub engine: EngineKind,
     /// The model: for `mistralrs` a .gguf file or a Hugging Face folder; for `openai` the upstream's model name.
     pub model: PathBuf,
@@ -47,8 +63,21 @@ pub struct RerankerConfig {
     pub request_timeout_ms: u64,
     /// `openai`: requests in flight to the upstream at most, per worker (generations may take all but one).
     pub remote_max_in_flight: usize,
-    /// Dequantise GGUF weights to f32 (faster prefill on CPU).
+    /// Dequantise GGUF weights to f32 (mistralrs: faster prefill on CPU).
     pub f32_weights: bool,
+    /// llama.cpp: threads of a decode step (0: the machine's cores).
+    pub threads: usize,
+    /// llama.cpp: threads reading a prompt chunk (0: as `threads`).
+    pub batch_threads: usize,
+    /// llama.cpp: KV cache cells shared by a worker's sequences, running and cached (a sequence's window is
+    /// the smaller of this and the model's training context).
+    pub context_tokens: u32,
+    /// llama.cpp: finished conversations kept as cached prefixes besides the running ones (their KV cells are
+    /// reused by a request that continues them, and given up least recently used first when space is needed).
+    pub cached_sequences: usize,
+    /// llama.cpp: most tokens in one forward pass; a longer prompt is read in chunks of this size between the
+    /// decode steps of the streams already running.
+    pub chunk_tokens: usize,
     /// Jobs each worker runs at once.
     pub max_concurrent: usize,
     /// Extra arguments for the worker (e.g. stub knobs).
@@ -113,7 +142,7 @@ impl Default for RerankerConfig {
         Self {
             workers: 1,
             program: PathBuf::new(),
-            engine: EngineKind::Mistralrs,
+            engine: EngineKind::Auto,
             model: PathBuf::from("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
             url: String::new(),
             api_key_env: String::new(),
@@ -121,6 +150,11 @@ impl Default for RerankerConfig {
             request_timeout_ms: 60_000,
             remote_max_in_flight: 32,
             f32_weights: false,
+            threads: 0,
+            batch_threads: 0,
+            context_tokens: 16_384,
+            cached_sequences: 4,
+            chunk_tokens: 512,
             max_concurrent: 4,
             extra_args: Vec::new(),
             slots: 64,
@@ -217,6 +251,24 @@ impl RerankerConfig {
         }
         if self.workers > 16 {
             return Err(ConfigError::invalid(format!("{at}.workers"), "at most 16"));
+        }
+        if !(1..=4096).contains(&self.chunk_tokens) {
+            return Err(ConfigError::invalid(
+                format!("{at}.chunk_tokens"),
+                "must be in 1..=4096",
+            ));
+        }
+        if self.context_tokens < 256 {
+            return Err(ConfigError::invalid(
+                format!("{at}.context_tokens"),
+                "at least 256",
+            ));
+        }
+        if self.threads > 256 || self.batch_threads > 256 {
+            return Err(ConfigError::invalid(
+                format!("{at}.threads"),
+                "threads and batch_threads: at most 256 (0: the machine's cores)",
+            ));
         }
         if !(1..=65_536).contains(&self.slots) {
             return Err(ConfigError::invalid(

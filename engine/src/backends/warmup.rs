@@ -70,7 +70,7 @@ pub fn jobs(backend: usize, routes: &HashMap<String, Route>, order: &[String]) -
 /// Whether a backend's workers warm up: local (`mistralrs`) ones with a time for it (`warmup_ms` > 0); the
 /// stub and the remote engine have nothing local to warm.
 pub fn wanted(r: &tiergate_config::RerankerConfig) -> bool {
-    r.engine == tiergate_config::EngineKind::Mistralrs && r.warmup_ms > 0
+    r.engine.is_local() && r.warmup_ms > 0
 }
 
 /// Writes `jobs` where the backend's workers read them (a temporary file removed when the backend is
