@@ -6,7 +6,8 @@ decode tokens/s (tokens after the first / time since the first), whole-request p
 tokens/s of the cell (all generated tokens / the cell's wall time).
 
 usage: engines.py --target NAME=URL=MODEL ... [--prompts 130,4000] [--streams 1,4,16] [--requests N]
-       [--max-tokens 48] [--skip NAME:PROMPT:STREAMS ...]   (bench/llm/engines.sh starts the servers)
+       [--max-tokens 48] [--skip NAME:PROMPT:STREAMS ...]
+       (NAME:PROMPT:* or NAME:*:STREAMS skip a row or a column)   (bench/llm/engines.sh starts the servers)
 """
 
 import argparse
@@ -84,7 +85,7 @@ def one(url: str, model: str, prompt: str, max_tokens: int, out: list, timeout: 
     )
 
 
-def cell(url, model, prompt_tokens, streams, requests, max_tokens, timeout):
+def cell(url, model, prompt_tokens, streams, requests, max_tokens, timeout, known=None):
     results: list = []
     t0 = time.monotonic()
     done = 0
@@ -108,6 +109,8 @@ def cell(url, model, prompt_tokens, streams, requests, max_tokens, timeout):
         return {"errors": errors}
     p50 = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     decode = [r["decode"] for r in ok if r["decode"]]
+    for r in ok:
+        r["prompt_tokens"] = r["prompt_tokens"] or known
     pt = [r["prompt_tokens"] / r["ttft"] for r in ok if r["prompt_tokens"]]
     return {
         "n": len(ok),
@@ -137,11 +140,14 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|")
     for p in [int(x) for x in a.prompts.split(",")]:
         for s in [int(x) for x in a.streams.split(",")]:
+            known = None  # a server that sends no usage (llama-cpp-python) is credited the others' prompt count
             for name, url, model in targets:
-                if f"{name}:{p}:{s}" in a.skip or f"{name}:{p}:*" in a.skip:
+                if {f"{name}:{p}:{s}", f"{name}:{p}:*", f"{name}:*:{s}"} & set(a.skip):
                     continue
                 n = a.requests or max(3, s)
-                r = cell(url, model, p, s, n, a.max_tokens, a.timeout)
+                r = cell(url, model, p, s, n, a.max_tokens, a.timeout, known)
+                if r.get("prompt_tokens") == r.get("prompt_tokens"):  # not NaN
+                    known = r.get("prompt_tokens", known)
                 if "n" not in r:
                     print(f"| {p} | {s} | {name} | 0 | – | – | – | – | – | – (errors: {r['errors'][:2]}) |")
                     continue

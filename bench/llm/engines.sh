@@ -32,6 +32,7 @@ trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
 up() { for _ in $(seq 900); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 up http://127.0.0.1:18190/v1/models || { echo "llama-cpp-python did not start: $out/llama.log" >&2; exit 1; }
 up http://127.0.0.1:18180/ready || { echo "tiergate (llamacpp) not ready: $out/llamacpp.log" >&2; exit 1; }
+skips=()
 targets=(--target "tiergate-llamacpp=http://127.0.0.1:18180/v1=generate"
   --target "llama-cpp-python=http://127.0.0.1:18190/v1=peer")
 if [ "${MISTRALRS:-1}" = 1 ]; then
@@ -39,7 +40,7 @@ if [ "${MISTRALRS:-1}" = 1 ]; then
   targets+=(--target "tiergate-mistralrs=http://127.0.0.1:18182/v1=generate")
   # mistralrs would take hours in the long cells (~6 prompt tokens/s on the 0.5B model).
   skips=(--skip "tiergate-mistralrs:4000:*" --skip "tiergate-mistralrs:20000:*" --skip "tiergate-mistralrs:130:16")
-else
-  skips=()
 fi
+# llama-cpp-python's server runs one request at a time (concurrent ones came back empty here): single streams only.
+skips+=(--skip "llama-cpp-python:*:4" --skip "llama-cpp-python:*:16")
 python3 "$root/bench/llm/engines.py" "${targets[@]}" "${skips[@]}" "$@"

@@ -114,6 +114,7 @@ impl LlamaCppEngine {
         let shape = Shape {
             n_ctx: opts.context_tokens.max(256),
             slots: running + opts.cached,
+            cached: opts.cached,
             chunk: opts.chunk_tokens.clamp(1, 4096),
         };
         let window = shape.n_ctx.min(model.n_ctx_train().max(1));

@@ -76,6 +76,9 @@ pub struct Shape {
     pub n_ctx: u32,
     /// Sequence ids (running and cached).
     pub slots: usize,
+    /// Finished sequences kept as cached prefixes at most (their cells count in every decode's attention span,
+    /// so more is not free).
+    pub cached: usize,
     /// Most tokens in one decode.
     pub chunk: usize,
 }
@@ -153,7 +156,7 @@ pub fn run(
             );
             continue;
         }
-        for (i, tokens, logits_at) in fed {
+        for (i, tokens, logits_at) in fed.iter().cloned() {
             let slot = &mut slots[i];
             slot.tokens.extend_from_slice(&tokens);
             slot.last_used = clock;
@@ -166,6 +169,22 @@ pub fn run(
                 }
             }
         }
+        trim_cache(&mut ctx, &mut slots, shape.cached);
+    }
+}
+
+/// Gives up the least recently used finished sequences beyond `keep`.
+fn trim_cache(ctx: &mut LlamaContext<'_>, slots: &mut [Slot], keep: usize) {
+    let mut idle: Vec<usize> = (0..slots.len())
+        .filter(|&i| slots[i].running.is_none() && !slots[i].tokens.is_empty())
+        .collect();
+    if idle.len() <= keep {
+        return;
+    }
+    idle.sort_by_key(|&i| std::cmp::Reverse(slots[i].last_used));
+    for &i in &idle[keep..] {
+        let _ = ctx.clear_kv_cache_seq(Some(i as u32), None, None);
+        slots[i].tokens.clear();
     }
 }
 
