@@ -78,7 +78,7 @@ impl Output {
         let mut out = Vec::new();
         if self.bare_call_possible() {
             let held = std::mem::take(&mut self.held);
-            match parse_call(&held, self.made).filter(|c| self.names.contains(&c.name)) {
+            match parse_call(unfenced(&held), self.made).filter(|c| self.names.contains(&c.name)) {
                 Some(call) => {
                     self.made += 1;
                     out.push(Out::Call(call));
@@ -145,7 +145,10 @@ impl Output {
             && self.made == 0
             && self.call.is_none()
             && self.stopped.is_none()
-            && matches!(self.held.trim_start().chars().next(), None | Some('{'))
+            && {
+                let t = self.held.trim_start();
+                t.starts_with('{') || t.starts_with("```") || "```".starts_with(t)
+            }
     }
 
     /// The earliest stop sequence in the held text.
@@ -212,6 +215,18 @@ fn longest_prefix_suffix(text: &str, mark: &str) -> usize {
                 && text.ends_with(&mark[..n])
         })
         .unwrap_or(0)
+}
+
+/// The text inside a Markdown code fence (```` ```json … ``` ````), or the text.
+fn unfenced(text: &str) -> &str {
+    let t = text.trim();
+    match t.strip_prefix("```") {
+        Some(rest) => {
+            let rest = rest.strip_prefix("json").unwrap_or(rest);
+            rest.strip_suffix("```").unwrap_or(rest)
+        }
+        None => t,
+    }
 }
 
 /// `{"name": …, "arguments": {…}}` as a call (`arguments` kept as JSON text).
@@ -340,6 +355,15 @@ mod tests {
         // JSON that is not a call of an offered function is the answer's text.
         let outs = run(&["{\"name\": \"other\", \"arguments\": {}}"]);
         assert_eq!(text(&outs), "{\"name\": \"other\", \"arguments\": {}}");
+        // In a Markdown fence, as the 0.5B model writes it without a system prompt.
+        let outs = run(&[
+            "```json\n{\"name\": \"get_weather\", ",
+            "\"arguments\": {}}\n```",
+        ]);
+        assert!(
+            matches!(&outs[..], [Out::Call(c)] if c.name == "get_weather"),
+            "{outs:?}"
+        );
         // Text that does not start with `{` is released as it comes.
         let mut o = Output::with_tools(&[], true, &names);
         assert_eq!(text(&o.push("Hello")), "Hello");
