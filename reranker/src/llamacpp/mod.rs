@@ -84,6 +84,16 @@ fn backend() -> Result<&'static LlamaBackend, EngineError> {
         .map_err(|e| EngineError::Failed(format!("llama.cpp backend: {e}")))
 }
 
+/// (decode, prompt-chunk) thread counts: 0 = the machine's cores; `batch_threads` 0 = as `threads`.
+fn thread_counts(opts: &LlamaCppOptions) -> (i32, i32) {
+    let decode = threads(opts.threads);
+    let batch = match opts.batch_threads {
+        0 => decode,
+        n => threads(n),
+    };
+    (decode, batch)
+}
+
 fn threads(n: usize) -> i32 {
     let n = if n == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -126,8 +136,8 @@ impl LlamaCppEngine {
             slots = shape.slots,
             chunk = shape.chunk,
             window,
-            threads = threads(opts.threads),
-            batch_threads = threads(opts.batch_threads.max(opts.threads)),
+            threads = thread_counts(opts).0,
+            batch_threads = thread_counts(opts).1,
             "llama.cpp model loaded"
         );
         let scorer = match crate::scoring::gguf_scorer(
@@ -229,15 +239,7 @@ fn start(
     let (tx, rx) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let model = model.clone();
-    let (n_threads, n_batch_threads) = (
-        threads(opts.threads),
-        threads(opts.batch_threads.max(opts.threads)),
-    );
-    let batch_threads = if opts.batch_threads == 0 {
-        n_threads
-    } else {
-        n_batch_threads
-    };
+    let (n_threads, batch_threads) = thread_counts(opts);
     std::thread::Builder::new()
         .name("llamacpp".into())
         .spawn(move || {
