@@ -338,6 +338,8 @@ mod tests {
             .collect();
         let data = RunData {
             outcomes,
+            gave_up: Default::default(),
+            timeout_s: 30.0,
             elapsed_s: 100.0,
             scrape: Default::default(),
             client_cpu_s: 0.0,

@@ -16,6 +16,9 @@ use crate::stats::intern;
 /// or broke off.
 pub const STREAM_TRUNCATED: &str = "stream_truncated";
 
+/// The error kind of a request the bench gave up on (`--timeout`).
+pub const TIMEOUT: &str = "timeout";
+
 /// Most bytes read from one response.
 const MAX_BODY: usize = 16 << 20;
 
@@ -144,6 +147,10 @@ pub struct ChatResult {
     pub out_of_scope: bool,
     /// First content token (streaming) — for a JSON answer, the whole answer is the first token.
     pub first_token: Option<Instant>,
+    /// The last content event (streaming).
+    pub last_token: Option<Instant>,
+    /// Content events received (a label answer is one; a generation one per token or a few).
+    pub events: u32,
     pub content: String,
     pub tokens_out: u32,
     /// `Server-Timing: model;dur=` (ms).
@@ -167,6 +174,8 @@ impl ChatResult {
             degraded: None,
             out_of_scope: false,
             first_token: None,
+            last_token: None,
+            events: 0,
             content: String::new(),
             tokens_out: 0,
             model_ms: None,
@@ -267,14 +276,17 @@ impl HttpClient {
         Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
     }
 
-    /// One answer from the `api` endpoint. `body` is the serialised request ([`chat_body`]).
+    /// One answer from the `api` endpoint. `body` is the serialised request ([`chat_body`]). Past `deadline`
+    /// it gives up with the error `timeout`, keeping what the server had sent by then.
     pub async fn chat(
         &self,
         api: Api,
         body: Bytes,
         stream: bool,
         extra: &[(String, String)],
+        deadline: Instant,
     ) -> ChatResult {
+        let deadline = tokio::time::Instant::from_std(deadline);
         // Anthropic's clients send the key as `x-api-key`, with the API version.
         let mut headers = extra.to_vec();
         let mut bearer = self.api_key.as_deref();
@@ -288,10 +300,11 @@ impl HttpClient {
             Ok(r) => r,
             Err(_) => return ChatResult::failed("client_error"),
         };
-        let resp = match self.client.request(req).await {
-            Ok(r) => r,
-            Err(e) if e.is_connect() => return ChatResult::failed("connection_error"),
-            Err(_) => return ChatResult::failed("transport_error"),
+        let resp = match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+            Err(_) => return ChatResult::failed(TIMEOUT),
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) if e.is_connect() => return ChatResult::failed("connection_error"),
+            Ok(Err(_)) => return ChatResult::failed("transport_error"),
         };
         let status = resp.status().as_u16();
         let header = |k: &str| {
@@ -307,6 +320,8 @@ impl HttpClient {
             degraded: header(tiergate_core::outcome::header::DEGRADED),
             out_of_scope: header(tiergate_core::outcome::header::OUT_OF_SCOPE) == Some("1"),
             first_token: None,
+            last_token: None,
+            events: 0,
             content: String::new(),
             tokens_out: 0,
             model_ms: resp
@@ -321,7 +336,13 @@ impl HttpClient {
         };
         let body = resp.into_body();
         if !(200..300).contains(&status) {
-            let raw = read_limited(body).await.unwrap_or_default();
+            let raw = match tokio::time::timeout_at(deadline, read_limited(body)).await {
+                Ok(raw) => raw.unwrap_or_default(),
+                Err(_) => {
+                    out.error = Some(TIMEOUT);
+                    return out;
+                }
+            };
             let v: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
             out.error = Some(
                 v["error"]["type"]
@@ -332,10 +353,11 @@ impl HttpClient {
             return out;
         }
         if stream {
-            read_sse(api, body, &mut out).await;
+            read_sse(api, body, &mut out, deadline).await;
         } else {
-            match read_limited(body).await {
-                Ok(raw) => {
+            match tokio::time::timeout_at(deadline, read_limited(body)).await {
+                Err(_) => out.error = Some(TIMEOUT),
+                Ok(Ok(raw)) => {
                     out.first_token = Some(Instant::now());
                     let v = serde_json::from_slice::<Value>(&raw).unwrap_or(Value::Null);
                     match api.answer(&v) {
@@ -347,7 +369,7 @@ impl HttpClient {
                         None => out.error = Some("bad_response"),
                     }
                 }
-                Err(_) => out.error = Some("transport_error"),
+                Ok(Err(_)) => out.error = Some("transport_error"),
             }
         }
         out
@@ -382,12 +404,26 @@ async fn read_limited(mut body: hyper::body::Incoming) -> Result<Bytes, String> 
 
 /// Read server-sent events in `api`'s dialect: content deltas (first one = first token), the output tokens,
 /// errors, and the final event (`[DONE]`, `message_stop`, `response.completed`).
-async fn read_sse(api: Api, mut body: hyper::body::Incoming, out: &mut ChatResult) {
+async fn read_sse(
+    api: Api,
+    mut body: hyper::body::Incoming,
+    out: &mut ChatResult,
+    deadline: tokio::time::Instant,
+) {
     let mut buf: Vec<u8> = Vec::new();
-    let mut chunks = 0u32;
     let mut done = false;
     let mut usage: Option<u32> = None;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                // Given up on: what came so far stays (content, events, first token) for the report.
+                out.tokens_out = usage.unwrap_or(out.events);
+                out.error = Some(TIMEOUT);
+                return;
+            }
+            Ok(None) => break,
+            Ok(Some(f)) => f,
+        };
         let Ok(frame) = frame else {
             // The response started and its body broke off (llama.cpp's server does this to a stream when a
             // newer request interrupts it, `interrupt_requests`): a stream that ended without its final
@@ -422,10 +458,10 @@ async fn read_sse(api: Api, mut body: hyper::body::Incoming, out: &mut ChatResul
             match api.said(&v) {
                 Said::Error(e) => out.error = Some(intern(e)),
                 Said::Text(c) if !c.is_empty() => {
-                    if out.first_token.is_none() {
-                        out.first_token = Some(Instant::now());
-                    }
-                    chunks += 1;
+                    let now = Instant::now();
+                    out.first_token.get_or_insert(now);
+                    out.last_token = Some(now);
+                    out.events += 1;
                     out.content.push_str(c);
                 }
                 Said::Tokens(n) => {
@@ -438,7 +474,7 @@ async fn read_sse(api: Api, mut body: hyper::body::Incoming, out: &mut ChatResul
             }
         }
     }
-    out.tokens_out = usage.unwrap_or(chunks);
+    out.tokens_out = usage.unwrap_or(out.events);
     if !done && out.error.is_none() {
         out.error = Some(STREAM_TRUNCATED);
     }

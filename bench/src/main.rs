@@ -243,16 +243,20 @@ async fn bench(args: Args) -> Result<ExitCode, String> {
     }
     print!("{text}");
 
+    // Reached: every request but those that never got a response (a timeout after the response started
+    // reached the server).
     let answered = runs
         .iter()
-        .flat_map(|r| r.channels.iter().filter(|c| c.channel == "all"))
-        .map(|c| {
-            c.count
-                - c.errors
-                    .iter()
-                    .filter(|(k, _)| is_transport(k))
-                    .map(|(_, v)| v)
-                    .sum::<u64>()
+        .map(|r| {
+            let all = r.channels.iter().find(|c| c.channel == "all");
+            all.map_or(0, |c| {
+                c.count
+                    - c.errors
+                        .iter()
+                        .filter(|(k, _)| is_transport(k))
+                        .map(|(_, v)| v)
+                        .sum::<u64>()
+            }) + r.gave_up.responded
         })
         .sum::<u64>();
     let verdict_run = if args.compare {

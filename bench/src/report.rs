@@ -40,6 +40,10 @@ pub struct RunReport {
     /// answers) and `all`.
     pub channels: Vec<ChannelStats>,
     pub slo: Vec<SloResult>,
+    /// Requests the bench gave up on, with what the server had sent by then.
+    pub gave_up: crate::run::GaveUp,
+    /// The client's timeout, seconds.
+    pub timeout_s: f64,
     pub client: ClientOverhead,
     pub series: Vec<Second>,
     pub scrape: Scrape,
@@ -152,6 +156,8 @@ impl RunReport {
             elapsed_s: e,
             interrupted: data.interrupted,
             slo,
+            gave_up: data.gave_up.clone(),
+            timeout_s: data.timeout_s,
             client: ClientOverhead {
                 cpu_s: data.client_cpu_s,
                 cpu_us_per_request: if total == 0 {
@@ -248,6 +254,34 @@ impl RunReport {
         self.slo.iter().all(|r| r.pass)
     }
 
+    /// The requests the bench gave up on, each with what the server had sent by then.
+    fn write_gave_up(&self, s: &mut String) {
+        let g = &self.gave_up;
+        if g.count == 0 {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "  given up on at the {} s timeout: {} (the first {} named)",
+            self.timeout_s,
+            g.count,
+            g.named.len()
+        );
+        for t in &g.named {
+            let got = match (t.status, t.first_token_s) {
+                (0, _) => "no response".to_string(),
+                (st, None) => format!("{st}, headers only (tier {})", t.tier.unwrap_or("-")),
+                (st, Some(f)) => format!(
+                    "{st}, tier {}, {} events, first after {f:.2} s: {:?}",
+                    t.tier.unwrap_or("-"),
+                    t.events,
+                    t.received
+                ),
+            };
+            let _ = writeln!(s, "    at {:.1} s {:?} → {got}", t.at_s, t.sent);
+        }
+    }
+
     /// The terminal report.
     pub fn render(&self) -> String {
         let mut s = String::new();
@@ -265,7 +299,7 @@ impl RunReport {
         );
         let _ = writeln!(
             s,
-            "{:<10} {:>7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>18} {:>6}  band",
+            "{:<10} {:>7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>18} {:>6}  band",
             "channel",
             "count",
             "share",
@@ -277,6 +311,7 @@ impl RunReport {
             "mean",
             "req/s",
             "tok/s",
+            "dec tok/s",
             "TTFT p50/p99 ms",
             "acc"
         );
@@ -292,7 +327,7 @@ impl RunReport {
             });
             let _ = writeln!(
                 s,
-                "{:<10} {:>7} {:>5.1}% {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1} {:>8.1} {:>18} {:>6}  {}",
+                "{:<10} {:>7} {:>5.1}% {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1} {:>8.1} {:>9} {:>18} {:>6}  {}",
                 c.channel,
                 c.count,
                 c.share * 100.0,
@@ -304,6 +339,7 @@ impl RunReport {
                 f(l.mean_ms),
                 c.requests_per_s,
                 c.tokens_per_s,
+                c.decode.as_ref().map_or("-".to_string(), |d| format!("{:.1}", d.p50)),
                 ttft,
                 c.accuracy.map_or("-".to_string(), |a| format!("{a:.3}")),
                 c.band.unwrap_or("-"),
@@ -318,6 +354,14 @@ impl RunReport {
                 let _ = writeln!(s, "  {} P95 {} ms → {b}", c.channel, ms(l.p95_ms));
             }
         }
+        if let Some(d) = self.channel("served").and_then(|c| c.decode.as_ref()) {
+            let _ = writeln!(
+                s,
+                "  decode per generating stream (tokens after the first ÷ time since the first; labels left out): \
+                 {} streams, p50 {:.1} / p5 {:.1} / mean {:.1} tok/s",
+                d.streams, d.p50, d.p5, d.mean
+            );
+        }
         if let Some(errs) = self.channel("errors").filter(|c| c.count > 0) {
             let list: Vec<String> = errs
                 .errors
@@ -326,6 +370,7 @@ impl RunReport {
                 .collect();
             let _ = writeln!(s, "  errors: {}", list.join(", "));
         }
+        self.write_gave_up(&mut s);
         s.push_str(&crate::patience::render(&self.variants));
         if let Some(d) = &self.deadlines {
             s.push_str(&crate::deadlines::render(d));
@@ -404,9 +449,8 @@ impl RunReport {
                     r.line.name,
                     r.line.channel,
                     target,
-                    r.measured
-                        .map_or("no data".to_string(), |m| format!("{m:.1}")),
-                    if r.pass { "PASS" } else { "FAIL" }
+                    r.measured.map_or("-".to_string(), |m| format!("{m:.1}")),
+                    r.verdict()
                 );
             }
         }

@@ -68,6 +68,10 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct RunData {
     pub outcomes: Vec<Outcome>,
+    /// Requests the bench gave up on (`--timeout`).
+    pub gave_up: GaveUp,
+    /// The client's timeout, seconds.
+    pub timeout_s: f64,
     /// Start to last answer, seconds.
     pub elapsed_s: f64,
     pub scrape: Scrape,
@@ -100,6 +104,7 @@ struct Shared {
     extra: Vec<(String, String)>,
     start: Instant,
     timeout: Duration,
+    gave_up: Mutex<GaveUp>,
 }
 
 struct Prepared {
@@ -149,15 +154,13 @@ async fn one(s: &Shared, p: Prepared, intended: Instant) -> Outcome {
         }
         None => &s.extra,
     };
-    let r = match tokio::time::timeout_at(
-        deadline.into(),
-        s.client.chat(s.api, p.body.clone(), s.stream, extra),
-    )
-    .await
-    {
-        Ok(r) => r,
-        Err(_) => ChatResult::failed("timeout"),
-    };
+    let r = s
+        .client
+        .chat(s.api, p.body.clone(), s.stream, extra, deadline)
+        .await;
+    if r.error == Some(crate::http::TIMEOUT) {
+        s.note_timeout(&r, &p, intended, sent);
+    }
     let id = r.id.clone();
     let o = finish(s, r, intended, sent, &p);
     if let (true, Some(id), Some(label), None) = (p.feedback, id, &p.label, o.error) {
@@ -175,6 +178,7 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
     };
     Outcome {
         at_s: intended.saturating_duration_since(s.start).as_secs_f64(),
+        decode_tps: decode_rate(&r),
         latency_us: us(end),
         ttft_us: if r.error.is_none() {
             Some(us(r.first_token.unwrap_or(end)))
@@ -199,6 +203,88 @@ fn finish(s: &Shared, r: ChatResult, intended: Instant, sent: Instant, p: &Prepa
     }
 }
 
+/// A generating stream's decode rate: tokens after the first ÷ the time from the first content event to the
+/// last. `None` for an answer in fewer than two events (a label, a JSON answer) or one that failed.
+fn decode_rate(r: &ChatResult) -> Option<f32> {
+    if r.error.is_some() || r.events < 2 || r.tokens_out < 2 {
+        return None;
+    }
+    let span = r.last_token?.checked_duration_since(r.first_token?)?;
+    (span > Duration::ZERO).then(|| (f64::from(r.tokens_out - 1) / span.as_secs_f64()) as f32)
+}
+
+/// Most timed-out requests named in the report (the rest are counted).
+const TIMED_OUT_NAMED: usize = 20;
+
+/// A request the bench gave up on, with what the server had sent by then.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TimedOut {
+    /// Intended send time, seconds from the start of the run.
+    pub at_s: f64,
+    /// The start of the request's text.
+    pub sent: String,
+    /// HTTP status, 0 when no response had started.
+    pub status: u16,
+    pub tier: Option<&'static str>,
+    /// Content events received and the time of the first, seconds after sending.
+    pub events: u32,
+    pub first_token_s: Option<f64>,
+    /// The start of the content received.
+    pub received: String,
+}
+
+/// Requests given up on: the first few named, all counted.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct GaveUp {
+    pub count: u64,
+    /// … of which the server had started its response.
+    pub responded: u64,
+    pub named: Vec<TimedOut>,
+}
+
+/// The first `n` characters of `s`, with `…` when cut.
+fn excerpt(s: &str, n: usize) -> String {
+    let mut out: String = s.chars().take(n).collect();
+    if s.chars().nth(n).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// The user text of a request body in any dialect.
+fn sent_text(body: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let text = v["messages"][0]["content"]
+        .as_str()
+        .or_else(|| v["input"].as_str())
+        .unwrap_or_default();
+    excerpt(text, 60)
+}
+
+impl Shared {
+    fn note_timeout(&self, r: &ChatResult, p: &Prepared, intended: Instant, sent: Instant) {
+        let Ok(mut g) = self.gave_up.lock() else {
+            return;
+        };
+        g.count += 1;
+        g.responded += u64::from(r.status != 0);
+        if g.named.len() >= TIMED_OUT_NAMED {
+            return;
+        }
+        g.named.push(TimedOut {
+            at_s: intended.saturating_duration_since(self.start).as_secs_f64(),
+            sent: sent_text(&p.body),
+            status: r.status,
+            tier: r.tier,
+            events: r.events,
+            first_token_s: r
+                .first_token
+                .map(|t| t.saturating_duration_since(sent).as_secs_f64()),
+            received: excerpt(&r.content, 60),
+        });
+    }
+}
+
 /// Run one load pass.
 pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<bool>) -> RunData {
     let cpu0 = cpu_seconds();
@@ -211,6 +297,7 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
         extra: plan.extra_headers.clone(),
         start,
         timeout: plan.timeout,
+        gave_up: Mutex::new(GaveUp::default()),
     });
     let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
     let sent = Arc::new(AtomicU64::new(0));
@@ -313,6 +400,8 @@ pub async fn execute(client: &HttpClient, plan: &Plan, stop: watch::Receiver<boo
     let scrape = scrape.lock().map(|s| s.clone()).unwrap_or_default();
     RunData {
         outcomes,
+        gave_up: shared.gave_up.lock().map(|g| g.clone()).unwrap_or_default(),
+        timeout_s: plan.timeout.as_secs_f64(),
         elapsed_s,
         scrape,
         client_cpu_s: cpu_seconds() - cpu0,

@@ -15,6 +15,9 @@ pub struct Outcome {
     pub latency_us: u64,
     /// Time to first token from the intended send time (for JSON answers: the whole answer).
     pub ttft_us: Option<u64>,
+    /// A generating stream's decode rate (tokens after the first ÷ time since the first), tokens/s; `None`
+    /// for a label or JSON answer.
+    pub decode_tps: Option<f32>,
     /// How late the client actually sent it, microseconds.
     pub lag_us: u64,
     pub status: u16,
@@ -180,6 +183,34 @@ impl Percentiles {
     }
 }
 
+/// Per-stream decode rates of a channel's generating answers (label and JSON answers left out), tokens/s.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeRates {
+    pub streams: u64,
+    pub p50: f64,
+    /// The slowest 5 % of streams decode at this rate or below.
+    pub p5: f64,
+    pub mean: f64,
+}
+
+impl DecodeRates {
+    pub fn of(rates: impl Iterator<Item = f32>) -> Option<Self> {
+        let mut v: Vec<f64> = rates.map(f64::from).filter(|r| r.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        // Nearest rank.
+        let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Some(Self {
+            streams: v.len() as u64,
+            p50: at(0.50),
+            p5: at(0.05),
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+        })
+    }
+}
+
 /// Everything reported for one channel (or for all served requests).
 #[derive(Debug, Clone, Serialize)]
 pub struct ChannelStats {
@@ -194,7 +225,10 @@ pub struct ChannelStats {
     /// End to end minus model time per request: the serving overhead (network, queueing, HTTP, routing).
     pub overhead: Option<Percentiles>,
     pub requests_per_s: f64,
+    /// Aggregate: every output token of the channel ÷ the run's time.
     pub tokens_per_s: f64,
+    /// Per stream, generating answers only.
+    pub decode: Option<DecodeRates>,
     pub tokens_out: u64,
     pub errors: BTreeMap<String, u64>,
     pub labelled: u64,
@@ -254,6 +288,7 @@ impl ChannelStats {
             overhead: Percentiles::of(&overhead),
             requests_per_s: count as f64 / elapsed,
             tokens_per_s: tokens_out as f64 / elapsed,
+            decode: DecodeRates::of(outcomes.clone().filter_map(|o| o.decode_tps)),
             tokens_out,
             errors,
             labelled,
@@ -362,9 +397,9 @@ mod tests {
         assert_eq!(intern("never-seen-before"), "other");
         assert_eq!(intern("tier0"), "tier0");
         // What the bench keeps per request (96 bytes before model time, the experiment's variant, the
-        // budget, the stage and the head).
+        // budget, the stage, the head and the decode rate).
         assert!(
-            std::mem::size_of::<Outcome>() <= 160,
+            std::mem::size_of::<Outcome>() <= 168,
             "{}",
             std::mem::size_of::<Outcome>()
         );

@@ -374,6 +374,11 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
     );
     assert!(served["ttft"]["p50_ms"].as_f64().unwrap() > 0.0, "{served}");
     assert!(served["tokens_out"].as_u64().unwrap() > 0, "{served}");
+    // Every answer is a generation streamed token by token: each has a decode rate (tokens after the first ÷
+    // time since the first), which the "≥ 60 tok/s a stream" line is checked on.
+    let d = &served["decode"];
+    assert_eq!(d["streams"], served["count"], "{served}");
+    assert!(d["p50"].as_f64().unwrap() > 1.0, "{d}");
 }
 
 /// Two real llama.cpp servers as the two alternatives of one cascade stage of the real `tiergate serve`

@@ -681,3 +681,113 @@ fn a_config_file_replaces_the_default_and_a_partial_one_is_refused_saying_so() {
         String::from_utf8_lossy(&check.stdout)
     );
 }
+
+/// The bench's token rates mean what the SLO means: against the real server (stub worker process, each
+/// generation's tokens spread over 1.2 s), a mixed run of label answers (`classify`, Tier-0, nothing escalated)
+/// and streamed generations reports each generating stream's decode rate (label answers left out) and checks
+/// the "≥ 60 tok/s a stream" line on it, the aggregate being a reported row of its own; a second run whose
+/// timeout falls mid-generation names each request it gave up on with what the server had sent by then.
+#[test]
+fn bench_reports_per_stream_decode_and_names_what_it_gave_up_on() {
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"stub\"",
+        "--set",
+        "reranker.extra_args=[\"--stub-delay-ms\", \"1200\"]",
+        "--set",
+        "routing.mode=\"static\"",
+        "--set",
+        "routing.theta_base=1.0",
+        "--set",
+        "routing.theta_max=1.0",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let generation = "{\"text\": \"one two three four five six seven\", \"route\": \"generate\"}\n";
+    let mixed = dir.path().join("mixed.jsonl");
+    let label = "{\"text\": \"my card was stolen\", \"route\": \"classify\"}\n";
+    std::fs::write(&mixed, format!("{label}{generation}")).unwrap();
+    let generations = dir.path().join("generations.jsonl");
+    std::fs::write(&generations, generation).unwrap();
+    let run = |data: &std::path::Path, timeout: &str, json: &str| -> (String, Value) {
+        let path = dir.path().join(json);
+        let out = Command::new(binary("tiergate-bench"))
+            .args(["--url", &s.base, "--data", data.to_str().unwrap()])
+            .args(["--concurrency", "2", "--requests", "8", "--stream"])
+            .args(["--timeout", timeout])
+            .args(["--json", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        (stdout, r["runs"][0].clone())
+    };
+    let (text, r) = run(&mixed, "30s", "done.json");
+    let channel = |name: &str| {
+        r["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["channel"] == name)
+            .unwrap()
+            .clone()
+    };
+    let served = channel("served");
+    assert_eq!(served["count"], 8, "{r}");
+    // The generations (the LLM's channel) are the streams with a decode rate: 8 tokens over ~1.2 s, ~7 in
+    // ~1.05 s after the first, ≈ 6.7 tok/s each; the label answers (Tier-0, nothing escalates) have none.
+    let (labels, generated) = (
+        channel("tier0")["count"].clone(),
+        channel("escalated")["count"].clone(),
+    );
+    assert!(
+        labels.as_u64().unwrap() > 0 && generated.as_u64().unwrap() > 0,
+        "{r}"
+    );
+    let d = &served["decode"];
+    assert_eq!(d["streams"], generated, "{served}");
+    let p50 = d["p50"].as_f64().unwrap();
+    assert!((3.0..12.0).contains(&p50), "{d}");
+    let line = |name: &str| {
+        r["slo"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: {}", r["slo"]))
+            .clone()
+    };
+    let decode = line("chat: decode ≥ 60 tok/s a stream");
+    assert_eq!(decode["measured"].as_f64(), Some(p50));
+    assert_eq!(decode["pass"], false, "{decode}");
+    let aggregate = line("batch: aggregate ≥ 120 tok/s");
+    assert_eq!(
+        aggregate["pass"], true,
+        "reported, never failing: {aggregate}"
+    );
+    assert!(text.contains("decode per generating stream"), "{text}");
+    assert!(text.contains("below (reported)"), "{text}");
+    assert_eq!(r["gave_up"]["count"], 0, "{r}");
+
+    // A 0.7 s timeout: every generation is given up on after a few tokens, each named with them.
+    let (text, r) = run(&generations, "0.7s", "cut.json");
+    let g = &r["gave_up"];
+    assert_eq!(g["count"], 8, "{r}");
+    for t in g["named"].as_array().unwrap() {
+        assert_eq!(t["sent"], "one two three four five six seven", "{t}");
+        assert_eq!(t["status"], 200, "{t}");
+        assert_eq!(t["tier"], "llm", "{t}");
+        let received = t["received"].as_str().unwrap();
+        assert!(received.starts_with("stub: one"), "{t}");
+        assert!(!received.contains("seven"), "cut before the end: {t}");
+        assert!(t["events"].as_u64().unwrap() >= 2, "{t}");
+    }
+    assert!(
+        text.contains("given up on at the 0.7 s timeout: 8"),
+        "{text}"
+    );
+}
