@@ -2,8 +2,10 @@
 run, cell by cell (prompt size x concurrent streams), each server's cell run right after the others' so a
 noisy minute hits them alike. Each request's prompt starts with its own nonce, so no server reuses a cached
 prefix from an earlier request. Per cell and server: TTFT p50, prompt tokens/s (prompt tokens / TTFT), per-stream
-decode tokens/s (tokens after the first / time since the first), whole-request p50, and the aggregate decode
-tokens/s of the cell (all generated tokens / the cell's wall time).
+decode tokens/s (tokens after the first / time since the first), whole-request p50, the aggregate tokens/s of
+the cell (all generated tokens / the cell's wall time, prefills included), and the batched decode rate: content
+events of all streams while every stream of a round is decoding (from the last stream's first token to the first
+stream's last) / that window (llama.cpp's batched-bench calls it S_TG; "–" when the window is empty).
 
 usage: engines.py --target NAME=URL=MODEL ... [--prompts 130,4000] [--streams 1,4,16] [--requests N]
        [--max-tokens 48] [--skip NAME:PROMPT:STREAMS ...]
@@ -49,6 +51,7 @@ def one(url: str, model: str, prompt: str, max_tokens: int, out: list, timeout: 
     t0 = time.monotonic()
     first = last = None
     chunks = 0
+    times = []
     usage = None
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -65,6 +68,7 @@ def one(url: str, model: str, prompt: str, max_tokens: int, out: list, timeout: 
                         first = first or now
                         last = now
                         chunks += 1
+                        times.append(now)
     except Exception as e:  # noqa: BLE001 - a failed request is reported, never hidden
         out.append({"error": str(e)[:200]})
         return
@@ -81,16 +85,31 @@ def one(url: str, model: str, prompt: str, max_tokens: int, out: list, timeout: 
             "completion": completion,
             "prompt_tokens": prompt_tokens,
             "decode": (completion - 1) / (last - first) if last > first and completion > 1 else None,
+            "times": times,
         }
     )
+
+
+def batched(round_results):
+    """(events, seconds) while every stream of one round decodes: from the last first token to the first last."""
+    ok = [r for r in round_results if "error" not in r and len(r["times"]) > 1]
+    if len(ok) < len(round_results) or not ok:
+        return 0, 0.0
+    a = max(r["times"][0] for r in ok)
+    b = min(r["times"][-1] for r in ok)
+    if b <= a:
+        return 0, 0.0
+    return sum(sum(1 for t in r["times"] if a < t <= b) for r in ok), b - a
 
 
 def cell(url, model, prompt_tokens, streams, requests, max_tokens, timeout, known=None):
     results: list = []
     t0 = time.monotonic()
     done = 0
+    events = seconds = 0
     while done < requests:
         batch = min(streams, requests - done)
+        start = len(results)
         threads = [
             threading.Thread(
                 target=one, args=(url, model, prompt_of(prompt_tokens), max_tokens, results, timeout)
@@ -101,6 +120,8 @@ def cell(url, model, prompt_tokens, streams, requests, max_tokens, timeout, know
             t.start()
         for t in threads:
             t.join()
+        e, w = batched(results[start:])
+        events, seconds = events + e, seconds + w
         done += batch
     wall = time.monotonic() - t0
     ok = [r for r in results if "error" not in r]
@@ -121,6 +142,7 @@ def cell(url, model, prompt_tokens, streams, requests, max_tokens, timeout, know
         "decode_tps": p50(decode),
         "whole_p50": p50([r["whole"] for r in ok]),
         "aggregate_decode_tps": sum(r["completion"] for r in ok) / wall,
+        "batched_decode_tps": events / seconds if seconds > 0 else None,
     }
 
 
@@ -136,8 +158,8 @@ def main():
     a = ap.parse_args()
     targets = [t.split("=", 2) for t in a.target]
     print("| prompt | streams | server | n | prompt tok | TTFT p50 s | prompt tok/s | decode tok/s (stream) "
-          "| whole p50 s | aggregate decode tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| whole p50 s | aggregate tok/s | batched decode tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in [int(x) for x in a.prompts.split(",")]:
         for s in [int(x) for x in a.streams.split(",")]:
             known = None  # a server that sends no usage (llama-cpp-python) is credited the others' prompt count
@@ -149,13 +171,14 @@ def main():
                 if r.get("prompt_tokens") == r.get("prompt_tokens"):  # not NaN
                     known = r.get("prompt_tokens", known)
                 if "n" not in r:
-                    print(f"| {p} | {s} | {name} | 0 | – | – | – | – | – | – (errors: {r['errors'][:2]}) |")
+                    print(f"| {p} | {s} | {name} | 0 | – | – | – | – | – | – | – (errors: {r['errors'][:2]}) |")
                     continue
                 err = f" ({len(r['errors'])} failed: {r['errors'][:1]})" if r["errors"] else ""
+                b = r["batched_decode_tps"]
                 print(
                     f"| {p} | {s} | {name} | {r['n']} | {r['prompt_tokens']:.0f} | {r['ttft_p50']:.2f} | "
                     f"{r['prompt_tps']:.0f} | {r['decode_tps']:.1f} | {r['whole_p50']:.2f} | "
-                    f"{r['aggregate_decode_tps']:.1f}{err} |"
+                    f"{r['aggregate_decode_tps']:.1f} | {'–' if b is None else f'{b:.1f}'}{err} |"
                 )
                 sys.stdout.flush()
 

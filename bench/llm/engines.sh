@@ -13,6 +13,7 @@ model="${1:-$root/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}"
 shift || true
 threads="$(nproc)"
 out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
 ctx="${CONTEXT_TOKENS:-20480}"
 echo "engines: logs in $out; model $(basename "$model"); $threads threads" >&2
 
@@ -29,14 +30,15 @@ serve() { # name, port, engine
 serve llamacpp 18180 llamacpp
 [ "${MISTRALRS:-1}" = 1 ] && serve mistralrs 18182 mistralrs
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
-up() { for _ in $(seq 900); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
-up http://127.0.0.1:18190/v1/models || { echo "llama-cpp-python did not start: $out/llama.log" >&2; exit 1; }
-up http://127.0.0.1:18180/ready || { echo "tiergate (llamacpp) not ready: $out/llamacpp.log" >&2; exit 1; }
+# Waits for URL while PID lives (a server that failed to start, e.g. on a port in use, ends the wait).
+up() { for _ in $(seq 900); do curl -sf "$1" >/dev/null && return 0; kill -0 "$2" 2>/dev/null || return 1; sleep 1; done; return 1; }
+up http://127.0.0.1:18190/v1/models "${pids[0]}" || { echo "llama-cpp-python did not start: $out/llama.log" >&2; exit 1; }
+up http://127.0.0.1:18180/ready "${pids[1]}" || { echo "tiergate (llamacpp) not ready: $out/llamacpp.log" >&2; exit 1; }
 skips=()
 targets=(--target "tiergate-llamacpp=http://127.0.0.1:18180/v1=generate"
   --target "llama-cpp-python=http://127.0.0.1:18190/v1=peer")
 if [ "${MISTRALRS:-1}" = 1 ]; then
-  up http://127.0.0.1:18182/ready || { echo "tiergate (mistralrs) not ready: $out/mistralrs.log" >&2; exit 1; }
+  up http://127.0.0.1:18182/ready "${pids[2]}" || { echo "tiergate (mistralrs) not ready: $out/mistralrs.log" >&2; exit 1; }
   targets+=(--target "tiergate-mistralrs=http://127.0.0.1:18182/v1=generate")
   # mistralrs would take hours in the long cells (~6 prompt tokens/s on the 0.5B model).
   skips=(--skip "tiergate-mistralrs:4000:*" --skip "tiergate-mistralrs:20000:*" --skip "tiergate-mistralrs:130:16")

@@ -658,8 +658,10 @@ pub fn start_backend(
             r.breaker_failures,
             Duration::from_millis(r.breaker_cooldown_ms),
         )),
-        share: crate::backends::fair::Share::new(
+        // A worker keeps one job thread for reranks (`reranker/src/serve.rs`); the share keeps its slot too.
+        share: crate::backends::fair::Share::with_generations(
             r.capacity(),
+            r.workers * r.max_concurrent.saturating_sub(1).max(1),
             r.in_flight_limit().saturating_sub(r.capacity()),
         ),
         tools: r.tools,

@@ -113,6 +113,10 @@ pub struct Sampling {
     /// A JSON Schema the answer must follow (constrained decoding), as JSON text.
     #[serde(default)]
     pub json_schema: Option<String>,
+    /// Only count the prompt's tokens (`count_tokens`): an engine that can tokenises the rendered prompt and
+    /// ends with 0 completion tokens, reading nothing; the others generate `max_tokens` (1) as usual.
+    #[serde(default)]
+    pub count_only: bool,
 }
 
 /// A job for a worker (externally tagged: an internally tagged enum cannot be decoded from a non-self-describing
@@ -163,6 +167,9 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// `stop`, `length`, `tool_calls` or `cancelled`.
     pub finish_reason: String,
+    /// The stop sequence that ended it, when one did (engines that know which).
+    #[serde(default)]
+    pub stop_sequence: Option<String>,
 }
 
 /// How a worker's error message starts when the engine refused the request itself (a prompt longer than the
@@ -313,6 +320,7 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 2,
             finish_reason: "stop".into(),
+            stop_sequence: None,
         });
         let mut bytes = encode_frame(frame::CHUNK, "Hel".as_bytes());
         bytes.extend(encode_frame(frame::CHUNK, "lo".as_bytes()));

@@ -196,6 +196,7 @@ impl Engine for MistralEngine {
                 prompt_tokens: 0,
                 completion_tokens: 0,
                 finish_reason: "stop".into(),
+                stop_sequence: None,
             };
             let (mut sent, mut calls) = (0u32, 0usize);
             while let Some(event) = stream.next().await {

@@ -199,6 +199,7 @@ impl RemoteEngine {
             prompt_tokens: 0,
             completion_tokens: 0,
             finish_reason: "stop".into(),
+            stop_sequence: None,
         };
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();

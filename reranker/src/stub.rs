@@ -305,6 +305,7 @@ fn usage(messages: &[Message], completion: u32, finish: &str) -> Usage {
             .sum(),
         completion_tokens: completion,
         finish_reason: finish.into(),
+        stop_sequence: None,
     }
 }
 

@@ -382,11 +382,12 @@ fn chat_choice(c: &Value) -> Result<(Option<Value>, Option<bool>), ApiError> {
     Ok((Some(choice), parallel))
 }
 
-/// Anthropic's `stop_reason` for the chat door's finish reason.
-pub fn stop_reason(finish: &str) -> &'static str {
-    match finish {
-        "length" => "max_tokens",
-        "tool_calls" => "tool_use",
+/// Anthropic's `stop_reason` for the chat door's finish reason and the stop sequence that ended it, if any.
+pub fn stop_reason(finish: &str, stop: Option<&str>) -> &'static str {
+    match (finish, stop) {
+        ("length", _) => "max_tokens",
+        ("tool_calls", _) => "tool_use",
+        (_, Some(_)) => "stop_sequence",
         _ => "end_turn",
     }
 }

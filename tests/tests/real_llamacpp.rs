@@ -141,6 +141,33 @@ fn a_stop_sequence_cuts_the_answer_before_it() {
     assert!(!text.contains(&word), "{text} / {word}");
     assert!(full.starts_with(&text), "{text} / {full}");
     assert_eq!(usage.finish_reason, "stop");
+    // The matched one is reported (the Messages door's `stop_sequence`); a natural end reports none.
+    assert_eq!(usage.stop_sequence.as_deref(), Some(word.as_str()));
+    let (_, _, natural) = run(e, &user("Say OK."), &greedy(64), None);
+    assert_eq!(natural.stop_sequence, None, "{natural:?}");
+}
+
+/// `count_tokens` on this engine: the prompt as the answer would read it, counted without reading it — the
+/// same count as a generation's, nothing generated, and no prompt token read by a forward pass.
+#[test]
+fn counting_reads_no_prompt() {
+    let e = smollm2();
+    let text = "How many tokens is this question, counted by the model's own tokenizer?";
+    let (_, _, generated) = run(e, &user(text), &greedy(2), None);
+    let (read_before, cached_before) = e.prompt_stats();
+    let mut count = greedy(1);
+    count.count_only = true;
+    let (out, calls, counted) = run(e, &user(text), &count, None);
+    assert_eq!(counted.prompt_tokens, generated.prompt_tokens);
+    assert_eq!(
+        (out.as_str(), calls.len(), counted.completion_tokens),
+        ("", 0, 0)
+    );
+    assert_eq!(
+        e.prompt_stats(),
+        (read_before, cached_before),
+        "nothing read or looked up"
+    );
 }
 
 #[test]

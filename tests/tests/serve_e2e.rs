@@ -791,3 +791,70 @@ fn bench_reports_per_stream_decode_and_names_what_it_gave_up_on() {
         "{text}"
     );
 }
+
+/// The Messages door on the default engine (`auto`: llama.cpp, SmolLM2): an answer cut by one of the client's
+/// `stop_sequences` says so (`stop_reason: stop_sequence` and the one matched, JSON and stream alike), and
+/// `count_tokens` gives the answer's own `input_tokens` without generating (the engine only tokenises).
+#[test]
+fn the_messages_door_names_the_stop_sequence_and_counts_the_prompt() {
+    let s = start(&[]);
+    let messages = |extra: Value| -> Value {
+        let mut body = json!({"model": "generate", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        ureq::post(&format!("{}/v1/messages", s.base))
+            .set("anthropic-version", "2023-06-01")
+            .send_json(body)
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    let full = messages(json!({}));
+    let text = full["content"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(full["stop_sequence"], Value::Null, "{full}");
+    let word = text
+        .split_whitespace()
+        .nth(2)
+        .expect("three words")
+        .to_string();
+    let cut = messages(json!({"stop_sequences": ["zzz-never", word]}));
+    assert_eq!(cut["stop_reason"], "stop_sequence", "{cut}");
+    assert_eq!(cut["stop_sequence"], word.as_str(), "{cut}");
+    assert!(
+        !cut["content"][0]["text"].as_str().unwrap().contains(&word),
+        "{cut}"
+    );
+    // Streamed: the message_delta names it.
+    let raw = ureq::post(&format!("{}/v1/messages", s.base))
+        .set("anthropic-version", "2023-06-01")
+        .send_json(
+            json!({"model": "generate", "max_tokens": 24, "temperature": 0, "stream": true,
+            "stop_sequences": [word],
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+        )
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let delta: Value = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .find(|v| v["type"] == "message_delta")
+        .expect(&raw);
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+    assert_eq!(delta["delta"]["stop_sequence"], word.as_str(), "{delta}");
+    // count_tokens: exactly the prompt the answer read.
+    let counted: Value = ureq::post(&format!("{}/v1/messages/count_tokens", s.base))
+        .set("anthropic-version", "2023-06-01")
+        .send_json(json!({"model": "generate",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(
+        counted["input_tokens"], full["usage"]["input_tokens"],
+        "{counted} / {full}"
+    );
+}

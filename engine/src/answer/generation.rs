@@ -181,8 +181,12 @@ pub enum Delta {
     Text(String),
     /// A whole tool call (its arguments complete: engines hand a call on whole).
     ToolCall(tiergate_queue::ToolCall),
-    /// The end: why, and the tokens counted.
-    End { finish: Finish, tokens: Tokens },
+    /// The end: why, the tokens counted, and the stop sequence that ended it when the engine says which.
+    End {
+        finish: Finish,
+        tokens: Tokens,
+        stop_sequence: Option<String>,
+    },
 }
 
 /// A generation that has produced its first event; from here on it is this backend's answer. Dropping it
@@ -270,7 +274,11 @@ impl Generation {
                     prompt: u.prompt_tokens + self.prompt_tokens,
                     completion: u.completion_tokens,
                 };
-                Ok(Delta::End { finish, tokens })
+                Ok(Delta::End {
+                    finish,
+                    tokens,
+                    stop_sequence: u.stop_sequence,
+                })
             }
             Event::Reply(_) => {
                 self.ended = true;

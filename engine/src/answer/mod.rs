@@ -200,14 +200,16 @@ pub fn count_failed(v: &ValidChat, code: &str) {
 /// A request's prompt tokens, counted by the tokenizer of what would answer it — Tier-0's encoder on a
 /// classify or answer route, the chosen stage's backend on a generate route (a steered route's stage as
 /// steering picks it; the outcome names it) — exact, never estimated: the backend reads the prompt as it
-/// would for the answer (one token is generated, not sent; the answer cache is skipped). On a CPU backend
-/// this costs the prompt's prefill. The permit is the caller's to hold until it has answered.
+/// would for the answer (the answer cache is skipped). The llama.cpp engine only tokenises the rendered prompt;
+/// the others generate one token (not sent), which costs the prompt's prefill. The permit is the caller's to
+/// hold until it has answered.
 pub async fn count_tokens(
     state: &Arc<AppState>,
     v: &ValidChat,
 ) -> Result<(u32, Outcome, Admitted), Declined> {
     let mut v = v.clone();
-    v.max_tokens = 1;
+    // 0: count only (see `cascade::sampling`).
+    v.max_tokens = 0;
     v.stream = false;
     v.temperature = Some(0.0);
     v.cache.no_cache = true;

@@ -148,50 +148,78 @@ pub enum NoSlot {
     Timeout,
 }
 
-/// The LLM's slots and the tenants' lanes.
+/// The LLM's slots and the tenants' lanes: one set of lanes for short jobs (reranks), one for generations. A
+/// worker keeps one of its job threads for reranks (generations may hold the others), and so does this: at
+/// most `generations` of the `capacity` slots go to generations, and a freed slot goes to a waiting rerank
+/// before a waiting generation — so a rerank on the request path never waits for a long generation to end.
 pub struct Share {
     state: Mutex<State>,
     capacity: usize,
+    generations: usize,
 }
 
 struct State {
     running: usize,
+    /// Slots held by generations.
+    generating: usize,
     lanes: Sfq<tokio::sync::oneshot::Sender<()>>,
+    generation_lanes: Sfq<tokio::sync::oneshot::Sender<()>>,
     next_id: u64,
 }
 
+impl State {
+    fn lanes(&mut self, generation: bool) -> &mut Sfq<tokio::sync::oneshot::Sender<()>> {
+        if generation {
+            &mut self.generation_lanes
+        } else {
+            &mut self.lanes
+        }
+    }
+}
+
 impl Share {
-    /// `capacity` jobs at once; lanes of `lane` jobs.
+    /// `capacity` jobs at once, any of them generations; lanes of `lane` jobs.
     pub fn new(capacity: usize, lane: usize) -> Arc<Self> {
+        Self::with_generations(capacity, capacity, lane)
+    }
+
+    /// `capacity` jobs at once, at most `generations` of them generations; lanes of `lane` jobs.
+    pub fn with_generations(capacity: usize, generations: usize, lane: usize) -> Arc<Self> {
+        let capacity = capacity.max(1);
         Arc::new(Self {
             state: Mutex::new(State {
                 running: 0,
+                generating: 0,
                 lanes: Sfq::new(lane),
+                generation_lanes: Sfq::new(lane),
                 next_id: 0,
             }),
-            capacity: capacity.max(1),
+            capacity,
+            generations: generations.clamp(1, capacity),
         })
     }
 
     /// Jobs holding a slot, and jobs waiting.
     pub fn load(&self) -> (usize, usize) {
-        self.state
-            .lock()
-            .map_or((0, 0), |s| (s.running, s.lanes.len()))
+        self.state.lock().map_or((0, 0), |s| {
+            (s.running, s.lanes.len() + s.generation_lanes.len())
+        })
     }
 
     /// Jobs of `tenant` waiting for a slot.
     pub fn waiting(&self, tenant: &str) -> usize {
-        self.state.lock().map_or(0, |s| s.lanes.waiting(tenant))
+        self.state.lock().map_or(0, |s| {
+            s.lanes.waiting(tenant) + s.generation_lanes.waiting(tenant)
+        })
     }
 
     /// Jobs dispatched before a new job of `tenant` would be, itself included.
     pub fn ahead(&self, tenant: &str) -> usize {
         self.state.lock().map_or(1, |s| {
-            if s.running < self.capacity && s.lanes.is_empty() {
+            if s.running < self.capacity && s.lanes.is_empty() && s.generation_lanes.is_empty() {
                 s.running + 1
             } else {
-                s.running + s.lanes.ahead(tenant) + 1
+                s.running + s.lanes.ahead(tenant) + s.generation_lanes.ahead(tenant) + 1
             }
         })
     }
@@ -200,33 +228,46 @@ impl Share {
     /// `None` otherwise (the work is shed, never queued).
     pub fn try_spare(self: &Arc<Self>, spare: usize) -> Option<Slot> {
         let mut s = self.state.lock().ok()?;
-        if !s.lanes.is_empty() || s.running + 1 + spare > self.capacity {
+        if !s.lanes.is_empty()
+            || !s.generation_lanes.is_empty()
+            || s.running + 1 + spare > self.capacity
+        {
             return None;
         }
         s.running += 1;
         drop(s);
-        Some(self.slot())
+        Some(self.slot(false))
     }
 
-    /// A slot for a job of `tenant`: at once when one is free and nobody waits, else after waiting in its lane
-    /// for at most `wait`. Dropping the future while it waits gives its place (or a slot just granted) back.
+    /// Whether a job of this kind may take a slot now, nobody of its priority waiting.
+    fn free(&self, s: &State, generation: bool) -> bool {
+        s.running < self.capacity
+            && s.lanes.is_empty()
+            && (!generation || (s.generating < self.generations && s.generation_lanes.is_empty()))
+    }
+
+    /// A slot for a job of `tenant` (a generation, or a short job): at once when one is free and nobody
+    /// waits, else after waiting in its lane for at most `wait`. Dropping the future while it waits gives its
+    /// place (or a slot just granted) back.
     pub async fn acquire(
         self: &Arc<Self>,
         tenant: &Arc<str>,
         weight: f64,
         wait: Duration,
+        generation: bool,
     ) -> Result<Slot, NoSlot> {
         let (id, rx) = {
             let mut s = self.state.lock().map_err(|_| NoSlot::Full)?;
-            if s.running < self.capacity && s.lanes.is_empty() {
+            if self.free(&s, generation) {
                 s.running += 1;
-                s.lanes.dispatched(tenant, weight);
-                return Ok(self.slot());
+                s.generating += usize::from(generation);
+                s.lanes(generation).dispatched(tenant, weight);
+                return Ok(self.slot(generation));
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
             let id = s.next_id;
             s.next_id += 1;
-            s.lanes
+            s.lanes(generation)
                 .push(tenant, weight, id, tx)
                 .map_err(|_| NoSlot::Full)?;
             (id, rx)
@@ -235,43 +276,59 @@ impl Share {
             share: self,
             tenant,
             id,
+            generation,
             done: false,
         };
         let granted = tokio::time::timeout(wait, rx).await;
         waiting.done = true;
         match granted {
-            Ok(Ok(())) => Ok(self.slot()),
+            Ok(Ok(())) => Ok(self.slot(generation)),
             _ => {
                 if waiting.give_up() {
                     Err(NoSlot::Timeout)
                 } else {
                     // Granted as the wait ran out: the slot is this job's.
-                    Ok(self.slot())
+                    Ok(self.slot(generation))
                 }
             }
         }
     }
 
-    fn slot(self: &Arc<Self>) -> Slot {
+    fn slot(self: &Arc<Self>, generation: bool) -> Slot {
         Slot {
             share: Arc::downgrade(self),
             since: Instant::now(),
+            generation,
             on_release: None,
         }
     }
 
-    /// A slot is free: it goes to the next waiting job (one whose waiter is gone is skipped).
-    fn release(&self) {
+    /// A slot is free: it goes to the next waiting short job, else to the next waiting generation while
+    /// generations may take one (a job whose waiter is gone is skipped).
+    fn release(&self, generation: bool) {
         let Ok(mut s) = self.state.lock() else {
             return;
         };
         s.running = s.running.saturating_sub(1);
+        if generation {
+            s.generating = s.generating.saturating_sub(1);
+        }
         while s.running < self.capacity {
-            let Some((_, tx)) = s.lanes.pop() else {
+            if let Some((_, tx)) = s.lanes.pop() {
+                if tx.send(()).is_ok() {
+                    s.running += 1;
+                }
+                continue;
+            }
+            if s.generating >= self.generations {
+                break;
+            }
+            let Some((_, tx)) = s.generation_lanes.pop() else {
                 break;
             };
             if tx.send(()).is_ok() {
                 s.running += 1;
+                s.generating += 1;
             }
         }
     }
@@ -283,6 +340,7 @@ struct Waiting<'a> {
     share: &'a Arc<Share>,
     tenant: &'a str,
     id: u64,
+    generation: bool,
     done: bool,
 }
 
@@ -290,17 +348,18 @@ impl Waiting<'_> {
     /// Leaves the lane: true when it was still waiting, false when a slot was granted meanwhile (sent under
     /// the lock, so not in the lane means granted).
     fn give_up(&self) -> bool {
-        self.share
-            .state
-            .lock()
-            .is_ok_and(|mut s| s.lanes.remove(self.tenant, self.id).is_some())
+        self.share.state.lock().is_ok_and(|mut s| {
+            s.lanes(self.generation)
+                .remove(self.tenant, self.id)
+                .is_some()
+        })
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if !self.done && !self.give_up() {
-            self.share.release();
+            self.share.release(self.generation);
         }
     }
 }
@@ -310,6 +369,7 @@ impl Drop for Waiting<'_> {
 pub struct Slot {
     share: Weak<Share>,
     since: Instant,
+    generation: bool,
     on_release: Option<Box<dyn FnOnce(Duration) + Send + Sync>>,
 }
 
@@ -331,7 +391,7 @@ impl Drop for Slot {
             f(self.since.elapsed());
         }
         if let Some(s) = self.share.upgrade() {
-            s.release();
+            s.release(self.generation);
         }
     }
 }
@@ -353,13 +413,13 @@ mod tests {
             "the last free slot is kept for requests"
         );
         let req = share
-            .acquire(&a, 1.0, Duration::from_millis(10))
+            .acquire(&a, 1.0, Duration::from_millis(10), false)
             .await
             .unwrap();
         assert_eq!(share.load(), (2, 0));
         drop(bg);
         let _second = share
-            .acquire(&a, 1.0, Duration::from_millis(10))
+            .acquire(&a, 1.0, Duration::from_millis(10), false)
             .await
             .unwrap();
         // A request waits: background work never jumps it.
@@ -368,7 +428,7 @@ mod tests {
             let a = a.clone();
             tokio::spawn(async move {
                 share
-                    .acquire(&a, 1.0, Duration::from_secs(5))
+                    .acquire(&a, 1.0, Duration::from_secs(5), false)
                     .await
                     .map(|_| ())
             })
@@ -480,14 +540,14 @@ mod tests {
     async fn a_freed_slot_goes_to_the_next_tenant_in_turn() {
         let share = Share::new(1, 8);
         let (a, b) = (name("a"), name("b"));
-        let held = share.acquire(&a, 1.0, Duration::ZERO).await.unwrap();
+        let held = share.acquire(&a, 1.0, Duration::ZERO, false).await.unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let mut tasks = Vec::new();
         for t in [&a, &a, &a, &b] {
             let (share, t, log) = (share.clone(), t.clone(), log.clone());
             tasks.push(tokio::spawn(async move {
                 let slot = share
-                    .acquire(&t, 1.0, Duration::from_secs(5))
+                    .acquire(&t, 1.0, Duration::from_secs(5), false)
                     .await
                     .unwrap();
                 log.lock().unwrap().push_str(&t);
@@ -510,8 +570,10 @@ mod tests {
     async fn a_waiter_that_times_out_or_goes_away_leaves_no_slot_taken() {
         let share = Share::new(1, 1);
         let a = name("a");
-        let held = share.acquire(&a, 1.0, Duration::ZERO).await.unwrap();
-        let e = share.acquire(&a, 1.0, Duration::from_millis(20)).await;
+        let held = share.acquire(&a, 1.0, Duration::ZERO, false).await.unwrap();
+        let e = share
+            .acquire(&a, 1.0, Duration::from_millis(20), false)
+            .await;
         assert_eq!(e.err(), Some(NoSlot::Timeout));
         // A waiter dropped (its client went away) leaves its lane.
         let waiter = {
@@ -519,7 +581,7 @@ mod tests {
             let a = a.clone();
             tokio::spawn(async move {
                 share
-                    .acquire(&a, 1.0, Duration::from_secs(10))
+                    .acquire(&a, 1.0, Duration::from_secs(10), false)
                     .await
                     .is_ok()
             })
@@ -527,7 +589,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(share.load(), (1, 1));
         // The lane of one is full.
-        let full = share.acquire(&a, 1.0, Duration::from_secs(1)).await;
+        let full = share.acquire(&a, 1.0, Duration::from_secs(1), false).await;
         assert_eq!(full.err(), Some(NoSlot::Full));
         waiter.abort();
         let _ = waiter.await;
@@ -535,12 +597,49 @@ mod tests {
         drop(held);
         assert_eq!(share.load(), (0, 0));
         // The budget callback sees the time held.
-        let mut slot = share.acquire(&a, 1.0, Duration::ZERO).await.unwrap();
+        let mut slot = share.acquire(&a, 1.0, Duration::ZERO, false).await.unwrap();
         let seen = Arc::new(Mutex::new(None));
         let s2 = seen.clone();
         slot.on_release(move |d| *s2.lock().unwrap() = Some(d));
         tokio::time::sleep(Duration::from_millis(15)).await;
         drop(slot);
         assert!(seen.lock().unwrap().unwrap() >= Duration::from_millis(15));
+    }
+
+    #[tokio::test]
+    async fn a_rerank_never_waits_for_generations_to_end() {
+        // Three slots, two of them for generations (as a worker of max_concurrent 3 keeps one for reranks).
+        let share = Share::with_generations(3, 2, 8);
+        let a: Arc<str> = Arc::from("a");
+        let g1 = share.acquire(&a, 1.0, Duration::ZERO, true).await.unwrap();
+        let g2 = share.acquire(&a, 1.0, Duration::ZERO, true).await.unwrap();
+        // A third generation waits, though a slot is free: it is the reranks'.
+        let third = share
+            .acquire(&a, 1.0, Duration::from_millis(20), true)
+            .await;
+        assert!(matches!(third, Err(NoSlot::Timeout)));
+        let r = share.acquire(&a, 1.0, Duration::ZERO, false).await.unwrap();
+        assert_eq!(share.load(), (3, 0));
+        // With every slot held, a waiting rerank goes before a waiting generation when a slot frees.
+        let s2 = share.clone();
+        let a2 = a.clone();
+        let generation =
+            tokio::spawn(async move { s2.acquire(&a2, 1.0, Duration::from_secs(5), true).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let s3 = share.clone();
+        let a3 = a.clone();
+        let rerank =
+            tokio::spawn(async move { s3.acquire(&a3, 1.0, Duration::from_secs(5), false).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(share.load(), (3, 2));
+        drop(r);
+        let r2 = rerank.await.unwrap().unwrap();
+        assert_eq!(share.load(), (3, 1), "the generation still waits");
+        // A generation's slot, freed, goes to the waiting generation.
+        drop(g1);
+        let g3 = generation.await.unwrap().unwrap();
+        assert_eq!(share.load(), (3, 0));
+        drop((g2, g3, r2));
+        assert_eq!(share.load(), (0, 0));
     }
 }

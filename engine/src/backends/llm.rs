@@ -255,7 +255,7 @@ impl Llm {
         self.breaker_allows()?;
         // Wait for a slot no longer than leaves time for a P95 service.
         let wait = crate::backends::deadline::left(deadline).saturating_sub(p95);
-        let mut slot = match self.share.acquire(&tenant, weight, wait).await {
+        let mut slot = match self.share.acquire(&tenant, weight, wait, !rerank).await {
             Ok(slot) => slot,
             Err(e) => {
                 // Not run: a probe the breaker let through hands its turn on.

@@ -65,6 +65,22 @@ pub struct LlamaCppEngine {
     stats: Arc<sched::Stats>,
 }
 
+/// A rerank being scored, counted while it lives.
+struct Scoring<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Scoring<'a> {
+    fn start(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(n)
+    }
+}
+
+impl Drop for Scoring<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 fn failed(e: impl std::fmt::Display) -> EngineError {
     EngineError::Failed(e.to_string())
 }
@@ -378,6 +394,8 @@ impl Engine for LlamaCppEngine {
         prompt: &PromptConfig,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scored, EngineError> {
+        // The generations' decode steps wait while this runs (reranks first).
+        let _first = Scoring::start(&self.stats.scoring);
         crate::scoring::score_checked(
             self.scorer.as_ref(),
             self,
@@ -396,6 +414,15 @@ impl Engine for LlamaCppEngine {
         on_piece: &mut dyn FnMut(Piece<'_>) -> bool,
     ) -> Result<Usage, EngineError> {
         let p = self.prepare(messages, sampling, tools)?;
+        if sampling.count_only {
+            // The prompt as the answer would read it, counted; nothing read or generated.
+            return Ok(Usage {
+                prompt_tokens: p.tokens.len() as u32,
+                completion_tokens: 0,
+                finish_reason: "length".into(),
+                stop_sequence: None,
+            });
+        }
         let parallel = tools.is_some_and(|t| t.parallel);
         let (events, rx) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
@@ -421,6 +448,7 @@ impl Engine for LlamaCppEngine {
             prompt_tokens,
             completion_tokens: 0,
             finish_reason: "stop".into(),
+            stop_sequence: None,
         };
         loop {
             let event = rx.recv().map_err(|_| {
@@ -463,6 +491,7 @@ impl Engine for LlamaCppEngine {
             usage.finish_reason = "tool_calls".into();
         } else if out.stopped.is_some() {
             usage.finish_reason = "stop".into();
+            usage.stop_sequence = out.stopped.clone();
         }
         Ok(usage)
     }

@@ -62,11 +62,27 @@ pub struct Done {
     pub length: bool,
 }
 
-/// Prompt tokens over the engine's life: read by a forward pass, or found in the prefix cache.
+/// Prompt tokens over the engine's life: read by a forward pass, or found in the prefix cache; and the reranks
+/// being scored right now.
 #[derive(Debug, Default)]
 pub struct Stats {
     pub read: std::sync::atomic::AtomicU64,
     pub cached: std::sync::atomic::AtomicU64,
+    /// Reranks the scorer is running on these cores now: decode steps wait for them ([`yield_to_scoring`]).
+    pub scoring: std::sync::atomic::AtomicUsize,
+}
+
+/// Most time one decode step waits for reranks, so generations never starve under a stream of them.
+const MAX_YIELD: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Reranks first: a rerank is on a request's path and takes ~80 ms alone, but several times that with a decode
+/// step on the same cores (measured: docs/benchmarks.md, "Threads beside Tier-0"); so while one is scored the
+/// next step waits, up to [`MAX_YIELD`].
+fn yield_to_scoring(stats: &Stats) {
+    let start = std::time::Instant::now();
+    while stats.scoring.load(Ordering::Acquire) > 0 && start.elapsed() < MAX_YIELD {
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
 }
 
 /// The scheduler's shape.
@@ -147,6 +163,7 @@ pub fn run(
         if fed.is_empty() {
             continue;
         }
+        yield_to_scoring(stats);
         if let Err(e) = ctx.decode(&mut batch) {
             fail_all(
                 &mut ctx,
@@ -467,5 +484,29 @@ mod tests {
         b.extend_from_slice(b"x");
         assert_eq!(take_text(&mut b), "éx");
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn decode_waits_for_a_rerank_at_most_its_bound() {
+        let stats = Stats::default();
+        let t = std::time::Instant::now();
+        yield_to_scoring(&stats);
+        assert!(t.elapsed() < std::time::Duration::from_millis(50), "no rerank: no wait");
+        // A rerank that never ends: the step goes on after MAX_YIELD.
+        stats.scoring.store(1, Ordering::Release);
+        let t = std::time::Instant::now();
+        yield_to_scoring(&stats);
+        assert!(t.elapsed() >= MAX_YIELD, "{:?}", t.elapsed());
+        // One that ends while the step waits: it goes on then.
+        let stats = std::sync::Arc::new(stats);
+        let s2 = stats.clone();
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            s2.scoring.store(0, Ordering::Release);
+        });
+        let t = std::time::Instant::now();
+        yield_to_scoring(&stats);
+        ender.join().unwrap();
+        assert!(t.elapsed() < MAX_YIELD, "{:?}", t.elapsed());
     }
 }

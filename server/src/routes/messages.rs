@@ -103,6 +103,7 @@ async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Response {
                     calls: c.calls,
                     end: c.finish.as_str(),
                     tokens: c.tokens,
+                    stop: c.stop_sequence,
                 },
             ),
             Err(e) => e.into_response(),
@@ -117,6 +118,8 @@ struct Whole {
     calls: Vec<ToolCall>,
     end: &'static str,
     tokens: Tokens,
+    /// The stop sequence that ended it (`stop_reason` `stop_sequence`), when the engine says which.
+    stop: Option<String>,
 }
 
 impl Whole {
@@ -126,6 +129,7 @@ impl Whole {
             calls: Vec::new(),
             end,
             tokens: Tokens { prompt, completion },
+            stop: None,
         }
     }
 }
@@ -147,7 +151,8 @@ fn message(v: &ValidChat, w: Option<&Whole>, t: Tokens) -> Value {
         content.extend(w.calls.iter().map(tool_use));
     }
     json!({"id": v.id, "type": "message", "role": "assistant", "model": v.route, "content": content,
-           "stop_reason": w.map(|w| stop_reason(w.end)), "stop_sequence": null, "usage": usage(t)})
+           "stop_reason": w.map(|w| stop_reason(w.end, w.stop.as_deref())),
+           "stop_sequence": w.and_then(|w| w.stop.as_deref()), "usage": usage(t)})
 }
 
 /// A `usage` object: the backend's own counts; no prompt cache is read or written that this server could
@@ -237,7 +242,7 @@ impl Blocks {
     }
 
     /// Closes the last block and the message (its usage whole: the prompt's tokens are known only now).
-    fn end(&mut self, end: &str, tokens: Tokens) -> Vec<Event> {
+    fn end(&mut self, end: &str, tokens: Tokens, stop: Option<&str>) -> Vec<Event> {
         let mut out = if self.opened == 0 {
             self.text("") // a message has at least one block
         } else {
@@ -246,7 +251,7 @@ impl Blocks {
         out.extend(self.close());
         out.push(event(
             "message_delta",
-            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(end), "stop_sequence": null},
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(end, stop), "stop_sequence": stop},
                    "usage": usage(tokens)}),
         ));
         out.push(event("message_stop", json!({"type": "message_stop"})));
@@ -267,7 +272,7 @@ fn one_piece(v: &ValidChat, stream: bool, w: Whole) -> Response {
     for c in &w.calls {
         all.extend(blocks.call(c));
     }
-    all.extend(blocks.end(w.end, w.tokens));
+    all.extend(blocks.end(w.end, w.tokens, w.stop.as_deref()));
     Sse::new(futures_util::stream::iter(
         all.into_iter().map(Ok::<_, Infallible>),
     ))
@@ -290,7 +295,11 @@ fn events(v: &ValidChat, mut g: Generation, quiet: std::time::Duration) -> Respo
             let out: Vec<Event> = match next {
                 Ok(Delta::Text(t)) => blocks.text(&t),
                 Ok(Delta::ToolCall(c)) => blocks.call(&c),
-                Ok(Delta::End { finish, tokens }) => blocks.end(finish.as_str(), tokens),
+                Ok(Delta::End {
+                    finish,
+                    tokens,
+                    stop_sequence,
+                }) => blocks.end(finish.as_str(), tokens, stop_sequence.as_deref()),
                 Ok(_) => continue,
                 Err(e) => {
                     let e = ApiError::from(e);

@@ -121,6 +121,8 @@ pub(super) struct Collected {
     pub calls: Vec<ToolCall>,
     pub finish: Finish,
     pub tokens: Tokens,
+    /// The stop sequence that ended it, when the engine says which.
+    pub stop_sequence: Option<String>,
 }
 
 fn usage(t: Tokens) -> Usage {
@@ -351,11 +353,15 @@ async fn collect(mut g: Generation, o: &mut Outcome) -> Result<Collected, ApiErr
     let t = Instant::now();
     let mut text = String::new();
     let mut calls = Vec::new();
-    let (finish, tokens) = loop {
+    let (finish, tokens, stop_sequence) = loop {
         match g.next().await {
             Some(Ok(Delta::Text(c))) => text.push_str(&c),
             Some(Ok(Delta::ToolCall(c))) => calls.push(c),
-            Some(Ok(Delta::End { finish, tokens })) => break (finish, tokens),
+            Some(Ok(Delta::End {
+                finish,
+                tokens,
+                stop_sequence,
+            })) => break (finish, tokens, stop_sequence),
             Some(Ok(_)) => {}
             Some(Err(e)) => return Err(ApiError::from(e)),
             None => {
@@ -371,6 +377,7 @@ async fn collect(mut g: Generation, o: &mut Outcome) -> Result<Collected, ApiErr
         calls,
         finish,
         tokens,
+        stop_sequence,
     })
 }
 
@@ -395,7 +402,7 @@ fn stream(v: &ValidChat, mut g: Generation, quiet: std::time::Duration) -> Respo
                                           "function": {"name": t.name, "arguments": t.arguments}});
                         c.chunk(json!({"tool_calls": [call]}), None, None)
                     }
-                    Ok(Delta::End { finish, tokens }) => {
+                    Ok(Delta::End { finish, tokens, .. }) => {
                         let _ = tx
                             .send(c.chunk(json!({}), Some(finish.as_str()), None))
                             .await;

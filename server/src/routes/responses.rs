@@ -524,7 +524,7 @@ fn events(v: &ValidChat, keep: Keep, mut g: Generation, quiet: std::time::Durati
             let out: Vec<Event> = match next {
                 Ok(Delta::Text(t)) => seq.text(&v, &t),
                 Ok(Delta::ToolCall(c)) => seq.call(&v, &keep.shapes, c),
-                Ok(Delta::End { finish, tokens }) => {
+                Ok(Delta::End { finish, tokens, .. }) => {
                     seq.closing(&v, &keep, finish.as_str(), tokens).await
                 }
                 Ok(_) => continue,
