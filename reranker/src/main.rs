@@ -259,6 +259,7 @@ fn load_llamacpp(_: &WorkerSpec) -> anyhow::Result<Arc<dyn Engine>> {
     anyhow::bail!("this build has no llama.cpp engine (built without the `llamacpp` feature)")
 }
 
+#[cfg(any(feature = "llm", feature = "llamacpp"))]
 fn weights(w: tiergate_config::ScoringWeights) -> tiergate_reranker::llama::WeightFormat {
     match w {
         tiergate_config::ScoringWeights::Int8 => tiergate_reranker::llama::WeightFormat::Int8,
