@@ -65,9 +65,10 @@ pub struct RerankerConfig {
     pub remote_max_in_flight: usize,
     /// Dequantise GGUF weights to f32 (mistralrs: faster prefill on CPU).
     pub f32_weights: bool,
-    /// llama.cpp: threads of a decode step (0: the machine's cores).
+    /// llama.cpp: threads of a single-token decode step (0: the machine's cores).
     pub threads: usize,
-    /// llama.cpp: threads reading a prompt chunk (0: as `threads`).
+    /// llama.cpp: threads of every step of more than one token — prompt chunks, several streams decoding (0: as
+    /// `threads`).
     pub batch_threads: usize,
     /// llama.cpp: KV cache cells shared by a worker's sequences, running and cached (a sequence's window is
     /// the smaller of this and the model's training context).
