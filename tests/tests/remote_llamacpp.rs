@@ -374,10 +374,15 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
     );
     assert!(served["ttft"]["p50_ms"].as_f64().unwrap() > 0.0, "{served}");
     assert!(served["tokens_out"].as_u64().unwrap() > 0, "{served}");
-    // Every answer is a generation streamed token by token: each has a decode rate (tokens after the first ÷
-    // time since the first), which the "≥ 60 tok/s a stream" line is checked on.
+    // Answers streamed token by token have a decode rate (tokens after the first ÷ time since the first), which
+    // the "≥ 60 tok/s a stream" line is checked on; one that came in a single event (a one-token answer, or
+    // llama-cpp-python's whole answer at once) has none.
     let d = &served["decode"];
-    assert_eq!(d["streams"], served["count"], "{served}");
+    let streams = d["streams"].as_u64().unwrap_or(0);
+    assert!(
+        streams >= 1 && streams <= served["count"].as_u64().unwrap(),
+        "{served}"
+    );
     assert!(d["p50"].as_f64().unwrap() > 1.0, "{d}");
 }
 

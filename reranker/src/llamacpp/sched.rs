@@ -491,7 +491,10 @@ mod tests {
         let stats = Stats::default();
         let t = std::time::Instant::now();
         yield_to_scoring(&stats);
-        assert!(t.elapsed() < std::time::Duration::from_millis(50), "no rerank: no wait");
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(50),
+            "no rerank: no wait"
+        );
         // A rerank that never ends: the step goes on after MAX_YIELD.
         stats.scoring.store(1, Ordering::Release);
         let t = std::time::Instant::now();
