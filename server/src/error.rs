@@ -210,21 +210,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<tiergate_prefilter::PrefilterError> for ApiError {
-    fn from(e: tiergate_prefilter::PrefilterError) -> Self {
-        use tiergate_prefilter::PrefilterError as P;
-        match e {
-            P::Overloaded { .. } => ApiError::Overloaded {
-                message: e.to_string(),
-                retry_after_s: 1,
-            },
-            P::InvalidInput(m) => ApiError::invalid("messages", m),
-            P::Closed => ApiError::Unavailable("the prefilter is shutting down".into()),
-            other => ApiError::Internal(other.to_string()),
-        }
-    }
-}
-
 impl From<tiergate_engine::error::EngineError> for ApiError {
     /// The engine's refusals, each with its status.
     fn from(e: tiergate_engine::error::EngineError) -> Self {

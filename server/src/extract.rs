@@ -9,20 +9,18 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
-use tiergate_engine::backends::priority::BatchLine;
 use tiergate_engine::state::AppState;
 use tiergate_engine::tenancy::tenants::TenantId;
 
 use crate::error::ApiError;
 
 /// What a chat request says besides its body, read once: who asks (the tenant the key middleware found, else
-/// anonymous), a batch line's marker (set by the batch runner, never by a client), a θ it forces
+/// anonymous), a θ it forces
 /// (`x-tiergate-threshold`, honoured only with the admin token where the policy allows it; its error is kept
 /// for the routes that classify, which alone read it), its `x-request-id`, and its headers for validation
 /// (the budget).
 pub struct Asking {
     pub tenant: TenantId,
-    pub batch: Option<BatchLine>,
     pub forced: Result<Option<f64>, ApiError>,
     pub request_id: Option<String>,
     pub headers: HeaderMap,
@@ -42,7 +40,6 @@ impl FromRequestParts<Arc<AppState>> for Asking {
                 .get::<TenantId>()
                 .cloned()
                 .unwrap_or_else(TenantId::anonymous),
-            batch: parts.extensions.get::<BatchLine>().cloned(),
             forced: crate::auth::threshold_override(state.admin_token(), allowed, &parts.headers),
             request_id: parts
                 .headers

@@ -75,7 +75,8 @@ pub(super) fn validated(
     }
     let caller = Caller {
         tenant: asking.tenant.clone(),
-        batch: asking.batch.clone(),
+        // Batch lines come in-process (`routes/in_process.rs`), never over HTTP.
+        batch: None,
         headers: &asking.headers,
         started,
         forced: asking.forced.clone(),

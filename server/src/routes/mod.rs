@@ -263,27 +263,21 @@ async fn too_large_and_request_id(req: Request, next: Next) -> Response {
 }
 
 /// The public API's gate: the tenant goes into the request's extensions for the handlers (route permission,
-/// metrics). A request that already carries one (an in-process caller: the batch runner) passes as it.
+/// metrics). (The batch runner's lines come in-process, `routes/in_process.rs`, never through here.)
 pub async fn authenticate(
     State(state): State<Arc<AppState>>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    if req
-        .extensions()
-        .get::<tiergate_engine::tenancy::tenants::TenantId>()
-        .is_none()
-    {
-        match crate::adapt::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
-            Ok(Some(t)) => {
-                req.extensions_mut().insert(t.id.clone());
-            }
-            Ok(None) => {
-                req.extensions_mut()
-                    .insert(tiergate_engine::tenancy::tenants::TenantId::anonymous());
-            }
-            Err(e) => return e.into_response(),
+    match crate::adapt::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
+        Ok(Some(t)) => {
+            req.extensions_mut().insert(t.id.clone());
         }
+        Ok(None) => {
+            req.extensions_mut()
+                .insert(tiergate_engine::tenancy::tenants::TenantId::anonymous());
+        }
+        Err(e) => return e.into_response(),
     }
     next.run(req).await
 }
