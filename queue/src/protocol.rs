@@ -44,6 +44,17 @@ pub struct Message {
     pub tool_call_id: Option<String>,
 }
 
+impl Message {
+    /// A turn of text alone (no calls, answering none).
+    pub fn text(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            ..Self::default()
+        }
+    }
+}
+
 /// A function call the model made (or an earlier turn made).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {

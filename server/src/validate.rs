@@ -127,6 +127,7 @@ pub fn validate(
         max_tokens_clamped,
         set_aside,
         json_schema,
+        count_only: false,
         temperature: s.temperature,
         top_p: s.top_p,
         stop: s.stop,

@@ -17,12 +17,7 @@ use tiergate_reranker::llamacpp::template::{messages_value, tools_value, Segment
 use tiergate_tests::root;
 
 fn msg(role: &str, content: &str) -> Message {
-    Message {
-        role: role.into(),
-        content: content.into(),
-        tool_calls: vec![],
-        tool_call_id: None,
-    }
+    Message::text(role, content)
 }
 
 /// A named conversation and the tools offered with it.

@@ -48,12 +48,7 @@ fn qwen() -> &'static LlamaCppEngine {
 }
 
 fn user(text: &str) -> Vec<Message> {
-    vec![Message {
-        role: "user".into(),
-        content: text.into(),
-        tool_calls: vec![],
-        tool_call_id: None,
-    }]
+    vec![Message::text("user", text)]
 }
 
 fn greedy(max_tokens: u32) -> Sampling {

@@ -47,9 +47,8 @@ pub fn fall_back(out: &mut Outcome, reason: DegradeReason) {
 
 pub fn sampling(v: &ValidChat) -> Sampling {
     Sampling {
-        // 0 only from `count_tokens`: count the prompt (an engine that cannot generates one token).
-        max_tokens: v.max_tokens.max(1),
-        count_only: v.max_tokens == 0,
+        max_tokens: v.max_tokens,
+        count_only: v.count_only,
         temperature: v.temperature,
         top_p: v.top_p,
         stop: v.stop.clone(),

@@ -105,6 +105,7 @@ mod tests {
             set_aside: Vec::new(),
             max_tokens_clamped: false,
             json_schema: None,
+            count_only: false,
         }
     }
 

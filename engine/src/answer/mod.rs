@@ -208,8 +208,9 @@ pub async fn count_tokens(
     v: &ValidChat,
 ) -> Result<(u32, Outcome, Admitted), Declined> {
     let mut v = v.clone();
-    // 0: count only (see `cascade::sampling`).
-    v.max_tokens = 0;
+    // An engine that cannot only count generates this one token.
+    v.max_tokens = 1;
+    v.count_only = true;
     v.stream = false;
     v.temperature = Some(0.0);
     v.cache.no_cache = true;

@@ -90,6 +90,8 @@ pub struct ValidChat {
     /// A JSON Schema the generation must follow (`response_format: json_schema` on a route whose every
     /// backend constrains decoding), as JSON text.
     pub json_schema: Option<String>,
+    /// Only count the prompt's tokens (`count_tokens`): the backend reads nothing it need not.
+    pub count_only: bool,
 }
 
 impl ValidChat {

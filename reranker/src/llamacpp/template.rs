@@ -307,12 +307,7 @@ mod tests {
     const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
     fn msg(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-            tool_calls: vec![],
-            tool_call_id: None,
-        }
+        Message::text(role, content)
     }
 
     #[test]
