@@ -10,14 +10,14 @@ pub mod runner;
 pub mod store;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tiergate_config::BatchConfig;
 use tiergate_engine::batch::{BatchError, BatchService, Door, Page, Upload};
-use tiergate_engine::state::AppState;
 use tiergate_engine::tenancy::tenants::TenantId;
+use tiergate_engine::{Engine, WeakEngine};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -120,22 +120,18 @@ fn owned_batch(b: &Batches, tenant: &TenantId, id: &str) -> Result<store::BatchR
 }
 
 /// `tenant`'s batch quotas (none for identities that are no configured tenant).
-fn quotas(state: &AppState, tenant: &TenantId) -> tiergate_engine::tenancy::tenants::Quotas {
-    state
-        .tenants()
-        .named(&tenant.0)
-        .map(|t| t.quotas)
-        .unwrap_or_default()
+fn quotas(engine: &Engine, tenant: &TenantId) -> tiergate_engine::tenancy::tenants::Quotas {
+    engine.quotas(tenant)
 }
 
 /// Over quota when `tenant`'s files would pass its `max_stored_bytes` with `adding` more.
 fn check_stored_bytes(
-    state: &AppState,
+    engine: &Engine,
     b: &Batches,
     tenant: &TenantId,
     adding: u64,
 ) -> Result<(), BatchError> {
-    let Some(quota) = quotas(state, tenant).max_stored_bytes else {
+    let Some(quota) = quotas(engine, tenant).max_stored_bytes else {
         return Ok(());
     };
     let used = b.store.owner_bytes(&tenant.0).map_err(internal)?;
@@ -149,8 +145,8 @@ fn check_stored_bytes(
 }
 
 /// Over quota when `tenant` already has its `max_active_batches` unfinished.
-fn check_open_batches(state: &AppState, b: &Batches, tenant: &TenantId) -> Result<(), BatchError> {
-    let Some(quota) = quotas(state, tenant).max_active_batches else {
+fn check_open_batches(engine: &Engine, b: &Batches, tenant: &TenantId) -> Result<(), BatchError> {
+    let Some(quota) = quotas(engine, tenant).max_active_batches else {
         return Ok(());
     };
     let open = b.store.owner_open_batches(&tenant.0).map_err(internal)?;
@@ -219,7 +215,7 @@ impl BatchService for BatchApi {
 
     fn upload(
         &self,
-        state: &AppState,
+        engine: &Engine,
         tenant: &TenantId,
         up: Upload<'_>,
     ) -> Result<Value, BatchError> {
@@ -234,7 +230,7 @@ impl BatchService for BatchApi {
             ));
         }
         let (name, bytes) = up.file.ok_or_else(|| invalid("file", "missing `file`"))?;
-        check_stored_bytes(state, b, tenant, bytes.len() as u64)?;
+        check_stored_bytes(engine, b, tenant, bytes.len() as u64)?;
         let total = b.store.total_bytes().map_err(internal)?;
         if total + bytes.len() as u64 > b.cfg.max_total_bytes {
             return Err(BatchError::Unavailable(format!(
@@ -276,13 +272,13 @@ impl BatchService for BatchApi {
 
     fn create(
         &self,
-        state: &AppState,
+        engine: &Engine,
         tenant: &TenantId,
         body: &Value,
     ) -> Result<Value, BatchError> {
         let b = self.batches()?;
         let (input, endpoint, window) = batch_request(b, tenant, body)?;
-        check_open_batches(state, b, tenant)?;
+        check_open_batches(engine, b, tenant)?;
         let metadata = Some(&body["metadata"]).filter(|m| m.is_object());
         let row = b
             .store
@@ -350,12 +346,12 @@ impl BatchService for BatchApi {
 
     fn start(
         &self,
-        state: Weak<AppState>,
+        engine: WeakEngine,
         door: Arc<dyn Door>,
         stop: watch::Receiver<bool>,
     ) -> Option<JoinHandle<()>> {
         let b = self.batches.clone()?;
-        Some(tokio::spawn(runner::run(state, b, door, stop)))
+        Some(tokio::spawn(runner::run(engine, b, door, stop)))
     }
 }
 

@@ -4,7 +4,6 @@
 //! channel to be idle), commits each line's result as it finishes, then writes the output and error files.
 //! A stopped or killed server resumes at the lines without a result.
 
-use std::sync::Weak;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -15,7 +14,7 @@ use std::sync::Arc;
 
 use tiergate_engine::backends::priority::{BatchLine, Gate};
 use tiergate_engine::batch::{Door, LineRequest};
-use tiergate_engine::state::AppState;
+use tiergate_engine::{Engine, WeakEngine};
 
 use super::store::{new_id, Store};
 use super::Batches;
@@ -30,13 +29,13 @@ struct Line {
 
 /// Runs batches until `stop` turns true or the server is gone.
 pub async fn run(
-    state: Weak<AppState>,
+    engine: WeakEngine,
     b: Arc<Batches>,
     door: Arc<dyn Door>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        if state.strong_count() == 0 {
+        if engine.upgrade().is_none() {
             return;
         }
         let next = b
@@ -46,7 +45,7 @@ pub async fn run(
             .and_then(|v| v.into_iter().next());
         match next {
             Some(id) => {
-                if let Err(e) = run_batch(&state, &b, door.as_ref(), &id, &mut stop).await {
+                if let Err(e) = run_batch(&engine, &b, door.as_ref(), &id, &mut stop).await {
                     tracing::error!(batch = %id, error = %e, "batch runner error; retrying in 1 s");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -67,7 +66,7 @@ pub async fn run(
 
 /// Takes one batch as far as it goes (to its end, or until `stop`).
 async fn run_batch(
-    weak: &Weak<AppState>,
+    weak: &WeakEngine,
     b: &Arc<Batches>,
     door: &dyn Door,
     id: &str,
@@ -97,7 +96,7 @@ async fn run_batch(
     }
     let done = store.done_lines(id)?;
     // Without an LLM side no line holds an LLM turn, so none is ever preempted.
-    let gate = state.default_llm().map(|l| l.gate.clone());
+    let gate = state.batch_gate();
     // Its lines run as its owner: that tenant's routes, its name in the metrics.
     let owner =
         tiergate_engine::tenancy::tenants::TenantId(std::sync::Arc::from(row.owner.as_str()));
@@ -235,7 +234,7 @@ const MAX_PREEMPTIONS: u32 = 3;
 /// escalation preempted its LLM job (at most [`MAX_PREEMPTIONS`] times). Returns whether it succeeded and
 /// its output line.
 async fn run_line(
-    state: &Arc<AppState>,
+    state: &Engine,
     door: &dyn Door,
     owner: &tiergate_engine::tenancy::tenants::TenantId,
     gate: Option<&Gate>,

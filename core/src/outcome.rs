@@ -164,6 +164,8 @@ pub mod header {
     pub const CACHE: &str = "x-tiergate-cache";
     /// The cosine between the query and the cached one (1 for an exact hit).
     pub const CACHE_SIMILARITY: &str = "x-tiergate-cache-similarity";
+    /// The latency experiment's variant a request was assigned (`control` included), on a route one names.
+    pub const VARIANT: &str = "x-tiergate-variant";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
     /// Earlier user turns Tier-0 read with the last one (absent when none).

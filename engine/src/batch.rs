@@ -8,14 +8,13 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backends::priority::BatchLine;
-use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
 
 /// Why the Batch API refused a call.
@@ -59,7 +58,7 @@ pub trait BatchService: Send + Sync {
     /// Stores an upload (`purpose` must be `batch`), within the tenant's `max_stored_bytes` and the store's size.
     fn upload(
         &self,
-        state: &AppState,
+        engine: &crate::Engine,
         tenant: &TenantId,
         up: Upload<'_>,
     ) -> Result<Value, BatchError>;
@@ -77,7 +76,7 @@ pub trait BatchService: Send + Sync {
     /// Creates a batch from a request body (`input_file_id`, `endpoint`, `completion_window`, `metadata`).
     fn create(
         &self,
-        state: &AppState,
+        engine: &crate::Engine,
         tenant: &TenantId,
         body: &Value,
     ) -> Result<Value, BatchError>;
@@ -99,7 +98,7 @@ pub trait BatchService: Send + Sync {
     /// off.
     fn start(
         &self,
-        state: Weak<AppState>,
+        engine: crate::WeakEngine,
         door: Arc<dyn Door>,
         stop: watch::Receiver<bool>,
     ) -> Option<JoinHandle<()>>;
@@ -130,7 +129,7 @@ pub trait Door: Send + Sync {
     /// Answers `req`; dropping the future cancels it (its LLM job with it).
     fn answer<'a>(
         &'a self,
-        state: &'a Arc<AppState>,
+        engine: &'a crate::Engine,
         req: LineRequest,
     ) -> Pin<Box<dyn Future<Output = LineAnswer> + Send + 'a>>;
 }

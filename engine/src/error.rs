@@ -12,10 +12,7 @@ pub enum EngineError {
     /// The request is one the LLM side cannot take as it is (e.g. a conversation too long for a job);
     /// `param` names the field.
     #[error("{message}")]
-    Invalid {
-        param: &'static str,
-        message: String,
-    },
+    Invalid { param: String, message: String },
     /// No route by this name.
     #[error("{0}")]
     UnknownRoute(String),
@@ -38,12 +35,49 @@ pub enum EngineError {
     /// The answer did not come, or is predicted not to come, within the request's budget.
     #[error("{0}")]
     Timeout(String),
+    /// The caller did not say who it is, or said it with a key this server does not know.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// No such thing (a feedback id, an audit item, a route's stage policy), or this server keeps none.
+    #[error("{0}")]
+    NotFound(String),
+    /// A change named a version that is no longer current (`If-Match`).
+    #[error("{0}")]
+    PreconditionFailed(String),
+    /// The shared store holds a state this replica may not overwrite (a newer format's policy).
+    #[error("{0}")]
+    Conflict(String),
     /// A bug or an unexpected failure.
     #[error("{0}")]
     Internal(String),
 }
 
 impl EngineError {
+    /// The HTTP status every door answers this refusal with (the `outcome` of the request metrics; each door
+    /// renders it in its own error shape, `tiergate_server::error`).
+    pub fn status(&self) -> &'static str {
+        match self {
+            EngineError::Invalid { .. } => "400",
+            EngineError::Unauthorized(_) => "401",
+            EngineError::Forbidden(_) => "403",
+            EngineError::UnknownRoute(_) | EngineError::NotFound(_) => "404",
+            EngineError::Conflict(_) => "409",
+            EngineError::PreconditionFailed(_) => "412",
+            EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => "429",
+            EngineError::Internal(_) => "500",
+            EngineError::Unavailable(_) | EngineError::RiskBound(_) => "503",
+            EngineError::Timeout(_) => "504",
+        }
+    }
+
+    /// An invalid field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        EngineError::Invalid {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+
     /// The server's one admission limit is reached.
     pub fn busy() -> Self {
         EngineError::Overloaded {
@@ -68,7 +102,7 @@ impl From<QueueError> for EngineError {
                 EngineError::Timeout("the LLM did not answer in time".into())
             }
             QueueError::Invalid(m) => EngineError::Invalid {
-                param: "messages",
+                param: "messages".into(),
                 message: m,
             },
             other => EngineError::Internal(other.to_string()),

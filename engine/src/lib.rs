@@ -28,6 +28,7 @@ pub mod answer;
 pub mod backends;
 pub mod batch;
 pub mod cache;
+mod engine;
 pub mod error;
 pub mod evidence;
 pub mod load;
@@ -36,3 +37,6 @@ pub mod routing;
 pub mod state;
 pub mod tasks;
 pub mod tenancy;
+
+pub use answer::request::RouteFacts;
+pub use engine::{Cleared, Engine, PolicyChange, PolicyTarget, Verdict, WeakEngine};

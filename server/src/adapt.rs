@@ -9,8 +9,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use tiergate_engine::backends::deadline::HEADER;
 use tiergate_engine::load::brownout::Step;
-use tiergate_engine::metrics as m;
-use tiergate_engine::routing::experiments::{Assigned, VARIANT_HEADER};
+
 use tiergate_engine::tenancy::tenants::{Tenant, Tenants};
 
 use crate::error::ApiError;
@@ -59,28 +58,8 @@ pub fn identify(
     headers: &axum::http::HeaderMap,
     now: Instant,
 ) -> Result<Option<Arc<Tenant>>, ApiError> {
-    if tenants.is_empty() {
-        return Ok(None);
-    }
-    let key = crate::auth::api_key(headers)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| {
-            ApiError::Unauthorized(
-                "this server needs an API key: `Authorization: Bearer <key>` or `x-api-key: <key>`"
-                    .into(),
-            )
-        })?;
-    let tenant = tenants
-        .lookup(key)
-        .ok_or_else(|| ApiError::Unauthorized("the API key is not known to this server".into()))?;
-    tenant.admit(now).map_err(|wait| ApiError::RateLimited {
-        message: format!(
-            "tenant `{}` is over its request rate: retry after the Retry-After seconds",
-            tenant.id.0
-        ),
-        retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
-    })?;
-    Ok(Some(tenant.clone()))
+    tiergate_engine::tenancy::identify(tenants, crate::auth::api_key(headers), now)
+        .map_err(ApiError::from)
 }
 
 /// `resp` with `x-tiergate-brownout: <step>` while the ladder is above `normal`.
@@ -116,21 +95,6 @@ pub fn mark_request(
             .insert(header::MAX_TOKENS, HeaderValue::from(v.max_tokens));
     }
     resp
-}
-
-/// Adds the variant's delay, then its header and metrics, to a response (`started`: the request's start).
-pub async fn apply_variant(a: &Assigned, route: &str, resp: &mut Response, started: Instant) {
-    if !a.delay.is_zero() {
-        tokio::time::sleep(a.delay).await;
-    }
-    if let Ok(v) = HeaderValue::from_str(&a.variant) {
-        resp.headers_mut().insert(VARIANT_HEADER, v);
-    }
-    let labels = [("variant", a.variant.clone()), ("route", route.to_string())];
-    metrics::counter!(m::EXPERIMENT_REQUESTS_TOTAL, &labels).increment(1);
-    metrics::histogram!(m::EXPERIMENT_DELAY_SECONDS, &labels).record(a.delay.as_secs_f64());
-    metrics::histogram!(m::EXPERIMENT_REQUEST_SECONDS, &labels)
-        .record(started.elapsed().as_secs_f64());
 }
 
 #[cfg(test)]

@@ -215,7 +215,10 @@ impl From<tiergate_engine::error::EngineError> for ApiError {
     fn from(e: tiergate_engine::error::EngineError) -> Self {
         use tiergate_engine::error::EngineError as E;
         match e {
-            E::Invalid { param, message } => ApiError::invalid(param, message),
+            E::Invalid { param, message } => ApiError::Invalid {
+                message,
+                param: (!param.is_empty()).then_some(param),
+            },
             E::UnknownRoute(m) => ApiError::UnknownModel(m),
             E::Forbidden(m) => ApiError::Forbidden(m),
             E::Overloaded {
@@ -235,6 +238,10 @@ impl From<tiergate_engine::error::EngineError> for ApiError {
             E::Unavailable(m) => ApiError::Unavailable(m),
             E::RiskBound(m) => ApiError::RiskBound(m),
             E::Timeout(m) => ApiError::Timeout(m),
+            E::Unauthorized(m) => ApiError::Unauthorized(m),
+            E::NotFound(m) => ApiError::NotFound(m),
+            E::PreconditionFailed(m) => ApiError::PreconditionFailed(m),
+            E::Conflict(m) => ApiError::Conflict(m),
             E::Internal(m) => ApiError::Internal(m),
         }
     }

@@ -2,15 +2,13 @@
 //! and a JSON extractor whose rejections use our error shape (malformed JSON, wrong types, wrong content type,
 //! oversize body).
 
-use std::sync::Arc;
-
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
-use tiergate_engine::state::AppState;
 use tiergate_engine::tenancy::tenants::TenantId;
+use tiergate_engine::Engine;
 
 use crate::error::ApiError;
 
@@ -26,21 +24,21 @@ pub struct Asking {
     pub headers: HeaderMap,
 }
 
-impl FromRequestParts<Arc<AppState>> for Asking {
+impl FromRequestParts<Engine> for Asking {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,
-        state: &Arc<AppState>,
+        engine: &Engine,
     ) -> Result<Self, Self::Rejection> {
-        let allowed = state.routing.policy.current().cfg.allow_header_override;
+        let allowed = engine.allows_threshold_override();
         Ok(Self {
             tenant: parts
                 .extensions
                 .get::<TenantId>()
                 .cloned()
                 .unwrap_or_else(TenantId::anonymous),
-            forced: crate::auth::threshold_override(state.admin_token(), allowed, &parts.headers),
+            forced: crate::auth::threshold_override(engine.admin_token(), allowed, &parts.headers),
             request_id: parts
                 .headers
                 .get("x-request-id")

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use crate::routes::{admin_router_with, router_with};
-use tiergate_engine::state::AppState;
+use tiergate_engine::Engine;
 
 /// Headers the HTTP layer parses at most (the router refuses more than [`crate::routes::MAX_HEADERS`]).
 const HTTP_MAX_HEADERS: usize = 1024;
@@ -83,18 +82,15 @@ pub async fn run_with(
     let addr = listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
     let cfg = config.clone();
-    let state = Arc::new(
-        tokio::task::spawn_blocking(move || {
-            AppState::build_with(cfg, metrics, worker_program, wiring.ledger_store)
-        })
-        .await??,
-    );
-    reload_tenants_on_sighup(&state);
-    zero_breach_counters(&state.routing.routes);
+    let engine = tokio::task::spawn_blocking(move || {
+        Engine::build(cfg, metrics, worker_program, wiring.ledger_store)
+    })
+    .await??;
+    reload_tenants_on_sighup(&engine);
     let (stop_batches, batches_stopped) = tokio::sync::watch::channel(false);
     let batches = wiring.batches;
     let responses_store = wiring.responses_store;
-    let tasks = start_background(&state, batches.as_ref(), batches_stopped);
+    let tasks = start_background(&engine, batches.as_ref(), batches_stopped);
     if config.server.admin_token.is_none() {
         tracing::warn!(
             %admin_addr,
@@ -108,13 +104,13 @@ pub async fn run_with(
             "[reranker] sets fields every [[llm]] entry sets too: the entries' values win, these have no effect"
         );
     }
-    if state.tenants().is_empty() && !addr.ip().is_loopback() {
+    if !engine.has_tenants() && !addr.ip().is_loopback() {
         tracing::warn!(
             %addr,
             "no [[tenants]]: the public API is open to every client that reaches it"
         );
     }
-    tracing::info!(%addr, routes = ?state.routing.route_order, tenants = config.tenants.len(), "tiergate listening");
+    tracing::info!(%addr, routes = ?engine.route_names(), tenants = config.tenants.len(), "tiergate listening");
     tracing::info!(%admin_addr, "tiergate admin listening");
     if let Some(tx) = ready {
         let _ = tx.send(Bound {
@@ -131,7 +127,7 @@ pub async fn run_with(
     ));
     let public = tokio::spawn(accept_loop(
         listener,
-        router_with(state.clone(), batches.as_ref(), responses_store),
+        router_with(engine.clone(), batches.as_ref(), responses_store),
         Some(limits),
         header_timeout,
         graceful.clone(),
@@ -139,14 +135,14 @@ pub async fn run_with(
     ));
     let admin = tokio::spawn(accept_loop(
         admin_listener,
-        admin_router_with(state.clone(), batches.as_ref()),
+        admin_router_with(engine.clone(), batches.as_ref()),
         None,
         header_timeout,
         graceful.clone(),
         stop.clone(),
     ));
     shutdown.await;
-    state.draining.store(true, Ordering::Release);
+    engine.drain();
     let lame = Duration::from_millis(config.server.lame_duck_ms);
     tracing::info!(
         ?lame,
@@ -167,40 +163,26 @@ pub async fn run_with(
     // The batch runner stops between lines (a line cut short runs again at the next start).
     let _ = stop_batches.send(true);
     stop_tasks(tasks).await;
-    // The answers' records still waiting for the writer are written before the process goes.
-    if let Some(ledger) = state.evidence.ledger.clone() {
-        let _ = tokio::task::spawn_blocking(move || ledger.drain(Duration::from_secs(5))).await;
-    }
     tracing::info!(took = ?t.elapsed(), "drained; stopping workers");
-    // Dropping the last state reference stops the supervisor (workers exit) and unlinks the segment.
-    tokio::task::spawn_blocking(move || drop(state)).await?;
+    // The answers' records still waiting for the writer are written before the process goes; dropping the
+    // last handle stops the supervisor (workers exit) and unlinks the segment.
+    engine.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }
 
 /// Starts the engine's background tasks ([`tiergate_engine::tasks::start`]) and the Batch API's runner,
 /// given the in-process chat door to answer its lines; the runner is returned to be awaited at shutdown.
 fn start_background(
-    state: &Arc<AppState>,
+    engine: &Engine,
     batches: Option<&Arc<dyn tiergate_engine::batch::BatchService>>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    tiergate_engine::tasks::start(state);
+    engine.start();
     let door = Arc::new(crate::routes::in_process::ChatDoor);
     batches
-        .and_then(|b| b.start(Arc::downgrade(state), door, stop))
+        .and_then(|b| b.start(engine.downgrade(), door, stop))
         .into_iter()
         .collect()
-}
-
-/// Starts each classified route's breach counter at 0 for both actions, so that a rate over it (the alert in
-/// deploy/prometheus/rules.yml) has data before the first breach.
-fn zero_breach_counters(routes: &tiergate_engine::routing::route_table::RouteTable) {
-    for (name, _) in routes.iter().filter(|(_, r)| r.prefilter.is_some()) {
-        for action in ["degrade", "reject"] {
-            metrics::counter!(tiergate_engine::metrics::RISK_BREACHES_TOTAL, "route" => name.clone(), "action" => action)
-                .increment(0);
-        }
-    }
 }
 
 /// Waits up to 5 s for each stopped task.
@@ -440,9 +422,9 @@ impl Drop for ConnGuard {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-/// SIGHUP reloads the tenants (`AppState::reload_tenants`: a file that fails to load keeps the keys in force).
-fn reload_tenants_on_sighup(state: &Arc<AppState>) {
-    let weak = Arc::downgrade(state);
+/// SIGHUP reloads the tenants (`Engine::reload_tenants`: a file that fails to load keeps the keys in force).
+fn reload_tenants_on_sighup(engine: &Engine) {
+    let weak = engine.downgrade();
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let Ok(mut hup) = signal(SignalKind::hangup()) else {
@@ -450,8 +432,8 @@ fn reload_tenants_on_sighup(state: &Arc<AppState>) {
             return;
         };
         while hup.recv().await.is_some() {
-            let Some(state) = weak.upgrade() else { break };
-            let _ = state.reload_tenants();
+            let Some(engine) = weak.upgrade() else { break };
+            let _ = engine.reload_tenants();
         }
     });
 }

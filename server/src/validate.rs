@@ -1,7 +1,7 @@
 //! Validation: the wire request becomes a [`ValidChat`] or a 400 that names the field and the limit.
 //! Only `ValidChat` reaches the routing code ("parse, don't validate").
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::http::HeaderMap;
 use tiergate_config::RouteKind;
@@ -16,23 +16,7 @@ pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
 /// Default generation length.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
-/// What a route tells validation: its kind and its budgets.
-#[derive(Debug, Clone)]
-pub struct RouteFacts {
-    pub kind: RouteKind,
-    /// The budget of a request that names none.
-    pub deadline: Option<Duration>,
-    /// The largest budget a request may name.
-    pub max_deadline: Duration,
-    /// The most tokens a request may generate (a larger `max_tokens` is lowered to it).
-    pub max_tokens: u32,
-    /// The most characters of conversation text a request may carry.
-    pub max_text_chars: usize,
-    /// The route's name (errors name its config keys).
-    pub name: String,
-    /// Its backends constrain decoding to a JSON Schema.
-    pub schema_decoding: bool,
-}
+pub use tiergate_engine::RouteFacts;
 
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
 /// (the budget) and when it arrived. Everything a [`ValidChat`] holds is set in [`validate`], once.
@@ -128,6 +112,12 @@ pub fn validate(
         set_aside,
         json_schema,
         count_only: false,
+        request_id: caller
+            .headers
+            .get("x-request-id")
+            .and_then(|h| h.to_str().ok())
+            .filter(|r| !r.is_empty())
+            .map(str::to_string),
         temperature: s.temperature,
         top_p: s.top_p,
         stop: s.stop,
@@ -206,38 +196,7 @@ pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::answer::request::C
     c
 }
 
-/// A completion id unique across replicas: the time in ms (so feedback can tell how young an answer is) and
-/// 64 bits no other client can predict.
-pub fn completion_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
-    static N: AtomicU64 = AtomicU64::new(0);
-    // SipHash under the process's random keys: a keyed function of a counter, so one id tells nothing of
-    // the next (a neighbour's id cannot be guessed from one's own).
-    static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
-    let mut h = KEYS.get_or_init(Default::default).build_hasher();
-    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
-    h.write_u32(std::process::id());
-    format!(
-        "chatcmpl-{:012x}{:016x}",
-        tiergate_engine::evidence::ledger::now_ms() & 0xffff_ffff_ffff,
-        h.finish()
-    )
-}
-
-/// When the answer of a completion id from [`completion_id`] (or its Messages and Responses forms, `msg_…`, `resp_…`) was made (Unix
-/// ms); none for other ids (batch lines, ids of another shape).
-pub fn born_ms(id: &str) -> Option<u64> {
-    let hex = id
-        .strip_prefix("chatcmpl-")
-        .or_else(|| id.strip_prefix("msg_"))
-        .or_else(|| id.strip_prefix("resp_"))?;
-    if hex.len() != 28 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u64::from_str_radix(&hex[..12], 16).ok()
-}
+pub use tiergate_engine::answer::request::{born_ms, completion_id};
 
 /// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last
 /// non-empty user message).
@@ -452,6 +411,7 @@ fn valid_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tiergate_engine::answer::request::ToolChoice;
 
     fn req(v: serde_json::Value) -> ChatRequest {

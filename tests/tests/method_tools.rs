@@ -1,6 +1,6 @@
 //! The latency-tier method's tools against a real `tiergate serve`: a latency-injection experiment (stable
 //! assignment by `user`, the delay added on the server, the variant in a header and in the metrics, live
-//! changes through `/admin/experiments`, never on a route it does not name), then the real `tiergate-bench`
+//! changes through `/admin/experiments`, never on a route it does not name, on every door), then the real `tiergate-bench`
 //! reporting the variants side by side with client patience and the run's cost per tier, and
 //! `tiergate-bench slo derive` measuring the overhead from that run's JSON and writing an SLO file the bench
 //! then checks.
@@ -128,6 +128,30 @@ fn a_latency_experiment_assigns_stably_delays_and_labels() {
     let (r, took) = chat(&s, "answer", None);
     assert_eq!(r.header("x-tiergate-variant"), Some("answer-fixed"));
     assert!(took >= Duration::from_millis(120));
+    // Every door reaches the experiment through the engine's one call: Messages and Responses too.
+    let asked = "my card has not arrived";
+    for (path, body) in [
+        (
+            "/v1/messages",
+            json!({"model": "answer", "max_tokens": 16,
+            "messages": [{"role": "user", "content": asked}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "answer", "input": asked, "store": false}),
+        ),
+    ] {
+        let t = Instant::now();
+        let r = ureq::post(&format!("{}{path}", s.base))
+            .send_json(body)
+            .unwrap();
+        assert_eq!(
+            r.header("x-tiergate-variant"),
+            Some("answer-fixed"),
+            "{path}"
+        );
+        assert!(t.elapsed() >= Duration::from_millis(120), "{path}");
+    }
     let (r, _) = chat(&s, "classify", Some("user-1"));
     assert!(
         r.header("x-tiergate-variant").is_none(),

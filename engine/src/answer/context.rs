@@ -106,6 +106,7 @@ mod tests {
             max_tokens_clamped: false,
             json_schema: None,
             count_only: false,
+            request_id: None,
         }
     }
 

@@ -75,7 +75,7 @@ fn calls_tools(state: &AppState, route: &str, stage: &Stage) -> Result<(), Engin
         return Ok(());
     }
     Err(EngineError::Invalid {
-        param: "tools",
+        param: "tools".into(),
         message: format!(
             "route `{route}` cannot call tools: its backend(s) {} do not (set `tools = true` on an [[llm]] entry whose model's chat template renders tools)",
             without.join(", ")
@@ -205,6 +205,12 @@ pub struct Generation {
     /// The span it started in (a generate route's `generation`, an answer route's `escalation`): a door that
     /// streams it opens its stream's span under this one.
     span: tracing::Span,
+    /// When its first event came.
+    first_at: std::time::Instant,
+    /// The request's records, settled at its end, its error or its drop ([`super::settle`]).
+    settle: Option<super::settle::Settle>,
+    /// What became of the request, its generation time filled in at the end.
+    outcome: Outcome,
 }
 
 impl Generation {
@@ -220,6 +226,34 @@ impl Generation {
             waited: s.waited,
             ended: false,
             span: tracing::Span::current(),
+            first_at: std::time::Instant::now(),
+            settle: None,
+            outcome: Outcome::default(),
+        }
+    }
+
+    /// Hands it the request's records to settle when it ends, with the outcome so far.
+    pub(super) fn settle_at_end(&mut self, settle: super::settle::Settle, outcome: Outcome) {
+        self.settle = Some(settle);
+        self.outcome = outcome;
+    }
+
+    /// What became of the request: final once [`Generation::next`] has returned the end (its generation
+    /// time — from the job's submission to its end — filled in then).
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    /// The end, or an error: the generation time, and the records settled.
+    fn ended(&mut self, error: Option<&EngineError>) {
+        self.ended = true;
+        self.outcome.timings.generation_ms =
+            (self.waited + self.first_at.elapsed()).as_secs_f64() * 1e3;
+        if let Some(s) = self.settle.take() {
+            match error {
+                None => s.ok(&self.outcome),
+                Some(e) => s.failed(e),
+            }
         }
     }
 
@@ -260,7 +294,7 @@ impl Generation {
                 Ok(Delta::ToolCall(c))
             }
             Event::Reply(Reply::Generated(u)) => {
-                self.ended = true;
+                self.ended(None);
                 let finish = match u.finish_reason.as_str() {
                     "length" => Finish::Length,
                     "tool_calls" => Finish::ToolCalls,
@@ -281,13 +315,26 @@ impl Generation {
                 })
             }
             Event::Reply(_) => {
-                self.ended = true;
-                Err(EngineError::Internal("unexpected reply kind".into()))
+                let e = EngineError::Internal("unexpected reply kind".into());
+                self.ended(Some(&e));
+                Err(e)
             }
             Event::Error(e) => {
-                self.ended = true;
-                Err(EngineError::from(e))
+                let e = EngineError::from(e);
+                self.ended(Some(&e));
+                Err(e)
             }
         })
+    }
+}
+
+impl Drop for Generation {
+    /// A generation dropped before its end (its client went away): the request settles as `cancelled`.
+    fn drop(&mut self) {
+        if let Some(s) = self.settle.take() {
+            self.outcome.timings.generation_ms =
+                (self.waited + self.first_at.elapsed()).as_secs_f64() * 1e3;
+            s.settled(&self.outcome, "cancelled");
+        }
     }
 }

@@ -25,6 +25,7 @@ pub mod outcome;
 pub mod request;
 pub mod select;
 mod session;
+mod settle;
 mod steer;
 pub mod stored;
 mod tier0;
@@ -86,8 +87,8 @@ pub struct Labelled {
 pub struct Declined {
     pub error: EngineError,
     pub brownout: Step,
-    /// It was admitted and ran: a door counts it among the requests, by the status it answers with
-    /// ([`count_failed`]); a refusal at admission is not counted.
+    /// It was admitted and ran (the engine counted it among the requests, by its error's status); a refusal
+    /// at admission is not counted.
     pub ran: bool,
 }
 
@@ -97,7 +98,9 @@ pub struct Admitted {
 }
 
 /// Answers `v`: admission, the tenant's permission and the brownout gate, then the route's kind of answer,
-/// then the request's metrics, decision record and audit draw.
+/// then the latency experiment's delay; its records (metrics, decision record, audit draw) are settled when
+/// the answer ends — at once for a label or a text, at a generation's end (or drop) for a stream — and a
+/// request that ran and failed is counted here, by its error's status.
 pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Declined> {
     let step = state.brownout();
     let decline = |error, ran| Declined {
@@ -112,10 +115,11 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
     fields::count(v.door, &v.set_aside, v.max_tokens_clamped);
     let (v, context) = context::with_context(&route, v);
     let v = &*v;
-    let asked = crate::answer::answered::Asked::of(state, v);
+    let mut settle = settle::Settle::of(state, v);
     let mut out = Outcome {
         brownout: step,
         context,
+        policy_version: state.routing.policy.current().version,
         ..Outcome::default()
     };
     let body = match v.kind {
@@ -130,8 +134,12 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
         }
     };
     match body {
-        Ok(body) => {
-            settle(state, v, asked, &out);
+        Ok(mut body) => {
+            settle.delayed(experiment(state, v, &mut out).await);
+            match &mut body {
+                Body::Stream(g) => g.settle_at_end(settle, out.clone()),
+                _ => settle.ok(&out),
+            }
             Ok(Answer {
                 body,
                 outcome: out,
@@ -139,10 +147,34 @@ pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Decl
             })
         }
         Err(e) => {
-            state.tenancy.figures.failed(&v.tenant);
+            settle.failed(&e);
             Err(decline(e, true))
         }
     }
+}
+
+/// The latency experiment's variant of `v` (on a route one names), its delay slept here — after the answer
+/// is ready, before the door has it, so the client sees it in its time to first token — and its metrics.
+/// Returns the delay.
+async fn experiment(state: &AppState, v: &ValidChat, out: &mut Outcome) -> std::time::Duration {
+    let Some(a) =
+        state
+            .routing
+            .experiments
+            .assign(&v.route, v.user.as_deref(), v.request_id.as_deref())
+    else {
+        return std::time::Duration::ZERO;
+    };
+    if !a.delay.is_zero() {
+        tokio::time::sleep(a.delay).await;
+    }
+    let labels = [("variant", a.variant.clone()), ("route", v.route.clone())];
+    metrics::counter!(m::EXPERIMENT_REQUESTS_TOTAL, &labels).increment(1);
+    metrics::histogram!(m::EXPERIMENT_DELAY_SECONDS, &labels).record(a.delay.as_secs_f64());
+    metrics::histogram!(m::EXPERIMENT_REQUEST_SECONDS, &labels)
+        .record(v.started.elapsed().as_secs_f64());
+    out.variant = Some(a.variant);
+    a.delay
 }
 
 /// The route `v` names, as it is now.
@@ -171,30 +203,6 @@ fn admit(state: &AppState, v: &ValidChat, step: Step) -> Result<Admitted, Engine
         return Err(crate::load::brownout::refusal(step, v.kind).unwrap_or_else(EngineError::busy));
     }
     Ok(Admitted { _permit: permit })
-}
-
-/// An answered request's records: the request metrics by tier and channel, the console's decision, the
-/// tenant's figures, the ledger's decision record and the audit draw.
-fn settle(
-    state: &AppState,
-    v: &ValidChat,
-    asked: Option<crate::answer::answered::Asked>,
-    out: &Outcome,
-) {
-    let took = v.started.elapsed();
-    let (tier, channel) = (out.tier.as_str(), out.channel().as_str());
-    metrics::counter!(m::REQUESTS_TOTAL, "route" => v.route.clone(), "tier" => tier, "channel" => channel, "outcome" => "ok", "tenant" => v.tenant.0.to_string(), "door" => v.door).increment(1);
-    metrics::histogram!(m::REQUEST_SECONDS, "route" => v.route.clone(), "tier" => tier, "channel" => channel)
-        .record(took.as_secs_f64());
-    state.load.decisions.record(&v.route, out, took);
-    state.tenancy.figures.answered(&v.tenant, out);
-    crate::answer::answered::answered(state, asked, out);
-}
-
-/// Counts a request that ran and was answered with an error (`code`: what the door calls it, its HTTP
-/// status).
-pub fn count_failed(v: &ValidChat, code: &str) {
-    metrics::counter!(m::REQUESTS_TOTAL, "route" => v.route.clone(), "tier" => "none", "channel" => "error", "outcome" => code.to_string(), "tenant" => v.tenant.0.to_string(), "door" => v.door).increment(1);
 }
 
 /// A request's prompt tokens, counted by the tokenizer of what would answer it — Tier-0's encoder on a

@@ -52,6 +52,10 @@ pub struct Outcome {
     pub cache: Option<CacheHit>,
     /// The brownout step the request was admitted under.
     pub brownout: crate::load::brownout::Step,
+    /// The version of the routing policy in force when it was admitted.
+    pub policy_version: u64,
+    /// The latency experiment's variant it was assigned (`control` included), on a route one names.
+    pub variant: Option<String>,
     /// Where its time went.
     pub timings: Timings,
 }

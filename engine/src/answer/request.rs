@@ -92,6 +92,8 @@ pub struct ValidChat {
     pub json_schema: Option<String>,
     /// Only count the prompt's tokens (`count_tokens`): the backend reads nothing it need not.
     pub count_only: bool,
+    /// The caller's `x-request-id`, when it sent one (a latency experiment's key without a `user`).
+    pub request_id: Option<String>,
 }
 
 impl ValidChat {
@@ -104,4 +106,55 @@ impl ValidChat {
                 .iter()
                 .any(|m| m.role == "tool" || !m.tool_calls.is_empty())
     }
+}
+
+/// What a route tells a door's validation: its kind and its budgets.
+#[derive(Debug, Clone)]
+pub struct RouteFacts {
+    pub kind: RouteKind,
+    /// The budget of a request that names none.
+    pub deadline: Option<std::time::Duration>,
+    /// The largest budget a request may name.
+    pub max_deadline: std::time::Duration,
+    /// The most tokens a request may generate (a larger `max_tokens` is lowered to it).
+    pub max_tokens: u32,
+    /// The most characters of conversation text a request may carry.
+    pub max_text_chars: usize,
+    /// The route's name (errors name its config keys).
+    pub name: String,
+    /// Its backends constrain decoding to a JSON Schema.
+    pub schema_decoding: bool,
+}
+
+/// A completion id unique across replicas: the time in ms (so feedback can tell how young an answer is) and
+/// 64 bits no other client can predict.
+pub fn completion_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static N: AtomicU64 = AtomicU64::new(0);
+    // SipHash under the process's random keys: a keyed function of a counter, so one id tells nothing of
+    // the next (a neighbour's id cannot be guessed from one's own).
+    static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    let mut h = KEYS.get_or_init(Default::default).build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    format!(
+        "chatcmpl-{:012x}{:016x}",
+        crate::evidence::ledger::now_ms() & 0xffff_ffff_ffff,
+        h.finish()
+    )
+}
+
+/// When the answer of a completion id from [`completion_id`] (or its Messages and Responses forms, `msg_…`, `resp_…`) was made (Unix
+/// ms); none for other ids (batch lines, ids of another shape).
+pub fn born_ms(id: &str) -> Option<u64> {
+    let hex = id
+        .strip_prefix("chatcmpl-")
+        .or_else(|| id.strip_prefix("msg_"))
+        .or_else(|| id.strip_prefix("resp_"))?;
+    if hex.len() != 28 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(&hex[..12], 16).ok()
 }

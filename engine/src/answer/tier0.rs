@@ -48,7 +48,7 @@ fn prefilter_error(e: PrefilterError) -> EngineError {
             retry_after_s: 1,
         },
         PrefilterError::InvalidInput(m) => EngineError::Invalid {
-            param: "messages",
+            param: "messages".into(),
             message: m,
         },
         PrefilterError::Closed => EngineError::Unavailable("the prefilter is shutting down".into()),

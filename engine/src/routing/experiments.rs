@@ -1,16 +1,13 @@
 //! Latency-injection A/B tests (`[[experiments]]`, `/admin/experiments`): a request on a route an experiment
 //! names is assigned a variant by a stable hash of its `user` (else its `x-request-id`; else at random), the
 //! variant's delay is added on the server before the response goes out (as Envoy's fault filter does, so the
-//! client sees it in TTFT too), and the variant is returned in `x-tiergate-variant` and labelled in metrics.
+//! client sees it in TTFT too), and the variant is returned in `x-tiergate-variant` (every door) and labelled in metrics.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rand::Rng;
 use tiergate_config::{DelayConfig, ExperimentConfig};
-
-/// The response header naming the variant.
-pub const VARIANT_HEADER: &str = "x-tiergate-variant";
 
 /// The experiments in force (replaced as a whole by `PUT /admin/experiments`).
 #[derive(Debug, Default)]

@@ -37,3 +37,33 @@ impl Tenancy {
         }
     }
 }
+
+/// Who is calling with the API key `key`: its tenant, admitted at its request rate (`Unauthorized` without a
+/// known key, `RateLimited` over its rate), or `None` when no tenants are configured (the API is open).
+pub fn identify(
+    tenants: &tenants::Tenants,
+    key: Option<&str>,
+    now: std::time::Instant,
+) -> Result<Option<Arc<tenants::Tenant>>, crate::error::EngineError> {
+    use crate::error::EngineError;
+    if tenants.is_empty() {
+        return Ok(None);
+    }
+    let key = key.filter(|k| !k.is_empty()).ok_or_else(|| {
+        EngineError::Unauthorized(
+            "this server needs an API key: `Authorization: Bearer <key>` or `x-api-key: <key>`"
+                .into(),
+        )
+    })?;
+    let tenant = tenants.lookup(key).ok_or_else(|| {
+        EngineError::Unauthorized("the API key is not known to this server".into())
+    })?;
+    tenant.admit(now).map_err(|wait| EngineError::RateLimited {
+        message: format!(
+            "tenant `{}` is over its request rate: retry after the Retry-After seconds",
+            tenant.id.0
+        ),
+        retry_after_s: crate::error::retry_after(wait),
+    })?;
+    Ok(Some(tenant.clone()))
+}

@@ -11,8 +11,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 use tiergate_engine::batch::{BatchError, BatchService, Page, Upload};
-use tiergate_engine::state::AppState;
 use tiergate_engine::tenancy::tenants::TenantId;
+use tiergate_engine::Engine;
 
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -21,7 +21,7 @@ use crate::extract::ApiJson;
 type Service = Arc<dyn BatchService>;
 
 /// The public routes; an upload may be `batch.max_file_bytes` plus its multipart framing.
-pub fn routes(service: Service) -> Router<Arc<AppState>> {
+pub fn routes(service: Service) -> Router<Engine> {
     let files_limit = usize::try_from(service.max_file_bytes()).unwrap_or(usize::MAX);
     Router::new()
         .route(
@@ -40,7 +40,7 @@ pub fn routes(service: Service) -> Router<Arc<AppState>> {
 }
 
 /// The admin route.
-pub fn admin_routes(service: Service) -> Router<Arc<AppState>> {
+pub fn admin_routes(service: Service) -> Router<Engine> {
     Router::new()
         .route("/admin/batches", get(overview))
         .layer(Extension(service))
@@ -112,7 +112,7 @@ async fn list(
 
 /// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`).
 async fn upload(
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     Extension(s): Extension<Service>,
     Extension(tenant): Extension<TenantId>,
     form: Multipart,
@@ -125,7 +125,7 @@ async fn upload(
         purpose: purpose.as_deref(),
         file: file.as_ref().map(|(n, b)| (n.as_str(), b.as_ref())),
     };
-    reply(s.upload(&state, &tenant, up))
+    reply(s.upload(&engine, &tenant, up))
 }
 
 /// The `purpose` and `file` fields of an upload.
@@ -189,12 +189,12 @@ async fn content(
 
 /// `POST /v1/batches`.
 async fn create(
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     Extension(s): Extension<Service>,
     Extension(tenant): Extension<TenantId>,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
-    reply(s.create(&state, &tenant, &body))
+    reply(s.create(&engine, &tenant, &body))
 }
 
 /// `GET /v1/batches/{id}`.
@@ -220,12 +220,12 @@ async fn cancel(
 /// `?tenant=NAME` also lists that tenant's batches (newest 100).
 async fn overview(
     Extension(s): Extension<Service>,
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     crate::auth::Peer(peer): crate::auth::Peer,
     headers: axum::http::HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(e) = crate::auth::authorize_admin(state.admin_token(), &headers, peer) {
+    if let Err(e) = crate::auth::authorize_admin(engine.admin_token(), &headers, peer) {
         return e.into_response();
     }
     reply(s.overview(q.get("tenant").map(String::as_str)))

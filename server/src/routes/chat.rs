@@ -1,7 +1,6 @@
 //! `POST /v1/chat/completions`: validate the wire request, have the engine answer it, render the answer
 //! (JSON or SSE, [`super::respond`]).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -11,8 +10,8 @@ use crate::early::Dialect;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai::ChatRequest;
-use crate::validate::{validate, Caller, RouteFacts, ValidChat};
-use tiergate_engine::state::AppState;
+use crate::validate::{validate, Caller, ValidChat};
+use tiergate_engine::Engine;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
@@ -20,57 +19,34 @@ use super::respond::{answered, render};
 
 /// The handler.
 pub async fn chat(
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     asking: Asking,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Response {
     let started = Instant::now();
     let validated = tracing::info_span!(target: TARGET, "validate")
-        .in_scope(|| validated(&state, &asking, req, started));
+        .in_scope(|| validated(&engine, &asking, req, started));
     let v = match validated {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
     tracing::debug!(route = %v.route, user = v.user.as_deref().unwrap_or(""), stream = v.stream, "chat request");
-    let variant =
-        state
-            .routing
-            .experiments
-            .assign(&v.route, v.user.as_deref(), asking.request_id.as_deref());
-    let mut resp = answered(&state, &v, Dialect::Chat, |state, v, a| async move {
+    answered(&engine, &v, Dialect::Chat, |engine, v, a| async move {
         let span = tracing::info_span!(target: TARGET, "response");
-        render(&state, &v, a).instrument(span).await
+        render(&engine, &v, a).instrument(span).await
     })
-    .await;
-    // A latency experiment's delay comes last, out of the request metrics above (its own metrics have it).
-    if let Some(a) = &variant {
-        crate::adapt::apply_variant(a, &v.route, &mut resp, started).await;
-    }
-    resp
-}
-
-/// What validation needs to know of the route `name`.
-pub(crate) fn facts(state: &AppState, name: &str) -> Option<RouteFacts> {
-    state.routing.routes.get(name).map(|r| RouteFacts {
-        kind: r.kind,
-        deadline: r.deadline,
-        max_deadline: r.max_deadline,
-        max_tokens: r.max_tokens,
-        max_text_chars: r.max_text_chars,
-        name: r.name.clone(),
-        schema_decoding: r.schema_decoding,
-    })
+    .await
 }
 
 /// A request of any door, in the chat door's terms, validated for the caller `asking` describes.
 pub(super) fn validated(
-    state: &AppState,
+    engine: &Engine,
     asking: &Asking,
     mut req: ChatRequest,
     started: Instant,
 ) -> Result<ValidChat, ApiError> {
     // A model name may be a route's alias, `auto` or unknown to a route that answers unknown names.
-    if let Some(route) = state.routing.routes.resolve(&req.model) {
+    if let Some(route) = engine.resolve_model(&req.model) {
         req.model = route;
     }
     let caller = Caller {
@@ -81,7 +57,7 @@ pub(super) fn validated(
         started,
         forced: asking.forced.clone(),
     };
-    validate(req, |name| facts(state, name), caller)
+    validate(req, |name| engine.route_facts(name), caller)
 }
 
 /// `v` as another door answers it: its id in that dialect's form (`msg_…`, `resp_…`: feedback names it so,

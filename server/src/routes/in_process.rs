@@ -4,22 +4,20 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use tiergate_engine::batch::{Door, LineAnswer, LineRequest};
-use tiergate_engine::state::AppState;
+use tiergate_engine::Engine;
 
 use crate::error::ApiError;
 use crate::openai::ChatRequest;
 use crate::validate::{validate, Caller};
 
-use super::chat::facts;
-use super::respond::{completion, declined, outcome_headers};
+use super::respond::{completion, outcome_headers};
 
 /// Answers `body` (a Chat Completions request, never streamed) for `caller`: the status the HTTP door would
 /// answer with, the `chat.completion` or the error in OpenAI's shape, and the `x-tiergate-*` headers.
 pub async fn completion_for(
-    state: &Arc<AppState>,
+    engine: &Engine,
     body: serde_json::Value,
     caller: Caller<'_>,
 ) -> LineAnswer {
@@ -32,27 +30,29 @@ pub async fn completion_for(
         message: format!("invalid request body: {e}"),
         param: None,
     });
-    let v = match parsed.and_then(|req| validate(req, |name| facts(state, name), caller)) {
+    let v = match parsed.and_then(|req| validate(req, |name| engine.route_facts(name), caller)) {
         Ok(v) => v,
         Err(e) => return failed(e, Default::default()),
     };
-    let mut a = match tiergate_engine::answer::answer(state, &v).await {
+    let a = match engine.answer(&v).await {
         Ok(a) => a,
-        Err(d) => return failed(declined(&v, d), Default::default()),
+        Err(d) => return failed(ApiError::from(d.error), Default::default()),
     };
-    let body = completion(&v, a.body, &mut a.outcome).await;
-    let headers = outcome_headers(state, &a.outcome)
-        .into_iter()
-        .filter(|(k, _)| k.starts_with("x-tiergate-"))
-        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
-        .collect();
-    match body {
-        Ok(body) => LineAnswer {
+    let headers = |o: &tiergate_engine::answer::outcome::Outcome| {
+        outcome_headers(o)
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("x-tiergate-"))
+            .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
+            .collect()
+    };
+    let before = headers(&a.outcome);
+    match completion(&v, a.body, a.outcome).await {
+        Ok((body, outcome)) => LineAnswer {
             status: 200,
             body,
-            headers,
+            headers: headers(&outcome),
         },
-        Err(e) => failed(e, headers),
+        Err(e) => failed(e, before),
     }
 }
 
@@ -62,7 +62,7 @@ pub struct ChatDoor;
 impl Door for ChatDoor {
     fn answer<'a>(
         &'a self,
-        state: &'a Arc<AppState>,
+        engine: &'a Engine,
         req: LineRequest,
     ) -> Pin<Box<dyn Future<Output = LineAnswer> + Send + 'a>> {
         Box::pin(async move {
@@ -75,7 +75,7 @@ impl Door for ChatDoor {
                 started: std::time::Instant::now(),
                 forced: Ok(None),
             };
-            completion_for(state, req.body, caller).await
+            completion_for(engine, req.body, caller).await
         })
     }
 }

@@ -4,7 +4,6 @@
 //! and records. Errors, from any layer of this route, take Anthropic's shape ([`crate::anthropic::reshape`]).
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -19,14 +18,14 @@ use crate::extract::{ApiJson, Asking};
 use crate::validate::ValidChat;
 use tiergate_engine::answer::request::ToolCall;
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
-use tiergate_engine::state::AppState;
+use tiergate_engine::Engine;
 
 use super::chat::{in_dialect, validated};
 use super::respond::{answered, collected, every, finish, label_text, refused};
 
 /// The handler.
 pub async fn messages(
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     asking: Asking,
     ApiJson(req): ApiJson<MessagesRequest>,
 ) -> Response {
@@ -35,13 +34,13 @@ pub async fn messages(
         // Claude Code's session id, a session key of its conversation.
         let header = crate::adapt::header_text(&asking.headers, "x-claude-code-session-id");
         chat.client_sessions.splice(0..0, header);
-        validated(&state, &asking, chat, started)
+        validated(&engine, &asking, chat, started)
     }) {
         Ok(v) => in_dialect(v, "msg_", "messages"),
         Err(e) => return e.into_response(),
     };
-    answered(&state, &v, Dialect::Messages, |state, v, a| async move {
-        render(&state, &v, a).await
+    answered(&engine, &v, Dialect::Messages, |engine, v, a| async move {
+        render(&engine, &v, a).await
     })
     .await
 }
@@ -49,7 +48,7 @@ pub async fn messages(
 /// `POST /v1/messages/count_tokens`: the request's input tokens by the tokenizer of what would answer it
 /// ([`tiergate_engine::answer::count_tokens`]; `x-tiergate-stage` and `x-tiergate-backend` say whose).
 pub async fn count_tokens(
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     asking: Asking,
     ApiJson(mut req): ApiJson<MessagesRequest>,
 ) -> Response {
@@ -58,25 +57,24 @@ pub async fn count_tokens(
     let started = Instant::now();
     let v = match req
         .into_chat()
-        .and_then(|chat| validated(&state, &asking, chat, started))
+        .and_then(|chat| validated(&engine, &asking, chat, started))
     {
         Ok(v) => in_dialect(v, "msg_", "count_tokens"),
         Err(e) => return e.into_response(),
     };
-    let resp = match tiergate_engine::answer::count_tokens(&state, &v).await {
+    let resp = match engine.count_tokens(&v).await {
         Ok((n, outcome, admitted)) => finish(
             axum::Json(json!({"input_tokens": n})).into_response(),
-            &state,
             &outcome,
             admitted,
         ),
-        Err(d) => refused(&v, d),
+        Err(d) => refused(d),
     };
     crate::adapt::mark_request(resp, &v)
 }
 
 /// The `message` for the engine's answer, as JSON or as its event stream.
-async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Response {
+async fn render(engine: &Engine, v: &ValidChat, a: Answer) -> Response {
     let stream = v.stream;
     let Answer {
         body,
@@ -93,23 +91,23 @@ async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Response {
             stream,
             Whole::text(text, "stop", tokens.prompt, tokens.completion),
         ),
-        Body::Stream(g) if stream => events(v, *g, every(state)),
-        Body::Stream(g) => match collected(*g, &mut outcome).await {
-            Ok(c) => one_piece(
-                v,
-                false,
-                Whole {
+        Body::Stream(g) if stream => events(v, *g, every(engine)),
+        Body::Stream(g) => match collected(*g).await {
+            Ok(c) => {
+                outcome = c.outcome;
+                let whole = Whole {
                     text: c.text,
                     calls: c.calls,
                     end: c.finish.as_str(),
                     tokens: c.tokens,
                     stop: c.stop_sequence,
-                },
-            ),
+                };
+                one_piece(v, false, whole)
+            }
             Err(e) => e.into_response(),
         },
     };
-    finish(resp, state, &outcome, admitted)
+    finish(resp, &outcome, admitted)
 }
 
 /// A whole answer: its text, its tool calls, why it ended, its tokens.

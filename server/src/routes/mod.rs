@@ -24,24 +24,24 @@ use axum::Router;
 
 use crate::error::ApiError;
 use tiergate_engine::batch::BatchService;
-use tiergate_engine::state::AppState;
+use tiergate_engine::Engine;
 
 /// The public router: the OpenAI API (bodies read in full, within a total deadline, before the engine admits a
 /// request), and the probes and metrics (a liveness probe never gets 429).
-pub fn router(state: Arc<AppState>) -> Router {
-    router_with(state, None, None)
+pub fn router(engine: Engine) -> Router {
+    router_with(engine, None, None)
 }
 
 /// The public router with the Batch API's routes beside the OpenAI API when a service is wired in, and the
 /// durable store of the Responses API the binary hands over (`None`: in memory, or Redis).
 pub fn router_with(
-    state: Arc<AppState>,
+    engine: Engine,
     batches: Option<&Arc<dyn BatchService>>,
     responses_store: Option<Arc<dyn tiergate_engine::answer::stored::ResponseStore>>,
 ) -> Router {
     // The Responses API's store (`[responses] store`); one that cannot be opened leaves it off, said once.
     let stored: responses::Store = tiergate_engine::answer::stored::open(
-        &state.config,
+        engine.config(),
         responses_store,
     )
     .unwrap_or_else(|e| {
@@ -54,20 +54,20 @@ pub fn router_with(
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/models", get(ops::models))
         .route("/v1/feedback", post(feedback::feedback));
-    let api = api_layers(api, &state).layer(axum::Extension(stored));
+    let api = api_layers(api, &engine).layer(axum::Extension(stored));
     // Anthropic's door: the same layers, and every error leaving it (auth, limits, the body, the handler)
     // reshaped into Anthropic's error shape.
     let messages = api_layers(
         Router::new()
             .route("/v1/messages", post(messages::messages))
             .route("/v1/messages/count_tokens", post(messages::count_tokens)),
-        &state,
+        &engine,
     )
     .layer(axum::middleware::map_response(crate::anthropic::reshape));
     let batch_api = batches.map_or_else(Router::new, |b| {
         batches::routes(b.clone())
             .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
+                engine.clone(),
                 authenticate,
             ))
             .layer(axum::middleware::from_fn(crate::trace::request))
@@ -82,37 +82,37 @@ pub fn router_with(
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            engine.clone(),
             lame_duck,
         ));
-    outer_layers(public, state)
+    outer_layers(public, engine)
 }
 
 /// What every API route goes through: the tenant's key and rate, the body's limits and time, the trace.
-fn api_layers(router: Router<Arc<AppState>>, state: &Arc<AppState>) -> Router<Arc<AppState>> {
+fn api_layers(router: Router<Engine>, engine: &Engine) -> Router<Engine> {
     router
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            engine.clone(),
             authenticate,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            engine.clone(),
             read_body,
         ))
         .layer(axum::middleware::from_fn(crate::trace::request))
 }
 
 /// What both listeners do to every request: the head limits, the request id, the body limit.
-fn outer_layers(router: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
-    let limit = state.config.server.max_body_bytes;
+fn outer_layers(router: Router<Engine>, engine: Engine) -> Router {
+    let limit = engine.config().server.max_body_bytes;
     router
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            engine.clone(),
             header_limits,
         ))
         .layer(axum::middleware::from_fn(too_large_and_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .with_state(engine)
 }
 
 /// Headers a request may carry.
@@ -120,14 +120,14 @@ pub const MAX_HEADERS: usize = 100;
 
 /// 431 in the OpenAI error shape for a request head over the limits (`server.max_header_bytes`,
 /// [`MAX_HEADERS`]).
-async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn header_limits(State(engine): State<Engine>, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let bytes: usize = req.uri().path_and_query().map_or(0, |p| p.as_str().len())
         + headers
             .iter()
             .map(|(k, v)| k.as_str().len() + v.len() + 4)
             .sum::<usize>();
-    let max = state.config.server.max_header_bytes;
+    let max = engine.config().server.max_header_bytes;
     if headers.len() > MAX_HEADERS || bytes > max {
         return ApiError::HeadersTooLarge(format!(
             "request head of {} headers and {bytes} bytes; the limits are {MAX_HEADERS} headers and {max} \
@@ -141,12 +141,12 @@ async fn header_limits(State(state): State<Arc<AppState>>, req: Request, next: N
 
 /// The admin router, served on its own listener (`server.admin_listen`, loopback by default): the live policy
 /// and the effective config.
-pub fn admin_router(state: Arc<AppState>) -> Router {
-    admin_router_with(state, None)
+pub fn admin_router(engine: Engine) -> Router {
+    admin_router_with(engine, None)
 }
 
 /// The admin router with the Batch API's admin route when a service is wired in.
-pub fn admin_router_with(state: Arc<AppState>, batches: Option<&Arc<dyn BatchService>>) -> Router {
+pub fn admin_router_with(engine: Engine, batches: Option<&Arc<dyn BatchService>>) -> Router {
     let batch_admin = batches.map_or_else(Router::new, |b| batches::admin_routes(b.clone()));
     let admin = Router::new()
         .route(
@@ -176,17 +176,17 @@ pub fn admin_router_with(state: Arc<AppState>, batches: Option<&Arc<dyn BatchSer
         .fallback(|| async { ApiError::NotFound("no such admin endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            engine.clone(),
             read_body,
         ));
-    outer_layers(admin, state)
+    outer_layers(admin, engine)
 }
 
 /// Reads the whole request body within `server.body_timeout_ms` in total (a body trickled a byte at a time
 /// does not reset the clock) and at most `server.max_body_bytes`, before any admission permit is taken: a
 /// stalled upload holds a connection, never a share of the server.
-async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let limit = state.config.server.max_body_bytes;
+async fn read_body(State(engine): State<Engine>, req: Request, next: Next) -> Response {
+    let limit = engine.config().server.max_body_bytes;
     let declared = req
         .headers()
         .get("content-length")
@@ -195,7 +195,7 @@ async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
     if declared.is_some_and(|n| n > limit as u64) {
         return ApiError::too_large(Some(limit)).into_response();
     }
-    let deadline = std::time::Duration::from_millis(state.config.server.body_timeout_ms);
+    let deadline = std::time::Duration::from_millis(engine.config().server.body_timeout_ms);
     let (parts, body) = req.into_parts();
     match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
@@ -220,9 +220,9 @@ async fn read_body(State(state): State<Arc<AppState>>, req: Request, next: Next)
 /// During the lame-duck period after SIGTERM every response says `Connection: close`, so keep-alive clients
 /// reconnect (to another replica, once the load balancer has seen `/ready` turn 503) instead of sending on a
 /// connection that is about to close.
-async fn lame_duck(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn lame_duck(State(engine): State<Engine>, req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
-    if state.draining.load(std::sync::atomic::Ordering::Acquire) {
+    if engine.draining() {
         resp.headers_mut()
             .insert("connection", HeaderValue::from_static("close"));
     }
@@ -264,20 +264,13 @@ async fn too_large_and_request_id(req: Request, next: Next) -> Response {
 
 /// The public API's gate: the tenant goes into the request's extensions for the handlers (route permission,
 /// metrics). (The batch runner's lines come in-process, `routes/in_process.rs`, never through here.)
-pub async fn authenticate(
-    State(state): State<Arc<AppState>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    match crate::adapt::identify(&state.tenants(), req.headers(), std::time::Instant::now()) {
-        Ok(Some(t)) => {
-            req.extensions_mut().insert(t.id.clone());
+pub async fn authenticate(State(engine): State<Engine>, mut req: Request, next: Next) -> Response {
+    let key = crate::auth::api_key(req.headers());
+    match engine.identify(key, std::time::Instant::now()) {
+        Ok(t) => {
+            req.extensions_mut().insert(t);
         }
-        Ok(None) => {
-            req.extensions_mut()
-                .insert(tiergate_engine::tenancy::tenants::TenantId::anonymous());
-        }
-        Err(e) => return e.into_response(),
+        Err(e) => return ApiError::from(e).into_response(),
     }
     next.run(req).await
 }

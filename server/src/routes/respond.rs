@@ -4,8 +4,6 @@
 //! byte.
 
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Instant;
 
 use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -22,31 +20,34 @@ use tiergate_engine::answer::request::ToolCall;
 use tiergate_engine::answer::{
     Admitted, Answer, Body, Delta, Finish, Generation, Labelled, Tokens,
 };
-use tiergate_engine::state::AppState;
+use tiergate_engine::Engine;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
 /// The response to `v` for the engine's answer.
-pub(super) async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Response {
+pub(super) async fn render(engine: &Engine, v: &ValidChat, a: Answer) -> Response {
     let Answer {
         body,
-        mut outcome,
+        outcome,
         admitted,
     } = a;
-    let resp = match body {
+    let (resp, outcome) = match body {
         Body::Label(l) if v.stream => {
             let (content, logprobs) = label_content(v, &outcome, &l);
-            sse_one_piece(v, content, logprobs, Usage::new(l.prompt_tokens, 1))
+            let usage = Usage::new(l.prompt_tokens, 1);
+            (sse_one_piece(v, content, logprobs, usage), outcome)
         }
-        Body::Text { text, tokens } if v.stream => sse_one_piece(v, text, None, usage(tokens)),
-        Body::Stream(g) if v.stream => stream(v, *g, every(state)),
-        body => match completion(v, body, &mut outcome).await {
-            Ok(json) => axum::Json(json).into_response(),
+        Body::Text { text, tokens } if v.stream => {
+            (sse_one_piece(v, text, None, usage(tokens)), outcome)
+        }
+        Body::Stream(g) if v.stream => (stream(v, *g, every(engine)), outcome),
+        body => match completion(v, body, outcome).await {
+            Ok((json, outcome)) => (axum::Json(json).into_response(), outcome),
             Err(e) => return e.into_response(),
         },
     };
     let mut resp = hold(resp, admitted);
-    apply_headers(&mut resp, state, &outcome);
+    apply_headers(&mut resp, &outcome);
     resp
 }
 
@@ -54,38 +55,39 @@ pub(super) async fn render(state: &AppState, v: &ValidChat, a: Answer) -> Respon
 /// behind an early head when `v` streams and is slow to start ([`crate::early`]) — with the request's own
 /// marks ([`crate::adapt::mark_request`]): every door's one engine call.
 pub(super) async fn answered<D, Fut>(
-    state: &Arc<AppState>,
+    engine: &Engine,
     v: &ValidChat,
     dialect: crate::early::Dialect,
     draw: D,
 ) -> Response
 where
-    D: FnOnce(Arc<AppState>, ValidChat, Answer) -> Fut + Send + 'static,
+    D: FnOnce(Engine, ValidChat, Answer) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Response> + Send,
 {
     let run = {
-        let (state, v) = (state.clone(), v.clone());
+        let (engine, v) = (engine.clone(), v.clone());
         async move {
-            match tiergate_engine::answer::answer(&state, &v).await {
-                Ok(a) => draw(state, v, a).await,
-                Err(d) => refused(&v, d),
+            match engine.answer(&v).await {
+                Ok(a) => draw(engine, v, a).await,
+                Err(d) => refused(d),
             }
         }
     };
-    let resp = crate::early::answered(&state.config.server, v.stream, dialect, run).await;
+    let resp = crate::early::answered(&engine.config().server, v.stream, dialect, run).await;
     crate::adapt::mark_request(resp, v)
 }
 
-/// The answer as one `chat.completion` (a generation collected; its time goes into the outcome's model
-/// time).
+/// The answer as one `chat.completion`, with what became of the request (a generation's, collected, has its
+/// generation time).
 pub(super) async fn completion(
     v: &ValidChat,
     body: Body,
-    o: &mut Outcome,
-) -> Result<Value, ApiError> {
+    o: Outcome,
+) -> Result<(Value, Outcome), ApiError> {
+    let mut o = o;
     let (content, calls, logprobs, finish, usage) = match body {
         Body::Label(l) => {
-            let (content, logprobs) = label_content(v, o, &l);
+            let (content, logprobs) = label_content(v, &o, &l);
             (
                 content,
                 vec![],
@@ -96,7 +98,8 @@ pub(super) async fn completion(
         }
         Body::Text { text, tokens } => (text, vec![], None, "stop", usage(tokens)),
         Body::Stream(g) => {
-            let c = collect(*g, o).await?;
+            let c = collect(*g).await?;
+            o = c.outcome;
             (c.text, c.calls, None, c.finish.as_str(), usage(c.tokens))
         }
     };
@@ -108,11 +111,12 @@ pub(super) async fn completion(
         message["tool_calls"] = calls.iter().map(crate::openai_tools::call_json).collect();
     }
     let c = Chunks::of(v);
-    Ok(json!({
+    let json = json!({
         "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage,
-    }))
+    });
+    Ok((json, o))
 }
 
 /// A generation collected whole: its text, its tool calls, why it ended and its tokens.
@@ -123,6 +127,8 @@ pub(super) struct Collected {
     pub tokens: Tokens,
     /// The stop sequence that ended it, when the engine says which.
     pub stop_sequence: Option<String>,
+    /// What became of the request, its generation time included.
+    pub outcome: Outcome,
 }
 
 fn usage(t: Tokens) -> Usage {
@@ -131,20 +137,15 @@ fn usage(t: Tokens) -> Usage {
 
 /// `resp` as another door renders it: holding the admission permit to its last byte, with the outcome's
 /// headers.
-pub(super) fn finish(
-    resp: Response,
-    state: &AppState,
-    outcome: &Outcome,
-    admitted: Admitted,
-) -> Response {
+pub(super) fn finish(resp: Response, outcome: &Outcome, admitted: Admitted) -> Response {
     let mut resp = hold(resp, admitted);
-    apply_headers(&mut resp, state, outcome);
+    apply_headers(&mut resp, outcome);
     resp
 }
 
 /// A generation collected whole, for another door.
-pub(super) async fn collected(g: Generation, o: &mut Outcome) -> Result<Collected, ApiError> {
-    collect(g, o).await
+pub(super) async fn collected(g: Generation) -> Result<Collected, ApiError> {
+    collect(g).await
 }
 
 /// A label answer's text as the chat door gives it (the label, an answer route's reply, or the JSON label
@@ -190,9 +191,9 @@ impl http_body::Body for Held {
 }
 
 /// The headers that say how the request was answered, and its `Server-Timing`.
-fn apply_headers(resp: &mut Response, state: &AppState, o: &Outcome) {
+fn apply_headers(resp: &mut Response, o: &Outcome) {
     let h = resp.headers_mut();
-    for (k, v) in outcome_headers(state, o) {
+    for (k, v) in outcome_headers(o) {
         if let Ok(v) = HeaderValue::from_str(&v) {
             h.insert(k, v);
         }
@@ -201,13 +202,16 @@ fn apply_headers(resp: &mut Response, state: &AppState, o: &Outcome) {
 
 /// The headers an answer carries: which tier answered, θ, the head, why it degraded, the stage, backend and
 /// cache, the brownout step, and its `Server-Timing`.
-pub(super) fn outcome_headers(state: &AppState, o: &Outcome) -> Vec<(&'static str, String)> {
+pub(super) fn outcome_headers(o: &Outcome) -> Vec<(&'static str, String)> {
     let mut h = vec![(header::TIER, o.tier.as_str().to_string())];
     let mut put = |k: &'static str, v: Option<String>| h.extend(v.map(|v| (k, v)));
     put(header::CONFIDENCE, o.confidence.map(|c| format!("{c:.4}")));
     put(header::THRESHOLD, o.threshold.map(|t| format!("{t:.4}")));
-    let policy = state.routing.policy.current().version.to_string();
-    put("x-tiergate-policy-version", Some(policy));
+    put(
+        "x-tiergate-policy-version",
+        Some(o.policy_version.to_string()),
+    );
+    put(header::VARIANT, o.variant.clone());
     put(header::HEAD_VERSION, o.head.clone());
     put(header::DEGRADED, o.degraded.map(|d| d.as_str().to_string()));
     put(header::STAGE, o.stage.clone());
@@ -349,8 +353,7 @@ impl Chunks {
 
 /// The whole generation: its text and tool calls, why it ended and its tokens; its time goes into the
 /// outcome's model time.
-async fn collect(mut g: Generation, o: &mut Outcome) -> Result<Collected, ApiError> {
-    let t = Instant::now();
+async fn collect(mut g: Generation) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut calls = Vec::new();
     let (finish, tokens, stop_sequence) = loop {
@@ -371,13 +374,13 @@ async fn collect(mut g: Generation, o: &mut Outcome) -> Result<Collected, ApiErr
             }
         }
     };
-    o.timings.generation_ms = (g.waited() + t.elapsed()).as_secs_f64() * 1e3;
     Ok(Collected {
         text,
         calls,
         finish,
         tokens,
         stop_sequence,
+        outcome: g.outcome().clone(),
     })
 }
 
@@ -430,8 +433,8 @@ fn stream(v: &ValidChat, mut g: Generation, quiet: std::time::Duration) -> Respo
 }
 
 /// The quiet time after which a stream sends a keep-alive (`server.keepalive_ms`).
-pub(super) fn every(state: &AppState) -> std::time::Duration {
-    std::time::Duration::from_millis(state.config.server.keepalive_ms)
+pub(super) fn every(engine: &Engine) -> std::time::Duration {
+    std::time::Duration::from_millis(engine.config().server.keepalive_ms)
 }
 
 /// While a generation is quiet (a slow step), an SSE comment (or the dialect's own event: Anthropic's
@@ -449,16 +452,7 @@ pub(super) fn keep_alive(
 
 /// The response to a request the engine declined: its error, counted when it ran, marked with the brownout
 /// step.
-pub(super) fn refused(v: &ValidChat, d: tiergate_engine::answer::Declined) -> Response {
+pub(super) fn refused(d: tiergate_engine::answer::Declined) -> Response {
     let step = d.brownout;
-    crate::adapt::mark_brownout(declined(v, d).into_response(), step)
-}
-
-/// The error of a request the engine declined, counted among the requests when it ran.
-pub(super) fn declined(v: &ValidChat, d: tiergate_engine::answer::Declined) -> ApiError {
-    let e = ApiError::from(d.error);
-    if d.ran {
-        tiergate_engine::answer::count_failed(v, e.parts().0.as_str());
-    }
-    e
+    crate::adapt::mark_brownout(ApiError::from(d.error).into_response(), step)
 }

@@ -23,8 +23,8 @@ use crate::validate::ValidChat;
 use tiergate_engine::answer::request::{ToolCall, ToolChoice};
 use tiergate_engine::answer::stored::{ResponseStore, StoredResponse};
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
-use tiergate_engine::state::AppState;
 use tiergate_engine::tenancy::tenants::TenantId;
+use tiergate_engine::Engine;
 
 use super::chat::{in_dialect, validated};
 use super::respond::{answered, collected, finish, label_text};
@@ -95,7 +95,7 @@ impl Keep {
 
 /// The handler.
 pub async fn responses(
-    State(state): State<Arc<AppState>>,
+    State(engine): State<Engine>,
     Extension(store): Extension<Store>,
     asking: Asking,
     ApiJson(req): ApiJson<ResponsesRequest>,
@@ -112,7 +112,7 @@ pub async fn responses(
         // Codex's session id (its `session-id` header), a session key of its conversation.
         let header = crate::adapt::header_text(&asking.headers, "session-id");
         chat.client_sessions.extend(header);
-        Ok((validated(&state, &asking, chat, started)?, turns, shapes))
+        Ok((validated(&engine, &asking, chat, started)?, turns, shapes))
     }) {
         Ok((v, turns, shapes)) => (in_dialect(v, "resp_", "responses"), turns, shapes),
         Err(e) => return e.into_response(),
@@ -128,10 +128,10 @@ pub async fn responses(
         shapes,
     };
     answered(
-        &state,
+        &engine,
         &v,
         Dialect::Responses,
-        move |state, v, a| async move { render(&state, &v, a, keep).await },
+        move |engine, v, a| async move { render(&engine, &v, a, keep).await },
     )
     .await
 }
@@ -196,7 +196,7 @@ async fn fetch(
 }
 
 /// The `response` for the engine's answer, as JSON or as its events.
-async fn render(state: &AppState, v: &ValidChat, a: Answer, keep: Keep) -> Response {
+async fn render(engine: &Engine, v: &ValidChat, a: Answer, keep: Keep) -> Response {
     let stream = v.stream;
     let Answer {
         body,
@@ -210,16 +210,19 @@ async fn render(state: &AppState, v: &ValidChat, a: Answer, keep: Keep) -> Respo
         }
         Body::Text { text, tokens } => Output::text(text, tokens),
         Body::Stream(g) if stream => {
-            let quiet = super::respond::every(state);
-            return finish(events(v, keep, *g, quiet), state, &outcome, admitted);
+            let quiet = super::respond::every(engine);
+            return finish(events(v, keep, *g, quiet), &outcome, admitted);
         }
-        Body::Stream(g) => match collected(*g, &mut outcome).await {
-            Ok(c) => Output {
-                text: c.text,
-                calls: c.calls,
-                end: c.finish.as_str(),
-                tokens: c.tokens,
-            },
+        Body::Stream(g) => match collected(*g).await {
+            Ok(c) => {
+                outcome = c.outcome;
+                Output {
+                    text: c.text,
+                    calls: c.calls,
+                    end: c.finish.as_str(),
+                    tokens: c.tokens,
+                }
+            }
             Err(e) => return e.into_response(),
         },
     };
@@ -230,7 +233,7 @@ async fn render(state: &AppState, v: &ValidChat, a: Answer, keep: Keep) -> Respo
         keep.save(v, &out, &mut r).await;
         axum::Json(r).into_response()
     };
-    finish(resp, state, &outcome, admitted)
+    finish(resp, &outcome, admitted)
 }
 
 fn tokens(prompt: u32, completion: u32) -> Tokens {

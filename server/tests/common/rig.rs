@@ -21,6 +21,7 @@ pub struct Rig {
     pub app: axum::Router,
     pub admin: axum::Router,
     pub state: Arc<AppState>,
+    pub engine: tiergate_engine::Engine,
     pub tiny: TinyModel,
 }
 
@@ -34,7 +35,9 @@ pub fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     cfg.routing.allow_header_override = true;
     cfg.server.max_body_bytes = 16 * 1024;
     tweak(&mut cfg);
-    let state = Arc::new(AppState::build(cfg, None, Some(super::worker_program())).unwrap());
+    let engine =
+        tiergate_engine::Engine::build(cfg, None, Some(super::worker_program()), None).unwrap();
+    let state = engine.state().clone();
     let t = Instant::now();
     while state.live_workers() < workers {
         assert!(
@@ -44,9 +47,10 @@ pub fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
         std::thread::sleep(Duration::from_millis(10));
     }
     Rig {
-        app: router(state.clone()),
-        admin: admin_router(state.clone()),
+        app: router(engine.clone()),
+        admin: admin_router(engine.clone()),
         state,
+        engine,
         tiny,
     }
 }
