@@ -37,6 +37,8 @@ pub mod routing;
 pub mod state;
 pub mod tasks;
 pub mod tenancy;
+#[doc(hidden)]
+pub mod testing;
 
 pub use answer::request::RouteFacts;
 pub use engine::{Cleared, Engine, PolicyChange, PolicyTarget, Verdict, WeakEngine};

@@ -80,7 +80,7 @@ async fn admin_routing_is_validated_versioned_and_guarded() {
     )
     .await;
     assert_openai_error(s, &b, 400);
-    assert_eq!(r.state.routing.policy.current().version, 2);
+    assert_eq!(r.engine.policy(&Default::default()).unwrap().1, 2);
     // The response header reports the new version.
     let (_, h, _) = call(
         &r.app,
@@ -141,9 +141,9 @@ async fn concurrent_patches_without_if_match_lose_no_update() {
             x.0
         );
     }
-    let p = r.state.routing.policy.current();
-    assert_eq!(p.cfg.theta_base, 0.7 + 149.0 / 1000.0);
-    assert_eq!(p.version, 1 + 450, "every PATCH made exactly one version");
+    let (p, version) = r.engine.policy(&Default::default()).unwrap();
+    assert_eq!(p["theta_base"], 0.7 + 149.0 / 1000.0);
+    assert_eq!(version, 1 + 450, "every PATCH made exactly one version");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,11 +30,7 @@ fn entry(name: &str, fields: &str) -> LlmEntry {
 /// Waits until backend `i` has a live worker.
 fn live(r: &Rig, i: usize) {
     let t = Instant::now();
-    while r
-        .state
-        .backend(i)
-        .is_none_or(|b| b.client.live_workers() == 0)
-    {
+    while r.engine.readiness().1["backends"][i]["live_workers"] == 0 {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "backend {i} never started"
@@ -128,9 +124,8 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
     }));
     live(&r, 0);
     live(&r, 1);
-    tokio::spawn(tiergate_engine::load::utilization::sample_utilization(
-        Arc::downgrade(&r.state),
-    ));
+    // The sampler among the engine's background tasks.
+    r.engine.start();
     let load: Vec<_> = (0..3)
         .map(|_| {
             let r = r.clone();
@@ -145,8 +140,8 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
         let top = routing(&r, "").await;
         stage_u = f64::max(stage_u, stage["utilization"].as_f64().unwrap());
         routing_u = top["utilization"].as_f64().unwrap();
-        if r.state.brownout() > tiergate_engine::load::brownout::Step::Normal {
-            step = r.state.brownout().as_str().to_string();
+        if r.engine.brownout() > tiergate_engine::load::brownout::Step::Normal {
+            step = r.engine.brownout().as_str().to_string();
         }
     }
     assert!(
@@ -272,9 +267,8 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
         c.brownout.p95_limit_ms = 60_000;
     }));
     live(&r, 0);
-    tokio::spawn(tiergate_engine::load::utilization::sample_utilization(
-        Arc::downgrade(&r.state),
-    ));
+    // The sampler among the engine's background tasks.
+    r.engine.start();
     let load: Vec<_> = (0..4)
         .map(|_| {
             let r = r.clone();
@@ -285,7 +279,7 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
     let mut seen = Vec::new();
     // The sampler reads every 500 ms and a step needs two readings over its threshold (`hold_ms` apart).
     while t.elapsed() < Duration::from_millis(5500) && seen.last() != Some(&"shed") {
-        let step = r.state.brownout().as_str();
+        let step = r.engine.brownout().as_str();
         if seen.last() != Some(&step) {
             seen.push(step);
         }
@@ -325,11 +319,15 @@ async fn real_load_climbs_the_brownout_ladder_to_shed_and_its_429() {
 /// Waits (≤ 10 s) until every backend of `r` has a live worker.
 fn all_live(r: Rig) -> Rig {
     let t = Instant::now();
-    while (0..r.state.backends.len()).any(|i| {
-        r.state
-            .backend(i)
-            .is_none_or(|b| b.client.live_workers() == 0)
-    }) {
+    let starting = |r: &Rig| {
+        let (_, ready) = r.engine.readiness();
+        ready["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["live_workers"] == 0)
+    };
+    while starting(&r) {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "a backend never started"
@@ -383,7 +381,7 @@ async fn a_failing_backend_opens_the_breaker_and_a_probe_tries_it_again() {
     let (s, h, b) = call(&r.app, ask("generate")).await;
     assert_openai_error(s, &b, 503);
     assert!(h.contains_key("retry-after"));
-    assert!(!r.state.default_llm().unwrap().breaker_closed());
+    assert_eq!(r.engine.console()["breaker"], "open");
     let (s, _, _) = call(&r.app, Request::get("/ready").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::OK, "Tier-0 still serves");
     // After the cooldown: one probe reaches the backend (and fails), then it is open again.
@@ -432,8 +430,7 @@ async fn a_cascade_goes_on_while_unsure_and_keeps_the_earlier_answer_when_a_stag
         |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
     // θ 0 on the big stage: any ambiguity left goes on to it.
     let r = all_live(rig(1, cascade(0.0, "")));
-    let names: Vec<&str> = r.state.backends.iter().map(|b| b.name.as_str()).collect();
-    assert_eq!(names, ["small", "big"]);
+    assert_eq!(r.engine.info()["backends"], json!(["small", "big"]));
     let (s, h, b) = call(&r.app, ask()).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(header(&h, "x-tiergate-tier").as_deref(), Some("llm"));
@@ -911,7 +908,7 @@ async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() 
         (s("fast"), s("switched"))
     );
     assert_eq!(turn(Some("b"), None).await, (s("fast"), s("kept")));
-    assert_eq!(r.state.routing.sessions.len(), 2);
+    assert_eq!(r.engine.console()["sessions"], 2);
     drop(r);
     // A pinned backend that fails: the turn goes on to the next alternative and the pin follows it.
     let flaky = tiergate_config::LlmEntry {
@@ -1022,14 +1019,14 @@ async fn brownout_pauses_the_busy_stage_not_the_calm_one() {
         })
         .collect();
     let t = Instant::now();
-    while r.state.backend(1).unwrap().share.load().1 == 0 {
+    while r.engine.console()["backends"][1]["waiting"] == 0 {
         assert!(t.elapsed() < Duration::from_secs(5), "no job waited on big");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for _ in 0..4 {
-        tiergate_engine::load::utilization::observe_brownout(&r.state, 0.0);
+        r.engine.observe_utilization(0.0);
     }
-    assert_eq!(r.state.brownout().as_str(), "rerank_only");
+    assert_eq!(r.engine.brownout().as_str(), "rerank_only");
     let (s, h, b) = call(&r.app, ask("card lost")).await;
     assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
     assert_eq!(h["x-tiergate-stage"], "small");

@@ -185,9 +185,9 @@ async fn hits_are_served_under_brownout_and_over_budget() {
     assert!(h.get("x-tiergate-degraded").is_none());
     // Under brownout.
     for _ in 0..4 {
-        tiergate_engine::load::utilization::observe_brownout(&r.state, 5.0);
+        r.engine.observe_utilization(5.0);
     }
-    assert_eq!(r.state.brownout().as_str(), "tier0_only");
+    assert_eq!(r.engine.brownout().as_str(), "tier0_only");
     let (h, _) = answer(&r, "classify", "pay bill", &key).await;
     assert_eq!(tier(&h), "cache", "{h:?}");
     assert_eq!(h["x-tiergate-brownout"], "tier0_only");
@@ -219,9 +219,9 @@ async fn a_hit_counts_as_an_escalation_in_the_share() {
         let (_, h, _) = call(&r.app, plain("pay bill now")).await;
         assert_eq!(tier(&h), "cache");
     }
-    let live = r.state.routing.policy.live_view(std::time::Instant::now());
+    let (live, _) = r.engine.policy(&Default::default()).unwrap();
     assert_eq!(
-        live.escalated_share_60s, 1.0,
+        live["escalated_share_60s"], 1.0,
         "four decisions, four escalations"
     );
     // The console shows the cache's share of them.
@@ -254,7 +254,7 @@ async fn a_redis_that_is_gone_is_a_miss_never_an_error() {
     assert_eq!(tier(&h), "cache");
     let (h, _) = answer(&r, "classify", "pay the bill today", &[]).await;
     assert_eq!(tier(&h), "llm");
-    assert_eq!(r.state.cache.as_ref().unwrap().shared_up(), Some(false));
+    assert_eq!(r.engine.cache_view()["shared_up"], false);
     // A clear the shared store never heard of is not reported as done: 503, saying what was cleared here.
     let (s, _, b) = call(&r.admin, admin_req("DELETE", "/admin/cache", None)).await;
     let v = assert_openai_error(s, &b, 503);
@@ -407,9 +407,9 @@ async fn a_kept_generation_is_served_while_generation_is_paused() {
     let (h, fresh) = written(&r, "generate", "one two three", 0.0, &[]).await;
     assert_eq!(tier(&h), "llm");
     for _ in 0..4 {
-        tiergate_engine::load::utilization::observe_brownout(&r.state, 5.0);
+        r.engine.observe_utilization(5.0);
     }
-    assert_eq!(r.state.brownout().as_str(), "tier0_only");
+    assert_eq!(r.engine.brownout().as_str(), "tier0_only");
     let (h, hit) = written(&r, "generate", "one two three", 0.0, &[]).await;
     assert_eq!((tier(&h), hit.as_str()), ("cache", fresh.as_str()));
     assert_eq!(h["x-tiergate-brownout"], "tier0_only");

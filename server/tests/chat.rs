@@ -98,7 +98,7 @@ async fn generate_honours_the_in_flight_limit() {
         .await
     });
     let t = Instant::now();
-    while r.state.default_llm().unwrap().client.in_flight() == 0 {
+    while r.engine.console()["backends"][0]["running"] == 0 {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "the first generation never started"
@@ -147,9 +147,9 @@ async fn threshold_header_forces_tiers_and_rerank_fuses() {
         "stub shares the words card, lost"
     );
     // Forced decisions stay out of the policy's statistics.
-    let live = r.state.routing.policy.live_view(Instant::now());
+    let (live, _) = r.engine.policy(&Default::default()).unwrap();
     assert_eq!(
-        live.escalated_share_60s, 0.0,
+        live["escalated_share_60s"], 0.0,
         "forced escalations were counted"
     );
     for bad in ["abc", "-1", "1.5", "NaN"] {
@@ -328,7 +328,7 @@ async fn every_error_has_the_openai_shape_and_status() {
 async fn admission_limit_is_429_with_retry_after() {
     let r = rig(0, |c| c.server.max_in_flight = 1);
     // The one permit is held, as a request in flight holds it.
-    let _held = r.state.admission.clone().try_acquire_owned().unwrap();
+    let _held = r.engine.hold_admission().unwrap();
     let (s, h, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "x"))).await;
     assert_openai_error(s, &b, 429);
     assert_eq!(h["retry-after"], "1");
@@ -338,7 +338,7 @@ async fn admission_limit_is_429_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_are_outside_the_admission_limit() {
     let r = rig(0, |c| c.server.max_in_flight = 1);
-    let _held = r.state.admission.clone().try_acquire_owned().unwrap();
+    let _held = r.engine.hold_admission().unwrap();
     for path in ["/health", "/ready"] {
         let (s, _, b) = call(&r.app, Request::get(path).body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::OK, "{path}: {}", String::from_utf8_lossy(&b));

@@ -736,15 +736,11 @@ async fn a_forced_theta_is_neither_audited_nor_evidence() {
     assert_eq!(fb["forced"]["trusted_n"], 1, "{fb}");
     assert_eq!(fb["tier0"]["trusted_n"], 1, "{fb}");
     // Only the policy-θ answer is evidence for the bound.
-    let head = r
-        .state
-        .routing
-        .routes
-        .get("classify")
+    let head = r.engine.info()["heads"]["classify"]["version"]
+        .as_str()
         .unwrap()
-        .head_version
-        .clone();
-    let store = r.state.evidence.ledger.as_ref().unwrap().store();
+        .to_string();
+    let store = r.engine.ledger().unwrap().store();
     let evidence = store.trusted_feedback("classify", &head, 0).unwrap();
     assert_eq!(evidence.len(), 1, "{evidence:?}");
     assert!(evidence[0].row.wrong);

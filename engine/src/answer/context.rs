@@ -61,53 +61,9 @@ fn context_of(turns: usize, chars: usize, v: &ValidChat) -> (Cow<'_, ValidChat>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::answer::request::ValidMessage;
 
     fn conversation(turns: &[(&str, &str)]) -> ValidChat {
-        let messages: Vec<ValidMessage> = turns
-            .iter()
-            .map(|(role, content)| ValidMessage {
-                role: role.to_string(),
-                content: content.to_string(),
-                ..ValidMessage::default()
-            })
-            .collect();
-        let text = messages
-            .last()
-            .map(|m| m.content.clone())
-            .unwrap_or_default();
-        ValidChat {
-            route: "r".into(),
-            kind: tiergate_config::RouteKind::Classify,
-            messages,
-            text,
-            stream: false,
-            include_usage: false,
-            max_tokens: 16,
-            temperature: None,
-            top_p: None,
-            stop: Vec::new(),
-            seed: None,
-            logprobs: false,
-            top_logprobs: 0,
-            json_object: false,
-            user: None,
-            session: None,
-            batch: None,
-            tenant: crate::tenancy::tenants::TenantId::anonymous(),
-            deadline: None,
-            id: "x".into(),
-            cache: Default::default(),
-            forced: None,
-            started: std::time::Instant::now(),
-            tools: None,
-            door: "chat",
-            set_aside: Vec::new(),
-            max_tokens_clamped: false,
-            json_schema: None,
-            count_only: false,
-            request_id: None,
-        }
+        ValidChat::for_tests("r", tiergate_config::RouteKind::Classify, turns)
     }
 
     fn joined(turns: usize, chars: usize, v: &ValidChat) -> (String, usize) {

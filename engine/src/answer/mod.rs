@@ -97,6 +97,14 @@ pub struct Admitted {
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
+impl Admitted {
+    /// A permit of `state`'s admission limit, when one is free.
+    pub(crate) fn try_take(state: &AppState) -> Option<Self> {
+        let permit = state.admission.clone().try_acquire_owned().ok()?;
+        Some(Admitted { _permit: permit })
+    }
+}
+
 /// Answers `v`: admission, the tenant's permission and the brownout gate, then the route's kind of answer,
 /// then the latency experiment's delay; its records (metrics, decision record, audit draw) are settled when
 /// the answer ends — at once for a label or a text, at a generation's end (or drop) for a stream — and a
@@ -193,16 +201,12 @@ fn route_of(
 /// the brownout step's refusal (every request at `shed`; a generation is refused later, after its cache
 /// lookup, when the step pauses generation).
 fn admit(state: &AppState, v: &ValidChat, step: Step) -> Result<Admitted, EngineError> {
-    let permit = state
-        .admission
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| EngineError::busy())?;
+    let admitted = Admitted::try_take(state).ok_or_else(EngineError::busy)?;
     state.tenants().permit(&v.tenant, &v.route)?;
     if step == Step::Shed {
         return Err(crate::load::brownout::refusal(step, v.kind).unwrap_or_else(EngineError::busy));
     }
-    Ok(Admitted { _permit: permit })
+    Ok(admitted)
 }
 
 /// A request's prompt tokens, counted by the tokenizer of what would answer it — Tier-0's encoder on a

@@ -97,6 +97,55 @@ pub struct ValidChat {
 }
 
 impl ValidChat {
+    /// A request to `route` of these turns (role, content), as a door validates it, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(route: &str, kind: RouteKind, turns: &[(&str, &str)]) -> Self {
+        let messages: Vec<ValidMessage> = turns
+            .iter()
+            .map(|(role, content)| ValidMessage {
+                role: role.to_string(),
+                content: content.to_string(),
+                ..ValidMessage::default()
+            })
+            .collect();
+        let text = messages
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+        ValidChat {
+            route: route.into(),
+            kind,
+            messages,
+            text,
+            stream: false,
+            include_usage: false,
+            max_tokens: 16,
+            temperature: None,
+            top_p: None,
+            stop: Vec::new(),
+            seed: None,
+            logprobs: false,
+            top_logprobs: 0,
+            json_object: false,
+            user: None,
+            session: None,
+            batch: None,
+            tenant: crate::tenancy::tenants::TenantId::anonymous(),
+            deadline: None,
+            id: completion_id(),
+            cache: CacheControl::default(),
+            forced: None,
+            started: Instant::now(),
+            tools: None,
+            door: "chat",
+            set_aside: Vec::new(),
+            max_tokens_clamped: false,
+            json_schema: None,
+            count_only: false,
+            request_id: None,
+        }
+    }
+
     /// It offers tools, or its conversation holds tool calls or results: only a backend that calls tools
     /// can take it.
     pub fn uses_tools(&self) -> bool {

@@ -5,6 +5,8 @@
 //! never held across an await; the shared store fails open (a miss, never an error).
 
 pub mod cached;
+#[cfg(test)]
+mod cached_tests;
 pub mod scope;
 pub mod shared;
 

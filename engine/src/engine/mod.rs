@@ -194,10 +194,27 @@ impl Engine {
             })
     }
 
-    /// The state behind the handle, for the reach-ins not yet made methods.
+    /// The brownout step in force.
+    pub fn brownout(&self) -> crate::load::brownout::Step {
+        self.state.brownout()
+    }
+
+    /// Test hook: one observation of the utilisation `u` for the brownout ladder, as the sampler makes.
     #[doc(hidden)]
-    pub fn state(&self) -> &Arc<AppState> {
-        &self.state
+    pub fn observe_utilization(&self, u: f64) {
+        crate::load::utilization::observe_brownout(&self.state, u);
+    }
+
+    /// Test hook: a permit of the admission limit, held until dropped, as a request in flight holds one.
+    #[doc(hidden)]
+    pub fn hold_admission(&self) -> Option<crate::answer::Admitted> {
+        crate::answer::Admitted::try_take(&self.state)
+    }
+
+    /// Test hook: the decision ledger, to read its store as a replica's writer left it.
+    #[doc(hidden)]
+    pub fn ledger(&self) -> Option<Arc<crate::evidence::ledger::Ledger>> {
+        self.state.evidence.ledger.clone()
     }
 }
 

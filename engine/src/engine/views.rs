@@ -68,6 +68,7 @@ impl Engine {
             "breaker": state.default_llm().is_some().then(|| if state.breakers_closed() { "closed" } else { "open" }),
             "backends": backends(state),
             "history": state.load.history.points(),
+            "sessions": state.routing.sessions.len(),
             "stages": state.route_policies().into_iter().map(|rp| {
                 let (live, p) = (rp.policy.live_view(now), rp.policy.current());
                 json!({

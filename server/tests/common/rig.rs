@@ -4,7 +4,6 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -12,7 +11,6 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tiergate_config::Config;
-use tiergate_engine::state::AppState;
 use tiergate_prefilter::testing::TinyModel;
 use tiergate_server::routes::{admin_router, router};
 use tower::ServiceExt;
@@ -20,7 +18,6 @@ use tower::ServiceExt;
 pub struct Rig {
     pub app: axum::Router,
     pub admin: axum::Router,
-    pub state: Arc<AppState>,
     pub engine: tiergate_engine::Engine,
     pub tiny: TinyModel,
 }
@@ -37,9 +34,8 @@ pub fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     tweak(&mut cfg);
     let engine =
         tiergate_engine::Engine::build(cfg, None, Some(super::worker_program()), None).unwrap();
-    let state = engine.state().clone();
     let t = Instant::now();
-    while state.live_workers() < workers {
+    while engine.readiness().1["live_workers"].as_u64().unwrap() < workers as u64 {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "stub worker did not start"
@@ -49,7 +45,6 @@ pub fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     Rig {
         app: router(engine.clone()),
         admin: admin_router(engine.clone()),
-        state,
         engine,
         tiny,
     }

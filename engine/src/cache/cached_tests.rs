@@ -1,23 +1,37 @@
-//! `tiergate_engine::cache::cached`, the cascade's Tier −1 step, driven directly on the real state (the tiny few-shot
-//! classifier, no worker: nothing here runs an LLM job): what a request's `Cache-Control` lets it look up and
-//! keep, an exact hit fused anew with this request's prior, a semantic hit answering with its neighbour's
-//! fused verdict, written answers kept apart from rerank verdicts, and the generation probe's conditions.
+//! The cascade's Tier −1 step (`cached.rs`), driven directly on the real state (the tiny few-shot classifier,
+//! no worker: nothing here runs an LLM job): what a request's `Cache-Control` lets it look up and keep, an
+//! exact hit fused anew with this request's prior, a semantic hit answering with its neighbour's fused
+//! verdict, written answers kept apart from rerank verdicts, and the generation probe's conditions.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
 
-mod common;
-
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use axum::http::HeaderMap;
 use serde_json::json;
-use tiergate_engine::answer::request::ValidChat;
-use tiergate_engine::cache::cached;
-use tiergate_engine::routing::route::{Route, Stage};
-use tiergate_server::validate::{validate, Caller, RouteFacts};
+use tiergate_config::Config;
+use tiergate_prefilter::testing::TinyModel;
 
-use common::rig::*;
+use super::cached;
+use crate::answer::request::ValidChat;
+use crate::routing::route::{Route, Stage};
+use crate::state::AppState;
+use crate::tenancy::tenants::TenantId;
+
+/// The state over the tiny encoder, no workers.
+struct Rig {
+    state: Arc<AppState>,
+    _tiny: TinyModel,
+}
+
+fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
+    assert_eq!(workers, 0, "no LLM job runs here");
+    let tiny = TinyModel::create(2).unwrap();
+    let mut cfg = crate::testing::config(&tiny);
+    cfg.reranker.workers = 0;
+    tweak(&mut cfg);
+    let state = Arc::new(AppState::build(cfg, None, None).unwrap());
+    Rig { state, _tiny: tiny }
+}
 
 fn cached_rig(semantic: bool) -> Rig {
     rig(0, |c| {
@@ -29,7 +43,8 @@ fn cached_rig(semantic: bool) -> Rig {
     })
 }
 
-/// A validated request to `route` (headers: `Cache-Control` and the like), as the chat door builds it.
+/// A request to `route` as a door validates it: one user turn, `extra`'s `temperature`, and the
+/// `Cache-Control` directives of `headers`.
 fn valid(
     r: &Rig,
     route: &str,
@@ -37,36 +52,18 @@ fn valid(
     extra: serde_json::Value,
     headers: &[(&str, &str)],
 ) -> ValidChat {
-    let mut body = json!({"model": route, "messages": [{"role": "user", "content": text}]});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
+    let kind = r.state.routing.routes.get(route).unwrap().kind;
+    let mut v = ValidChat::for_tests(route, kind, &[("user", text)]);
+    v.tenant = TenantId("t".into());
+    v.temperature = extra["temperature"].as_f64().map(|t| t as f32);
+    for (k, d) in headers {
+        assert_eq!(*k, "cache-control");
+        for d in d.split(',').map(|d| d.trim().to_ascii_lowercase()) {
+            v.cache.no_cache |= d == "no-cache";
+            v.cache.no_store |= d == "no-store";
+        }
     }
-    let mut h = HeaderMap::new();
-    for (k, v) in headers {
-        h.insert(
-            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-            v.parse().unwrap(),
-        );
-    }
-    let facts = |name: &str| {
-        r.state.routing.routes.get(name).map(|x| RouteFacts {
-            kind: x.kind,
-            deadline: x.deadline,
-            max_deadline: x.max_deadline,
-            max_tokens: x.max_tokens,
-            max_text_chars: x.max_text_chars,
-            name: x.name.clone(),
-            schema_decoding: x.schema_decoding,
-        })
-    };
-    let caller = Caller {
-        tenant: tiergate_engine::tenancy::tenants::TenantId("t".into()),
-        batch: None,
-        headers: &h,
-        started: Instant::now(),
-        forced: Ok(None),
-    };
-    validate(serde_json::from_value(body).unwrap(), facts, caller).unwrap()
+    v
 }
 
 fn route(r: &Rig, name: &str) -> (Arc<Route>, Stage) {
@@ -121,7 +118,7 @@ async fn a_kept_verdict_is_found_again_and_fused_with_the_new_prior() {
     let hit = cached::answer(&r.state, &route, &v, &stage, &pri, Some(&again))
         .await
         .unwrap();
-    assert_eq!(hit.kind, tiergate_engine::cache::CacheHitKind::Exact);
+    assert_eq!(hit.kind, crate::cache::CacheHitKind::Exact);
     assert_eq!(hit.backend, "default");
     // Re-fused with this request's prior and the stage's own fusion, not copied.
     let f = stage.fusion_of("default");
@@ -228,7 +225,7 @@ async fn a_semantic_hit_answers_with_its_neighbours_fused_verdict() {
     let hit = cached::answer(&r.state, &route, &near, &stage, &prior(&p2), Some(&probe2))
         .await
         .unwrap();
-    assert_eq!(hit.kind, tiergate_engine::cache::CacheHitKind::Semantic);
+    assert_eq!(hit.kind, crate::cache::CacheHitKind::Semantic);
     assert!(
         hit.similarity >= 0.5 && hit.similarity < 1.0,
         "{}",
@@ -319,7 +316,7 @@ async fn written_answers_are_kept_apart_and_generations_only_at_temperature_zero
     );
     // Another tenant's identical request has another key.
     let mut other = cold.clone();
-    other.tenant = tiergate_engine::tenancy::tenants::TenantId("u".into());
+    other.tenant = crate::tenancy::tenants::TenantId("u".into());
     let p_other = cached::generation_probe(&r.state, &route, &stage, &other, &job(&other)).unwrap();
     assert_ne!(p_other.key, probe.key);
     assert!(
@@ -347,5 +344,4 @@ async fn written_answers_are_kept_apart_and_generations_only_at_temperature_zero
         &[],
     );
     assert!(cached::generation_probe(&plain.state, &route_p, &stage_p, &v, &job(&v)).is_none());
-    let _ = Duration::ZERO;
 }

@@ -1,0 +1,65 @@
+//! What tests of the engine and of its doors share: a config of three labels over the tiny few-shot encoder
+//! (no download) with a classify, an answer and a generate route. Not for serving.
+
+use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind};
+use tiergate_prefilter::testing::TinyModel;
+
+/// Three labels over the tiny encoder, and a classify, an answer and a generate route.
+pub fn config(tiny: &TinyModel) -> Config {
+    let mut cfg = Config::default();
+    cfg.prefilter.encoder = tiny.dir.path().to_path_buf();
+    cfg.prefilter.max_tokens = 16;
+    // Each test server keeps its batches in its own directory.
+    cfg.batch.data_dir = tiny.dir.path().join("batches");
+    // … and its decision records (in memory here: no durable ledger is mounted in-process).
+    cfg.feedback.path = tiny.dir.path().join("feedback.sqlite");
+    cfg.prefilter.head = HeadConfig::FewShot {
+        labels: vec![
+            FewShotLabel {
+                label: "card_lost".into(),
+                examples: vec!["card lost".into(), "card stolen".into()],
+                reply: Some("Freeze your card.".into()),
+                description: None,
+            },
+            FewShotLabel {
+                label: "pay_bill".into(),
+                examples: vec!["pay bill".into()],
+                reply: Some("Go to Payments.".into()),
+                description: None,
+            },
+            FewShotLabel {
+                label: "greeting".into(),
+                examples: vec!["hello hi".into()],
+                reply: Some("Hello!".into()),
+                description: None,
+            },
+        ],
+        temperature: 0.05,
+    };
+    cfg.routes = [
+        ("classify", RouteKind::Classify),
+        ("answer", RouteKind::Answer),
+        ("generate", RouteKind::Generate),
+    ]
+    .into_iter()
+    .map(|(name, kind)| RouteConfig {
+        prompts: None,
+        name: name.into(),
+        kind,
+        head: None,
+        out_of_scope: None,
+        deadline_ms: None,
+        max_deadline_ms: None,
+        stages: None,
+        cache_generations: false,
+        steer: None,
+        context_turns: 0,
+        context_chars: 400,
+        aliases: Vec::new(),
+        default: false,
+        max_tokens: None,
+        max_text_chars: None,
+    })
+    .collect();
+    cfg
+}
