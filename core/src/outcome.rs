@@ -166,6 +166,8 @@ pub mod header {
     pub const CACHE_SIMILARITY: &str = "x-tiergate-cache-similarity";
     /// The latency experiment's variant a request was assigned (`control` included), on a route one names.
     pub const VARIANT: &str = "x-tiergate-variant";
+    /// A request's own time budget in ms (at most its route's `max_deadline_ms`).
+    pub const DEADLINE: &str = "x-tiergate-deadline-ms";
     /// The brownout ladder's step, while it is above `normal`.
     pub const BROWNOUT: &str = "x-tiergate-brownout";
     /// Earlier user turns Tier-0 read with the last one (absent when none).

@@ -71,7 +71,7 @@ impl EngineError {
     }
 
     /// An invalid field.
-    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
         EngineError::Invalid {
             param: param.into(),
             message: message.into(),
@@ -79,7 +79,7 @@ impl EngineError {
     }
 
     /// The server's one admission limit is reached.
-    pub fn busy() -> Self {
+    pub(crate) fn busy() -> Self {
         EngineError::Overloaded {
             message: "server at its in-flight limit; retry shortly".into(),
             retry_after_s: 1,
@@ -88,7 +88,7 @@ impl EngineError {
 }
 
 /// A `Retry-After` in whole seconds, at least 1.
-pub fn retry_after(wait: Duration) -> u64 {
+pub(crate) fn retry_after(wait: Duration) -> u64 {
     wait.as_secs_f64().ceil().max(1.0) as u64
 }
 

@@ -25,20 +25,28 @@
 //! `tiergate-reranker` processes, reached through `tiergate-queue`.
 
 pub mod answer;
-pub mod backends;
+mod backends;
 pub mod batch;
-pub mod cache;
+pub(crate) mod cache;
+#[cfg(test)]
+mod costs;
 mod engine;
 pub mod error;
 pub mod evidence;
-pub mod load;
+mod load;
 pub mod metrics;
-pub mod routing;
-pub mod state;
-pub mod tasks;
-pub mod tenancy;
+mod routing;
+mod state;
+mod tasks;
+mod tenancy;
 #[doc(hidden)]
 pub mod testing;
 
 pub use answer::request::RouteFacts;
+pub use backends::llm::Llm;
+pub use backends::priority::{BatchLine, Gate};
 pub use engine::{Cleared, Engine, PolicyChange, PolicyTarget, Verdict, WeakEngine};
+pub use load::brownout::Step;
+pub use routing::heads::StartRequest;
+pub use state::start_llm;
+pub use tenancy::tenants::{Quotas, TenantId};

@@ -3,141 +3,139 @@
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Requests by route, tier and outcome.
-pub const REQUESTS_TOTAL: &str = "tiergate_requests_total";
+pub(crate) const REQUESTS_TOTAL: &str = "tiergate_requests_total";
 /// End-to-end latency by route and tier.
-pub const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
+pub(crate) const REQUEST_SECONDS: &str = "tiergate_request_duration_seconds";
 /// Prefilter batch sizes.
-pub const PREFILTER_BATCH_SIZE: &str = "tiergate_prefilter_batch_size";
+pub(crate) const PREFILTER_BATCH_SIZE: &str = "tiergate_prefilter_batch_size";
 /// Prefilter forward time per request's batch.
-pub const PREFILTER_SECONDS: &str = "tiergate_prefilter_infer_seconds";
+pub(crate) const PREFILTER_SECONDS: &str = "tiergate_prefilter_infer_seconds";
 /// Prefilter queue wait.
-pub const PREFILTER_QUEUE_SECONDS: &str = "tiergate_prefilter_queue_seconds";
+pub(crate) const PREFILTER_QUEUE_SECONDS: &str = "tiergate_prefilter_queue_seconds";
 /// Escalations waiting for a worker (submitted, not yet taken).
-pub const QUEUE_WAITING: &str = "tiergate_escalation_waiting";
+pub(crate) const QUEUE_WAITING: &str = "tiergate_escalation_waiting";
 /// Escalation queue depth (jobs in flight).
-pub const QUEUE_DEPTH: &str = "tiergate_escalation_queue_depth";
+pub(crate) const QUEUE_DEPTH: &str = "tiergate_escalation_queue_depth";
 /// Time from submitting an escalation to its first event.
-pub const QUEUE_WAIT_SECONDS: &str = "tiergate_escalation_first_event_seconds";
+pub(crate) const QUEUE_WAIT_SECONDS: &str = "tiergate_escalation_first_event_seconds";
 /// Rerank round trip.
-pub const RERANK_SECONDS: &str = "tiergate_rerank_seconds";
+pub(crate) const RERANK_SECONDS: &str = "tiergate_rerank_seconds";
 /// Time to first token of streamed LLM replies.
-pub const TTFT_SECONDS: &str = "tiergate_time_to_first_token_seconds";
+pub(crate) const TTFT_SECONDS: &str = "tiergate_time_to_first_token_seconds";
 /// Share of classified requests escalated (last 60 s).
-pub const ESCALATION_SHARE: &str = "tiergate_escalation_share_ratio";
+pub(crate) const ESCALATION_SHARE: &str = "tiergate_escalation_share_ratio";
 /// θ in force.
-pub const THETA_EFF: &str = "tiergate_theta_eff_ratio";
+pub(crate) const THETA_EFF: &str = "tiergate_theta_eff_ratio";
 /// Utilisation u.
-pub const UTILIZATION: &str = "tiergate_utilization_ratio";
+pub(crate) const UTILIZATION: &str = "tiergate_utilization_ratio";
 /// Worker restarts.
-pub const WORKER_RESTARTS: &str = "tiergate_worker_restarts_total";
+pub(crate) const WORKER_RESTARTS: &str = "tiergate_worker_restarts_total";
 /// Policy version.
-pub const POLICY_VERSION: &str = "tiergate_policy_version";
+pub(crate) const POLICY_VERSION: &str = "tiergate_policy_version";
 /// 1 while the shared policy store answers, 0 while this replica serves its last policy without it.
-pub const POLICY_STORE_UP: &str = "tiergate_policy_store_up";
-/// Connections refused at accept (connection limits).
-pub const CONNECTIONS_REFUSED: &str = "tiergate_connections_refused_total";
+pub(crate) const POLICY_STORE_UP: &str = "tiergate_policy_store_up";
 
 /// Requests of routes under a latency experiment, by variant (`control` included) and route.
-pub const EXPERIMENT_REQUESTS_TOTAL: &str = "tiergate_experiment_requests_total";
+pub(crate) const EXPERIMENT_REQUESTS_TOTAL: &str = "tiergate_experiment_requests_total";
 /// Their server-side latency, the injected delay included.
-pub const EXPERIMENT_REQUEST_SECONDS: &str = "tiergate_experiment_request_duration_seconds";
+pub(crate) const EXPERIMENT_REQUEST_SECONDS: &str = "tiergate_experiment_request_duration_seconds";
 /// The delay injected per request.
-pub const EXPERIMENT_DELAY_SECONDS: &str = "tiergate_experiment_delay_seconds";
+pub(crate) const EXPERIMENT_DELAY_SECONDS: &str = "tiergate_experiment_delay_seconds";
 
 /// Batch LLM jobs cancelled for an interactive escalation (the line runs again later).
 pub const BATCH_PREEMPTIONS_TOTAL: &str = "tiergate_batch_preemptions_total";
 
 /// Tenants in force (after the last reload).
-pub const TENANTS: &str = "tiergate_tenants";
+pub(crate) const TENANTS: &str = "tiergate_tenants";
 /// The brownout ladder's step (0 normal, 1 rerank only, 2 Tier-0 only, 3 shed).
-pub const BROWNOUT_STEP: &str = "tiergate_brownout_step";
+pub(crate) const BROWNOUT_STEP: &str = "tiergate_brownout_step";
 /// The pressure the ladder follows (its largest signal; 1 = at its limit).
-pub const BROWNOUT_PRESSURE: &str = "tiergate_brownout_pressure";
+pub(crate) const BROWNOUT_PRESSURE: &str = "tiergate_brownout_pressure";
 /// Rerank jobs run again on the same backend after an engine error (a stage's `retries`).
-pub const RETRIES_TOTAL: &str = "tiergate_llm_retries_total";
+pub(crate) const RETRIES_TOTAL: &str = "tiergate_llm_retries_total";
 /// 1 while the LLM backend's circuit breaker is open or probing.
-pub const BREAKER_OPEN: &str = "tiergate_llm_breaker_open";
+pub(crate) const BREAKER_OPEN: &str = "tiergate_llm_breaker_open";
 /// Times the breaker opened.
-pub const BREAKER_TRIPS_TOTAL: &str = "tiergate_llm_breaker_trips_total";
+pub(crate) const BREAKER_TRIPS_TOTAL: &str = "tiergate_llm_breaker_trips_total";
 /// Escalations never queued: predicted not to finish within their budget.
-pub const UNREACHABLE_TOTAL: &str = "tiergate_escalations_unreachable_total";
+pub(crate) const UNREACHABLE_TOTAL: &str = "tiergate_escalations_unreachable_total";
 /// Jobs whose deadline passed before any worker started them (taken back from the queue, never computed).
-pub const EXPIRED_UNSTARTED_TOTAL: &str = "tiergate_jobs_expired_unstarted_total";
+pub(crate) const EXPIRED_UNSTARTED_TOTAL: &str = "tiergate_jobs_expired_unstarted_total";
 /// LLM time each tenant's jobs held a worker, microseconds.
-pub const TENANT_LLM_SECONDS_TOTAL: &str = "tiergate_tenant_llm_microseconds_total";
+pub(crate) const TENANT_LLM_SECONDS_TOTAL: &str = "tiergate_tenant_llm_microseconds_total";
 /// 1 while tenants' limits are shared with the other replicas through Redis, 0 while each enforces them alone.
-pub const TENANT_LIMITS_SHARED: &str = "tiergate_tenant_limits_shared";
+pub(crate) const TENANT_LIMITS_SHARED: &str = "tiergate_tenant_limits_shared";
 /// Reloads of the tenants that failed (the keys in force stayed).
-pub const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failures_total";
+pub(crate) const TENANTS_RELOAD_FAILURES_TOTAL: &str = "tiergate_tenants_reload_failures_total";
 
 /// Escalations the error bound needed that Tier-0 answered (or that were rejected), by route and action
 /// (`degrade`, `reject`); each is logged with its cause.
-pub const RISK_BREACHES_TOTAL: &str = "tiergate_risk_breaches_total";
+pub(crate) const RISK_BREACHES_TOTAL: &str = "tiergate_risk_breaches_total";
 /// The θ the error bound allows per route (`routing.max_error` set).
-pub const RISK_THETA: &str = "tiergate_risk_theta_ratio";
+pub(crate) const RISK_THETA: &str = "tiergate_risk_theta_ratio";
 /// 1 while a route's head has flawed calibration rows (in-sample halves, labels left out) and the bound is
 /// set, else 0: refused (θ 0) unless `routing.allow_flawed_calibration`, flagged either way.
-pub const RISK_CALIBRATION_FLAWED: &str = "tiergate_risk_calibration_flawed";
+pub(crate) const RISK_CALIBRATION_FLAWED: &str = "tiergate_risk_calibration_flawed";
 /// 1 while a route's labelled audits show the error bound broken on live traffic at the calibration rows' θ
 /// (then θ is chosen on the audits), else 0 (also without a bound).
-pub const RISK_AUDIT_BREACH: &str = "tiergate_risk_audit_breach";
+pub(crate) const RISK_AUDIT_BREACH: &str = "tiergate_risk_audit_breach";
 /// The upper confidence bound on the calibration rows' error at that θ, per route.
-pub const RISK_UPPER_BOUND: &str = "tiergate_risk_error_upper_bound_ratio";
+pub(crate) const RISK_UPPER_BOUND: &str = "tiergate_risk_error_upper_bound_ratio";
 
 /// Decision records dropped (the writer's queue was full, or the store failed).
-pub const LEDGER_DROPPED_TOTAL: &str = "tiergate_decision_records_dropped_total";
+pub(crate) const LEDGER_DROPPED_TOTAL: &str = "tiergate_decision_records_dropped_total";
 /// Feedback given, by route, channel, trusted and correct.
-pub const FEEDBACK_TOTAL: &str = "tiergate_feedback_total";
+pub(crate) const FEEDBACK_TOTAL: &str = "tiergate_feedback_total";
 /// Tier-0's silent error from labelled audits per route: `estimate`, and the 95% interval's `lower`, `upper`.
-pub const SILENT_ERROR: &str = "tiergate_tier0_silent_error_ratio";
+pub(crate) const SILENT_ERROR: &str = "tiergate_tier0_silent_error_ratio";
 /// Audit items per route and state (`pending`, `labelled`).
-pub const AUDITS: &str = "tiergate_audits";
+pub(crate) const AUDITS: &str = "tiergate_audits";
 /// Audited answers the LLM scored in the background, by route and result (`agree`, `disagree`, `shed`,
 /// `failed`).
-pub const AUDIT_LLM_TOTAL: &str = "tiergate_audit_llm_total";
+pub(crate) const AUDIT_LLM_TOTAL: &str = "tiergate_audit_llm_total";
 /// Agreement between the LLM and Tier-0 on the audited answers the LLM scored, by route (a proxy, not
 /// accuracy).
-pub const AUDIT_LLM_AGREEMENT: &str = "tiergate_audit_llm_agreement_ratio";
+pub(crate) const AUDIT_LLM_AGREEMENT: &str = "tiergate_audit_llm_agreement_ratio";
 /// Accuracy by feedback per route and channel.
-pub const FEEDBACK_ACCURACY: &str = "tiergate_feedback_accuracy_ratio";
+pub(crate) const FEEDBACK_ACCURACY: &str = "tiergate_feedback_accuracy_ratio";
 
 /// Tier-0's out-of-scope score per request, on routes with an out-of-scope outcome (what the threshold is
 /// tuned against).
-pub const OOS_SCORE: &str = "tiergate_oos_score";
+pub(crate) const OOS_SCORE: &str = "tiergate_oos_score";
 
 /// Live head swaps by route and outcome (`promoted`, `refused`, `abandoned`, `rolled_back`, `adopted`).
-pub const HEAD_SWAPS_TOTAL: &str = "tiergate_head_swaps_total";
+pub(crate) const HEAD_SWAPS_TOTAL: &str = "tiergate_head_swaps_total";
 /// 1 while a replica does not serve the head the shared store says is promoted (it lacks the files).
-pub const HEAD_BEHIND: &str = "tiergate_head_behind";
+pub(crate) const HEAD_BEHIND: &str = "tiergate_head_behind";
 /// Requests a shadow head did not score because the prefilter's queue was above half full.
-pub const SHADOW_SKIPPED_TOTAL: &str = "tiergate_shadow_skipped_total";
+pub(crate) const SHADOW_SKIPPED_TOTAL: &str = "tiergate_shadow_skipped_total";
 
 /// Answer-cache lookups by route, stage and result (`exact`, `semantic`, `miss`).
-pub const CACHE_LOOKUPS_TOTAL: &str = "tiergate_cache_lookups_total";
+pub(crate) const CACHE_LOOKUPS_TOTAL: &str = "tiergate_cache_lookups_total";
 /// Semantic candidates above τ the guards refused, by guard (`negation`, `quantity`, `exclusive`).
-pub const CACHE_GUARD_REFUSALS_TOTAL: &str = "tiergate_cache_guard_refusals_total";
+pub(crate) const CACHE_GUARD_REFUSALS_TOTAL: &str = "tiergate_cache_guard_refusals_total";
 /// Verdicts stored in the answer cache, by route.
-pub const CACHE_STORES_TOTAL: &str = "tiergate_cache_stores_total";
+pub(crate) const CACHE_STORES_TOTAL: &str = "tiergate_cache_stores_total";
 /// Entries and bytes the in-process answer cache holds.
-pub const CACHE_ENTRIES: &str = "tiergate_cache_entries";
-pub const CACHE_BYTES: &str = "tiergate_cache_bytes";
+pub(crate) const CACHE_ENTRIES: &str = "tiergate_cache_entries";
+pub(crate) const CACHE_BYTES: &str = "tiergate_cache_bytes";
 /// 1 while the shared (Redis) answer cache answers, 0 while lookups miss without it.
-pub const CACHE_SHARED_UP: &str = "tiergate_cache_shared_up";
+pub(crate) const CACHE_SHARED_UP: &str = "tiergate_cache_shared_up";
 
 /// θ in force of each route's own policy (a steered route's, a cascade stage's), by route and stage.
-pub const ROUTE_THETA_EFF: &str = "tiergate_route_theta_eff_ratio";
+pub(crate) const ROUTE_THETA_EFF: &str = "tiergate_route_theta_eff_ratio";
 /// u that policy reads, by route and stage.
-pub const ROUTE_UTILIZATION: &str = "tiergate_route_utilization_ratio";
+pub(crate) const ROUTE_UTILIZATION: &str = "tiergate_route_utilization_ratio";
 /// Steered generate requests by route, stage and whether Tier-0 was sure.
-pub const STEERED_TOTAL: &str = "tiergate_steered_total";
+pub(crate) const STEERED_TOTAL: &str = "tiergate_steered_total";
 /// Session turns by route and what the pin did (`new`, `kept`, `up`, `switched`, `unpinned`).
-pub const SESSION_TURNS_TOTAL: &str = "tiergate_session_turns_total";
+pub(crate) const SESSION_TURNS_TOTAL: &str = "tiergate_session_turns_total";
 /// Request fields set aside (accepted, not honoured), by door and field (`other` for a field no rule names).
-pub const FIELDS_SET_ASIDE_TOTAL: &str = "tiergate_request_fields_set_aside_total";
+pub(crate) const FIELDS_SET_ASIDE_TOTAL: &str = "tiergate_request_fields_set_aside_total";
 /// Requests whose `max_tokens` was above what their route allows and was lowered to it, by door.
-pub const MAX_TOKENS_CLAMPED_TOTAL: &str = "tiergate_max_tokens_clamped_total";
+pub(crate) const MAX_TOKENS_CLAMPED_TOTAL: &str = "tiergate_max_tokens_clamped_total";
 /// Session pins this replica holds in memory.
-pub const SESSION_PINS: &str = "tiergate_session_pins";
+pub(crate) const SESSION_PINS: &str = "tiergate_session_pins";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 4.5, 8.0, 12.0, 30.0,
@@ -191,10 +189,6 @@ fn describe() {
     describe_gauge!(
         POLICY_STORE_UP,
         "1 while the shared policy store (Redis) answers; 0 while the last policy is served without it"
-    );
-    describe_counter!(
-        CONNECTIONS_REFUSED,
-        "Connections refused at accept by server.max_connections or max_connections_per_peer"
     );
     describe_histogram!(
         REQUEST_SECONDS,

@@ -14,19 +14,19 @@ use tokio::sync::Semaphore;
 
 use crate::routing::policy::Policy;
 
-pub use crate::routing::route::{Route, Stage};
+pub(crate) use crate::routing::route::{Route, Stage};
 
-pub use crate::backends::llm::Llm;
+pub(crate) use crate::backends::llm::Llm;
 
 /// An LLM backend: its name, and its LLM side when it runs workers here.
-pub struct Backend {
+pub(crate) struct Backend {
     pub name: String,
     pub llm: Option<Llm>,
 }
 
 /// Everything the engine serves with, in owned parts a reader can name: the routing, the backends, the
 /// load, the tenancy, the evidence and the cache, beside the config and the server-wide limits.
-pub struct AppState {
+pub(crate) struct AppState {
     /// The effective config (served at `/info`, secrets redacted).
     pub config: Config,
     /// Routes, their policy and shared store, head swaps, experiments.
@@ -53,18 +53,9 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds the state: loads the prefilters (blocking: call from a blocking context), creates the segment and
-    /// starts the workers.
-    pub fn build(
-        config: Config,
-        metrics: Option<PrometheusHandle>,
-        worker_program: Option<PathBuf>,
-    ) -> anyhow::Result<Self> {
-        Self::build_with(config, metrics, worker_program, None)
-    }
-
-    /// [`AppState::build`] with the durable store of decision records the binary hands it.
-    pub fn build_with(
+    /// Builds the state: loads the prefilters (blocking: call from a blocking context), creates the segment,
+    /// starts the workers, and opens the decision ledger (on the durable store the binary hands it, if any).
+    pub(crate) fn build_with(
         config: Config,
         metrics: Option<PrometheusHandle>,
         worker_program: Option<PathBuf>,
@@ -143,13 +134,13 @@ impl AppState {
     }
 
     /// The tenants in force.
-    pub fn tenants(&self) -> Arc<crate::tenancy::tenants::Tenants> {
+    pub(crate) fn tenants(&self) -> Arc<crate::tenancy::tenants::Tenants> {
         self.tenancy.in_force()
     }
 
     /// Reads `[[tenants]]` and `tenants_file` again and swaps them in; on any error (the file unreadable,
     /// malformed or invalid) the tenants in force stay, and the error says why. Returns how many are in force.
-    pub fn reload_tenants(&self) -> Result<usize, String> {
+    pub(crate) fn reload_tenants(&self) -> Result<usize, String> {
         let loaded = self.config.all_tenants().and_then(|all| {
             tiergate_config::validate_tenants(&all, &self.config.route_names(), "tenants")?;
             Ok(all)
@@ -172,7 +163,7 @@ impl AppState {
     }
 
     /// The brownout ladder's step in force.
-    pub fn brownout(&self) -> crate::load::brownout::Step {
+    pub(crate) fn brownout(&self) -> crate::load::brownout::Step {
         crate::load::brownout::Step::of(
             self.load
                 .brownout_step
@@ -181,7 +172,7 @@ impl AppState {
     }
 
     /// Every LLM backend that runs workers, with its index ([`AppState::backend`]).
-    pub fn llms(&self) -> impl Iterator<Item = (usize, &Llm)> {
+    pub(crate) fn llms(&self) -> impl Iterator<Item = (usize, &Llm)> {
         self.backends
             .iter()
             .enumerate()
@@ -189,12 +180,12 @@ impl AppState {
     }
 
     /// The default backend (the first), when it runs workers.
-    pub fn default_llm(&self) -> Option<&Llm> {
+    pub(crate) fn default_llm(&self) -> Option<&Llm> {
         self.backend(0)
     }
 
     /// A route's own policy: a steered route's (`stage` none) or its stage `stage`'s (after the first).
-    pub fn route_policy(&self, route: &str, stage: Option<&str>) -> Option<Arc<Policy>> {
+    pub(crate) fn route_policy(&self, route: &str, stage: Option<&str>) -> Option<Arc<Policy>> {
         let r = self.routing.routes.get(route)?;
         match stage {
             None => r.steer.as_ref().map(|s| s.policy.clone()),
@@ -208,7 +199,7 @@ impl AppState {
 
     /// Every route's own policy (steered routes', cascade stages' after the first), in config order, with
     /// the backends whose load it reads: a steered route's default stage's, a stage's own.
-    pub fn route_policies(&self) -> Vec<RoutePolicy> {
+    pub(crate) fn route_policies(&self) -> Vec<RoutePolicy> {
         let backends = |s: &Stage| s.alternatives.iter().map(|(b, _)| *b).collect();
         let mut all = Vec::new();
         for r in self
@@ -240,13 +231,13 @@ impl AppState {
     }
 
     /// `server.admin_token`.
-    pub fn admin_token(&self) -> Option<&str> {
+    pub(crate) fn admin_token(&self) -> Option<&str> {
         self.config.server.admin_token.as_deref()
     }
 
     /// Submits `job` to backend `backend` ([`Llm::submit`]) for `tenant` (its weight and budget as configured now);
     /// `Refused::NoLlm` when this server runs none, `Refused::Budget` when the tenant has spent its budget.
-    pub async fn submit(
+    pub(crate) async fn submit(
         &self,
         job: &tiergate_queue::Job,
         backend: usize,
@@ -276,27 +267,27 @@ impl AppState {
     }
 
     /// Backend `i` (0: the first), when it runs workers.
-    pub fn backend(&self, i: usize) -> Option<&Llm> {
+    pub(crate) fn backend(&self, i: usize) -> Option<&Llm> {
         self.backends.get(i)?.llm.as_ref()
     }
 
     /// Live, ready workers of every backend together (0 without an LLM side).
-    pub fn live_workers(&self) -> usize {
+    pub(crate) fn live_workers(&self) -> usize {
         self.llms().map(|(_, l)| l.client.live_workers()).sum()
     }
 
     /// LLM jobs in flight on every backend together.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.llms().map(|(_, l)| l.client.in_flight()).sum()
     }
 
     /// Jobs of `tenant` waiting for a slot on any backend.
-    pub fn waiting(&self, tenant: &str) -> usize {
+    pub(crate) fn waiting(&self, tenant: &str) -> usize {
         self.llms().map(|(_, l)| l.share.waiting(tenant)).sum()
     }
 
     /// Per route, the LLM's agreement with Tier-0 on audited answers (empty without `audit_llm`).
-    pub fn agreement(
+    pub(crate) fn agreement(
         &self,
     ) -> std::collections::BTreeMap<String, crate::evidence::auditor::Agreement> {
         self.evidence
@@ -307,13 +298,13 @@ impl AppState {
     }
 
     /// Whether every backend's breaker is closed.
-    pub fn breakers_closed(&self) -> bool {
+    pub(crate) fn breakers_closed(&self) -> bool {
         self.llms().all(|(_, l)| l.breaker_closed())
     }
 
     /// The generate routes whose first stage has backends with workers, none of them live: they cannot
     /// answer now.
-    pub fn unserved(&self) -> Vec<String> {
+    pub(crate) fn unserved(&self) -> Vec<String> {
         self.routing
             .route_order
             .iter()
@@ -335,7 +326,7 @@ impl AppState {
 }
 
 /// A route's own policy ([`AppState::route_policies`]).
-pub struct RoutePolicy {
+pub(crate) struct RoutePolicy {
     pub route: String,
     /// The stage it belongs to; none: a steered route's.
     pub stage: Option<String>,
@@ -346,7 +337,7 @@ pub struct RoutePolicy {
 
 impl RoutePolicy {
     /// Its name in the console's series and metrics: `route` or `route/stage`.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         match &self.stage {
             Some(st) => format!("{}/{st}", self.route),
             None => self.route.clone(),
@@ -453,7 +444,11 @@ fn route_of(
 impl AppState {
     /// Route `name` as it would be on the trained head in `dir` (its own prefilter, fusion and out-of-scope
     /// files): a candidate for [`crate::routing::heads`]. Blocking (loads the encoder).
-    pub fn candidate_route(&self, name: &str, dir: &std::path::Path) -> anyhow::Result<Route> {
+    pub(crate) fn candidate_route(
+        &self,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Route> {
         let mut resolved = self.routing.resolved.clone();
         let r = resolved
             .routes
@@ -512,7 +507,6 @@ fn stages_of(
             let judge = &resolved.backends[backend].config;
             after.push(crate::answer::judge::llm_name(judge, &r.prompts));
             Stage {
-                backend,
                 name: st.name.clone(),
                 candidates: judge.candidates,
                 alternatives,
@@ -580,7 +574,7 @@ pub fn start_llm(
 
 /// Creates backend `backend`'s segment and starts its workers; batch lines wait at `gate` (shared by all).
 /// Its workers score `warmup` ([`crate::backends::warmup`]; empty: none) before they are ready.
-pub fn start_backend(
+pub(crate) fn start_backend(
     backend: &str,
     r: &tiergate_config::RerankerConfig,
     gate: Arc<crate::backends::priority::Gate>,
@@ -666,6 +660,6 @@ pub fn start_backend(
         ),
         tools: r.tools,
         pressure: std::sync::atomic::AtomicU64::new(0),
-        warmup,
+        _warmup: warmup,
     })
 }

@@ -7,7 +7,7 @@ use crate::state::AppState;
 /// Starts the engine's background tasks: utilisation sampling, the audit follower, the LLM's second opinion,
 /// the shared store's syncs (the policy, each route's and stage's policy, heads, tenants) and the fleet's Prometheus poll.
 /// Each holds a weak reference and ends when the state is gone.
-pub fn start(state: &Arc<AppState>) {
+pub(crate) fn start(state: &Arc<AppState>) {
     tokio::spawn(crate::load::utilization::sample_utilization(
         Arc::downgrade(state),
     ));

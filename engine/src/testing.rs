@@ -1,5 +1,8 @@
 //! What tests of the engine and of its doors share: a config of three labels over the tiny few-shot encoder
-//! (no download) with a classify, an answer and a generate route. Not for serving.
+//! (no download) with a classify, an answer and a generate route, and a real `redis-server` on a loopback
+//! port. Not for serving: a test fails loudly here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use tiergate_config::{Config, FewShotLabel, HeadConfig, RouteConfig, RouteKind};
 use tiergate_prefilter::testing::TinyModel;
@@ -62,4 +65,29 @@ pub fn config(tiny: &TinyModel) -> Config {
     })
     .collect();
     cfg
+}
+
+/// A real `redis-server` (Debian package `redis-server`; scripts/test.sh installs it) on the loopback `port`,
+/// without persistence, once it accepts connections.
+pub fn redis_server(port: u16) -> std::process::Child {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let port_arg = port.to_string();
+    let args = ["--port", &port_arg, "--bind", "127.0.0.1"];
+    let child = Command::new("redis-server")
+        .args(args)
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (Debian package `redis-server`; scripts/test.sh installs it)");
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }

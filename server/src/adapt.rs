@@ -2,15 +2,12 @@
 //! (`x-tiergate-deadline-ms`), its tenant (the bearer key), the brownout step's mark and the experiment's
 //! variant. The engine sees none of the headers.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
-use tiergate_engine::backends::deadline::HEADER;
-use tiergate_engine::load::brownout::Step;
-
-use tiergate_engine::tenancy::tenants::{Tenant, Tenants};
+use tiergate_core::outcome::header::DEADLINE as HEADER;
+use tiergate_engine::Step;
 
 use crate::error::ApiError;
 
@@ -51,17 +48,6 @@ pub fn budget(
     Ok(Some(asked))
 }
 
-/// Who is calling: the tenant of the bearer key, or an error in OpenAI's shape (401 without a known key, 429
-/// over its rate). Open (anonymous) when no tenants are configured.
-pub fn identify(
-    tenants: &Tenants,
-    headers: &axum::http::HeaderMap,
-    now: Instant,
-) -> Result<Option<Arc<Tenant>>, ApiError> {
-    tiergate_engine::tenancy::identify(tenants, crate::auth::api_key(headers), now)
-        .map_err(ApiError::from)
-}
-
 /// `resp` with `x-tiergate-brownout: <step>` while the ladder is above `normal`.
 pub fn mark_brownout(mut resp: axum::response::Response, step: Step) -> axum::response::Response {
     if step != Step::Normal {
@@ -86,7 +72,7 @@ pub fn mark_request(
     v: &tiergate_engine::answer::request::ValidChat,
 ) -> Response {
     use tiergate_core::outcome::header;
-    let value = tiergate_engine::answer::fields::header_value(&v.set_aside);
+    let value = crate::fields::header_value(&v.set_aside);
     if let Some(h) = value.and_then(|s| HeaderValue::from_str(&s).ok()) {
         resp.headers_mut().insert(header::SET_ASIDE, h);
     }
@@ -100,20 +86,6 @@ pub fn mark_request(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sha2::{Digest, Sha256};
-    use tiergate_config::TenantConfig;
-
-    fn cfg(name: &str, key: &str) -> TenantConfig {
-        TenantConfig {
-            name: name.into(),
-            key_sha256: format!("{:x}", Sha256::digest(key.as_bytes())),
-            routes: Some(vec!["classify".into()]),
-            rate_per_s: Some(1.0),
-            burst: Some(1.0),
-            ..TenantConfig::default()
-        }
-    }
-
     fn headers(v: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(HEADER, v.parse().unwrap());
@@ -137,47 +109,5 @@ mod tests {
         }
         let e = budget(&headers("30001"), d, max).unwrap_err();
         assert!(e.to_string().contains("max_deadline_ms"), "{e}");
-    }
-
-    /// The completion [`crate::llm::Llm::predict`] derives from `s`'s estimate.
-
-    #[test]
-    fn keys_are_found_by_digest_and_bad_credentials_are_401() {
-        let tenants = Tenants::new(&[cfg("a", "key-a"), cfg("b", "key-b")]);
-        assert_eq!(&*tenants.lookup("key-b").unwrap().id.0, "b");
-        assert!(tenants.lookup("key-c").is_none());
-        let now = Instant::now();
-        let headers = |v: Option<&str>| {
-            let mut h = axum::http::HeaderMap::new();
-            if let Some(v) = v {
-                h.insert("authorization", v.parse().unwrap());
-            }
-            h
-        };
-        for bad in [
-            None,
-            Some(""),
-            Some("Bearer"),
-            Some("Bearer "),
-            Some("Basic a2V5LWE="),
-            Some("key-a"),
-            Some("Bearer key-c"),
-        ] {
-            let e = identify(&tenants, &headers(bad), now).unwrap_err();
-            assert_eq!(e.parts().0.as_u16(), 401, "{bad:?}");
-        }
-        let a = identify(&tenants, &headers(Some("bearer key-a")), now)
-            .unwrap()
-            .unwrap();
-        assert!(a.may_use("classify") && !a.may_use("generate"));
-        // Its rate: 1/s, burst 1 — the second request at once is 429 with a wait of a second.
-        let e = identify(&tenants, &headers(Some("Bearer key-a")), now).unwrap_err();
-        assert_eq!(e.parts().0.as_u16(), 429);
-        // The other tenant has its own bucket.
-        assert!(identify(&tenants, &headers(Some("Bearer key-b")), now).is_ok());
-        // No tenants: open.
-        assert!(identify(&Tenants::default(), &headers(None), now)
-            .unwrap()
-            .is_none());
     }
 }

@@ -1,7 +1,7 @@
 //! Anthropic Messages wire types (`POST /v1/messages`, what the `anthropic` SDKs send and read) and their
 //! mapping onto the chat door's request, so that one validation and one engine call serve both dialects.
 //! A field this door does not honour (`thinking`, `context_management`, `output_config`, `top_k`, provider-run
-//! tools, a field no rule names) is set aside by the rule in [`tiergate_engine::answer::fields`] and named in
+//! tools, a field no rule names) is set aside by the rule in [`crate::fields`] and named in
 //! `x-tiergate-set-aside` — never a 400 for a request Anthropic's API would take, never dropped in silence.
 //! An image or document block becomes a named placeholder for a text-only backend. Errors take Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), reshaped
 //! from the door's own errors in one place ([`reshape`]).
@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::fields;
 use crate::openai::ChatRequest;
-use tiergate_engine::answer::fields;
 
 /// `POST /v1/messages` body, as sent.
 #[derive(Debug, Deserialize)]

@@ -12,6 +12,7 @@ pub mod console;
 pub mod early;
 pub mod error;
 pub mod extract;
+pub mod fields;
 pub mod openai;
 pub mod openai_responses;
 pub mod openai_tools;

@@ -1,7 +1,7 @@
 //! OpenAI Responses wire types (`POST /v1/responses`, what `client.responses.create` and Codex CLI send) and
 //! their mapping onto the chat door's request, so that one validation and one engine call serve both. A field
 //! this door does not honour (`reasoning`, `include`, `truncation`, `service_tier`, provider-run tools, a
-//! field no rule names) is set aside by the rule in [`tiergate_engine::answer::fields`] and named in
+//! field no rule names) is set aside by the rule in [`crate::fields`] and named in
 //! `x-tiergate-set-aside`; the tools the client runs are never set aside: function tools, Codex's `custom`
 //! (freeform) and `local_shell` tools and a `namespace`'s functions are offered as functions and their calls
 //! answered in the client's shape ([`Shapes`]). Errors keep OpenAI's shape.
@@ -562,7 +562,7 @@ mod tests {
             names,
             ["exec_command", "apply_patch", "local_shell", "close_agent"]
         );
-        let mut aside = tiergate_engine::answer::fields::set_aside(c.set_aside.clone());
+        let mut aside = crate::fields::set_aside(c.set_aside.clone());
         aside.dedup();
         assert_eq!(
             aside,

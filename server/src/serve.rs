@@ -57,6 +57,9 @@ pub async fn run(
     run_with(config, worker_program, Wiring::default(), shutdown, ready).await
 }
 
+/// Connections refused at accept (the listener's connection limits).
+pub const CONNECTIONS_REFUSED: &str = "tiergate_connections_refused_total";
+
 /// What a binary wires into the server besides the config: the Batch API (its routes on both listeners, its
 /// runner answering lines through the in-process chat door and stopped after the drain), and the durable
 /// store of decision records (the `[feedback]` ledger when the policy store is not Redis).
@@ -77,6 +80,10 @@ pub async fn run_with(
     ready: Option<tokio::sync::oneshot::Sender<Bound>>,
 ) -> anyhow::Result<()> {
     let metrics = tiergate_engine::metrics::install().ok();
+    metrics::describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections refused at accept by server.max_connections or max_connections_per_peer"
+    );
     let listener = TcpListener::bind(config.server.listen).await?;
     let admin_listener = TcpListener::bind(config.server.admin_listen).await?;
     let addr = listener.local_addr()?;
@@ -104,7 +111,7 @@ pub async fn run_with(
             "[reranker] sets fields every [[llm]] entry sets too: the entries' values win, these have no effect"
         );
     }
-    if !engine.has_tenants() && !addr.ip().is_loopback() {
+    if config.all_tenants().is_ok_and(|t| t.is_empty()) && !addr.ip().is_loopback() {
         tracing::warn!(
             %addr,
             "no [[tenants]]: the public API is open to every client that reaches it"
@@ -363,7 +370,7 @@ fn refuse(stream: tokio::net::TcpStream, why: &'static str) {
         body.len()
     );
     let _ = stream.try_write(resp.as_bytes());
-    metrics::counter!(tiergate_engine::metrics::CONNECTIONS_REFUSED).increment(1);
+    metrics::counter!(CONNECTIONS_REFUSED).increment(1);
 }
 
 /// Open connections, overall and per client IP.

@@ -7,10 +7,10 @@ use axum::http::HeaderMap;
 use tiergate_config::RouteKind;
 
 use crate::error::ApiError;
+use crate::fields;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
 use crate::openai_tools as tools;
 pub use crate::openai_tools::{valid_name, MAX_TOOLS};
-use tiergate_engine::answer::fields;
 pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
 
 /// Default generation length.
@@ -21,8 +21,8 @@ pub use tiergate_engine::RouteFacts;
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
 /// (the budget) and when it arrived. Everything a [`ValidChat`] holds is set in [`validate`], once.
 pub struct Caller<'a> {
-    pub tenant: tiergate_engine::tenancy::tenants::TenantId,
-    pub batch: Option<tiergate_engine::backends::priority::BatchLine>,
+    pub tenant: tiergate_engine::TenantId,
+    pub batch: Option<tiergate_engine::BatchLine>,
     pub headers: &'a HeaderMap,
     pub started: Instant,
     /// The θ its `x-tiergate-threshold` forces, or why it may not (read by the routes that classify).
@@ -196,7 +196,14 @@ pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::answer::request::C
     c
 }
 
-pub use tiergate_engine::answer::request::{born_ms, completion_id};
+pub use tiergate_engine::answer::request::completion_id;
+
+/// Now as Unix seconds (a response's `created`).
+pub fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// The messages with roles mapped and content parts joined, and the text Tier-0 classifies (the last
 /// non-empty user message).
@@ -438,7 +445,7 @@ mod tests {
 
     fn anyone() -> Caller<'static> {
         Caller {
-            tenant: tiergate_engine::tenancy::tenants::TenantId::anonymous(),
+            tenant: tiergate_engine::TenantId::anonymous(),
             batch: None,
             headers: &NO_HEADERS,
             started: Instant::now(),
@@ -487,13 +494,13 @@ mod tests {
     fn the_caller_and_the_budget_are_set_in_validation() {
         let mut headers = HeaderMap::new();
         headers.insert(
-            tiergate_engine::backends::deadline::HEADER,
+            tiergate_core::outcome::header::DEADLINE,
             "500".parse().unwrap(),
         );
         let started = Instant::now();
         let caller = Caller {
-            tenant: tiergate_engine::tenancy::tenants::TenantId(std::sync::Arc::from("acme")),
-            batch: Some(tiergate_engine::backends::priority::BatchLine::new(false)),
+            tenant: tiergate_engine::TenantId(std::sync::Arc::from("acme")),
+            batch: Some(tiergate_engine::BatchLine::new(false)),
             headers: &headers,
             started,
             forced: Ok(None),
@@ -506,18 +513,18 @@ mod tests {
         assert_eq!(v.deadline, Some(started + Duration::from_millis(500)));
         // A budget above the route's maximum is a 400 naming the header, before anything runs.
         headers.insert(
-            tiergate_engine::backends::deadline::HEADER,
+            tiergate_core::outcome::header::DEADLINE,
             "600000".parse().unwrap(),
         );
         let caller = Caller {
-            tenant: tiergate_engine::tenancy::tenants::TenantId::anonymous(),
+            tenant: tiergate_engine::TenantId::anonymous(),
             batch: None,
             headers: &headers,
             started,
             forced: Ok(None),
         };
         let e = validate(req(body), kinds, caller).unwrap_err();
-        assert_eq!(param(e), tiergate_engine::backends::deadline::HEADER);
+        assert_eq!(param(e), tiergate_core::outcome::header::DEADLINE);
     }
 
     #[test]

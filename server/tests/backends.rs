@@ -140,7 +140,7 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
         let top = routing(&r, "").await;
         stage_u = f64::max(stage_u, stage["utilization"].as_f64().unwrap());
         routing_u = top["utilization"].as_f64().unwrap();
-        if r.engine.brownout() > tiergate_engine::load::brownout::Step::Normal {
+        if r.engine.brownout() > tiergate_engine::Step::Normal {
             step = r.engine.brownout().as_str().to_string();
         }
     }
@@ -238,11 +238,13 @@ fn stages_are_named_apart_or_refused() {
         table(Some("b-then-a"), &["b", "a"]),
     ]);
     c.validate().unwrap();
-    let state = tiergate_engine::state::AppState::build(c, None, None).unwrap();
-    let names: Vec<String> = state
-        .route_policies()
-        .into_iter()
-        .filter_map(|rp| rp.stage)
+    let engine = tiergate_engine::Engine::build(c, None, None, None).unwrap();
+    let stages = engine.console()["stages"].clone();
+    let names: Vec<&str> = stages
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|rp| rp["stage"].as_str())
         .collect();
     assert_eq!(names, ["b", "b-then-a"]);
 }
@@ -736,8 +738,7 @@ async fn a_steered_generate_route_sends_sure_labels_to_their_stage() {
         let mut cfg = common::config(&tiny);
         cfg.reranker.engine = tiergate_config::EngineKind::Stub;
         steered(1.0, map)(&mut cfg);
-        let built =
-            tiergate_engine::state::AppState::build(cfg, None, Some(common::worker_program()));
+        let built = tiergate_engine::Engine::build(cfg, None, Some(common::worker_program()), None);
         let e = format!("{:#}", built.err().expect(map));
         assert!(
             e.contains("no_such_label") || e.contains("no_such_stage"),

@@ -328,7 +328,7 @@ async fn every_error_has_the_openai_shape_and_status() {
 async fn admission_limit_is_429_with_retry_after() {
     let r = rig(0, |c| c.server.max_in_flight = 1);
     // The one permit is held, as a request in flight holds it.
-    let _held = r.engine.hold_admission().unwrap();
+    let _held = in_flight(&r).await;
     let (s, h, b) = call(&r.app, post("/v1/chat/completions", chat("classify", "x"))).await;
     assert_openai_error(s, &b, 429);
     assert_eq!(h["retry-after"], "1");
@@ -338,7 +338,7 @@ async fn admission_limit_is_429_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_are_outside_the_admission_limit() {
     let r = rig(0, |c| c.server.max_in_flight = 1);
-    let _held = r.engine.hold_admission().unwrap();
+    let _held = in_flight(&r).await;
     for path in ["/health", "/ready"] {
         let (s, _, b) = call(&r.app, Request::get(path).body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::OK, "{path}: {}", String::from_utf8_lossy(&b));

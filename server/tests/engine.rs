@@ -10,37 +10,13 @@
 
 mod common;
 
-use std::time::Instant;
-
-use axum::http::HeaderMap;
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::{json, Value};
-use tiergate_engine::answer::request::ValidChat;
+use serde_json::Value;
 use tiergate_engine::answer::{Body, Delta};
-use tiergate_engine::tenancy::tenants::TenantId;
+use tiergate_engine::TenantId;
 use tiergate_engine::{Engine, Verdict};
-use tiergate_server::validate::{validate, Caller};
 
 use common::rig::*;
-
-/// A chat request to `route` validated for the anonymous tenant, with `forced` θ.
-fn valid(engine: &Engine, route: &str, text: &str, forced: Option<f64>) -> ValidChat {
-    let body = json!({"model": route, "messages": [{"role": "user", "content": text}]});
-    let headers = HeaderMap::new();
-    let caller = Caller {
-        tenant: TenantId::anonymous(),
-        batch: None,
-        headers: &headers,
-        started: Instant::now(),
-        forced: Ok(forced),
-    };
-    validate(
-        serde_json::from_value(body).unwrap(),
-        |n| engine.route_facts(n),
-        caller,
-    )
-    .unwrap()
-}
 
 /// The sum of the samples of `name` whose labels include every one of `labels`.
 fn metric(h: &PrometheusHandle, name: &str, labels: &[&str]) -> f64 {

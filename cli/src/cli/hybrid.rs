@@ -229,7 +229,7 @@ fn run_llm(
     let program = super::serve::worker_program();
     let wait = Duration::from_millis(config.batch.max_llm_wait_ms);
     let (backend, prompt) = judge(config)?;
-    let llm = tiergate_engine::state::start_llm(&backend, wait, program)?;
+    let llm = tiergate_engine::start_llm(&backend, wait, program)?;
     let t = Instant::now();
     while llm.client.live_workers() == 0 {
         anyhow::ensure!(

@@ -11,7 +11,7 @@ use crate::evidence::ledger::{now_ms, AuditItem, Entry, Record};
 use crate::state::AppState;
 
 /// What the record needs from the request, taken before the handler consumes it.
-pub struct Asked {
+pub(crate) struct Asked {
     id: String,
     route: String,
     tenant: String,
@@ -21,7 +21,7 @@ pub struct Asked {
 }
 
 impl Asked {
-    pub fn of(state: &AppState, v: &ValidChat) -> Option<Self> {
+    pub(crate) fn of(state: &AppState, v: &ValidChat) -> Option<Self> {
         state.evidence.ledger.as_ref()?;
         let audits = state.routing.policy.current().cfg.audit_rate > 0.0;
         Some(Self {
@@ -35,7 +35,7 @@ impl Asked {
 }
 
 /// Records an answered request, and draws it for audit.
-pub fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
+pub(crate) fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
     let (Some(ledger), Some(a)) = (&state.evidence.ledger, asked) else {
         return;
     };

@@ -17,7 +17,7 @@ use crate::state::{AppState, Stage};
 /// Runs `job` on `stage`: `run` turns a submitted job into its outcome (`Err`: the backend failed, recorded by
 /// the backend's breaker and retried per [`crate::answer::select::retry_same`]). The outcome and the backend that gave
 /// it, or why no alternative did (the last refusal or failure).
-pub async fn attempt<'a, T, F, Fut>(
+pub(crate) async fn attempt<'a, T, F, Fut>(
     state: &'a Arc<AppState>,
     stage: &Stage,
     v: &ValidChat,
@@ -78,7 +78,7 @@ where
 }
 
 /// A rerank's outcome: its `n` scores.
-pub async fn scores(s: Submitted<'_>, n: usize) -> Result<Vec<f32>, QueueError> {
+pub(crate) async fn scores(s: Submitted<'_>, n: usize) -> Result<Vec<f32>, QueueError> {
     match s.handle.reply().await {
         Ok(Reply::Rerank(r)) if r.scores.len() == n => Ok(r.scores),
         Ok(_) => Err(QueueError::Protocol("unexpected reply".into())),
@@ -87,7 +87,7 @@ pub async fn scores(s: Submitted<'_>, n: usize) -> Result<Vec<f32>, QueueError> 
 }
 
 /// A generation that has produced its first event (a token, or its end): from here on it is this backend's.
-pub struct Started {
+pub(crate) struct Started {
     pub handle: JobHandle,
     pub slot: crate::backends::fair::Slot,
     pub held: Held,
@@ -97,7 +97,7 @@ pub struct Started {
 }
 
 /// A generation's outcome: its first event, or the failure that came instead (an error before any byte).
-pub async fn first_event(s: Submitted<'_>) -> Result<Started, QueueError> {
+pub(crate) async fn first_event(s: Submitted<'_>) -> Result<Started, QueueError> {
     let (handle, slot, held) = s.split();
     let t = Instant::now();
     match handle.events.recv_async().await {

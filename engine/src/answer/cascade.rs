@@ -20,7 +20,7 @@ use crate::error::EngineError;
 use crate::metrics as m;
 use crate::state::{AppState, Route};
 
-pub fn queue_error_reason(e: &QueueError) -> DegradeReason {
+pub(crate) fn queue_error_reason(e: &QueueError) -> DegradeReason {
     match e {
         QueueError::Full { .. } => DegradeReason::QueueFull,
         QueueError::WorkerDown(_) => DegradeReason::WorkerDown,
@@ -29,7 +29,11 @@ pub fn queue_error_reason(e: &QueueError) -> DegradeReason {
     }
 }
 
-pub fn degrade(state: &AppState, out: &mut Outcome, e: &QueueError) -> Result<(), EngineError> {
+pub(crate) fn degrade(
+    state: &AppState,
+    out: &mut Outcome,
+    e: &QueueError,
+) -> Result<(), EngineError> {
     tracing::warn!(error = %e, "escalation failed: answering with Tier-0");
     if state.config.server.on_escalation_failure == FailureMode::Reject {
         return Err(EngineError::from(e.clone()));
@@ -39,13 +43,13 @@ pub fn degrade(state: &AppState, out: &mut Outcome, e: &QueueError) -> Result<()
 }
 
 /// Tier-0 answers instead, for `reason`.
-pub fn fall_back(out: &mut Outcome, reason: DegradeReason) {
+pub(crate) fn fall_back(out: &mut Outcome, reason: DegradeReason) {
     out.tier = Tier::Tier0;
     out.degraded = Some(reason);
     crate::answer::trace::degraded(reason.as_str());
 }
 
-pub fn sampling(v: &ValidChat) -> Sampling {
+pub(crate) fn sampling(v: &ValidChat) -> Sampling {
     Sampling {
         max_tokens: v.max_tokens,
         count_only: v.count_only,
@@ -58,7 +62,7 @@ pub fn sampling(v: &ValidChat) -> Sampling {
 }
 
 /// Tier-0's view of one request and the decision taken on it.
-pub struct Decided {
+pub(crate) struct Decided {
     pub pred: Prediction,
     /// Tier-0's top candidates (label index, probability), most likely first.
     pub top: Vec<(usize, f32)>,
@@ -70,13 +74,13 @@ pub struct Decided {
 }
 
 impl Decided {
-    pub fn escalate(&self) -> bool {
+    pub(crate) fn escalate(&self) -> bool {
         self.verdict == Verdict::Escalate
     }
 
     /// Tier-0's own answer, also the fallback of a degraded escalation: its candidates, led by "none of these"
     /// ([`NONE`]) when its out-of-scope call says so.
-    pub fn tier0_answer(&self) -> Vec<(usize, f32)> {
+    pub(crate) fn tier0_answer(&self) -> Vec<(usize, f32)> {
         match self.call {
             Some(c) if c.out_of_scope() => std::iter::once((NONE, c.none_mass()))
                 .chain(self.top.iter().copied())
@@ -89,7 +93,7 @@ impl Decided {
 /// Decides: ambiguity against θ_eff (or a permitted per-request θ), and on a route with an out-of-scope outcome
 /// Tier-0's out-of-scope score against its threshold ([`verdict`]). `override_theta`: a θ the request sets (the
 /// adapter checks that it may: `allow_header_override` and the admin token).
-pub fn decide(
+pub(crate) fn decide(
     state: &AppState,
     route: &Route,
     pred: Prediction,
@@ -158,7 +162,7 @@ pub fn decide(
 
 /// After an escalation: when Tier-0 answers one whose ambiguity is above the bound's θ (the LLM was full,
 /// shed, broken or late), the bound is breached; `routing.on_breach` degrades (`risk_bound`) or rejects.
-pub fn hold_bound(
+pub(crate) fn hold_bound(
     state: &AppState,
     route: &Route,
     d: &Decided,
@@ -194,7 +198,7 @@ fn on_breach_name(o: tiergate_config::OnBreach) -> &'static str {
 }
 
 /// Why a refused submission degrades.
-pub fn reason_of(r: &Refused) -> DegradeReason {
+pub(crate) fn reason_of(r: &Refused) -> DegradeReason {
     match r {
         Refused::NoLlm => DegradeReason::NoLlm,
         Refused::Queue(e) => queue_error_reason(e),
@@ -205,7 +209,7 @@ pub fn reason_of(r: &Refused) -> DegradeReason {
 }
 
 /// Degrades on a refused submission (`out` says why); `Err` when the route rejects instead.
-pub fn refused(state: &AppState, out: &mut Outcome, r: Refused) -> Result<(), EngineError> {
+pub(crate) fn refused(state: &AppState, out: &mut Outcome, r: Refused) -> Result<(), EngineError> {
     match r {
         Refused::NoLlm => {
             out.degraded = Some(DegradeReason::NoLlm);
@@ -234,7 +238,7 @@ pub fn refused(state: &AppState, out: &mut Outcome, r: Refused) -> Result<(), En
 /// Tier-0's for the first stage, the previous stage's fused one after; the request goes on while the fused
 /// ambiguity is above the next stage's θ. A later stage that cannot answer leaves the earlier stage's answer
 /// (degraded, `out` says why). `None`: no stage answered (`out` says why).
-pub async fn escalate_rerank(
+pub(crate) async fn escalate_rerank(
     state: &Arc<AppState>,
     route: &Route,
     v: &ValidChat,

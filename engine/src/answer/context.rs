@@ -10,7 +10,7 @@ use crate::routing::route::Route;
 
 /// `v` as `route` classifies it (itself when the route reads no context or the conversation has no earlier
 /// user turn), and the number of earlier turns read.
-pub fn with_context<'a>(route: &Route, v: &'a ValidChat) -> (Cow<'a, ValidChat>, usize) {
+pub(crate) fn with_context<'a>(route: &Route, v: &'a ValidChat) -> (Cow<'a, ValidChat>, usize) {
     context_of(route.context_turns, route.context_chars, v)
 }
 

@@ -257,11 +257,6 @@ impl Generation {
         }
     }
 
-    /// From the job's submission to its first event.
-    pub fn waited(&self) -> Duration {
-        self.waited
-    }
-
     /// The span it started in.
     pub fn span(&self) -> &tracing::Span {
         &self.span

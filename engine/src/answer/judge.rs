@@ -8,7 +8,7 @@ use tiergate_queue::Candidate;
 
 /// The formulation the worker will use for these templates and the examples per candidate it shows
 /// (under `method = "auto"`, what the model's profile says; the remote engine always asks its choice question).
-pub fn formulation(r: &RerankerConfig, prompts: &PromptConfig) -> (ScoringMethod, usize) {
+pub(crate) fn formulation(r: &RerankerConfig, prompts: &PromptConfig) -> (ScoringMethod, usize) {
     let Ok(profile) = tiergate_config::profile_for(&r.model.to_string_lossy(), &r.profile) else {
         return (prompts.method, prompts.choice_examples);
     };

@@ -12,24 +12,24 @@
 //! generate route's choice of stage ([`steer`]), a session's pin ([`session`]), what a door sets aside of a request and its session key ([`fields`]), and the conversations a Responses door keeps when told to
 //! ([`stored`]).
 
-pub mod answered;
-pub mod attempt;
-pub mod cascade;
+pub(crate) mod answered;
+pub(crate) mod attempt;
+pub(crate) mod cascade;
 mod context;
-pub mod fields;
+pub(crate) mod fields;
 mod generation;
 pub mod judge;
 mod label;
 pub mod out_of_scope;
 pub mod outcome;
 pub mod request;
-pub mod select;
+pub(crate) mod select;
 mod session;
 mod settle;
 mod steer;
 pub mod stored;
 mod tier0;
-pub mod trace;
+pub(crate) mod trace;
 
 use std::sync::Arc;
 
@@ -109,7 +109,7 @@ impl Admitted {
 /// then the latency experiment's delay; its records (metrics, decision record, audit draw) are settled when
 /// the answer ends — at once for a label or a text, at a generation's end (or drop) for a stream — and a
 /// request that ran and failed is counted here, by its error's status.
-pub async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Declined> {
+pub(crate) async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Declined> {
     let step = state.brownout();
     let decline = |error, ran| Declined {
         error,
@@ -215,7 +215,7 @@ fn admit(state: &AppState, v: &ValidChat, step: Step) -> Result<Admitted, Engine
 /// would for the answer (the answer cache is skipped). The llama.cpp engine only tokenises the rendered prompt;
 /// the others generate one token (not sent), which costs the prompt's prefill. The permit is the caller's to
 /// hold until it has answered.
-pub async fn count_tokens(
+pub(crate) async fn count_tokens(
     state: &Arc<AppState>,
     v: &ValidChat,
 ) -> Result<(u32, Outcome, Admitted), Declined> {

@@ -62,18 +62,18 @@ pub struct Call {
 
 impl Call {
     /// Above the threshold: out of scope (compared in f32, the precision scores and fitted thresholds have).
-    pub fn out_of_scope(&self) -> bool {
+    pub(crate) fn out_of_scope(&self) -> bool {
         self.score > self.threshold as f32
     }
 
     /// Within the margin of the threshold: a call the LLM should check.
-    pub fn uncertain(&self) -> bool {
+    pub(crate) fn uncertain(&self) -> bool {
         self.margin > 0.0 && (f64::from(self.score) - self.threshold).abs() <= self.margin
     }
 
     /// The mass Tier-0 gives "none of these" among the LLM's candidates: a ramp across the uncertain band
     /// (0 at its lower edge, ½ at the threshold, 1 at its upper edge); 0 or 1 without a band.
-    pub fn none_mass(&self) -> f32 {
+    pub(crate) fn none_mass(&self) -> f32 {
         let d = f64::from(self.score) - self.threshold;
         if self.margin > 0.0 {
             (0.5 + d / (2.0 * self.margin)).clamp(0.0, 1.0) as f32
@@ -101,7 +101,7 @@ pub fn with_none(top: &[(usize, f32)], call: &Call) -> Vec<(usize, f32)> {
 
 /// What Tier-0's view of a request leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Tier-0 answers with its label.
     Answer,
     /// The LLM is asked (ambiguous label, or an uncertain out-of-scope call).
@@ -112,7 +112,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The trace attribute's value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Answer => "answer",
             Verdict::Escalate => "escalate",
@@ -124,7 +124,7 @@ impl Verdict {
 /// The three-way decision: an uncertain out-of-scope call escalates; a sure one is answered out of scope; an
 /// in-scope query escalates when its ambiguity is above θ. `call` is `None` on a route without an
 /// out-of-scope outcome.
-pub fn verdict(ambiguity: f64, theta: f64, call: Option<&Call>) -> Verdict {
+pub(crate) fn verdict(ambiguity: f64, theta: f64, call: Option<&Call>) -> Verdict {
     match call {
         Some(c) if c.uncertain() => Verdict::Escalate,
         Some(c) if c.out_of_scope() => Verdict::OutOfScope,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-pub use tiergate_core::outcome::{Channel, DegradeReason, Tier};
+pub(crate) use tiergate_core::outcome::{Channel, DegradeReason, Tier};
 
 /// Decisions kept for the console.
 const KEEP: usize = 200;
@@ -92,14 +92,14 @@ impl Timings {
 
 impl Outcome {
     /// The channel it is counted in.
-    pub fn channel(&self) -> Channel {
+    pub(crate) fn channel(&self) -> Channel {
         Channel::of(self.tier, self.degraded.is_some(), self.out_of_scope)
     }
 }
 
 /// One answered request, as the console lists it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Unix time, milliseconds.
     pub t_ms: u64,
     /// The route (`model`).
@@ -124,7 +124,7 @@ pub struct Decision {
 
 impl Decision {
     /// How long ago it was recorded (never for a decision without a time).
-    pub fn age(&self, now: Instant) -> Duration {
+    pub(crate) fn age(&self, now: Instant) -> Duration {
         self.at
             .map_or(Duration::MAX, |t| now.saturating_duration_since(t))
     }
@@ -132,11 +132,11 @@ impl Decision {
 
 /// The last answered requests (at most [`KEEP`]), for the console.
 #[derive(Debug, Default)]
-pub struct Decisions(Mutex<VecDeque<Decision>>);
+pub(crate) struct Decisions(Mutex<VecDeque<Decision>>);
 
 impl Decisions {
     /// The kept decisions, oldest first.
-    pub fn recent(&self) -> Vec<Decision> {
+    pub(crate) fn recent(&self) -> Vec<Decision> {
         self.0
             .lock()
             .map(|q| q.iter().cloned().collect())
@@ -144,7 +144,7 @@ impl Decisions {
     }
 
     /// Records an answered request's outcome.
-    pub fn record(&self, route: &str, outcome: &Outcome, took: Duration) {
+    pub(crate) fn record(&self, route: &str, outcome: &Outcome, took: Duration) {
         let d = Decision {
             t_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)

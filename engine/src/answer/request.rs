@@ -148,7 +148,7 @@ impl ValidChat {
 
     /// It offers tools, or its conversation holds tool calls or results: only a backend that calls tools
     /// can take it.
-    pub fn uses_tools(&self) -> bool {
+    pub(crate) fn uses_tools(&self) -> bool {
         self.tools.is_some()
             || self
                 .messages
@@ -197,7 +197,7 @@ pub fn completion_id() -> String {
 
 /// When the answer of a completion id from [`completion_id`] (or its Messages and Responses forms, `msg_…`, `resp_…`) was made (Unix
 /// ms); none for other ids (batch lines, ids of another shape).
-pub fn born_ms(id: &str) -> Option<u64> {
+pub(crate) fn born_ms(id: &str) -> Option<u64> {
     let hex = id
         .strip_prefix("chatcmpl-")
         .or_else(|| id.strip_prefix("msg_"))

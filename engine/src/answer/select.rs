@@ -10,7 +10,7 @@ use tiergate_queue::QueueError;
 
 /// The order to try `alternatives` (backend, predicted completion) in with `left` of the budget (`None`: no
 /// budget beyond each job kind's deadline, which `Llm::submit` checks).
-pub fn order(
+pub(crate) fn order(
     alternatives: &[(usize, Duration)],
     prefer: Prefer,
     left: Option<Duration>,
@@ -29,7 +29,7 @@ pub fn order(
 
 /// `order` with `pinned` first when it is there (a session's backend, when it fits the budget: a pin never
 /// puts back an alternative the budget ruled out).
-pub fn pin_first(mut order: Vec<usize>, pinned: Option<usize>) -> Vec<usize> {
+pub(crate) fn pin_first(mut order: Vec<usize>, pinned: Option<usize>) -> Vec<usize> {
     if let Some(i) = pinned.and_then(|p| order.iter().position(|b| *b == p)) {
         let b = order.remove(i);
         order.insert(0, b);
@@ -40,7 +40,7 @@ pub fn pin_first(mut order: Vec<usize>, pinned: Option<usize>) -> Vec<usize> {
 /// Whether a job that ended with `e` is worth running again on the same backend: an engine or upstream error,
 /// or a reply that broke the protocol. Not a dead worker (the supervisor already ran its job again once: a
 /// request is never retried twice for one failure), not a deadline (no time left), not load.
-pub fn retry_same(e: &QueueError) -> bool {
+pub(crate) fn retry_same(e: &QueueError) -> bool {
     matches!(e, QueueError::Engine(_) | QueueError::Protocol(_))
 }
 

@@ -20,7 +20,7 @@ pub(super) struct Turn {
 
 impl Turn {
     /// Reads `v`'s session pin on `route`.
-    pub async fn open(state: &AppState, route: &Route, v: &ValidChat) -> Self {
+    pub(crate) async fn open(state: &AppState, route: &Route, v: &ValidChat) -> Self {
         let sessions = &state.routing.sessions;
         let key = v
             .session
@@ -36,7 +36,7 @@ impl Turn {
 
     /// The stage the turn runs on (`steered`, or the pinned stage when that is stronger) and that stage as
     /// this turn sees it (its pinned backend first).
-    pub fn stage<'r>(
+    pub(crate) fn stage<'r>(
         &self,
         route: &'r Route,
         steered: usize,
@@ -54,7 +54,7 @@ impl Turn {
 
     /// Pins the session to the stage and backend that started this turn (an LLM turn; a cached answer moves
     /// nothing), and says in `out` what the pin did.
-    pub async fn close(self, state: &AppState, route: &Route, k: usize, out: &mut Outcome) {
+    pub(crate) async fn close(self, state: &AppState, route: &Route, k: usize, out: &mut Outcome) {
         let Some(key) = self.key else {
             return;
         };

@@ -63,7 +63,7 @@ pub fn open(
 }
 
 /// In this process, bounded.
-pub struct MemoryResponses {
+pub(crate) struct MemoryResponses {
     ttl_ms: u64,
     max: usize,
     held: Mutex<(HashMap<String, StoredResponse>, VecDeque<String>)>,
@@ -96,7 +96,7 @@ impl ResponseStore for MemoryResponses {
 
 /// In Redis, one key per response with the TTL as its expiry, over one kept connection (made again after a
 /// failure).
-pub struct RedisResponses {
+pub(crate) struct RedisResponses {
     client: redis::Client,
     conn: Mutex<Option<redis::Connection>>,
     prefix: String,

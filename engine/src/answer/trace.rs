@@ -9,7 +9,7 @@ use tiergate_queue::TraceParent;
 use tiergate_telemetry::{record_child, set_attribute, KeyValue};
 
 /// The prefilter's steps, measured by its batching thread, as children of `span` (which began at `start`).
-pub fn prefilter_steps(span: &tracing::Span, start: SystemTime, pred: &Prediction) {
+pub(crate) fn prefilter_steps(span: &tracing::Span, start: SystemTime, pred: &Prediction) {
     let t = &pred.timings;
     let tokenised = start + t.tokenize;
     let dequeued = tokenised + t.queue;
@@ -36,7 +36,7 @@ pub fn prefilter_steps(span: &tracing::Span, start: SystemTime, pred: &Predictio
 }
 
 /// The decision's attributes on `span`.
-pub fn decision(span: &tracing::Span, d: &Decision) {
+pub(crate) fn decision(span: &tracing::Span, d: &Decision) {
     for kv in [
         KeyValue::new("tiergate.ambiguity", d.ambiguity),
         KeyValue::new("tiergate.theta_eff", d.theta),
@@ -54,7 +54,7 @@ pub fn decision(span: &tracing::Span, d: &Decision) {
 }
 
 /// What a decision span reports.
-pub struct Decision {
+pub(crate) struct Decision {
     /// a = 1 − confidence.
     pub ambiguity: f64,
     /// θ_eff (or the permitted override).
@@ -74,7 +74,7 @@ pub struct Decision {
 }
 
 /// The mode's config spelling.
-pub fn mode_name(m: tiergate_config::RoutingMode) -> &'static str {
+pub(crate) fn mode_name(m: tiergate_config::RoutingMode) -> &'static str {
     use tiergate_config::RoutingMode::*;
     match m {
         Static => "static",
@@ -86,7 +86,7 @@ pub fn mode_name(m: tiergate_config::RoutingMode) -> &'static str {
 }
 
 /// The current span's context, for the job it submits (the worker's spans become its children).
-pub fn job_parent() -> Option<TraceParent> {
+pub(crate) fn job_parent() -> Option<TraceParent> {
     tiergate_telemetry::context_of(&tracing::Span::current()).map(|c| TraceParent {
         traceparent: c.traceparent,
         tracestate: c.tracestate,
@@ -94,7 +94,7 @@ pub fn job_parent() -> Option<TraceParent> {
 }
 
 /// Notes on the current span why an escalation fell back to Tier-0.
-pub fn degraded(reason: &'static str) {
+pub(crate) fn degraded(reason: &'static str) {
     set_attribute(
         &tracing::Span::current(),
         KeyValue::new("tiergate.degraded", reason),

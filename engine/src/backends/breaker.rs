@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// The breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     Closed,
     /// Refusing jobs until then.
     Open {
@@ -25,7 +25,7 @@ pub enum State {
 
 /// A pure state machine over job outcomes.
 #[derive(Debug, Clone)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     state: State,
     /// Failures in a row while closed.
     failures: u32,
@@ -37,7 +37,7 @@ pub struct Breaker {
 
 impl Breaker {
     /// Opens after `threshold` failures in a row, for `cooldown`.
-    pub fn new(threshold: u32, cooldown: Duration) -> Self {
+    pub(crate) fn new(threshold: u32, cooldown: Duration) -> Self {
         Self {
             state: State::Closed,
             failures: 0,
@@ -48,17 +48,17 @@ impl Breaker {
     }
 
     /// Its state.
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state
     }
 
     /// Times it has opened.
-    pub fn trips(&self) -> u64 {
+    pub(crate) fn trips(&self) -> u64 {
         self.trips
     }
 
     /// Whether a job may go to the backend at `now` (an open breaker past its cooldown lets one probe through).
-    pub fn allow(&mut self, now: Instant) -> bool {
+    pub(crate) fn allow(&mut self, now: Instant) -> bool {
         match self.state {
             State::Closed => true,
             State::Open { until } if now >= until => {
@@ -74,7 +74,7 @@ impl Breaker {
     }
 
     /// How long until it lets a probe through (zero unless open).
-    pub fn retry_after(&self, now: Instant) -> Duration {
+    pub(crate) fn retry_after(&self, now: Instant) -> Duration {
         match self.state {
             State::Open { until } => until.saturating_duration_since(now),
             _ => Duration::ZERO,
@@ -82,13 +82,13 @@ impl Breaker {
     }
 
     /// A job the breaker let through answered.
-    pub fn success(&mut self) {
+    pub(crate) fn success(&mut self) {
         self.state = State::Closed;
         self.failures = 0;
     }
 
     /// A job the breaker let through failed at `now`.
-    pub fn failure(&mut self, now: Instant) {
+    pub(crate) fn failure(&mut self, now: Instant) {
         match self.state {
             State::Closed => {
                 self.failures += 1;
@@ -110,7 +110,7 @@ impl Breaker {
     }
 
     /// A probe let through ended without an outcome (refused before it ran): let another one through.
-    pub fn abandon(&mut self) {
+    pub(crate) fn abandon(&mut self) {
         if matches!(self.state, State::HalfOpen { .. }) {
             self.state = State::Open {
                 until: Instant::now(),

@@ -5,14 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-pub use tiergate_core::stats::ServiceTimes;
+pub(crate) use tiergate_core::stats::ServiceTimes;
 
-/// The request header carrying a budget in milliseconds.
-pub const HEADER: &str = "x-tiergate-deadline-ms";
+pub(crate) use tiergate_core::outcome::header::DEADLINE as HEADER;
 
 /// A job's completion from a service estimate (`mean`, `p95`): the wait for a slot ((queued + 1) ÷ capacity
 /// mean service times, when all `capacity` slots are busy) plus its own P95 service time.
-pub fn completion(
+pub(crate) fn completion(
     mean: Duration,
     p95: Duration,
     queued: usize,
@@ -30,7 +29,7 @@ pub fn completion(
 /// A job's predicted completion for `tenant` on a backend whose workers' share is `share` (`capacity` slots)
 /// and whose service times of the job's kind are `times`, and that P95 service time: what selection and the
 /// deadline check use ([`crate::backends::llm::Llm::predict`]).
-pub fn predict(
+pub(crate) fn predict(
     share: &crate::backends::fair::Share,
     times: &ServiceTimes,
     capacity: usize,
@@ -44,7 +43,7 @@ pub fn predict(
 }
 
 /// Time left until `deadline` (zero once passed).
-pub fn left(deadline: Instant) -> Duration {
+pub(crate) fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// job was just dispatched waits behind one that had none, and an idle tenant banks no credit (the clock has
 /// moved past its last finish).
 #[derive(Debug)]
-pub struct Sfq<T> {
+pub(crate) struct Sfq<T> {
     lanes: HashMap<Arc<str>, Lane<T>>,
     /// The start tag of the last dispatched job.
     clock: f64,
@@ -37,7 +37,7 @@ struct Lane<T> {
 
 impl<T> Sfq<T> {
     /// Lanes of at most `bound` jobs.
-    pub fn new(bound: usize) -> Self {
+    pub(crate) fn new(bound: usize) -> Self {
         Self {
             lanes: HashMap::new(),
             clock: 0.0,
@@ -47,17 +47,17 @@ impl<T> Sfq<T> {
     }
 
     /// Jobs waiting, all lanes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.waiting
     }
 
     /// No job waits.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.waiting == 0
     }
 
     /// Jobs waiting in `tenant`'s lane.
-    pub fn waiting(&self, tenant: &str) -> usize {
+    pub(crate) fn waiting(&self, tenant: &str) -> usize {
         self.lanes.get(tenant).map_or(0, |l| l.jobs.len())
     }
 
@@ -74,13 +74,19 @@ impl<T> Sfq<T> {
     }
 
     /// A job of `tenant` dispatched without waiting (a slot was free): it still counts in its share.
-    pub fn dispatched(&mut self, tenant: &Arc<str>, weight: f64) {
+    pub(crate) fn dispatched(&mut self, tenant: &Arc<str>, weight: f64) {
         self.clock = self.tag(tenant, weight);
         self.forget_idle();
     }
 
     /// Queues job `id` in `tenant`'s lane; the job back when the lane is full.
-    pub fn push(&mut self, tenant: &Arc<str>, weight: f64, id: u64, job: T) -> Result<(), T> {
+    pub(crate) fn push(
+        &mut self,
+        tenant: &Arc<str>,
+        weight: f64,
+        id: u64,
+        job: T,
+    ) -> Result<(), T> {
         if self.waiting(tenant) >= self.bound {
             return Err(job);
         }
@@ -93,7 +99,7 @@ impl<T> Sfq<T> {
     }
 
     /// The next job to dispatch: the earliest start tag (the earlier job on a tie).
-    pub fn pop(&mut self) -> Option<(Arc<str>, T)> {
+    pub(crate) fn pop(&mut self) -> Option<(Arc<str>, T)> {
         let tenant = self
             .lanes
             .iter()
@@ -109,7 +115,7 @@ impl<T> Sfq<T> {
 
     /// Takes job `id` out of `tenant`'s lane (it gave up waiting); `None` when it is no longer there. Its tag
     /// is not refunded: the lane's later jobs keep their places.
-    pub fn remove(&mut self, tenant: &str, id: u64) -> Option<T> {
+    pub(crate) fn remove(&mut self, tenant: &str, id: u64) -> Option<T> {
         let lane = self.lanes.get_mut(tenant)?;
         let at = lane.jobs.iter().position(|(i, _, _)| *i == id)?;
         let (_, _, job) = lane.jobs.remove(at)?;
@@ -126,7 +132,7 @@ impl<T> Sfq<T> {
 
     /// Jobs dispatched before a new job of `tenant` would be: those waiting with an earlier start tag than it
     /// would get.
-    pub fn ahead(&self, tenant: &str) -> usize {
+    pub(crate) fn ahead(&self, tenant: &str) -> usize {
         let start = self
             .lanes
             .get(tenant)
@@ -141,7 +147,7 @@ impl<T> Sfq<T> {
 
 /// Why a job got no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoSlot {
+pub(crate) enum NoSlot {
     /// Its tenant's lane is full.
     Full,
     /// It waited as long as its deadline allows.
@@ -152,7 +158,7 @@ pub enum NoSlot {
 /// worker keeps one of its job threads for reranks (generations may hold the others), and so does this: at
 /// most `generations` of the `capacity` slots go to generations, and a freed slot goes to a waiting rerank
 /// before a waiting generation — so a rerank on the request path never waits for a long generation to end.
-pub struct Share {
+pub(crate) struct Share {
     state: Mutex<State>,
     capacity: usize,
     generations: usize,
@@ -178,13 +184,14 @@ impl State {
 }
 
 impl Share {
-    /// `capacity` jobs at once, any of them generations; lanes of `lane` jobs.
-    pub fn new(capacity: usize, lane: usize) -> Arc<Self> {
+    /// `capacity` jobs at once, any of them generations; lanes of `lane` jobs (tests and benchmarks).
+    #[cfg(test)]
+    pub(crate) fn new(capacity: usize, lane: usize) -> Arc<Self> {
         Self::with_generations(capacity, capacity, lane)
     }
 
     /// `capacity` jobs at once, at most `generations` of them generations; lanes of `lane` jobs.
-    pub fn with_generations(capacity: usize, generations: usize, lane: usize) -> Arc<Self> {
+    pub(crate) fn with_generations(capacity: usize, generations: usize, lane: usize) -> Arc<Self> {
         let capacity = capacity.max(1);
         Arc::new(Self {
             state: Mutex::new(State {
@@ -200,21 +207,21 @@ impl Share {
     }
 
     /// Jobs holding a slot, and jobs waiting.
-    pub fn load(&self) -> (usize, usize) {
+    pub(crate) fn load(&self) -> (usize, usize) {
         self.state.lock().map_or((0, 0), |s| {
             (s.running, s.lanes.len() + s.generation_lanes.len())
         })
     }
 
     /// Jobs of `tenant` waiting for a slot.
-    pub fn waiting(&self, tenant: &str) -> usize {
+    pub(crate) fn waiting(&self, tenant: &str) -> usize {
         self.state.lock().map_or(0, |s| {
             s.lanes.waiting(tenant) + s.generation_lanes.waiting(tenant)
         })
     }
 
     /// Jobs dispatched before a new job of `tenant` would be, itself included.
-    pub fn ahead(&self, tenant: &str) -> usize {
+    pub(crate) fn ahead(&self, tenant: &str) -> usize {
         self.state.lock().map_or(1, |s| {
             if s.running < self.capacity && s.lanes.is_empty() && s.generation_lanes.is_empty() {
                 s.running + 1
@@ -226,7 +233,7 @@ impl Share {
 
     /// A slot for background work, only while it leaves `spare` slots free for requests and nobody waits:
     /// `None` otherwise (the work is shed, never queued).
-    pub fn try_spare(self: &Arc<Self>, spare: usize) -> Option<Slot> {
+    pub(crate) fn try_spare(self: &Arc<Self>, spare: usize) -> Option<Slot> {
         let mut s = self.state.lock().ok()?;
         if !s.lanes.is_empty()
             || !s.generation_lanes.is_empty()
@@ -249,7 +256,7 @@ impl Share {
     /// A slot for a job of `tenant` (a generation, or a short job): at once when one is free and nobody
     /// waits, else after waiting in its lane for at most `wait`. Dropping the future while it waits gives its
     /// place (or a slot just granted) back.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         self: &Arc<Self>,
         tenant: &Arc<str>,
         weight: f64,
@@ -366,7 +373,7 @@ impl Drop for Waiting<'_> {
 
 /// A job's place at the LLM, held until its answer is read; on release the time it held the slot is passed
 /// to `on_release` (the tenant's LLM budget) and the slot goes to the next job.
-pub struct Slot {
+pub(crate) struct Slot {
     share: Weak<Share>,
     since: Instant,
     generation: bool,
@@ -374,13 +381,8 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// When it was granted.
-    pub fn since(&self) -> Instant {
-        self.since
-    }
-
     /// Calls `f` with the time held, at release.
-    pub fn on_release(&mut self, f: impl FnOnce(Duration) + Send + Sync + 'static) {
+    pub(crate) fn on_release(&mut self, f: impl FnOnce(Duration) + Send + Sync + 'static) {
         self.on_release = Some(Box::new(f));
     }
 }

@@ -20,36 +20,36 @@ use crate::error::EngineError;
 /// One LLM backend.
 pub struct Llm {
     /// Its name (`default`, or its `[[llm]]` entry's).
-    pub name: String,
+    pub(crate) name: String,
     /// Submits jobs.
     pub client: Client,
     /// Runs the workers (dropped after the client at shutdown).
-    pub supervisor: Supervisor,
+    pub(crate) supervisor: Supervisor,
     /// The shared-memory segment's name.
-    pub segment: String,
+    pub(crate) segment: String,
     /// Recent service times of reranks and of generations: predict whether a new job can finish before its
     /// deadline.
-    pub rerank_times: std::sync::Arc<crate::backends::deadline::ServiceTimes>,
-    pub generate_times: std::sync::Arc<crate::backends::deadline::ServiceTimes>,
+    pub(crate) rerank_times: std::sync::Arc<crate::backends::deadline::ServiceTimes>,
+    pub(crate) generate_times: std::sync::Arc<crate::backends::deadline::ServiceTimes>,
     /// Interactive work before batch work (shared with the Batch API's runner, which yields on it).
-    pub gate: std::sync::Arc<Gate>,
+    pub(crate) gate: std::sync::Arc<Gate>,
     /// What a submission is checked against.
-    pub limits: Limits,
+    pub(crate) limits: Limits,
     /// The workers' slots, shared fairly between tenants.
-    pub share: std::sync::Arc<crate::backends::fair::Share>,
+    pub(crate) share: std::sync::Arc<crate::backends::fair::Share>,
     /// Opens when the backend keeps failing ([`crate::backends::breaker`]).
-    pub breaker: std::sync::Mutex<crate::backends::breaker::Breaker>,
+    pub(crate) breaker: std::sync::Mutex<crate::backends::breaker::Breaker>,
     /// It calls tools (`tools = true` in its config).
-    pub tools: bool,
+    pub(crate) tools: bool,
     /// Its own brownout pressure at the last reading (f64 bits; [`crate::load::brownout::pressure`]).
-    pub pressure: std::sync::atomic::AtomicU64,
+    pub(crate) pressure: std::sync::atomic::AtomicU64,
     /// The warm-up file its workers read at each start (removed when the backend is dropped).
-    pub warmup: Option<tempfile::TempPath>,
+    pub(crate) _warmup: Option<tempfile::TempPath>,
 }
 
 /// The `[reranker]` bounds a submission is checked against.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Jobs in flight at most (`reranker.max_in_flight`, or twice the worker slots).
     pub in_flight: usize,
     /// Jobs the workers run at once; the rest of `in_flight` waits in each tenant's lane.
@@ -62,7 +62,7 @@ pub struct Limits {
 
 impl Limits {
     /// The bounds `[reranker]` sets.
-    pub fn of(r: &RerankerConfig) -> Self {
+    pub(crate) fn of(r: &RerankerConfig) -> Self {
         Self {
             in_flight: r.in_flight_limit(),
             capacity: r.capacity(),
@@ -74,12 +74,12 @@ impl Limits {
 
 impl Llm {
     /// Its own brownout pressure at the last reading.
-    pub fn pressure(&self) -> f64 {
+    pub(crate) fn pressure(&self) -> f64 {
         f64::from_bits(self.pressure.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Jobs waiting in the segment for a worker to take them.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         let seg = self.client.segment();
         (0..seg.slots())
             .filter_map(|i| seg.slot(i))
@@ -111,7 +111,7 @@ impl Llm {
 
     /// Records how a job the breaker let through ended: `Ok`, or the error it ended with (a full queue is
     /// load, not a failure, and is not passed here).
-    pub fn record_outcome(&self, outcome: Result<(), &QueueError>) {
+    pub(crate) fn record_outcome(&self, outcome: Result<(), &QueueError>) {
         let Ok(mut b) = self.breaker.lock() else {
             return;
         };
@@ -134,7 +134,7 @@ impl Llm {
     }
 
     /// Whether the breaker is closed.
-    pub fn breaker_closed(&self) -> bool {
+    pub(crate) fn breaker_closed(&self) -> bool {
         self.breaker.lock().map_or(true, |b| {
             b.state() == crate::backends::breaker::State::Closed
         })
@@ -143,7 +143,7 @@ impl Llm {
     /// Predicted completion of a new job of `tenant`: the wait for a slot behind the jobs its lane and the
     /// others' put before it, plus its kind's P95 service time (also returned: the longest a job may wait
     /// for a slot leaves room for it).
-    pub fn predict(&self, rerank: bool, tenant: &str) -> (Duration, Duration) {
+    pub(crate) fn predict(&self, rerank: bool, tenant: &str) -> (Duration, Duration) {
         crate::backends::deadline::predict(
             &self.share,
             self.times(rerank),
@@ -155,7 +155,7 @@ impl Llm {
 
 /// Who asks for the LLM: the tenant (its fair-share weight, LLM budget and figures), and a batch line's marker.
 #[derive(Default)]
-pub struct Ask<'a> {
+pub(crate) struct Ask<'a> {
     pub tenant: Option<std::sync::Arc<str>>,
     pub weight: f64,
     pub budget: Option<std::sync::Arc<std::sync::Mutex<crate::tenancy::tenants::Budget>>>,
@@ -168,7 +168,7 @@ pub struct Ask<'a> {
 
 /// Why a job did not reach the LLM.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// This server runs no LLM workers.
     NoLlm,
     /// The queue is full, the job could not finish in time, or the queue refused it.
@@ -184,7 +184,7 @@ pub enum Refused {
 impl Refused {
     /// A generation's refused submission as an error (it has no Tier-0 answer to degrade to); a classify or
     /// answer route degrades instead ([`crate::answer::cascade::reason_of`]).
-    pub fn into_error(self, tenant: &str) -> EngineError {
+    pub(crate) fn into_error(self, tenant: &str) -> EngineError {
         match self {
             Refused::NoLlm => EngineError::Unavailable("this server runs no LLM workers".into()),
             Refused::Queue(e) => EngineError::from(e),
@@ -208,7 +208,7 @@ impl Refused {
 
 /// A job on its way: its handle, its slot and a batch line's turn, held until the caller is done with the
 /// answer.
-pub struct Submitted<'a> {
+pub(crate) struct Submitted<'a> {
     pub handle: JobHandle,
     /// The LLM side it went to.
     pub llm: &'a Llm,
@@ -218,20 +218,24 @@ pub struct Submitted<'a> {
 }
 
 /// A batch line's turn at the LLM, held apart from the job (see [`Submitted::split`]).
-pub struct Held {
+pub(crate) struct Held {
     _turn: Option<Turn>,
 }
 
 impl<'a> Submitted<'a> {
     /// The handle and the slot (which a streamed answer carries to its last token), and the turn.
-    pub fn split(self) -> (JobHandle, crate::backends::fair::Slot, Held) {
+    pub(crate) fn split(self) -> (JobHandle, crate::backends::fair::Slot, Held) {
         (self.handle, self.slot, Held { _turn: self._turn })
     }
 }
 
 impl Llm {
     /// Submits `job` for `ask` (an interactive request, or a batch line when `ask.batch` is set).
-    pub async fn submit<'a>(&'a self, job: &Job, ask: Ask<'_>) -> Result<Submitted<'a>, Refused> {
+    pub(crate) async fn submit<'a>(
+        &'a self,
+        job: &Job,
+        ask: Ask<'_>,
+    ) -> Result<Submitted<'a>, Refused> {
         let turn = self.gate.turn(&self.client, ask.batch).await;
         let rerank = matches!(job, Job::Rerank { .. });
         let kind_deadline = if rerank {

@@ -3,10 +3,10 @@
 //! the deadline prediction ([`deadline`]), the gate between interactive and batch work ([`priority`]) and the
 //! checks of the worker's model made before any worker starts ([`preflight`]).
 
-pub mod breaker;
-pub mod deadline;
-pub mod fair;
-pub mod llm;
-pub mod preflight;
-pub mod priority;
-pub mod warmup;
+pub(crate) mod breaker;
+pub(crate) mod deadline;
+pub(crate) mod fair;
+pub(crate) mod llm;
+pub(crate) mod preflight;
+pub(crate) mod priority;
+pub(crate) mod warmup;

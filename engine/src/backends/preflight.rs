@@ -7,11 +7,11 @@
 use std::path::Path;
 
 /// Architectures the worker's scoring forward runs.
-pub const SCORING_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
+pub(crate) const SCORING_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
 
 /// Why a model cannot serve.
 #[derive(Debug, thiserror::Error)]
-pub enum PreflightError {
+pub(crate) enum PreflightError {
     /// No such file or folder.
     #[error("model {path} not found{hint}")]
     Missing { path: String, hint: String },
@@ -24,7 +24,7 @@ pub enum PreflightError {
 }
 
 /// Checks a `mistralrs` engine's model: it exists, and a `.gguf` file is of a supported architecture.
-pub fn check_local_model(path: &Path) -> Result<(), PreflightError> {
+pub(crate) fn check_local_model(path: &Path) -> Result<(), PreflightError> {
     let shown = path.display().to_string();
     if !path.exists() {
         let name = shown.to_lowercase();
@@ -55,7 +55,7 @@ pub fn check_local_model(path: &Path) -> Result<(), PreflightError> {
 }
 
 /// `general.architecture` of a GGUF file.
-pub fn gguf_architecture(path: &Path) -> Result<String, String> {
+pub(crate) fn gguf_architecture(path: &Path) -> Result<String, String> {
     let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| e.to_string())?);
     let ct = candle_core::quantized::gguf_file::Content::read(&mut f).map_err(|e| e.to_string())?;
     match ct.metadata.get("general.architecture") {

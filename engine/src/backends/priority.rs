@@ -49,7 +49,7 @@ impl BatchLine {
 }
 
 /// A batch line's turn at the LLM (released on drop).
-pub struct Turn {
+pub(crate) struct Turn {
     _permit: tokio::sync::OwnedSemaphorePermit,
     line: BatchLine,
 }
@@ -72,7 +72,7 @@ pub struct Gate {
 
 impl Gate {
     /// A gate where a batch line waits at most `max_wait` for interactive work to end.
-    pub fn new(max_wait: Duration) -> Self {
+    pub(crate) fn new(max_wait: Duration) -> Self {
         Self {
             batch_turn: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
             preempt: tokio::sync::Notify::new(),
@@ -83,7 +83,7 @@ impl Gate {
     /// Before an LLM job. An interactive job passes at once (`None`) and asks a running batch job to yield.
     /// A batch line waits until a worker is live and the LLM is free of interactive work (at most
     /// `max_wait`); the returned turn is held until the LLM answered.
-    pub async fn turn(&self, client: &Client, line: Option<&BatchLine>) -> Option<Turn> {
+    pub(crate) async fn turn(&self, client: &Client, line: Option<&BatchLine>) -> Option<Turn> {
         let Some(line) = line else {
             self.preempt.notify_waiters();
             return None;

@@ -17,7 +17,7 @@ use crate::routing::route::Route;
 /// route whose stages rerank on it, its labels in chunks of the stage's candidate count ("none of these"
 /// with the first chunk on a route with an out-of-scope outcome), each job's text a label's first example
 /// (the label itself where it has none). Identical jobs (routes sharing a head and templates) appear once.
-pub fn jobs(backend: usize, routes: &HashMap<String, Route>, order: &[String]) -> Vec<Job> {
+pub(crate) fn jobs(backend: usize, routes: &HashMap<String, Route>, order: &[String]) -> Vec<Job> {
     let mut out: Vec<Job> = Vec::new();
     for route in order.iter().filter_map(|n| routes.get(n)) {
         if route.kind == RouteKind::Generate {
@@ -69,13 +69,13 @@ pub fn jobs(backend: usize, routes: &HashMap<String, Route>, order: &[String]) -
 
 /// Whether a backend's workers warm up: local (`mistralrs`) ones with a time for it (`warmup_ms` > 0); the
 /// stub and the remote engine have nothing local to warm.
-pub fn wanted(r: &tiergate_config::RerankerConfig) -> bool {
+pub(crate) fn wanted(r: &tiergate_config::RerankerConfig) -> bool {
     r.engine.is_local() && r.warmup_ms > 0
 }
 
 /// Writes `jobs` where the backend's workers read them (a temporary file removed when the backend is
 /// dropped); `None` when there is nothing to warm.
-pub fn write(jobs: &[Job]) -> anyhow::Result<Option<tempfile::TempPath>> {
+pub(crate) fn write(jobs: &[Job]) -> anyhow::Result<Option<tempfile::TempPath>> {
     if jobs.is_empty() {
         return Ok(None);
     }

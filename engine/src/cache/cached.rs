@@ -19,7 +19,7 @@ use crate::routing::route::{Route, Stage};
 use crate::state::AppState;
 
 /// A stage's answer from the cache.
-pub struct FromCache {
+pub(crate) struct FromCache {
     /// The fused distribution, most likely first.
     pub fused: Vec<(usize, f32)>,
     pub kind: HitKind,
@@ -29,7 +29,7 @@ pub struct FromCache {
 }
 
 /// The probe for stage `stage` on `prior`, when the cache is on and the request lets it look or keep.
-pub fn probe(
+pub(crate) fn probe(
     state: &AppState,
     v: &ValidChat,
     pred: &Prediction,
@@ -88,7 +88,7 @@ pub async fn answer(
 
 /// Keeps a fresh verdict: here at once, in the shared store in the background.
 #[allow(clippy::too_many_arguments)]
-pub fn keep(
+pub(crate) fn keep(
     state: &Arc<AppState>,
     route: &Route,
     v: &ValidChat,
@@ -131,7 +131,7 @@ pub fn keep(
 /// The probe for a written answer or generation of `job` on `stage`: only where the route allows
 /// (`cache_generations`), at temperature 0, and when the request lets the cache look or keep. Exact only, keyed
 /// by the stage's scope, the tenant and the whole job (messages, rendered prompts and sampling).
-pub fn generation_probe(
+pub(crate) fn generation_probe(
     state: &AppState,
     route: &Route,
     stage: &Stage,
@@ -153,7 +153,7 @@ pub fn generation_probe(
 }
 
 /// A written answer the cache holds for `probe`, unless the request says `no-cache`.
-pub async fn written(
+pub(crate) async fn written(
     state: &AppState,
     route: &Route,
     stage: &Stage,
@@ -171,7 +171,7 @@ pub async fn written(
 }
 
 /// What keeps a generation once it has ended: the state, the probe and who wrote it.
-pub struct KeepWritten {
+pub(crate) struct KeepWritten {
     state: Arc<AppState>,
     route: String,
     probe: Probe,
@@ -180,7 +180,7 @@ pub struct KeepWritten {
 
 impl KeepWritten {
     /// A keeper for `probe` (none when the request says `no-store`).
-    pub fn new(
+    pub(crate) fn new(
         state: &Arc<AppState>,
         route: &Route,
         v: &ValidChat,
@@ -199,7 +199,7 @@ impl KeepWritten {
     }
 
     /// Keeps the whole text of a generation that ended well (a cut or failed one is never kept).
-    pub fn keep(self, text: String, finish_reason: &str, completion_tokens: u32) {
+    pub(crate) fn keep(self, text: String, finish_reason: &str, completion_tokens: u32) {
         let Some(cache) = self.state.cache.as_ref() else {
             return;
         };

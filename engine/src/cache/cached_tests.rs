@@ -29,7 +29,7 @@ fn rig(workers: usize, tweak: impl FnOnce(&mut Config)) -> Rig {
     let mut cfg = crate::testing::config(&tiny);
     cfg.reranker.workers = 0;
     tweak(&mut cfg);
-    let state = Arc::new(AppState::build(cfg, None, None).unwrap());
+    let state = Arc::new(AppState::build_with(cfg, None, None, None).unwrap());
     Rig { state, _tiny: tiny }
 }
 
@@ -118,7 +118,7 @@ async fn a_kept_verdict_is_found_again_and_fused_with_the_new_prior() {
     let hit = cached::answer(&r.state, &route, &v, &stage, &pri, Some(&again))
         .await
         .unwrap();
-    assert_eq!(hit.kind, crate::cache::CacheHitKind::Exact);
+    assert_eq!(hit.kind, tiergate_cache::HitKind::Exact);
     assert_eq!(hit.backend, "default");
     // Re-fused with this request's prior and the stage's own fusion, not copied.
     let f = stage.fusion_of("default");
@@ -225,7 +225,7 @@ async fn a_semantic_hit_answers_with_its_neighbours_fused_verdict() {
     let hit = cached::answer(&r.state, &route, &near, &stage, &prior(&p2), Some(&probe2))
         .await
         .unwrap();
-    assert_eq!(hit.kind, crate::cache::CacheHitKind::Semantic);
+    assert_eq!(hit.kind, tiergate_cache::HitKind::Semantic);
     assert!(
         hit.similarity >= 0.5 && hit.similarity < 1.0,
         "{}",

@@ -4,11 +4,13 @@
 //! with `semantic` — in the stage's bucket for Tier-0's top label ([`tiergate_cache`]). The store's lock is
 //! never held across an await; the shared store fails open (a miss, never an error).
 
-pub mod cached;
+pub(crate) mod cached;
 #[cfg(test)]
 mod cached_tests;
-pub mod scope;
-pub mod shared;
+pub(crate) mod scope;
+pub(crate) mod shared;
+#[cfg(test)]
+mod shared_tests;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -20,12 +22,11 @@ use tiergate_core::fnv::Fnv;
 
 use crate::metrics as m;
 
-pub use scope::scope;
-pub use tiergate_cache::HitKind as CacheHitKind;
+pub(crate) use scope::scope;
 
 /// A stage's cached verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// The full key it was stored under (a shared entry is checked against it: its Redis key is a hash).
     pub key: String,
     /// The candidates the LLM scored (label indices; "none of these" is [`crate::answer::out_of_scope::NONE`]).
@@ -63,7 +64,7 @@ impl Weighed for Verdict {
 
 /// One lookup's question: its key, its semantic bucket, the query's embedding and what the guards read, and
 /// the epochs it was asked under (a verdict is kept only while they are current: a clear in between drops it).
-pub struct Probe {
+pub(crate) struct Probe {
     pub key: String,
     pub bucket: u64,
     pub embedding: Vec<f32>,
@@ -74,20 +75,20 @@ pub struct Probe {
 
 impl Probe {
     /// The shared store's epoch it was asked under ([`AnswerCache::share`] writes only while it is current).
-    pub fn shared_epoch(&self) -> u64 {
+    pub(crate) fn shared_epoch(&self) -> u64 {
         self.shared_epoch
     }
 }
 
 /// A found verdict, and how.
-pub struct Found {
+pub(crate) struct Found {
     pub verdict: std::sync::Arc<Verdict>,
     pub kind: HitKind,
     pub similarity: f32,
 }
 
 /// The cache.
-pub struct AnswerCache {
+pub(crate) struct AnswerCache {
     store: Mutex<Store<Verdict>>,
     guards: Guards,
     semantic: bool,
@@ -98,7 +99,7 @@ pub struct AnswerCache {
 
 impl AnswerCache {
     /// The cache `[cache]` describes; `None` when it is off.
-    pub fn new(cfg: &CacheConfig) -> anyhow::Result<Option<Self>> {
+    pub(crate) fn new(cfg: &CacheConfig) -> anyhow::Result<Option<Self>> {
         if !cfg.enabled {
             return Ok(None);
         }
@@ -122,13 +123,13 @@ impl AnswerCache {
     }
 
     /// What the guards' lists cover.
-    pub fn covers(&self) -> &str {
+    pub(crate) fn covers(&self) -> &str {
         self.guards.covers()
     }
 
     /// The question for stage scope `scope`, `candidates` (in the order the LLM sees them), the query `text`,
     /// Tier-0's top label and the query's embedding (empty: exact lookups only).
-    pub fn probe(
+    pub(crate) fn probe(
         &self,
         scope: u64,
         candidates: &[usize],
@@ -170,7 +171,7 @@ impl AnswerCache {
 
     /// The question for a written answer or generation: exact only, under `key` (the caller's fingerprint of
     /// the stage, the tenant, the whole job and its sampling).
-    pub fn exact_probe(&self, key: String) -> Probe {
+    pub(crate) fn exact_probe(&self, key: String) -> Probe {
         Probe {
             key,
             bucket: 0,
@@ -182,7 +183,7 @@ impl AnswerCache {
     }
 
     /// The verdict for `p`: exact here, exact in the shared store, then semantic here.
-    pub async fn lookup(&self, p: &Probe) -> Option<Found> {
+    pub(crate) async fn lookup(&self, p: &Probe) -> Option<Found> {
         let now = Instant::now();
         if let Some(h) = self.with_store(|s| s.exact(&p.key, now)).flatten() {
             return Some(found(h));
@@ -214,13 +215,13 @@ impl AnswerCache {
     }
 
     /// Whether verdicts are also shared through Redis ([`AnswerCache::share`]).
-    pub fn is_shared(&self) -> bool {
+    pub(crate) fn is_shared(&self) -> bool {
         self.shared.is_some()
     }
 
     /// Writes a fresh verdict to the shared store under the shared epoch its probe was asked under (bounded by
     /// its timeout; a failure, or a clear since, is a skipped write).
-    pub async fn share(&self, key: &str, shared_epoch: u64, v: &Verdict) {
+    pub(crate) async fn share(&self, key: &str, shared_epoch: u64, v: &Verdict) {
         if let Some(sh) = &self.shared {
             sh.set(key, shared_epoch, v).await;
         }
@@ -228,7 +229,7 @@ impl AnswerCache {
 
     /// Stores a fresh verdict here (in its semantic bucket too, when the probe has an embedding), unless this
     /// replica's cache was cleared since the probe was made.
-    pub fn put(&self, p: &Probe, v: Verdict) {
+    pub(crate) fn put(&self, p: &Probe, v: Verdict) {
         if p.epoch != self.epoch() {
             return;
         }
@@ -244,7 +245,7 @@ impl AnswerCache {
     /// Drops every entry here (the epoch moves on first, so a verdict computed before is not kept after) and
     /// clears the shared store ([`shared::Shared::clear`]): (entries dropped here, the shared clear — `None`
     /// when there is no shared store, `Some(None)` when it did not answer).
-    pub async fn clear(&self) -> (usize, Option<Option<shared::Cleared>>) {
+    pub(crate) async fn clear(&self) -> (usize, Option<Option<shared::Cleared>>) {
         self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let here = self
             .with_store(|s| {
@@ -263,17 +264,17 @@ impl AnswerCache {
     }
 
     /// The last shared clear's removal of old keys (`None`: no shared store).
-    pub fn removal(&self) -> Option<shared::Removal> {
+    pub(crate) fn removal(&self) -> Option<shared::Removal> {
         self.shared.as_ref().map(shared::Shared::removal)
     }
 
     /// Entries and bytes held here.
-    pub fn size(&self) -> (usize, usize) {
+    pub(crate) fn size(&self) -> (usize, usize) {
         self.with_store(|s| (s.len(), s.bytes())).unwrap_or((0, 0))
     }
 
     /// Whether the shared store answered last time (`None`: there is none).
-    pub fn shared_up(&self) -> Option<bool> {
+    pub(crate) fn shared_up(&self) -> Option<bool> {
         self.shared.as_ref().map(shared::Shared::is_up)
     }
 

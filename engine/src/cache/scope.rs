@@ -17,7 +17,7 @@ use tiergate_prefilter::PrefilterHandle;
 use crate::routing::route::Stage;
 
 /// The scope of stage `k` of route `r` (with its prefilter and head version) over the resolved `backends`.
-pub fn scope(
+pub(crate) fn scope(
     r: &RouteConfig,
     backends: &[Backend],
     prefilter: Option<&PrefilterHandle>,
@@ -75,7 +75,6 @@ mod tests {
 
     fn stage(weight: f32) -> Stage {
         Stage {
-            backend: 0,
             name: "default".into(),
             candidates: 5,
             alternatives: vec![(0, "default".into())],

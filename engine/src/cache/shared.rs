@@ -23,7 +23,7 @@ use tiergate_core::fnv::Fnv;
 const BACKOFF: Duration = Duration::from_secs(1);
 
 /// The shared exact store.
-pub struct Shared {
+pub(crate) struct Shared {
     client: redis::Client,
     conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
     namespace: String,
@@ -39,7 +39,7 @@ pub struct Shared {
 
 /// How the removal of a clear's old keys went.
 #[derive(Debug, Clone, Default, serde::Serialize, PartialEq)]
-pub struct Removal {
+pub(crate) struct Removal {
     /// `idle` (no clear yet), `running`, `done` or `failed`.
     pub state: &'static str,
     /// Keys deleted so far.
@@ -51,7 +51,7 @@ pub struct Removal {
 
 /// What a clear of the shared store did.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Cleared {
+pub(crate) struct Cleared {
     /// The epoch now current: every verdict stored before it is no longer read by any replica.
     pub epoch: u64,
     /// The removal of the old keys, as it stood when the clear answered.
@@ -76,7 +76,7 @@ return 0";
 
 impl Shared {
     /// A store for `cfg` (no connection is made yet).
-    pub fn new(cfg: &CacheConfig) -> anyhow::Result<Self> {
+    pub(crate) fn new(cfg: &CacheConfig) -> anyhow::Result<Self> {
         Ok(Self {
             client: redis::Client::open(cfg.url.as_str())?,
             conn: tokio::sync::Mutex::new(None),
@@ -94,12 +94,12 @@ impl Shared {
     }
 
     /// The newest epoch this replica has seen: a lookup's write is conditional on it.
-    pub fn known_epoch(&self) -> u64 {
+    pub(crate) fn known_epoch(&self) -> u64 {
         self.known.load(Ordering::Acquire)
     }
 
     /// The last clear's removal of old keys.
-    pub fn removal(&self) -> Removal {
+    pub(crate) fn removal(&self) -> Removal {
         self.removal.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
@@ -108,7 +108,7 @@ impl Shared {
     }
 
     /// Whether the last exchange worked.
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
     }
 
@@ -122,7 +122,10 @@ impl Shared {
 
     /// The verdict stored under `key`, when Redis answers in time and holds this key's (not another's with the
     /// same hash) from the current epoch. Reads the epoch in the same round trip.
-    pub async fn get<V: serde::de::DeserializeOwned + HasKey>(&self, key: &str) -> Option<V> {
+    pub(crate) async fn get<V: serde::de::DeserializeOwned + HasKey>(
+        &self,
+        key: &str,
+    ) -> Option<V> {
         let keys = [self.redis_key(key), self.epoch_key()];
         let (raw, epoch): (Option<String>, Option<u64>) = self
             .exchange(|mut c| async move { c.mget(&keys[..]).await })
@@ -135,7 +138,7 @@ impl Shared {
 
     /// Stores `v` under `key` with the TTL, only while `epoch` (the one its lookup saw) is current (a failure
     /// is logged and counted, never returned; a clear since is a skipped write).
-    pub async fn set<V: serde::Serialize>(&self, key: &str, epoch: u64, v: &V) {
+    pub(crate) async fn set<V: serde::Serialize>(&self, key: &str, epoch: u64, v: &V) {
         let keys = (self.redis_key(key), self.epoch_key());
         let ttl = self.ttl_s;
         let Ok(body) = serde_json::to_string(&Stored { epoch, v }) else {
@@ -161,7 +164,7 @@ impl Shared {
     /// Clears the store for every replica at once: the epoch moves on (`None`: Redis did not answer within ten
     /// lookup budgets, and nothing changed), then the old keys are deleted in the background; waits up to
     /// the same budget for that removal, and reports where it stands.
-    pub async fn clear(&self) -> Option<Cleared> {
+    pub(crate) async fn clear(&self) -> Option<Cleared> {
         let budget = self.timeout * 10;
         let key = self.epoch_key();
         let c = tokio::time::timeout(budget, self.connection())
@@ -309,6 +312,6 @@ fn fail(r: &mut Removal, why: String) {
 }
 
 /// A stored value that names its full key.
-pub trait HasKey {
+pub(crate) trait HasKey {
     fn key(&self) -> &str;
 }

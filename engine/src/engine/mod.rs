@@ -68,11 +68,6 @@ impl Engine {
         crate::tasks::start(&self.state);
     }
 
-    /// Whether tenants are configured (without them the public API is open).
-    pub fn has_tenants(&self) -> bool {
-        !self.state.tenants().is_empty()
-    }
-
     /// The routes' names in config order.
     pub fn route_names(&self) -> &[String] {
         &self.state.routing.route_order
@@ -203,12 +198,6 @@ impl Engine {
     #[doc(hidden)]
     pub fn observe_utilization(&self, u: f64) {
         crate::load::utilization::observe_brownout(&self.state, u);
-    }
-
-    /// Test hook: a permit of the admission limit, held until dropped, as a request in flight holds one.
-    #[doc(hidden)]
-    pub fn hold_admission(&self) -> Option<crate::answer::Admitted> {
-        crate::answer::Admitted::try_take(&self.state)
     }
 
     /// Test hook: the decision ledger, to read its store as a replica's writer left it.

@@ -22,7 +22,7 @@ use crate::metrics as m;
 const QUEUE: usize = 32;
 
 /// One audited answer to score.
-pub struct Item {
+pub(crate) struct Item {
     pub route: String,
     pub text: String,
     /// Tier-0's candidates by label, most likely first.
@@ -33,7 +33,7 @@ pub struct Item {
 
 /// One route's counts since this replica started.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Agreement {
+pub(crate) struct Agreement {
     /// Scored, and how many of those the LLM's best candidate was Tier-0's answer.
     pub scored: u64,
     pub agreed: u64,
@@ -45,12 +45,12 @@ pub struct Agreement {
 
 impl Agreement {
     /// Share of the scored items the LLM agreed on.
-    pub fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         (self.scored > 0).then(|| self.agreed as f64 / self.scored as f64)
     }
 
     /// The JSON `/admin/feedback` and the console show.
-    pub fn view(&self) -> serde_json::Value {
+    pub(crate) fn view(&self) -> serde_json::Value {
         serde_json::json!({
             "scored": self.scored, "agreed": self.agreed, "shed": self.shed, "failed": self.failed,
             "agreement": self.rate(),
@@ -61,7 +61,7 @@ impl Agreement {
 
 /// How one item ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scored {
+pub(crate) enum Scored {
     Agreed,
     Disagreed,
     Shed,
@@ -80,7 +80,7 @@ impl Scored {
 }
 
 /// The queue's sending end and the counts.
-pub struct Auditor {
+pub(crate) struct Auditor {
     tx: flume::Sender<Item>,
     rx: Mutex<Option<flume::Receiver<Item>>>,
     counts: Mutex<BTreeMap<String, Agreement>>,
@@ -99,7 +99,7 @@ impl Default for Auditor {
 
 impl Auditor {
     /// Hands `item` over without waiting; a full queue sheds it.
-    pub fn offer(&self, item: Item) {
+    pub(crate) fn offer(&self, item: Item) {
         if let Err(e) = self.tx.try_send(item) {
             let item = e.into_inner();
             self.count(&item.route, Scored::Shed);
@@ -107,17 +107,17 @@ impl Auditor {
     }
 
     /// Every route's counts.
-    pub fn counts(&self) -> BTreeMap<String, Agreement> {
+    pub(crate) fn counts(&self) -> BTreeMap<String, Agreement> {
         self.counts.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
     /// The queue's receiving end, once (the scoring task takes it).
-    pub fn take_queue(&self) -> Option<flume::Receiver<Item>> {
+    pub(crate) fn take_queue(&self) -> Option<flume::Receiver<Item>> {
         self.rx.lock().ok().and_then(|mut r| r.take())
     }
 
     /// Counts how one item of `route` ended.
-    pub fn count(&self, route: &str, s: Scored) {
+    pub(crate) fn count(&self, route: &str, s: Scored) {
         metrics::counter!(m::AUDIT_LLM_TOTAL, "route" => route.to_string(), "result" => s.as_str())
             .increment(1);
         let Ok(mut c) = self.counts.lock() else {
@@ -140,7 +140,7 @@ impl Auditor {
 }
 
 /// The LLM's best candidate: the first of the highest scores (a tie goes to Tier-0's more likely one).
-pub fn best(scores: &[f32]) -> Option<usize> {
+pub(crate) fn best(scores: &[f32]) -> Option<usize> {
     scores
         .iter()
         .enumerate()

@@ -2,15 +2,15 @@
 //! audited answers ([`auditor`], [`second_opinion`]) and the records `tiergate distill` learns from
 //! ([`record`]).
 
-pub mod auditor;
+pub(crate) mod auditor;
 pub mod ledger;
-pub mod record;
-pub mod second_opinion;
+pub(crate) mod record;
+pub(crate) mod second_opinion;
 
 use std::sync::Arc;
 
 /// The evidence part of the state.
-pub struct Evidence {
+pub(crate) struct Evidence {
     /// Decision records, feedback and audits (`[feedback]`).
     pub ledger: Option<Arc<ledger::Ledger>>,
     /// The LLM's background scoring of audited answers (`[feedback] audit_llm`, with a ledger).

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 /// The record file.
-pub struct Recorder {
+pub(crate) struct Recorder {
     path: PathBuf,
     max_bytes: u64,
     file: Mutex<(File, u64)>,
@@ -29,7 +29,7 @@ fn open(path: &Path) -> std::io::Result<(File, u64)> {
 
 impl Recorder {
     /// Opens (appending) `path`, creating its folder.
-    pub fn open(path: &Path, max_bytes: u64) -> std::io::Result<Self> {
+    pub(crate) fn open(path: &Path, max_bytes: u64) -> std::io::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
@@ -41,7 +41,7 @@ impl Recorder {
     }
 
     /// Appends one record (one `write` of the whole line, so lines never interleave).
-    pub fn write(&self, record: &Value) {
+    pub(crate) fn write(&self, record: &Value) {
         let mut line = record.to_string();
         line.push('\n');
         let Ok(mut g) = self.file.lock() else { return };
@@ -64,7 +64,7 @@ impl Recorder {
 
 impl Recorder {
     /// Appends a label Tier-0 answered alone and sure, at `ambiguity` (a pseudo-label).
-    pub fn write_tier0(&self, route: &str, text: &str, label: &str, ambiguity: f64) {
+    pub(crate) fn write_tier0(&self, route: &str, text: &str, label: &str, ambiguity: f64) {
         self.write(&serde_json::json!({
             "source": "tier0",
             "ts": crate::evidence::ledger::now_ms() / 1000,
@@ -78,7 +78,7 @@ impl Recorder {
 
 /// A gold record: the true `label` of an answer, from an operator's audit (`probability`: the rate it was
 /// drawn at) or a trusted tenant's feedback.
-pub struct Gold<'a> {
+pub(crate) struct Gold<'a> {
     pub source: &'a str,
     pub route: &'a str,
     pub text: &'a str,
@@ -90,7 +90,7 @@ pub struct Gold<'a> {
 
 impl Recorder {
     /// Appends a gold record.
-    pub fn write_gold(&self, g: &Gold<'_>) {
+    pub(crate) fn write_gold(&self, g: &Gold<'_>) {
         self.write(&serde_json::json!({
             "source": g.source,
             "ts": crate::evidence::ledger::now_ms() / 1000,

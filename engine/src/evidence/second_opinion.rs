@@ -15,7 +15,7 @@ const SPARE: usize = 1;
 const CHECK: Duration = Duration::from_millis(10);
 
 /// The background task: scores items one at a time while the server lives.
-pub async fn run(state: Weak<AppState>) {
+pub(crate) async fn run(state: Weak<AppState>) {
     let rx = {
         let Some(s) = state.upgrade() else { return };
         let Some(rx) = s.evidence.auditor.as_ref().and_then(Auditor::take_queue) else {

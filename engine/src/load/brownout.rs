@@ -53,29 +53,29 @@ impl Step {
 
     /// Whether a generation (a generate route's, or an answer route's escalation) may run an LLM job: not
     /// from `rerank_only` on (the answer cache still answers what it holds).
-    pub fn generates(self) -> bool {
+    pub(crate) fn generates(self) -> bool {
         self < Step::RerankOnly
     }
 
     /// Whether a rerank may run an LLM job: not from `tier0_only` on.
-    pub fn reranks(self) -> bool {
+    pub(crate) fn reranks(self) -> bool {
         self < Step::Tier0Only
     }
 
     /// Whether a cascade goes past its first stage: only at `normal` (it sheds its bigger stages first).
-    pub fn cascades(self) -> bool {
+    pub(crate) fn cascades(self) -> bool {
         self == Step::Normal
     }
 
     /// From its number (0 beyond the ladder).
-    pub fn of(n: u8) -> Step {
+    pub(crate) fn of(n: u8) -> Step {
         Step::ALL.get(n as usize).copied().unwrap_or(Step::Normal)
     }
 }
 
 /// The ladder's state (a pure state machine over observed pressure).
 #[derive(Debug, Clone)]
-pub struct Ladder {
+pub(crate) struct Ladder {
     step: Step,
     /// Since when the pressure has been past the threshold that would move the step (`None`: it is not).
     pending: Option<(Step, Instant)>,
@@ -89,7 +89,7 @@ pub struct Ladder {
 
 impl Ladder {
     /// A ladder at `normal`.
-    pub fn new(cfg: &BrownoutConfig) -> Self {
+    pub(crate) fn new(cfg: &BrownoutConfig) -> Self {
         Self {
             step: Step::Normal,
             pending: None,
@@ -101,7 +101,7 @@ impl Ladder {
     }
 
     /// The step in force.
-    pub fn step(&self) -> Step {
+    pub(crate) fn step(&self) -> Step {
         self.step
     }
 
@@ -109,7 +109,7 @@ impl Ladder {
     /// and the server's own (`own`: requests in flight ÷ the admission limit): below `tier0_only` the larger;
     /// at `tier0_only` the LLM side can keep the step (up to just below `shed`'s `enter`) but only the server's
     /// own load can go on to `shed`; at `shed`, the server's own load alone.
-    pub fn fed(&self, llm: f64, own: f64) -> f64 {
+    pub(crate) fn fed(&self, llm: f64, own: f64) -> f64 {
         match self.step {
             Step::Normal | Step::RerankOnly => llm.max(own),
             Step::Tier0Only => own.max(llm.min(self.enter[2] * (1.0 - 1e-9))),
@@ -118,7 +118,7 @@ impl Ladder {
     }
 
     /// Takes one pressure reading at `now`; returns the step in force after it.
-    pub fn observe(&mut self, pressure: f64, now: Instant) -> Step {
+    pub(crate) fn observe(&mut self, pressure: f64, now: Instant) -> Step {
         let k = self.step as usize;
         let target = if k < 3 && pressure >= self.enter[k] {
             Some((self.step.up(), self.hold))
@@ -145,13 +145,20 @@ impl Ladder {
 
 /// Whether a stage whose alternatives' own pressures are `pressures` may generate at `step`: always at
 /// `normal`, never at `shed`, and in between while one of them is calm (below `calm`, the first `leave`).
-pub fn stage_generates(step: Step, mut pressures: impl Iterator<Item = f64>, calm: f64) -> bool {
+pub(crate) fn stage_generates(
+    step: Step,
+    mut pressures: impl Iterator<Item = f64>,
+    calm: f64,
+) -> bool {
     step.generates() || (step < Step::Shed && pressures.any(|p| p < calm))
 }
 
 /// What a step refuses outright: every chat request at `shed`, generations from `rerank_only` on (429 with
 /// `Retry-After`; the client should back off).
-pub fn refusal(step: Step, kind: tiergate_config::RouteKind) -> Option<crate::error::EngineError> {
+pub(crate) fn refusal(
+    step: Step,
+    kind: tiergate_config::RouteKind,
+) -> Option<crate::error::EngineError> {
     let message = match (step, kind) {
         (Step::Shed, _) => "the server is shedding load (brownout step `shed`): retry later",
         (Step::RerankOnly | Step::Tier0Only, tiergate_config::RouteKind::Generate) => {
@@ -166,7 +173,7 @@ pub fn refusal(step: Step, kind: tiergate_config::RouteKind) -> Option<crate::er
 }
 
 /// The pressure: the largest of the queue's fill, the P95 service time against its limit, and utilisation.
-pub fn pressure(
+pub(crate) fn pressure(
     waiting: usize,
     room: usize,
     p95: Duration,

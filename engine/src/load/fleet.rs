@@ -12,7 +12,7 @@ use crate::state::AppState;
 /// Polls `cfg.prometheus_query` every `poll_ms` until the state is dropped; each good answer is stored in
 /// `AppState::fleet_utilization` with its time. Failures are logged (once per change of message) and leave
 /// the last value to go stale.
-pub async fn poll_prometheus(state: Weak<AppState>, cfg: UtilizationConfig) {
+pub(crate) async fn poll_prometheus(state: Weak<AppState>, cfg: UtilizationConfig) {
     let client = match reqwest::Client::builder()
         .timeout(Duration::from_millis(cfg.timeout_ms))
         .build()
@@ -68,7 +68,7 @@ async fn query(client: &reqwest::Client, url: &str, q: &str) -> Result<f64, Stri
 }
 
 /// The number in a Prometheus instant-query answer, clamped to [0, 1].
-pub fn parse(v: &Value) -> Result<f64, String> {
+pub(crate) fn parse(v: &Value) -> Result<f64, String> {
     if v["status"] != "success" {
         return Err(format!(
             "query failed: {}",

@@ -12,13 +12,13 @@ use serde::Serialize;
 use crate::answer::outcome::{Channel, Decision};
 
 /// Time between points.
-pub const PERIOD: Duration = Duration::from_secs(5);
+pub(crate) const PERIOD: Duration = Duration::from_secs(5);
 /// Points kept (15 minutes).
-pub const KEEP: usize = 180;
+pub(crate) const KEEP: usize = 180;
 
 /// One point of the series.
 #[derive(Debug, Clone, Serialize)]
-pub struct Point {
+pub(crate) struct Point {
     /// Unix time, milliseconds.
     pub t_ms: u64,
     pub theta_eff: f64,
@@ -34,13 +34,13 @@ pub struct Point {
 
 /// The series.
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     points: Mutex<VecDeque<Point>>,
     last: Mutex<Option<Instant>>,
 }
 
 /// Each channel's P95 latency among `recent` decisions younger than `window`, ms.
-pub fn p95_by_channel(
+pub(crate) fn p95_by_channel(
     recent: &[Decision],
     now: Instant,
     window: Duration,
@@ -60,14 +60,14 @@ pub fn p95_by_channel(
 
 impl History {
     /// Whether a point is due at `now` (the first at once, then every [`PERIOD`]).
-    pub fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         self.last
             .lock()
             .is_ok_and(|l| l.is_none_or(|t| now.saturating_duration_since(t) >= PERIOD))
     }
 
     /// Adds a point taken at `now`; the oldest goes past [`KEEP`].
-    pub fn push(&self, now: Instant, mut p: Point) {
+    pub(crate) fn push(&self, now: Instant, mut p: Point) {
         p.t_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -83,7 +83,7 @@ impl History {
     }
 
     /// The points, oldest first.
-    pub fn points(&self) -> Vec<Point> {
+    pub(crate) fn points(&self) -> Vec<Point> {
         self.points
             .lock()
             .map(|q| q.iter().cloned().collect())

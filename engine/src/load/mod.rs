@@ -1,16 +1,16 @@
 //! Load: the utilisation signal and its sampler ([`utilization`]), the brownout ladder ([`brownout`]), the
 //! fleet's utilisation from Prometheus ([`fleet`]) and the console's time series ([`history`]).
 
-pub mod brownout;
-pub mod fleet;
-pub mod history;
-pub mod utilization;
+pub(crate) mod brownout;
+pub(crate) mod fleet;
+pub(crate) mod history;
+pub(crate) mod utilization;
 
 use std::sync::Mutex;
 use std::time::Instant;
 
 /// The load part of the state.
-pub struct Load {
+pub(crate) struct Load {
     /// The brownout ladder (moved by the utilisation sampler, [`utilization::observe_brownout`]) and its
     /// step, read once per request.
     pub(crate) brownout: Mutex<brownout::Ladder>,
@@ -25,7 +25,7 @@ pub struct Load {
 
 impl Load {
     /// At rest: the ladder at `normal`, no reading yet.
-    pub fn new(cfg: &tiergate_config::BrownoutConfig) -> Self {
+    pub(crate) fn new(cfg: &tiergate_config::BrownoutConfig) -> Self {
         Self {
             brownout: Mutex::new(brownout::Ladder::new(cfg)),
             brownout_step: std::sync::atomic::AtomicU8::new(0),

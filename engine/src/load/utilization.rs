@@ -18,7 +18,7 @@ const PERIOD: Duration = Duration::from_millis(500);
 const ALPHA: f64 = 0.3;
 
 /// Samples u every 500 ms into the policies, until the state is dropped (it holds only a weak reference).
-pub async fn sample_utilization(state: Weak<AppState>) {
+pub(crate) async fn sample_utilization(state: Weak<AppState>) {
     let nvml = tokio::task::spawn_blocking(|| nvml_wrapper::Nvml::init().ok())
         .await
         .ok()
@@ -74,7 +74,7 @@ pub async fn sample_utilization(state: Weak<AppState>) {
 
 /// One reading of the pressure for the ladder: the largest over the LLM backends of each one's queue fill
 /// and recent P95, and utilisation `u`.
-pub fn observe_brownout(state: &AppState, u: f64) {
+pub(crate) fn observe_brownout(state: &AppState, u: f64) {
     let cfg = &state.config.brownout;
     if !cfg.enabled {
         metrics::gauge!(crate::metrics::BROWNOUT_STEP).set(0.0);
@@ -128,7 +128,7 @@ pub fn observe_brownout(state: &AppState, u: f64) {
 }
 
 /// Adds a point to the console's series when one is due.
-pub fn sample_history(state: &AppState) {
+pub(crate) fn sample_history(state: &AppState) {
     let now = std::time::Instant::now();
     if !state.load.history.due(now) {
         return;
@@ -266,7 +266,7 @@ fn busy_ns(llm: &Llm) -> u64 {
 }
 
 /// Seconds since the Unix epoch (0 on a clock before it).
-pub fn unix_now_s() -> u64 {
+pub(crate) fn unix_now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -274,7 +274,7 @@ pub fn unix_now_s() -> u64 {
 
 /// The labelled rows of a file: CSV with a header (`text`, `category` or `label`) or JSONL (`.jsonl`, `text`
 /// and `label` fields). A head swap's held-out rows.
-pub fn labelled_rows(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn labelled_rows(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let jsonl = path
         .extension()

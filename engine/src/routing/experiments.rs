@@ -11,13 +11,13 @@ use tiergate_config::{DelayConfig, ExperimentConfig};
 
 /// The experiments in force (replaced as a whole by `PUT /admin/experiments`).
 #[derive(Debug, Default)]
-pub struct Experiments {
+pub(crate) struct Experiments {
     list: RwLock<Arc<Vec<ExperimentConfig>>>,
 }
 
 /// A request's variant.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Assigned {
+pub(crate) struct Assigned {
     /// The experiment's name, or `control`.
     pub variant: String,
     /// The delay to add (zero for `control`).
@@ -26,21 +26,21 @@ pub struct Assigned {
 
 impl Experiments {
     /// Starts with `list` (already validated).
-    pub fn new(list: Vec<ExperimentConfig>) -> Self {
+    pub(crate) fn new(list: Vec<ExperimentConfig>) -> Self {
         Self {
             list: RwLock::new(Arc::new(list)),
         }
     }
 
     /// The experiments in force.
-    pub fn current(&self) -> Arc<Vec<ExperimentConfig>> {
+    pub(crate) fn current(&self) -> Arc<Vec<ExperimentConfig>> {
         self.list
             .read()
             .map_or_else(|p| p.into_inner().clone(), |g| g.clone())
     }
 
     /// Replaces them (validate first).
-    pub fn replace(&self, list: Vec<ExperimentConfig>) {
+    pub(crate) fn replace(&self, list: Vec<ExperimentConfig>) {
         match self.list.write() {
             Ok(mut g) => *g = Arc::new(list),
             Err(p) => *p.into_inner() = Arc::new(list),
@@ -49,7 +49,7 @@ impl Experiments {
 
     /// The variant of a request on `route` (`None`: no experiment names the route), by its `user`, else its
     /// `x-request-id`.
-    pub fn assign(
+    pub(crate) fn assign(
         &self,
         route: &str,
         user: Option<&str>,
@@ -80,7 +80,7 @@ impl Experiments {
 }
 
 /// A key's place in [0, 1): FNV-1a (64 bits), the same on every replica and across restarts.
-pub fn bucket(key: &str) -> f64 {
+pub(crate) fn bucket(key: &str) -> f64 {
     let mut h = tiergate_core::fnv::Fnv::new()
         .eat(b"tiergate-experiments:")
         .eat(key.as_bytes())
@@ -93,7 +93,7 @@ pub fn bucket(key: &str) -> f64 {
 }
 
 /// The experiment whose slice of [0, 1) holds `b` (slices laid out in list order), if it runs on `route`.
-pub fn variant_of<'a>(
+pub(crate) fn variant_of<'a>(
     list: &'a [ExperimentConfig],
     route: &str,
     b: f64,
@@ -110,7 +110,7 @@ pub fn variant_of<'a>(
 }
 
 /// One delay drawn from `d`.
-pub fn sample(d: &DelayConfig, rng: &mut impl Rng) -> Duration {
+pub(crate) fn sample(d: &DelayConfig, rng: &mut impl Rng) -> Duration {
     let ms = match *d {
         DelayConfig::Fixed { ms } => ms as f64,
         DelayConfig::Uniform { min_ms, max_ms } => rng.gen_range(min_ms as f64..=max_ms as f64),

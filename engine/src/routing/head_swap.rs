@@ -19,7 +19,7 @@ use crate::state::{AppState, Route};
 impl Heads {
     /// Puts `candidate` (loaded from `dir`) in shadow for `route`, judged on `holdout` when given; a timer
     /// abandons it at `heads.shadow_timeout_s` if it has not seen its requests by then, traffic or not.
-    pub fn begin(
+    pub(crate) fn begin(
         &self,
         state: &Arc<AppState>,
         candidate: Route,
@@ -96,7 +96,7 @@ impl Heads {
 
     /// On a classified request: the candidate in shadow for `route` classifies the same text off the response
     /// path (one forward), unless its target is met or the prefilter's queue is above half full.
-    pub fn shadow(
+    pub(crate) fn shadow(
         &self,
         state: &Arc<AppState>,
         route: &Route,
@@ -206,7 +206,7 @@ impl Heads {
 
     /// Puts the head the last swap replaced back in force here (the shared record is the caller's:
     /// [`roll_back_shared`], or a replica following one); returns the version now in force and the replaced.
-    pub fn roll_back(&self, state: &AppState, route: &str) -> Option<(String, String)> {
+    pub(crate) fn roll_back(&self, state: &AppState, route: &str) -> Option<(String, String)> {
         let previous = self.slot(route, |s| s.previous.take())?;
         let version = previous.head_version.clone();
         let old = state.routing.routes.swap(previous)?;
@@ -230,7 +230,7 @@ impl Heads {
 impl Holdout {
     /// Reads `path`, refusing a file over the bounds before its rows are parsed (the size) or classified (the
     /// rows).
-    pub fn read(path: &std::path::Path) -> Result<Self, String> {
+    pub(crate) fn read(path: &std::path::Path) -> Result<Self, String> {
         let bytes = std::fs::metadata(path)
             .map_err(|e| format!("{}: {e}", path.display()))?
             .len();
@@ -276,7 +276,7 @@ fn start_dir(state: &AppState, route: &str) -> Option<PathBuf> {
 /// store, in the shared record with its folder (so a replica that never held it can load it) — written only
 /// if the record still names the head in force here (compare-and-set: a replica that promoted meanwhile
 /// wins, and this one is told). Returns the version now in force and the replaced.
-pub async fn roll_back_shared(
+pub(crate) async fn roll_back_shared(
     state: &Arc<AppState>,
     route: &str,
 ) -> Result<(String, String), StartError> {
@@ -499,7 +499,10 @@ async fn still_judged(state: &Arc<AppState>, shadow: &Arc<Shadow>) -> Result<(),
 /// Every `policy_store.sync_ms`: a route whose shared head is not the one in force here adopts it from its
 /// folder (the promoting replica checked it), or keeps its own and says so (`tiergate_head_behind`, a warning
 /// once per version) when this replica lacks the files; `/ready` is not affected.
-pub async fn sync_heads(store: Arc<crate::routing::store::RedisStore>, state: Weak<AppState>) {
+pub(crate) async fn sync_heads(
+    store: Arc<crate::routing::store::RedisStore>,
+    state: Weak<AppState>,
+) {
     let mut warned: HashMap<String, String> = HashMap::new();
     loop {
         let Some(s) = state.upgrade() else { return };

@@ -27,15 +27,15 @@ use crate::routing::route::Route;
 const HISTORY: usize = 64;
 
 /// The most requests a shadow may be asked to see (each costs the candidate one forward).
-pub const MAX_SHADOW_REQUESTS: usize = 100_000;
+pub(crate) const MAX_SHADOW_REQUESTS: usize = 100_000;
 /// The largest holdout file read (both heads classify each of its rows).
-pub const MAX_HOLDOUT_BYTES: u64 = 8 << 20;
+pub(crate) const MAX_HOLDOUT_BYTES: u64 = 8 << 20;
 /// The most rows a holdout file may have.
-pub const MAX_HOLDOUT_ROWS: usize = 20_000;
+pub(crate) const MAX_HOLDOUT_ROWS: usize = 20_000;
 
 /// How the candidate's held-out accuracy is known.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Accuracy {
+pub(crate) struct Accuracy {
     /// `holdout` (both heads scored on the rows of a labelled file) or `dev` (the dev accuracy each head
     /// recorded on the same draw of rows).
     pub source: String,
@@ -49,7 +49,7 @@ pub struct Accuracy {
 
 /// What the shadow saw so far.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct ShadowStats {
+pub(crate) struct ShadowStats {
     /// Requests both heads classified.
     pub requests: usize,
     /// Of them, the ones where both gave the same top label.
@@ -69,7 +69,13 @@ pub struct ShadowStats {
 
 impl ShadowStats {
     /// One request both heads classified.
-    pub fn add(&mut self, current: &Prediction, candidate: &Prediction, theta: f64, agreed: bool) {
+    pub(crate) fn add(
+        &mut self,
+        current: &Prediction,
+        candidate: &Prediction,
+        theta: f64,
+        agreed: bool,
+    ) {
         self.requests += 1;
         self.agreed += usize::from(agreed);
         let esc = |p: &Prediction| 1.0 - f64::from(p.confidence) > theta;
@@ -84,7 +90,7 @@ impl ShadowStats {
     }
 
     /// The forwards' p50s per row of their batch, current and candidate, milliseconds.
-    pub fn p50s(&self) -> (f64, f64) {
+    pub(crate) fn p50s(&self) -> (f64, f64) {
         (p50(&self.infer_ms_current), p50(&self.infer_ms_candidate))
     }
 }
@@ -97,7 +103,7 @@ fn p50(xs: &[f64]) -> f64 {
 
 /// One check of the verdict.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Check {
+pub(crate) struct Check {
     pub name: &'static str,
     pub passed: bool,
     pub detail: String,
@@ -105,7 +111,11 @@ pub struct Check {
 
 /// Judges a shadow: every check must pass for the candidate to be promoted. The p50 check allows the ratio
 /// or 0.5 ms, whichever is more (sub-millisecond forwards jitter by more than 20%).
-pub fn judge(cfg: &HeadsConfig, s: &ShadowStats, accuracy: Result<&Accuracy, &str>) -> Vec<Check> {
+pub(crate) fn judge(
+    cfg: &HeadsConfig,
+    s: &ShadowStats,
+    accuracy: Result<&Accuracy, &str>,
+) -> Vec<Check> {
     let n = s.requests.max(1) as f64;
     let (cur, cand) = (
         s.escalated_current as f64 / n,
@@ -161,7 +171,7 @@ pub fn judge(cfg: &HeadsConfig, s: &ShadowStats, accuracy: Result<&Accuracy, &st
 }
 
 /// A candidate in shadow.
-pub struct Shadow {
+pub(crate) struct Shadow {
     pub route: String,
     pub dir: PathBuf,
     pub candidate: Arc<Route>,
@@ -178,7 +188,7 @@ pub struct Shadow {
 
 /// A step in a route's head history.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Event {
+pub(crate) struct Event {
     pub at_ms: u64,
     pub route: String,
     /// `shadow`, `promoted`, `refused`, `abandoned`, `rolled_back`, `adopted`.
@@ -208,7 +218,7 @@ pub(crate) struct Slot {
 }
 
 /// A route's start in progress: while it lives, other starts on the route are refused.
-pub struct Starting<'a> {
+pub(crate) struct Starting<'a> {
     heads: &'a Heads,
     route: String,
 }
@@ -221,7 +231,7 @@ impl Drop for Starting<'_> {
 
 /// The live head swaps of every route.
 #[derive(Default)]
-pub struct Heads {
+pub(crate) struct Heads {
     slots: Mutex<HashMap<String, Slot>>,
     history: Mutex<VecDeque<Event>>,
     /// Whether any route has a shadow: without one, a classified request takes no lock here.
@@ -230,7 +240,7 @@ pub struct Heads {
 
 /// Why a head cannot be put in shadow.
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
+pub(crate) enum StartError {
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]
@@ -243,7 +253,7 @@ pub enum StartError {
 /// A holdout file's labelled rows, read within [`MAX_HOLDOUT_BYTES`] and [`MAX_HOLDOUT_ROWS`]
 /// (`Holdout::read`, in [`crate::routing::head_swap`]).
 #[derive(Debug, Clone)]
-pub struct Holdout {
+pub(crate) struct Holdout {
     pub path: PathBuf,
     pub rows: Vec<(String, String)>,
 }
@@ -269,7 +279,7 @@ pub(crate) fn now_ms() -> u64 {
 impl Heads {
     /// Claims `route` for a start before its candidate is loaded: refused while a shadow runs or another start
     /// loads one.
-    pub fn claim(&self, route: &str) -> Result<Starting<'_>, StartError> {
+    pub(crate) fn claim(&self, route: &str) -> Result<Starting<'_>, StartError> {
         self.slot(route, |s| match (&s.shadow, s.starting) {
             (Some(other), _) => Err(StartError::Conflict(format!(
                 "head {} is already in shadow on route `{route}`: wait for its verdict",
@@ -298,7 +308,7 @@ impl Heads {
     }
 
     /// The folder a rollback of `route` would return to, when known.
-    pub fn previous_dir(&self, route: &str) -> Option<PathBuf> {
+    pub(crate) fn previous_dir(&self, route: &str) -> Option<PathBuf> {
         self.peek(route, |s| s.previous_dir.clone()).flatten()
     }
 
@@ -334,13 +344,13 @@ impl Heads {
     }
 
     /// The events so far, oldest first.
-    pub fn history(&self) -> Vec<Event> {
+    pub(crate) fn history(&self) -> Vec<Event> {
         let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
         h.iter().cloned().collect()
     }
 
     /// The shadow of `route`, when one runs.
-    pub fn shadow_of(&self, route: &str) -> Option<Arc<Shadow>> {
+    pub(crate) fn shadow_of(&self, route: &str) -> Option<Arc<Shadow>> {
         if !self.shadowing.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
@@ -348,12 +358,12 @@ impl Heads {
     }
 
     /// The folder of `route`'s head in force, when it came through a swap.
-    pub fn dir_of(&self, route: &str) -> Option<PathBuf> {
+    pub(crate) fn dir_of(&self, route: &str) -> Option<PathBuf> {
         self.peek(route, |s| s.dir.clone()).flatten()
     }
 
     /// The version of the head a rollback of `route` would put back.
-    pub fn previous_version(&self, route: &str) -> Option<String> {
+    pub(crate) fn previous_version(&self, route: &str) -> Option<String> {
         self.peek(route, |s| {
             s.previous.as_ref().map(|p| p.head_version.clone())
         })
@@ -361,7 +371,7 @@ impl Heads {
     }
 
     /// Whether `route` has a head to roll back to.
-    pub fn can_roll_back(&self, route: &str) -> bool {
+    pub(crate) fn can_roll_back(&self, route: &str) -> bool {
         self.peek(route, |s| s.previous.is_some()).unwrap_or(false)
     }
 
@@ -390,12 +400,12 @@ impl Heads {
 
 impl Shadow {
     /// What it saw so far.
-    pub fn stats(&self) -> ShadowStats {
+    pub(crate) fn stats(&self) -> ShadowStats {
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The held-out accuracy, once known.
-    pub fn accuracy(&self) -> Option<Result<Accuracy, String>> {
+    pub(crate) fn accuracy(&self) -> Option<Result<Accuracy, String>> {
         self.accuracy
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -403,7 +413,7 @@ impl Shadow {
     }
 
     /// Its state for `GET /admin/heads`.
-    pub fn view(&self) -> serde_json::Value {
+    pub(crate) fn view(&self) -> serde_json::Value {
         let s = self.stats();
         let (p_cur, p_cand) = s.p50s();
         serde_json::json!({
@@ -418,7 +428,7 @@ impl Shadow {
 
 /// What the shared store says is in force on a route.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct SharedHead {
+pub(crate) struct SharedHead {
     pub version: String,
     /// The head's folder (`None`: the head the server started with, after a rollback to it).
     pub dir: Option<PathBuf>,

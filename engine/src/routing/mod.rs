@@ -3,21 +3,21 @@
 //! ([`store`]), the error bound ([`risk`]), live head swaps ([`heads`], [`head_swap`]), latency experiments
 //! ([`experiments`]), session pins ([`sessions`]) and how a stage's LLM scores are fused with the distribution so far ([`fusion`]).
 
-pub mod experiments;
-pub mod fusion;
-pub mod head_swap;
-pub mod heads;
-pub mod policy;
-pub mod risk;
-pub mod route;
-pub mod route_table;
-pub mod sessions;
-pub mod store;
+pub(crate) mod experiments;
+pub(crate) mod fusion;
+pub(crate) mod head_swap;
+pub(crate) mod heads;
+pub(crate) mod policy;
+pub(crate) mod risk;
+pub(crate) mod route;
+pub(crate) mod route_table;
+pub(crate) mod sessions;
+pub(crate) mod store;
 
 use std::sync::Arc;
 
 /// The routing part of the state.
-pub struct Routing {
+pub(crate) struct Routing {
     /// Routes by name.
     pub routes: route_table::RouteTable,
     /// The config as resolved at start (backends and routes): what a candidate head's route is built from.

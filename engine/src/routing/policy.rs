@@ -11,7 +11,7 @@ use tiergate_config::{RoutingConfig, RoutingMode};
 
 /// A policy version: the fields and their version number.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Versioned {
+pub(crate) struct Versioned {
     /// The fields.
     pub cfg: RoutingConfig,
     /// Starts at 1; +1 per accepted change.
@@ -38,14 +38,14 @@ const WINDOW: Duration = Duration::from_secs(60);
 const MAX_SAMPLES: usize = 20_000;
 
 /// Shared policy state.
-pub struct Policy {
+pub(crate) struct Policy {
     current: RwLock<Arc<Versioned>>,
     live: Mutex<Live>,
 }
 
 /// The live part of `GET /admin/routing`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LiveView {
+pub(crate) struct LiveView {
     /// θ in force now.
     pub theta_eff: f64,
     /// Smoothed utilisation u.
@@ -68,11 +68,11 @@ fn prune<T>(q: &mut VecDeque<(Instant, T)>, now: Instant) {
     }
 }
 
-pub use tiergate_core::stats::quantile;
+pub(crate) use tiergate_core::stats::quantile;
 
 impl Policy {
     /// A policy at version 1.
-    pub fn new(cfg: RoutingConfig) -> Self {
+    pub(crate) fn new(cfg: RoutingConfig) -> Self {
         Self {
             current: RwLock::new(Arc::new(Versioned { cfg, version: 1 })),
             live: Mutex::new(Live {
@@ -83,7 +83,7 @@ impl Policy {
     }
 
     /// The policy in force.
-    pub fn current(&self) -> Arc<Versioned> {
+    pub(crate) fn current(&self) -> Arc<Versioned> {
         self.current
             .read()
             .map_or_else(|p| p.into_inner().clone(), |g| g.clone())
@@ -92,7 +92,7 @@ impl Policy {
     /// Installs a policy decided elsewhere (the shared store) at `version`, if it is newer than the one in
     /// force (or unconditionally with `adopt`: a replica's first read of the store); returns whether it was
     /// installed. Versions never go back otherwise.
-    pub fn install(&self, cfg: RoutingConfig, version: u64, adopt: bool) -> bool {
+    pub(crate) fn install(&self, cfg: RoutingConfig, version: u64, adopt: bool) -> bool {
         let mut guard = self.current.write().unwrap_or_else(|p| p.into_inner());
         if !adopt && version <= guard.version {
             return false;
@@ -106,7 +106,7 @@ impl Policy {
     }
 
     /// Replaces the fields if `if_match` (when given) equals the current version; returns (old, new).
-    pub fn replace(
+    pub(crate) fn replace(
         &self,
         cfg: RoutingConfig,
         if_match: Option<u64>,
@@ -129,7 +129,7 @@ impl Policy {
     }
 
     /// Records a utilisation sample (already smoothed by the sampler) and its source.
-    pub fn set_utilization(&self, u: f64, source: &'static str) {
+    pub(crate) fn set_utilization(&self, u: f64, source: &'static str) {
         if let Ok(mut live) = self.live.lock() {
             live.utilization = if u.is_finite() {
                 u.clamp(0.0, 1.0)
@@ -141,12 +141,12 @@ impl Policy {
     }
 
     /// Where u comes from now (`workers`, `nvml`, `prometheus`, `manual`, `none`).
-    pub fn utilization_source(&self) -> &'static str {
+    pub(crate) fn utilization_source(&self) -> &'static str {
         self.live.lock().map_or("none", |l| l.source)
     }
 
     /// θ_eff now.
-    pub fn theta_eff(&self, now: Instant) -> f64 {
+    pub(crate) fn theta_eff(&self, now: Instant) -> f64 {
         let p = self.current();
         let c = &p.cfg;
         let Ok(mut live) = self.live.lock() else {
@@ -179,7 +179,7 @@ impl Policy {
     }
 
     /// The ambiguities of the last 60 s of (not forced) decisions.
-    pub fn recent_ambiguity(&self, now: Instant) -> Vec<f64> {
+    pub(crate) fn recent_ambiguity(&self, now: Instant) -> Vec<f64> {
         let Ok(mut live) = self.live.lock() else {
             return Vec::new();
         };
@@ -188,7 +188,7 @@ impl Policy {
     }
 
     /// Records a routing decision on a request with ambiguity `a`.
-    pub fn record_decision(&self, now: Instant, a: f64, escalated: bool) {
+    pub(crate) fn record_decision(&self, now: Instant, a: f64, escalated: bool) {
         if let Ok(mut live) = self.live.lock() {
             live.ambiguity.push_back((now, a));
             live.decisions.push_back((now, escalated));
@@ -199,7 +199,7 @@ impl Policy {
 
     /// Records the end-to-end latency of an escalated request; in `slo` mode nudges θ (bounded steps): up by
     /// 0.02 while the p95 is over target (escalate less), down by 0.01 when it is under 80% of target.
-    pub fn record_escalated_latency(&self, now: Instant, ms: f64) {
+    pub(crate) fn record_escalated_latency(&self, now: Instant, ms: f64) {
         let p = self.current();
         let c = &p.cfg;
         let Ok(mut live) = self.live.lock() else {
@@ -225,7 +225,7 @@ impl Policy {
     }
 
     /// The live view.
-    pub fn live_view(&self, now: Instant) -> LiveView {
+    pub(crate) fn live_view(&self, now: Instant) -> LiveView {
         let theta_eff = self.theta_eff(now);
         let Ok(mut live) = self.live.lock() else {
             return LiveView {

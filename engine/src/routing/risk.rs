@@ -11,7 +11,7 @@ use tiergate_prefilter::PrefilterHandle;
 
 /// A route's calibration rows and its cached choice.
 #[derive(Debug, Default)]
-pub struct RouteRisk {
+pub(crate) struct RouteRisk {
     ordering: Vec<Row>,
     rows: Vec<Row>,
     /// Labelled audits of this route's live traffic within the feedback window (refreshed every few
@@ -34,7 +34,7 @@ type ChoiceKey = (u64, u64, bool);
 
 /// The bound's θ and its two sources of evidence.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Bound {
+pub(crate) struct Bound {
     /// On the head's calibration rows.
     pub calibration: Choice,
     /// Of the audits that could be drawn under the calibration rows' θ: how many, how many wrong, and the
@@ -51,7 +51,7 @@ pub struct Bound {
 
 impl Bound {
     /// θ in force: the smallest of the three (the audits and the trusted feedback can only lower it).
-    pub fn theta(&self) -> f64 {
+    pub(crate) fn theta(&self) -> f64 {
         [&self.audits, &self.feedback]
             .into_iter()
             .flatten()
@@ -61,7 +61,7 @@ impl Bound {
 
 /// What `/admin/routing` and `/info` show of a route's bound.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct RiskView {
+pub(crate) struct RiskView {
     /// ε.
     pub max_error: f64,
     /// 1 − δ.
@@ -107,12 +107,12 @@ pub struct RiskView {
 
 impl RiskView {
     /// Whether a θ in force lies outside the proof: above 0 and below the grid's first θ.
-    pub fn outside_proof(&self, theta: f64) -> bool {
+    pub(crate) fn outside_proof(&self, theta: f64) -> bool {
         theta > 0.0 && self.grid_start.is_some_and(|g| theta < g)
     }
 
     /// The θ in force once the bound caps the policy's `theta_eff`, and whether it is outside the proof.
-    pub fn in_force(&self, theta_eff: f64) -> (f64, bool) {
+    pub(crate) fn in_force(&self, theta_eff: f64) -> (f64, bool) {
         let theta = cap(theta_eff, Some(self.theta));
         (theta, self.outside_proof(theta))
     }
@@ -120,7 +120,7 @@ impl RiskView {
 
 impl RouteRisk {
     /// The rows of a route's head (`calibration.json`; none for a checkpoint or few-shot head).
-    pub fn of_head(prefilter: Option<&PrefilterHandle>) -> Self {
+    pub(crate) fn of_head(prefilter: Option<&PrefilterHandle>) -> Self {
         let cal = prefilter.and_then(PrefilterHandle::calibration);
         Self {
             ordering: cal.map(|c| c.ordering_rows()).unwrap_or_default(),
@@ -132,18 +132,13 @@ impl RouteRisk {
         }
     }
 
-    /// Why the head's calibration rows are flawed, when they are.
-    pub fn flaw(&self) -> Option<&str> {
-        self.flaw.as_deref()
-    }
-
     /// Installs the labelled audits in the window (the cached choice is made again when they changed).
-    pub fn set_audits(&self, audits: Vec<Audited>) {
+    pub(crate) fn set_audits(&self, audits: Vec<Audited>) {
         self.set(&self.audits, audits);
     }
 
     /// Installs the trusted feedback in the window.
-    pub fn set_feedback(&self, feedback: Vec<Audited>) {
+    pub(crate) fn set_feedback(&self, feedback: Vec<Audited>) {
         self.set(&self.feedback, feedback);
     }
 
@@ -158,7 +153,7 @@ impl RouteRisk {
 
     /// The bound for (`eps`, `confidence`), computed once per pair and set of audits. Flawed calibration rows
     /// are refused (θ = 0) unless `allow_flawed`.
-    pub fn choice(&self, eps: f64, confidence: f64, allow_flawed: bool) -> Bound {
+    pub(crate) fn choice(&self, eps: f64, confidence: f64, allow_flawed: bool) -> Bound {
         let key = (eps.to_bits(), confidence.to_bits(), allow_flawed);
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((k, b)) = &*cache {
@@ -214,7 +209,7 @@ impl RouteRisk {
     }
 
     /// The θ the bound allows under `cfg`, when it sets one (`max_error`).
-    pub fn theta(&self, cfg: &RoutingConfig) -> Option<f64> {
+    pub(crate) fn theta(&self, cfg: &RoutingConfig) -> Option<f64> {
         cfg.max_error.map(|e| {
             self.choice(e, cfg.confidence, cfg.allow_flawed_calibration)
                 .theta()
@@ -222,7 +217,7 @@ impl RouteRisk {
     }
 
     /// The view of the bound under `cfg`, when it sets one.
-    pub fn view(&self, cfg: &RoutingConfig) -> Option<RiskView> {
+    pub(crate) fn view(&self, cfg: &RoutingConfig) -> Option<RiskView> {
         let eps = cfg.max_error?;
         let b = self.choice(eps, cfg.confidence, cfg.allow_flawed_calibration);
         let c = &b.calibration;
@@ -264,7 +259,7 @@ impl RouteRisk {
 
 /// θ in force for a request: the policy's `theta` capped by the bound's θ (`risk` mode's own θ is θ_max,
 /// `Policy::theta_eff`, so there the bound's θ is θ_eff: the fewest escalations that hold it).
-pub fn cap(theta: f64, bound: Option<f64>) -> f64 {
+pub(crate) fn cap(theta: f64, bound: Option<f64>) -> f64 {
     bound.map_or(theta, |b| theta.min(b))
 }
 

@@ -11,7 +11,7 @@ use tiergate_prefilter::PrefilterHandle;
 use crate::routing::policy::Policy;
 
 /// One route.
-pub struct Route {
+pub(crate) struct Route {
     /// The `model` name.
     pub name: String,
     /// What it does.
@@ -59,7 +59,7 @@ pub struct Route {
 
 /// A steered generate route's map over its head's labels, and its θ policy.
 #[derive(Clone)]
-pub struct Steering {
+pub(crate) struct Steering {
     /// The stage of each head label (index by label), none when the map does not name it.
     pub by_label: Vec<Option<usize>>,
     /// The stage of unsure requests and unmapped labels.
@@ -72,7 +72,7 @@ pub struct Steering {
 
 /// Where a steered request goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Steered {
+pub(crate) struct Steered {
     /// The stage.
     pub stage: usize,
     /// The label counted as sure (its mapped stage chosen).
@@ -83,7 +83,7 @@ pub struct Steered {
 
 impl Steering {
     /// `steer` over `labels` (a label the head does not have is an error naming it).
-    pub fn of(
+    pub(crate) fn of(
         route: &str,
         steer: &tiergate_config::Steer,
         labels: &[String],
@@ -114,7 +114,7 @@ impl Steering {
     /// The stage for Tier-0's `label` at probability `p`: its mapped stage when sure (ambiguity at most θ_eff
     /// now), else the default; the decision is recorded in the policy (sent to the default stage counts as
     /// escalated).
-    pub fn stage(&self, label: usize, p: f32, now: std::time::Instant) -> Steered {
+    pub(crate) fn stage(&self, label: usize, p: f32, now: std::time::Instant) -> Steered {
         let theta = self.policy.theta_eff(now);
         let ambiguity = 1.0 - f64::from(p);
         let sure = ambiguity <= theta;
@@ -132,16 +132,14 @@ impl Steering {
     }
 
     /// What `label`'s generations are written with, if the route says.
-    pub fn override_of(&self, label: usize) -> Option<&tiergate_config::SteerOverride> {
+    pub(crate) fn override_of(&self, label: usize) -> Option<&tiergate_config::SteerOverride> {
         self.overrides.get(label).and_then(Option::as_ref)
     }
 }
 
 /// One stage of a route's cascade.
 #[derive(Clone)]
-pub struct Stage {
-    /// Its first backend's index ([`AppState::backend`]; answer and generate routes use it).
-    pub backend: usize,
+pub(crate) struct Stage {
     /// Its name in the route (`stages[].name`, by default its first backend's): its policy's key.
     pub name: String,
     /// Candidates its LLM reranks (its first backend's `candidates`).
@@ -168,7 +166,7 @@ pub struct Stage {
 impl Stage {
     /// This stage for one request of a session pinned to its alternative `backend` (by name; the stage as it
     /// is when that is not one of its alternatives).
-    pub fn pinned_to(&self, backend: &str) -> Self {
+    pub(crate) fn pinned_to(&self, backend: &str) -> Self {
         let mut s = self.clone();
         s.pinned = self
             .alternatives
@@ -179,7 +177,7 @@ impl Stage {
     }
 
     /// The fusion of the alternative named `backend` (the first's when it is not one).
-    pub fn fusion_of(&self, backend: &str) -> &crate::routing::fusion::Fusion {
+    pub(crate) fn fusion_of(&self, backend: &str) -> &crate::routing::fusion::Fusion {
         let i = self
             .alternatives
             .iter()

@@ -7,12 +7,12 @@ use std::sync::{Arc, RwLock};
 use crate::routing::route::Route;
 
 /// Routes by name.
-pub struct RouteTable {
+pub(crate) struct RouteTable {
     map: HashMap<String, RwLock<Arc<Route>>>,
 }
 
 impl RouteTable {
-    pub fn new(routes: HashMap<String, Route>) -> Self {
+    pub(crate) fn new(routes: HashMap<String, Route>) -> Self {
         Self {
             map: routes
                 .into_iter()
@@ -25,7 +25,7 @@ impl RouteTable {
     /// alias that matches (routes by name, so the order is the same on every replica); else `auto` names the
     /// steered route (the first by name, when one exists); else the route that answers unknown names. `None`:
     /// no route answers it (404).
-    pub fn resolve(&self, model: &str) -> Option<String> {
+    pub(crate) fn resolve(&self, model: &str) -> Option<String> {
         if self.map.contains_key(model) {
             return Some(model.to_string());
         }
@@ -54,24 +54,24 @@ impl RouteTable {
     }
 
     /// Route `name` as it is now.
-    pub fn get(&self, name: &str) -> Option<Arc<Route>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Route>> {
         let cell = self.map.get(name)?;
         let g = cell.read().unwrap_or_else(|p| p.into_inner());
         Some(g.clone())
     }
 
-    pub fn contains_key(&self, name: &str) -> bool {
+    pub(crate) fn contains_key(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }
 
     /// Every route as it is now (no order: see `AppState::route_order`).
-    pub fn values(&self) -> std::vec::IntoIter<Arc<Route>> {
+    pub(crate) fn values(&self) -> std::vec::IntoIter<Arc<Route>> {
         let v: Vec<Arc<Route>> = self.map.keys().filter_map(|k| self.get(k)).collect();
         v.into_iter()
     }
 
     /// Every route with its name.
-    pub fn iter(&self) -> std::vec::IntoIter<(String, Arc<Route>)> {
+    pub(crate) fn iter(&self) -> std::vec::IntoIter<(String, Arc<Route>)> {
         let v: Vec<(String, Arc<Route>)> = self
             .map
             .keys()
@@ -81,7 +81,7 @@ impl RouteTable {
     }
 
     /// Puts `route` in force for its name; returns the one it replaced (`None`: no such route).
-    pub fn swap(&self, route: Arc<Route>) -> Option<Arc<Route>> {
+    pub(crate) fn swap(&self, route: Arc<Route>) -> Option<Arc<Route>> {
         let cell = self.map.get(&route.name)?;
         let mut g = cell.write().unwrap_or_else(|p| p.into_inner());
         Some(std::mem::replace(&mut *g, route))
@@ -90,7 +90,7 @@ impl RouteTable {
 
 /// Whether `name` matches `pattern`, whose `*` stand for any run of characters (case-sensitive, as model
 /// names are).
-pub fn glob_matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_matches(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     let (first, rest) = (parts[0], &parts[1..]);
     let Some(mut left) = name.strip_prefix(first) else {

@@ -15,7 +15,7 @@ use crate::routing::store::RedisStore;
 
 /// Where a session's last LLM turn was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pin {
+pub(crate) struct Pin {
     /// The stage's index in its route.
     pub stage: usize,
     /// The backend's name.
@@ -38,10 +38,10 @@ impl Pin {
 
 /// A session's key: a digest of tenant, route and the client's session key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SessionKey([u8; 16]);
+pub(crate) struct SessionKey([u8; 16]);
 
 impl SessionKey {
-    pub fn of(tenant: &str, route: &str, session: &str) -> Self {
+    pub(crate) fn of(tenant: &str, route: &str, session: &str) -> Self {
         let mut h = Sha256::new();
         for part in [tenant, route, session] {
             h.update((part.len() as u64).to_le_bytes());
@@ -112,14 +112,14 @@ impl Memory {
 }
 
 /// The pins.
-pub struct Sessions {
+pub(crate) struct Sessions {
     cfg: SessionsConfig,
     memory: Mutex<Memory>,
     redis: Option<Arc<RedisStore>>,
 }
 
 impl Sessions {
-    pub fn new(cfg: &SessionsConfig, redis: Option<Arc<RedisStore>>) -> Self {
+    pub(crate) fn new(cfg: &SessionsConfig, redis: Option<Arc<RedisStore>>) -> Self {
         Self {
             cfg: cfg.clone(),
             memory: Mutex::new(Memory::default()),
@@ -128,7 +128,7 @@ impl Sessions {
     }
 
     /// Whether sessions are pinned.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.cfg.enabled
     }
 
@@ -137,7 +137,7 @@ impl Sessions {
     }
 
     /// `key`'s pin, if it has one that has not expired: Redis's when it answers, else this replica's.
-    pub async fn get(&self, key: &SessionKey) -> Option<Pin> {
+    pub(crate) async fn get(&self, key: &SessionKey) -> Option<Pin> {
         if !self.cfg.enabled {
             return None;
         }
@@ -151,7 +151,7 @@ impl Sessions {
     }
 
     /// Pins `key` to `pin` for the TTL from now (in memory, and in Redis when it is the store).
-    pub async fn put(&self, key: &SessionKey, pin: Pin) {
+    pub(crate) async fn put(&self, key: &SessionKey, pin: Pin) {
         if !self.cfg.enabled {
             return;
         }
@@ -167,12 +167,8 @@ impl Sessions {
     }
 
     /// Pins held in this replica's memory.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.memory.lock().map_or(0, |m| m.map.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn redis_key(&self, r: &RedisStore, key: &SessionKey) -> String {

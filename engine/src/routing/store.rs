@@ -26,7 +26,7 @@ use crate::routing::policy::Policy;
 /// the stages' have the same shape). 1: the replicas before the error bound; 2 adds `mode = "risk"`,
 /// `max_error`, `confidence`, `on_breach` and `audit_rate`, which a format-1 replica would refuse to parse;
 /// 3 adds `allow_flawed_calibration`.
-pub const FORMAT: u64 = 3;
+pub(crate) const FORMAT: u64 = 3;
 
 const CAS: &str = r"
 local fmt = tonumber(redis.call('HGET', KEYS[1], 'format') or '1')
@@ -42,7 +42,7 @@ return {1, new, tonumber(ARGV[4])}
 ";
 
 /// A Redis-backed policy store.
-pub struct RedisStore {
+pub(crate) struct RedisStore {
     client: redis::Client,
     conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
     key: String,
@@ -51,7 +51,7 @@ pub struct RedisStore {
 }
 
 /// What a compare-and-set did.
-pub enum Cas {
+pub(crate) enum Cas {
     /// Stored at this version.
     Stored(u64),
     /// The store is at this other version.
@@ -61,7 +61,7 @@ pub enum Cas {
 }
 
 /// A stored policy as this replica reads it.
-pub enum Stored {
+pub(crate) enum Stored {
     /// Nothing stored yet.
     Empty,
     /// The policy and its version.
@@ -74,7 +74,7 @@ pub enum Stored {
 
 impl RedisStore {
     /// A store for `cfg` (no connection is made yet).
-    pub fn new(cfg: &PolicyStoreConfig) -> anyhow::Result<Self> {
+    pub(crate) fn new(cfg: &PolicyStoreConfig) -> anyhow::Result<Self> {
         Ok(Self {
             client: redis::Client::open(cfg.url.as_str())?,
             conn: tokio::sync::Mutex::new(None),
@@ -85,17 +85,20 @@ impl RedisStore {
     }
 
     /// The key prefix.
-    pub fn key(&self) -> &str {
+    pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
     /// How often replicas exchange state.
-    pub fn period(&self) -> Duration {
+    pub(crate) fn period(&self) -> Duration {
         self.sync
     }
 
     /// Adds each `(key, delta)` to its shared counter (a day's expiry, renewed) and returns the totals, in order.
-    pub async fn add_counters(&self, deltas: &[(String, f64)]) -> redis::RedisResult<Vec<f64>> {
+    pub(crate) async fn add_counters(
+        &self,
+        deltas: &[(String, f64)],
+    ) -> redis::RedisResult<Vec<f64>> {
         let r = async {
             let mut c = self.connection().await?;
             let mut pipe = redis::pipe();
@@ -111,7 +114,7 @@ impl RedisStore {
     }
 
     /// The string at `key` (none when absent or expired).
-    pub async fn get_value(&self, key: &str) -> redis::RedisResult<Option<String>> {
+    pub(crate) async fn get_value(&self, key: &str) -> redis::RedisResult<Option<String>> {
         let r = async {
             let mut c = self.connection().await?;
             redis::cmd("GET").arg(key).query_async(&mut c).await
@@ -121,7 +124,12 @@ impl RedisStore {
     }
 
     /// Sets `key` to `value`, expiring after `ttl_ms`.
-    pub async fn set_value(&self, key: &str, value: &str, ttl_ms: u64) -> redis::RedisResult<()> {
+    pub(crate) async fn set_value(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_ms: u64,
+    ) -> redis::RedisResult<()> {
         let r = async {
             let mut c = self.connection().await?;
             redis::cmd("SET")
@@ -137,7 +145,7 @@ impl RedisStore {
     }
 
     /// Whether the last exchange with Redis worked.
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
     }
 
@@ -174,17 +182,17 @@ impl RedisStore {
     }
 
     /// The routing policy's hash.
-    pub fn routing_key(&self) -> &str {
+    pub(crate) fn routing_key(&self) -> &str {
         &self.key
     }
 
     /// The hash of `route`'s stage `stage`'s policy.
-    pub fn stage_key(&self, route: &str, stage: &str) -> String {
+    pub(crate) fn stage_key(&self, route: &str, stage: &str) -> String {
         format!("{}:stage:{route}:{stage}", self.key)
     }
 
     /// The hash of a route's own policy: its stage `stage`'s, or (none) a steered route's.
-    pub fn policy_key(&self, route: &str, stage: Option<&str>) -> String {
+    pub(crate) fn policy_key(&self, route: &str, stage: Option<&str>) -> String {
         match stage {
             Some(st) => self.stage_key(route, st),
             None => format!("{}:route:{route}", self.key),
@@ -192,13 +200,13 @@ impl RedisStore {
     }
 
     /// The key of `route`'s promoted head.
-    pub fn head_key(&self, route: &str) -> String {
+    pub(crate) fn head_key(&self, route: &str) -> String {
         format!("{}:head:{route}", self.key)
     }
 
     /// Writes `head` as `route`'s head in force if the record names `expected` or none was written yet (one
     /// Lua script: compare-and-set); `Some(record)` when another head is recorded (nothing written).
-    pub async fn swap_head(
+    pub(crate) async fn swap_head(
         &self,
         route: &str,
         expected: &str,
@@ -235,7 +243,7 @@ return false";
     }
 
     /// `route`'s promoted head, when one was published (an unreadable value reads as none).
-    pub async fn get_head(
+    pub(crate) async fn get_head(
         &self,
         route: &str,
     ) -> redis::RedisResult<Option<crate::routing::heads::SharedHead>> {
@@ -250,7 +258,7 @@ return false";
     }
 
     /// The policy stored in the hash `key`.
-    pub async fn fetch(&self, key: &str) -> redis::RedisResult<Stored> {
+    pub(crate) async fn fetch(&self, key: &str) -> redis::RedisResult<Stored> {
         let r = async {
             let mut c = self.connection().await?;
             let (version, policy, format): (Option<u64>, Option<String>, Option<u64>) =
@@ -268,7 +276,7 @@ return false";
 
     /// Stores `cfg` as the version after `expected`, appending `audit` to the shared audit log, if the store
     /// is still at `expected` (0: nothing stored yet) and was not written in a newer format.
-    pub async fn compare_and_set(
+    pub(crate) async fn compare_and_set(
         &self,
         key: &str,
         expected: u64,
@@ -303,7 +311,7 @@ return false";
 /// state): at start the stored policy wins (or this replica's config is stored as the first version), then
 /// every `sync_ms` a newer stored version is installed. A policy in a newer format or one that does not parse
 /// is not installed (said once in the log; the policy in force stays).
-pub async fn sync_policy(store: Arc<RedisStore>, key: String, policy: Weak<Policy>) {
+pub(crate) async fn sync_policy(store: Arc<RedisStore>, key: String, policy: Weak<Policy>) {
     let mut seeded = false;
     let mut refused: Option<String> = None;
     loop {

@@ -1,13 +1,13 @@
 //! Tenancy: who may use the API, with which routes, weights and budgets ([`tenants`]), and the tenant list
 //! kept in step across replicas ([`sync`]).
 
-pub mod sync;
-pub mod tenants;
+pub(crate) mod sync;
+pub(crate) mod tenants;
 
 use std::sync::{Arc, RwLock};
 
 /// The tenancy part of the state.
-pub struct Tenancy {
+pub(crate) struct Tenancy {
     /// Who may use the public API (`[[tenants]]` and `tenants_file`; empty: open); swapped whole on a reload.
     tenants: RwLock<Arc<tenants::Tenants>>,
     /// What each tenant got since start (the console).
@@ -16,7 +16,7 @@ pub struct Tenancy {
 
 impl Tenancy {
     /// The configured tenants, nothing counted yet.
-    pub fn new(all: &[tiergate_config::TenantConfig]) -> Self {
+    pub(crate) fn new(all: &[tiergate_config::TenantConfig]) -> Self {
         Self {
             tenants: RwLock::new(Arc::new(tenants::Tenants::new(all))),
             figures: Arc::default(),
@@ -24,14 +24,14 @@ impl Tenancy {
     }
 
     /// The tenants in force.
-    pub fn in_force(&self) -> Arc<tenants::Tenants> {
+    pub(crate) fn in_force(&self) -> Arc<tenants::Tenants> {
         self.tenants
             .read()
             .map_or_else(|p| p.into_inner().clone(), |t| t.clone())
     }
 
     /// Puts `next` in force.
-    pub fn swap(&self, next: Arc<tenants::Tenants>) {
+    pub(crate) fn swap(&self, next: Arc<tenants::Tenants>) {
         if let Ok(mut t) = self.tenants.write() {
             *t = next;
         }
@@ -40,7 +40,7 @@ impl Tenancy {
 
 /// Who is calling with the API key `key`: its tenant, admitted at its request rate (`Unauthorized` without a
 /// known key, `RateLimited` over its rate), or `None` when no tenants are configured (the API is open).
-pub fn identify(
+pub(crate) fn identify(
     tenants: &tenants::Tenants,
     key: Option<&str>,
     now: std::time::Instant,
@@ -66,4 +66,56 @@ pub fn identify(
         retry_after_s: crate::error::retry_after(wait),
     })?;
     Ok(Some(tenant.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use sha2::{Digest, Sha256};
+    use tiergate_config::TenantConfig;
+
+    fn cfg(name: &str, key: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            key_sha256: format!("{:x}", Sha256::digest(key.as_bytes())),
+            routes: Some(vec!["classify".into()]),
+            rate_per_s: Some(1.0),
+            burst: Some(1.0),
+            ..TenantConfig::default()
+        }
+    }
+
+    #[test]
+    fn keys_are_found_by_digest_and_unknown_keys_are_unauthorized() {
+        use crate::error::EngineError;
+        let tenants = tenants::Tenants::new(&[cfg("a", "key-a"), cfg("b", "key-b")]);
+        assert_eq!(&*tenants.lookup("key-b").unwrap().id.0, "b");
+        assert!(tenants.lookup("key-c").is_none());
+        let now = std::time::Instant::now();
+        for bad in [None, Some(""), Some("key-c"), Some("key-a ")] {
+            let e = identify(&tenants, bad, now).unwrap_err();
+            assert!(matches!(e, EngineError::Unauthorized(_)), "{bad:?}");
+        }
+        let a = identify(&tenants, Some("key-a"), now).unwrap().unwrap();
+        assert!(a.may_use("classify") && !a.may_use("generate"));
+        // Its rate: 1/s, burst 1 — the second request at once is refused with a wait of a second.
+        let e = identify(&tenants, Some("key-a"), now).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::RateLimited {
+                    retry_after_s: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // The other tenant has its own bucket.
+        assert!(identify(&tenants, Some("key-b"), now).is_ok());
+        // No tenants: open.
+        assert!(identify(&tenants::Tenants::default(), None, now)
+            .unwrap()
+            .is_none());
+    }
 }

@@ -45,14 +45,14 @@ fn counters(state: &AppState, prefix: &str) -> Vec<Counter> {
 
 /// What one exchange does with the totals: `seen` holds each counter's total after this replica's last
 /// exchange; returns the others' use since then (none at a counter's first exchange).
-pub fn others_use(seen: &mut HashMap<String, f64>, key: &str, mine: f64, total: f64) -> f64 {
+pub(crate) fn others_use(seen: &mut HashMap<String, f64>, key: &str, mine: f64, total: f64) -> f64 {
     let others = seen.get(key).map_or(0.0, |last| total - last - mine);
     seen.insert(key.to_string(), total);
     others.max(0.0)
 }
 
 /// Keeps this replica's tenant limits in step with the other replicas' until the state is dropped.
-pub async fn sync_tenants(store: Arc<RedisStore>, state: Weak<AppState>) {
+pub(crate) async fn sync_tenants(store: Arc<RedisStore>, state: Weak<AppState>) {
     let mut seen: HashMap<String, f64> = HashMap::new();
     loop {
         let Some(s) = state.upgrade() else {

@@ -27,7 +27,7 @@ impl TenantId {
 
 /// A token bucket: `rate` tokens a second up to `burst`; a request takes one.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -38,7 +38,7 @@ pub struct Bucket {
 
 impl Bucket {
     /// A full bucket.
-    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
+    pub(crate) fn new(rate: f64, burst: f64, now: Instant) -> Self {
         Self {
             rate,
             burst,
@@ -49,7 +49,7 @@ impl Bucket {
     }
 
     /// Takes one token at `now`, or says how long until one is there.
-    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn take(&mut self, now: Instant) -> Result<(), Duration> {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
         self.at = now.max(self.at);
@@ -75,7 +75,7 @@ impl Shared for Bucket {
 
 /// A limit whose use is shared with the other replicas: what was used here since the last exchange, and
 /// what the others used (taken from this replica's allowance, down to at most one full allowance of debt).
-pub trait Shared {
+pub(crate) trait Shared {
     /// Use here since the last call.
     fn take_unsynced(&mut self) -> f64;
     /// Use by the other replicas.
@@ -86,7 +86,7 @@ pub trait Shared {
 /// charged after each job with the time it held a worker (so it can go below zero; the tenant then waits
 /// until it is paid back).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Budget {
+pub(crate) struct Budget {
     per_s: f64,
     cap: f64,
     left: f64,
@@ -106,7 +106,7 @@ impl Shared for Budget {
 
 impl Budget {
     /// A full budget of `per_min` LLM-seconds a minute.
-    pub fn new(per_min: f64, now: Instant) -> Self {
+    pub(crate) fn new(per_min: f64, now: Instant) -> Self {
         Self {
             per_s: per_min / 60.0,
             cap: per_min,
@@ -123,7 +123,7 @@ impl Budget {
     }
 
     /// Whether a job may start at `now`, or how long until it may.
-    pub fn check(&mut self, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn check(&mut self, now: Instant) -> Result<(), Duration> {
         self.refill(now);
         if self.left > 0.0 {
             Ok(())
@@ -135,14 +135,14 @@ impl Budget {
     }
 
     /// Charges `secs` LLM-seconds at `now`.
-    pub fn charge(&mut self, now: Instant, secs: f64) {
+    pub(crate) fn charge(&mut self, now: Instant, secs: f64) {
         self.refill(now);
         self.left -= secs;
         self.unsynced += secs;
     }
 
     /// LLM-seconds left at `now`.
-    pub fn left(&mut self, now: Instant) -> f64 {
+    pub(crate) fn left(&mut self, now: Instant) -> f64 {
         self.refill(now);
         self.left
     }
@@ -150,7 +150,7 @@ impl Budget {
 
 /// One configured tenant.
 #[derive(Debug)]
-pub struct Tenant {
+pub(crate) struct Tenant {
     pub id: TenantId,
     /// The routes it may use (`None`: all).
     routes: Option<Vec<String>>,
@@ -178,24 +178,24 @@ type Limited<L, S> = (L, Arc<Mutex<S>>);
 
 impl Tenant {
     /// Whether it may use route `name`.
-    pub fn may_use(&self, name: &str) -> bool {
+    pub(crate) fn may_use(&self, name: &str) -> bool {
         self.routes
             .as_ref()
             .is_none_or(|r| r.iter().any(|x| x == name))
     }
 
     /// Its request-rate bucket, when it has one.
-    pub fn bucket(&self) -> Option<&Arc<Mutex<Bucket>>> {
+    pub(crate) fn bucket(&self) -> Option<&Arc<Mutex<Bucket>>> {
         self.bucket.as_ref().map(|(_, b)| b)
     }
 
     /// Its LLM budget, when it has one.
-    pub fn budget(&self) -> Option<&Arc<Mutex<Budget>>> {
+    pub(crate) fn budget(&self) -> Option<&Arc<Mutex<Budget>>> {
         self.budget.as_ref().map(|(_, b)| b)
     }
 
     /// Takes one request from its rate, or says how long until it may send one.
-    pub fn admit(&self, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn admit(&self, now: Instant) -> Result<(), Duration> {
         match &self.bucket {
             Some((_, b)) => b.lock().map_or(Ok(()), |mut b| b.take(now)),
             None => Ok(()),
@@ -205,20 +205,20 @@ impl Tenant {
 
 /// The tenants by key digest.
 #[derive(Debug, Default)]
-pub struct Tenants {
+pub(crate) struct Tenants {
     by_digest: HashMap<[u8; 32], Arc<Tenant>>,
     by_name: HashMap<String, Arc<Tenant>>,
 }
 
 impl Tenants {
     /// From `[[tenants]]` (validated: digests are 64 hex digits).
-    pub fn new(cfg: &[TenantConfig]) -> Self {
+    pub(crate) fn new(cfg: &[TenantConfig]) -> Self {
         Self::default().reloaded(cfg)
     }
 
     /// The tenants of `cfg`, each keeping its bucket from `self` when its name, rate and burst are unchanged
     /// (a reload neither refills nor empties a tenant's rate).
-    pub fn reloaded(&self, cfg: &[TenantConfig]) -> Self {
+    pub(crate) fn reloaded(&self, cfg: &[TenantConfig]) -> Self {
         let now = Instant::now();
         let mut t = Self::default();
         for c in cfg {
@@ -263,12 +263,12 @@ impl Tenants {
     }
 
     /// Every tenant, by name.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         self.by_name.values()
     }
 
     /// The tenants' names, routes and limits (what `GET /admin/tenants` shows; never a digest).
-    pub fn describe(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn describe(&self) -> Vec<serde_json::Value> {
         let mut names: Vec<&String> = self.by_name.keys().collect();
         names.sort();
         names
@@ -291,24 +291,24 @@ impl Tenants {
     }
 
     /// No tenants: the API is open.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_digest.is_empty()
     }
 
     /// The tenant whose key this is.
-    pub fn lookup(&self, key: &str) -> Option<&Arc<Tenant>> {
+    pub(crate) fn lookup(&self, key: &str) -> Option<&Arc<Tenant>> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         self.by_digest.get(&digest)
     }
 
     /// The tenant named `name`.
-    pub fn named(&self, name: &str) -> Option<&Arc<Tenant>> {
+    pub(crate) fn named(&self, name: &str) -> Option<&Arc<Tenant>> {
         self.by_name.get(name)
     }
 
     /// 403 when tenant `id` may not use route `route` (identities that are no configured tenant — anonymous,
     /// the batch runner's — may use every route).
-    pub fn permit(&self, id: &TenantId, route: &str) -> Result<(), EngineError> {
+    pub(crate) fn permit(&self, id: &TenantId, route: &str) -> Result<(), EngineError> {
         match self.named(&id.0) {
             Some(t) if !t.may_use(route) => Err(EngineError::Forbidden(format!(
                 "tenant `{}` may not use route `{route}`",
@@ -322,13 +322,13 @@ impl Tenants {
 /// What each tenant got since start (the console's per-tenant table): bounded, as tenant names come from the
 /// config (and batch owners), never from a request.
 #[derive(Debug, Default)]
-pub struct Figures {
+pub(crate) struct Figures {
     by: Mutex<HashMap<Arc<str>, Counts>>,
 }
 
 /// One tenant's figures.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
-pub struct Counts {
+pub(crate) struct Counts {
     pub requests: u64,
     pub escalated: u64,
     pub degraded: u64,
@@ -347,7 +347,7 @@ impl Figures {
     }
 
     /// An answered request of `tenant`.
-    pub fn answered(&self, tenant: &TenantId, o: &crate::answer::outcome::Outcome) {
+    pub(crate) fn answered(&self, tenant: &TenantId, o: &crate::answer::outcome::Outcome) {
         use crate::answer::outcome::{Channel, DegradeReason};
         self.with(&tenant.0, |c| {
             c.requests += 1;
@@ -363,7 +363,7 @@ impl Figures {
     }
 
     /// A request of `tenant` that ended in an error.
-    pub fn failed(&self, tenant: &TenantId) {
+    pub(crate) fn failed(&self, tenant: &TenantId) {
         self.with(&tenant.0, |c| {
             c.requests += 1;
             c.errors += 1;
@@ -371,12 +371,12 @@ impl Figures {
     }
 
     /// LLM time used by `tenant`.
-    pub fn llm(&self, tenant: &Arc<str>, secs: f64) {
+    pub(crate) fn llm(&self, tenant: &Arc<str>, secs: f64) {
         self.with(tenant, |c| c.llm_seconds += secs);
     }
 
     /// Every tenant's figures, by name.
-    pub fn snapshot(&self) -> Vec<(String, Counts)> {
+    pub(crate) fn snapshot(&self) -> Vec<(String, Counts)> {
         let mut v: Vec<(String, Counts)> = self
             .by
             .lock()

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use crate::auth::{authorize_admin, Peer};
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use tiergate_engine::routing::heads::StartRequest;
 use tiergate_engine::Engine;
+use tiergate_engine::StartRequest;
 
 /// `GET /admin/heads`.
 pub async fn list(State(engine): State<Engine>, peer: Peer, headers: HeaderMap) -> Response {

@@ -46,7 +46,7 @@ pub async fn messages(
 }
 
 /// `POST /v1/messages/count_tokens`: the request's input tokens by the tokenizer of what would answer it
-/// ([`tiergate_engine::answer::count_tokens`]; `x-tiergate-stage` and `x-tiergate-backend` say whose).
+/// ([`tiergate_engine::Engine::count_tokens`]; `x-tiergate-stage` and `x-tiergate-backend` say whose).
 pub async fn count_tokens(
     State(engine): State<Engine>,
     asking: Asking,

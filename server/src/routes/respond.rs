@@ -241,7 +241,7 @@ pub(super) fn outcome_headers(o: &Outcome) -> Vec<(&'static str, String)> {
         t.model_ms()
     );
     put("server-timing", Some(timing));
-    let brownout = o.brownout != tiergate_engine::load::brownout::Step::Normal;
+    let brownout = o.brownout != tiergate_engine::Step::Normal;
     put(
         header::BROWNOUT,
         brownout.then(|| o.brownout.as_str().to_string()),
@@ -329,7 +329,7 @@ impl Chunks {
     fn of(v: &ValidChat) -> Self {
         Self {
             id: v.id.clone(),
-            created: tiergate_engine::load::utilization::unix_now_s(),
+            created: crate::validate::unix_now_s(),
             model: v.route.clone(),
         }
     }

@@ -23,8 +23,8 @@ use crate::validate::ValidChat;
 use tiergate_engine::answer::request::{ToolCall, ToolChoice};
 use tiergate_engine::answer::stored::{ResponseStore, StoredResponse};
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
-use tiergate_engine::tenancy::tenants::TenantId;
 use tiergate_engine::Engine;
+use tiergate_engine::TenantId;
 
 use super::chat::{in_dialect, validated};
 use super::respond::{answered, collected, finish, label_text};
@@ -325,7 +325,7 @@ fn response(v: &ValidChat, status: &str, out: Option<&Output>, shapes: &Shapes) 
     let format = if v.json_object { "json_object" } else { "text" };
     let (tools, tool_choice, parallel) = tools_echo(v);
     json!({
-        "id": v.id, "object": "response", "created_at": tiergate_engine::load::utilization::unix_now_s(),
+        "id": v.id, "object": "response", "created_at": crate::validate::unix_now_s(),
         "status": status, "error": null, "incomplete_details": incomplete, "model": v.route,
         "output": output, "parallel_tool_calls": parallel, "previous_response_id": null,
         "temperature": v.temperature, "top_p": v.top_p, "max_output_tokens": v.max_tokens,

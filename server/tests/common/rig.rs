@@ -281,3 +281,31 @@ pub fn write_prototype_head(
     };
     tiergate_prefilter::heads::save_trained(out, &meta, &w, &b).unwrap();
 }
+
+/// A chat request to `route` validated as the chat door validates it, for the anonymous tenant, with a
+/// `forced` θ.
+pub fn valid(
+    engine: &tiergate_engine::Engine,
+    route: &str,
+    text: &str,
+    forced: Option<f64>,
+) -> tiergate_engine::answer::request::ValidChat {
+    let body = json!({"model": route, "messages": [{"role": "user", "content": text}]});
+    let headers = axum::http::HeaderMap::new();
+    let caller = tiergate_server::validate::Caller {
+        tenant: tiergate_engine::TenantId::anonymous(),
+        batch: None,
+        headers: &headers,
+        started: Instant::now(),
+        forced: Ok(forced),
+    };
+    let req = serde_json::from_value(body).unwrap();
+    tiergate_server::validate::validate(req, |n| engine.route_facts(n), caller).unwrap()
+}
+
+/// A request in flight: the engine's answer to a classify request, which holds its admission permit until
+/// it is dropped.
+pub async fn in_flight(r: &Rig) -> tiergate_engine::answer::Answer {
+    let v = valid(&r.engine, "classify", "card lost", None);
+    r.engine.answer(&v).await.ok().unwrap()
+}

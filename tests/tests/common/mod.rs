@@ -202,30 +202,7 @@ pub fn llm_worker(
 
 /// A real `redis-server` on `port` (loopback, no persistence), ready when it accepts a connection.
 pub fn redis(port: u16) -> Killed {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server (Debian package `redis-server`; scripts/test.sh installs it)");
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Killed(child)
+    Killed(tiergate_engine::testing::redis_server(port))
 }
 
 /// A generation's events read to its end (each within `wait`): its text, its tool calls and its usage.

@@ -19,7 +19,7 @@ struct Held {
 }
 
 /// The store.
-pub struct MemoryStore {
+pub(crate) struct MemoryStore {
     held: Mutex<Held>,
     max_bytes: u64,
     window_ms: u64,
@@ -27,7 +27,7 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     /// An empty ledger holding at most `max_bytes` of decisions for `window_s`.
-    pub fn new(max_bytes: u64, window_s: u64) -> Self {
+    pub(crate) fn new(max_bytes: u64, window_s: u64) -> Self {
         Self {
             held: Mutex::new(Held::default()),
             max_bytes,

@@ -6,9 +6,9 @@
 //! store the `tiergate` binary hands over), or Redis with a TTL when the policy store is Redis ([`redis`]), so
 //! feedback reaching any replica joins; a server built without either keeps them in memory ([`memory`]).
 
-pub mod memory;
-pub mod redis;
-pub mod summary;
+pub(crate) mod memory;
+pub(crate) mod redis;
+pub(crate) mod summary;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,11 +67,11 @@ pub struct Record {
 }
 
 /// The feedback channel of answers decided under a forced θ.
-pub const FORCED: &str = "forced";
+pub(crate) const FORCED: &str = "forced";
 
 impl Record {
     /// Tier-0 gave this answer alone (not escalated, or escalated and degraded back to Tier-0).
-    pub fn tier0_alone(&self) -> bool {
+    pub(crate) fn tier0_alone(&self) -> bool {
         self.tier == "tier0" && self.label.is_some()
     }
 
@@ -279,7 +279,7 @@ impl Ledger {
 
     /// Waits (up to `max`) until every record handed over so far is stored: at shutdown, so that answers
     /// given just before it can still take feedback after a restart.
-    pub fn drain(&self, max: Duration) {
+    pub(crate) fn drain(&self, max: Duration) {
         let until = std::time::Instant::now() + max;
         use std::sync::atomic::Ordering::Acquire;
         while self.done.load(Acquire) < self.sent.load(Acquire) && std::time::Instant::now() < until
@@ -290,7 +290,7 @@ impl Ledger {
 
     /// Waits (up to `max`, without blocking the runtime) until the records handed over before the call are
     /// stored: a lookup after it sees every answer this replica gave before it.
-    pub async fn written(&self, max: Duration) {
+    pub(crate) async fn written(&self, max: Duration) {
         use std::sync::atomic::Ordering::Acquire;
         let target = self.sent.load(Acquire);
         let until = tokio::time::Instant::now() + max;
@@ -300,7 +300,7 @@ impl Ledger {
     }
 
     /// The summary as of the writer's last refresh (at most a few seconds old).
-    pub fn summary(&self) -> Summary {
+    pub(crate) fn summary(&self) -> Summary {
         self.summary.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
@@ -320,7 +320,7 @@ impl Ledger {
     }
 
     /// How long a record stays joinable, milliseconds.
-    pub fn window_ms(&self) -> u64 {
+    pub(crate) fn window_ms(&self) -> u64 {
         self.window_ms
     }
 
@@ -335,7 +335,7 @@ impl Ledger {
 const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 /// How long the writer gathers entries after the first before it writes them.
-pub const GATHER: Duration = Duration::from_millis(20);
+pub(crate) const GATHER: Duration = Duration::from_millis(20);
 
 /// Takes what is waiting (up to 512 entries, or what came within [`GATHER`] of the first) and writes it at once;
 /// refreshes the summary every [`SUMMARY_EVERY`].
@@ -382,7 +382,7 @@ fn write_loop(
 /// The ledger `config` asks for: none when `[feedback]` is off; in Redis (under the policy store's key) when
 /// the policy store is Redis; else in `local` (the SQLite file the binary hands over), or in memory without one
 /// (not durable: said at start).
-pub fn open(
+pub(crate) fn open(
     config: &tiergate_config::Config,
     local: Option<Arc<dyn Store>>,
 ) -> anyhow::Result<Option<Arc<Ledger>>> {
@@ -440,7 +440,7 @@ impl AuditItem {
 }
 
 /// A head's version: FNV-1a of its labels and temperature, hex.
-pub fn head_version(labels: &[String], temperature: f64) -> String {
+pub(crate) fn head_version(labels: &[String], temperature: f64) -> String {
     let mut h = tiergate_core::fnv::Fnv::new();
     for l in labels {
         h.eat(l.as_bytes()).eat(&[0]);

@@ -28,7 +28,7 @@ type SummaryRead = (
 );
 
 /// The store.
-pub struct RedisLedger {
+pub(crate) struct RedisLedger {
     client: redis::Client,
     conn: Mutex<Option<redis::Connection>>,
     prefix: String,
@@ -37,7 +37,7 @@ pub struct RedisLedger {
 
 impl RedisLedger {
     /// A ledger at `url` under `{key}:ledger:`; connects on first use.
-    pub fn new(url: &str, key: &str, window_s: u64) -> anyhow::Result<Self> {
+    pub(crate) fn new(url: &str, key: &str, window_s: u64) -> anyhow::Result<Self> {
         Ok(Self {
             client: redis::Client::open(url)?,
             conn: Mutex::new(None),

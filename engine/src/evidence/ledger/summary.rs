@@ -14,12 +14,12 @@ use serde::Serialize;
 use tiergate_core::risk::WeightedCount;
 
 /// Confidence of the reported intervals.
-pub const CONFIDENCE: f64 = 0.95;
+pub(crate) const CONFIDENCE: f64 = 0.95;
 
 /// The channel of audits of Tier-0's lone answers (the bound's population).
-pub const TIER0: &str = "tier0";
+pub(crate) const TIER0: &str = "tier0";
 /// The channel of audits of escalations that fell back to Tier-0.
-pub const DEGRADED: &str = "degraded";
+pub(crate) const DEGRADED: &str = "degraded";
 
 /// Feedback counts of one channel.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -35,12 +35,12 @@ pub struct FeedbackCounts {
 impl FeedbackCounts {
     /// Accuracy by trusted feedback on the channel (`None` without any): untrusted feedback is reported
     /// apart and never enters it.
-    pub fn accuracy(&self) -> Option<f64> {
+    pub(crate) fn accuracy(&self) -> Option<f64> {
         (self.trusted_n > 0).then(|| self.trusted_correct as f64 / self.trusted_n as f64)
     }
 
     /// Accuracy by untrusted feedback alone.
-    pub fn untrusted_accuracy(&self) -> Option<f64> {
+    pub(crate) fn untrusted_accuracy(&self) -> Option<f64> {
         (self.untrusted_n > 0).then(|| self.untrusted_correct as f64 / self.untrusted_n as f64)
     }
 }
@@ -110,7 +110,7 @@ impl RouteSummary {
     }
 
     /// Adds one labelled audit of `head`'s answer on `channel`, drawn with `probability`.
-    pub fn add_audit(&mut self, head: &str, channel: &str, probability: f64, wrong: bool) {
+    pub(crate) fn add_audit(&mut self, head: &str, channel: &str, probability: f64, wrong: bool) {
         let w = if probability > 0.0 {
             1.0 / probability
         } else {
@@ -133,7 +133,7 @@ impl RouteSummary {
     }
 
     /// The labelled audits of `head` (every head's when `None`) on `channel`.
-    pub fn audits(&self, head: Option<&str>, channel: &str) -> WeightedCount {
+    pub(crate) fn audits(&self, head: Option<&str>, channel: &str) -> WeightedCount {
         let mut out = WeightedCount::default();
         for (h, by) in &self.labelled {
             if head.is_none_or(|want| want == h) {
@@ -161,13 +161,13 @@ impl RouteSummary {
     }
 
     /// The same on the escalations that degraded back to Tier-0: another population, reported apart.
-    pub fn degraded_error(&self, head: Option<&str>) -> Option<SilentError> {
+    pub(crate) fn degraded_error(&self, head: Option<&str>) -> Option<SilentError> {
         SilentError::of(&self.audits(head, DEGRADED))
     }
 
     /// The JSON the console and `/admin/feedback` show for the head in force (`head`; every head's when
     /// `None`).
-    pub fn view(&self, head: Option<&str>) -> serde_json::Value {
+    pub(crate) fn view(&self, head: Option<&str>) -> serde_json::Value {
         let feedback: serde_json::Map<String, serde_json::Value> = self
             .feedback
             .iter()

@@ -8,7 +8,7 @@ use tiergate_prefilter::heads::FittedFusion;
 
 /// The fusion in force for a route, and where it comes from.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Fusion {
+pub(crate) struct Fusion {
     /// Weight of the LLM's distribution.
     pub llm_weight: f32,
     /// Temperature of the LLM's scores.
@@ -24,7 +24,7 @@ impl Fusion {
     /// The fusion of a stage whose backend is `backend`: `fit` (the head's `fusion.json` for the first stage,
     /// its `fusion.STAGE.json` after) when it was fitted with this LLM after the same stages `after`, else the
     /// backend's configured values (a fit made with another judge says nothing about this one).
-    pub fn resolve(
+    pub(crate) fn resolve(
         backend: &RerankerConfig,
         prompts: &PromptConfig,
         fit: Option<&FittedFusion>,
@@ -48,7 +48,7 @@ impl Fusion {
     }
 
     /// Says at start which fit is in force for `route`, and when the fit found that the LLM adds no accuracy.
-    pub fn log_for(&self, route: &str) {
+    pub(crate) fn log_for(&self, route: &str) {
         let Some(fit) = &self.fit else { return };
         if fit.llm_weight == 0.0 || fit.fused_accuracy <= fit.tier0_accuracy {
             tracing::warn!(
