@@ -3,7 +3,7 @@
 //! [`tiergate_engine::batch::BatchService`]: the server mounts its HTTP routes over the trait and the cli
 //! hands it this crate's [`BatchApi`], so neither crate names the other. The runner has each line answered
 //! through the [`tiergate_engine::batch::Door`] the server gives it, marked as batch work
-//! ([`tiergate_engine::BatchLine`]): its LLM jobs take one turn at a time, only while no
+//! ([`tiergate_engine::model::request::BatchLine`]): its LLM jobs take one turn at a time, only while no
 //! interactive escalation is in flight.
 
 pub mod runner;
@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tiergate_config::BatchConfig;
 use tiergate_engine::batch::{BatchError, BatchService, Door, Page, Upload};
-use tiergate_engine::TenantId;
+use tiergate_engine::model::request::TenantId;
 use tiergate_engine::{Engine, WeakEngine};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -13,7 +13,8 @@ use tokio::sync::watch;
 use std::sync::Arc;
 
 use tiergate_engine::batch::{Door, LineRequest};
-use tiergate_engine::{BatchLine, Gate};
+use tiergate_engine::model::request::BatchLine;
+use tiergate_engine::Gate;
 use tiergate_engine::{Engine, WeakEngine};
 
 use super::store::{new_id, Store};
@@ -98,7 +99,7 @@ async fn run_batch(
     // Without an LLM side no line holds an LLM turn, so none is ever preempted.
     let gate = state.batch_gate();
     // Its lines run as its owner: that tenant's routes, its name in the metrics.
-    let owner = tiergate_engine::TenantId(std::sync::Arc::from(row.owner.as_str()));
+    let owner = tiergate_engine::model::request::TenantId(std::sync::Arc::from(row.owner.as_str()));
     let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
         .map(|l| {
@@ -235,7 +236,7 @@ const MAX_PREEMPTIONS: u32 = 3;
 async fn run_line(
     state: &Engine,
     door: &dyn Door,
-    owner: &tiergate_engine::TenantId,
+    owner: &tiergate_engine::model::request::TenantId,
     gate: Option<&Gate>,
     batch: &str,
     l: &Line,

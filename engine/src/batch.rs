@@ -58,7 +58,7 @@ pub trait BatchService: Send + Sync {
     /// Stores an upload (`purpose` must be `batch`), within the tenant's `max_stored_bytes` and the store's size.
     fn upload(
         &self,
-        engine: &crate::Engine,
+        engine: &crate::engine::Engine,
         tenant: &TenantId,
         up: Upload<'_>,
     ) -> Result<Value, BatchError>;
@@ -76,7 +76,7 @@ pub trait BatchService: Send + Sync {
     /// Creates a batch from a request body (`input_file_id`, `endpoint`, `completion_window`, `metadata`).
     fn create(
         &self,
-        engine: &crate::Engine,
+        engine: &crate::engine::Engine,
         tenant: &TenantId,
         body: &Value,
     ) -> Result<Value, BatchError>;
@@ -98,7 +98,7 @@ pub trait BatchService: Send + Sync {
     /// off.
     fn start(
         &self,
-        engine: crate::WeakEngine,
+        engine: crate::engine::WeakEngine,
         door: Arc<dyn Door>,
         stop: watch::Receiver<bool>,
     ) -> Option<JoinHandle<()>>;
@@ -129,7 +129,7 @@ pub trait Door: Send + Sync {
     /// Answers `req`; dropping the future cancels it (its LLM job with it).
     fn answer<'a>(
         &'a self,
-        engine: &'a crate::Engine,
+        engine: &'a crate::engine::Engine,
         req: LineRequest,
     ) -> Pin<Box<dyn Future<Output = LineAnswer> + Send + 'a>>;
 }

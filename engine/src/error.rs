@@ -1,6 +1,6 @@
 //! Why the engine refuses a request, in kinds every door can say in its own API's shape: each door maps each
 //! to its status and error body in one place (`tiergate_server::error`). A refusal that degrades instead
-//! (Tier-0 answers) is a [`crate::answer::outcome::DegradeReason`], never an error.
+//! (Tier-0 answers) is a [`crate::model::outcome::DegradeReason`], never an error.
 
 use std::time::Duration;
 

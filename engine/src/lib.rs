@@ -35,6 +35,7 @@ pub mod error;
 pub mod evidence;
 mod load;
 pub mod metrics;
+pub mod model;
 mod routing;
 mod state;
 mod tasks;
@@ -42,11 +43,9 @@ mod tenancy;
 #[doc(hidden)]
 pub mod testing;
 
-pub use answer::request::RouteFacts;
 pub use backends::llm::Llm;
-pub use backends::priority::{BatchLine, Gate};
+pub use backends::priority::Gate;
 pub use engine::{Cleared, Engine, PolicyChange, PolicyTarget, Verdict, WeakEngine};
-pub use load::brownout::Step;
 pub use routing::heads::StartRequest;
 pub use state::start_llm;
-pub use tenancy::tenants::{Quotas, TenantId};
+pub use tenancy::tenants::Quotas;

@@ -369,7 +369,7 @@ fn route_of(
     handles: &mut Vec<(HeadConfig, PrefilterHandle)>,
 ) -> anyhow::Result<Route> {
     // The first stage's judge decides how candidates are shown (grounded or not).
-    let grounded = crate::answer::judge::grounded(resolved.judge(r), &r.prompts);
+    let grounded = crate::model::judge::grounded(resolved.judge(r), &r.prompts);
     let prefilter = if r.kind == RouteKind::Generate && r.steer.is_none() {
         None
     } else {
@@ -379,7 +379,7 @@ fn route_of(
     let fusion = stages[0].fusions[0].clone();
     fusion.log_for(&r.name);
     let out_of_scope = match (&r.out_of_scope, &prefilter) {
-        (Some(o), Some(p)) => Some(crate::answer::out_of_scope::OutOfScopeRoute::resolve(
+        (Some(o), Some(p)) => Some(crate::model::out_of_scope::OutOfScopeRoute::resolve(
             &r.name,
             o,
             p.out_of_scope(),
@@ -505,7 +505,7 @@ fn stages_of(
                 })
                 .collect();
             let judge = &resolved.backends[backend].config;
-            after.push(crate::answer::judge::llm_name(judge, &r.prompts));
+            after.push(crate::model::judge::llm_name(judge, &r.prompts));
             Stage {
                 name: st.name.clone(),
                 candidates: judge.candidates,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use tiergate_core::outcome::header::DEADLINE as HEADER;
-use tiergate_engine::Step;
+use tiergate_engine::model::outcome::Step;
 
 use crate::error::ApiError;
 
@@ -69,11 +69,10 @@ pub fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
 /// the ceiling it got (`x-tiergate-max-tokens`).
 pub fn mark_request(
     mut resp: Response,
-    v: &tiergate_engine::answer::request::ValidChat,
+    v: &tiergate_engine::model::request::ValidChat,
 ) -> Response {
     use tiergate_core::outcome::header;
-    let value = crate::fields::header_value(&v.set_aside);
-    if let Some(h) = value.and_then(|s| HeaderValue::from_str(&s).ok()) {
+    if let Some(h) = crate::fields::header_value(&v.set_aside) {
         resp.headers_mut().insert(header::SET_ASIDE, h);
     }
     if v.max_tokens_clamped {

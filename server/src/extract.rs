@@ -7,8 +7,8 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
+use tiergate_engine::model::request::TenantId;
 use tiergate_engine::Engine;
-use tiergate_engine::TenantId;
 
 use crate::error::ApiError;
 

@@ -12,9 +12,9 @@ pub fn set_aside(names: impl IntoIterator<Item = String>) -> Vec<String> {
     names
 }
 
-/// The `x-tiergate-set-aside` value: the names joined with `, `, at most `MAX_HEADER` bytes (a client can
-/// send many unknown fields; the rest is `…`).
-pub fn header_value(names: &[String]) -> Option<String> {
+/// The `x-tiergate-set-aside` header's value: the names joined with `, `, at most `MAX_HEADER` bytes (a client
+/// can send many unknown fields; the rest is `…`).
+pub fn header_value(names: &[String]) -> Option<axum::http::HeaderValue> {
     const MAX_HEADER: usize = 1024;
     if names.is_empty() {
         return None;
@@ -35,7 +35,7 @@ pub fn header_value(names: &[String]) -> Option<String> {
         }
         out.push_str(&piece);
     }
-    Some(out)
+    axum::http::HeaderValue::from_str(&out).ok()
 }
 
 /// The session a request belongs to: `x-session-id` when sent, else the first session id the client's own
@@ -80,17 +80,20 @@ mod tests {
         let n =
             set_aside(["thinking", "zz_new", "thinking", "context_management"].map(String::from));
         assert_eq!(n, ["context_management", "thinking", "zz_new"]);
+        let text = |h: Option<axum::http::HeaderValue>| {
+            h.map(|v| String::from_utf8_lossy(v.as_bytes()).to_string())
+        };
         assert_eq!(
-            header_value(&n).as_deref(),
+            text(header_value(&n)).as_deref(),
             Some("context_management, thinking, zz_new")
         );
         assert_eq!(header_value(&[]), None);
         let many: Vec<String> = (0..500).map(|i| format!("field_{i}")).collect();
-        let h = header_value(&many).unwrap();
+        let h = text(header_value(&many)).unwrap();
         assert!(h.len() <= 1030 && h.ends_with('…'), "{}", h.len());
         // A name with bytes a header cannot carry keeps its visible ASCII only.
         assert_eq!(
-            header_value(&["bad\nname é".to_string()]).as_deref(),
+            text(header_value(&["bad\nname é".to_string()])).as_deref(),
             Some("badname")
         );
     }

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::openai::ChatRequest;
-use tiergate_engine::answer::request::ToolCall;
+use tiergate_engine::model::request::ToolCall;
 
 /// `POST /v1/responses` body, as sent.
 #[derive(Debug, Deserialize)]

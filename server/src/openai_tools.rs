@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use tiergate_config::RouteKind;
-use tiergate_engine::answer::request::{Tool, ToolCall, ToolChoice, Tools};
+use tiergate_engine::model::request::{Tool, ToolCall, ToolChoice, Tools};
 
 use crate::error::ApiError;
 use crate::openai::ChatRequest;

@@ -11,18 +11,18 @@ use crate::fields;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
 use crate::openai_tools as tools;
 pub use crate::openai_tools::{valid_name, MAX_TOOLS};
-pub use tiergate_engine::answer::request::{ValidChat, ValidMessage};
+pub use tiergate_engine::model::request::{ValidChat, ValidMessage};
 
 /// Default generation length.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
-pub use tiergate_engine::RouteFacts;
+pub use tiergate_engine::model::request::RouteFacts;
 
 /// What the handler knows of a request besides its body: who asks, a batch line's marker, its headers
 /// (the budget) and when it arrived. Everything a [`ValidChat`] holds is set in [`validate`], once.
 pub struct Caller<'a> {
-    pub tenant: tiergate_engine::TenantId,
-    pub batch: Option<tiergate_engine::BatchLine>,
+    pub tenant: tiergate_engine::model::request::TenantId,
+    pub batch: Option<tiergate_engine::model::request::BatchLine>,
     pub headers: &'a HeaderMap,
     pub started: Instant,
     /// The θ its `x-tiergate-threshold` forces, or why it may not (read by the routes that classify).
@@ -182,8 +182,8 @@ fn session_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 /// What `Cache-Control` lets the answer cache do: `no-cache` skips the lookup, `no-store` the write
 /// (directives are case-insensitive; others are ignored, as an HTTP cache would).
-pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::answer::request::CacheControl {
-    let mut c = tiergate_engine::answer::request::CacheControl::default();
+pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::model::request::CacheControl {
+    let mut c = tiergate_engine::model::request::CacheControl::default();
     for v in headers.get_all(axum::http::header::CACHE_CONTROL) {
         for d in v.to_str().unwrap_or("").split(',') {
             match d.trim().to_ascii_lowercase().as_str() {
@@ -196,7 +196,7 @@ pub fn cache_control(headers: &HeaderMap) -> tiergate_engine::answer::request::C
     c
 }
 
-pub use tiergate_engine::answer::request::completion_id;
+pub use tiergate_engine::model::request::completion_id;
 
 /// Now as Unix seconds (a response's `created`).
 pub fn unix_now_s() -> u64 {
@@ -419,7 +419,7 @@ fn valid_outputs(
 mod tests {
     use super::*;
     use std::time::Duration;
-    use tiergate_engine::answer::request::ToolChoice;
+    use tiergate_engine::model::request::ToolChoice;
 
     fn req(v: serde_json::Value) -> ChatRequest {
         serde_json::from_value(v).unwrap()
@@ -445,7 +445,7 @@ mod tests {
 
     fn anyone() -> Caller<'static> {
         Caller {
-            tenant: tiergate_engine::TenantId::anonymous(),
+            tenant: tiergate_engine::model::request::TenantId::anonymous(),
             batch: None,
             headers: &NO_HEADERS,
             started: Instant::now(),
@@ -499,8 +499,8 @@ mod tests {
         );
         let started = Instant::now();
         let caller = Caller {
-            tenant: tiergate_engine::TenantId(std::sync::Arc::from("acme")),
-            batch: Some(tiergate_engine::BatchLine::new(false)),
+            tenant: tiergate_engine::model::request::TenantId(std::sync::Arc::from("acme")),
+            batch: Some(tiergate_engine::model::request::BatchLine::new(false)),
             headers: &headers,
             started,
             forced: Ok(None),
@@ -517,7 +517,7 @@ mod tests {
             "600000".parse().unwrap(),
         );
         let caller = Caller {
-            tenant: tiergate_engine::TenantId::anonymous(),
+            tenant: tiergate_engine::model::request::TenantId::anonymous(),
             batch: None,
             headers: &headers,
             started,

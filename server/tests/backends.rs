@@ -140,7 +140,7 @@ async fn a_loaded_second_stage_moves_its_own_policy_and_the_brownout_ladder() {
         let top = routing(&r, "").await;
         stage_u = f64::max(stage_u, stage["utilization"].as_f64().unwrap());
         routing_u = top["utilization"].as_f64().unwrap();
-        if r.engine.brownout() > tiergate_engine::Step::Normal {
+        if r.engine.brownout() > tiergate_engine::model::outcome::Step::Normal {
             step = r.engine.brownout().as_str().to_string();
         }
     }

@@ -13,7 +13,7 @@ mod common;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::Value;
 use tiergate_engine::answer::{Body, Delta};
-use tiergate_engine::TenantId;
+use tiergate_engine::model::request::TenantId;
 use tiergate_engine::{Engine, Verdict};
 
 use common::rig::*;

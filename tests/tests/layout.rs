@@ -376,7 +376,8 @@ fn reads_reranker(text: &str) -> bool {
 
 /// `[reranker]` is read in one place: `Config::resolve` merges it into every backend, and every other crate's
 /// code reads the resolved backends (a second reader is how a route once used `[reranker]`'s candidates
-/// instead of its own backend's). Tests and examples (outside `src/`) may set its fields to build a config.
+/// instead of its own backend's). Tests and examples (outside `src/`, or a `src/` module of tests only,
+/// `*_tests.rs`) may set its fields to build a config.
 #[test]
 fn no_crate_but_config_reads_the_reranker_section() {
     let mut offenders = Vec::new();
@@ -394,7 +395,9 @@ fn no_crate_but_config_reads_the_reranker_section() {
                 let p = e.path();
                 if p.is_dir() {
                     dirs.push(p);
-                } else if p.extension().is_some_and(|x| x == "rs") {
+                } else if p.extension().is_some_and(|x| x == "rs")
+                    && !p.to_string_lossy().ends_with("_tests.rs")
+                {
                     checked += 1;
                     if reads_reranker(&std::fs::read_to_string(&p).unwrap()) {
                         offenders.push(p);
@@ -669,4 +672,77 @@ fn one_channel_type() {
         bench.contains("Served(Served)"),
         "the bench's Channel keeps its own copy of the server's channels"
     );
+}
+
+/// The engine's wings, from the top: a wing may name (`crate::<wing>`) only the wings below it. The front
+/// door (`engine/`, and `batch.rs`, whose traits name it) on top; the background work over the whole state
+/// (`tasks/`); the request path (`answer/`); the state built once (`state.rs`); the lower wings, each taking
+/// the parts it uses; the vocabulary (`model/`) at the bottom, beside `error.rs` and `metrics.rs`.
+const WINGS: &[&str] = &[
+    "batch", "engine", "tasks", "answer", "state", "cache", "evidence", "backends", "routing",
+    "load", "tenancy", "model", "error", "metrics",
+];
+
+/// Each `crate::<name>` a file's code names (comments and `#[cfg(test)] mod tests` left out), with its line.
+fn crate_paths(src: &str) -> Vec<(usize, String)> {
+    let code = src.split("#[cfg(test)]\nmod tests").next().unwrap_or(src);
+    let mut out = Vec::new();
+    for (i, line) in code.lines().enumerate() {
+        let line = line.split("//").next().unwrap_or("");
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            out.push((i + 1, name));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_engines_wings_are_layers() {
+    let src = root().join("engine/src");
+    let mut files = Vec::new();
+    let mut todo = vec![src.clone()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    let mut wings_seen = HashSet::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        let name = rel.split('/').next().unwrap().trim_end_matches(".rs");
+        let test_only = rel.ends_with("_tests.rs") || rel == "costs.rs" || rel == "testing.rs";
+        if name == "lib" || test_only {
+            continue;
+        }
+        let at = WINGS.iter().position(|w| *w == name);
+        let at = at.unwrap_or_else(|| panic!("engine/src/{rel}: wing `{name}` is not in WINGS"));
+        wings_seen.insert(name.to_string());
+        for (line, to) in crate_paths(&std::fs::read_to_string(f).unwrap()) {
+            if to == name {
+                continue;
+            }
+            match WINGS.iter().position(|w| *w == to) {
+                Some(below) if below > at => {}
+                Some(_) => wrong.push(format!("engine/src/{rel}:{line}: {name} names {to}, above it")),
+                None => wrong.push(format!("engine/src/{rel}:{line}: `crate::{to}` is no wing (name the wing, not a re-export)")),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Every wing of the list exists: the order is of the tree as it is.
+    for w in WINGS {
+        assert!(wings_seen.contains(*w), "no engine/src/{w}(.rs)");
+    }
 }

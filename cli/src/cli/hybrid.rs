@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use tiergate_config::{Config, RouteKind};
-use tiergate_engine::answer::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
+use tiergate_engine::model::out_of_scope::{with_none, Call, OutOfScopeRoute, NONE};
 use tiergate_prefilter::heads::FittedFusion;
 use tiergate_prefilter::Classifier;
 use tiergate_queue::{Job, Reply};
@@ -176,7 +176,7 @@ pub fn load_classifier(dir: &Path, config: &Config) -> anyhow::Result<Classifier
     let mut c = Classifier::from_dir(dir, config.prefilter.max_tokens, config.prefilter.precision)
         .with_context(|| format!("loading classifier {}", dir.display()))?;
     let (judge, prompts) = judge(config)?;
-    if tiergate_engine::answer::judge::grounded(&judge.config, &prompts) {
+    if tiergate_engine::model::judge::grounded(&judge.config, &prompts) {
         c.ground()?;
     }
     Ok(c)
@@ -245,7 +245,7 @@ fn run_llm(
     progress(&format!("LLM: {} rows to score", todo.len()));
     for (n, &i) in todo.iter().enumerate() {
         // Representatives exist only when the route is grounded (`ground` above), as in serving.
-        let candidates = tiergate_engine::answer::judge::candidates(
+        let candidates = tiergate_engine::model::judge::candidates(
             &rows[i].top,
             classifier.labels(),
             &classifier.replies,
@@ -292,10 +292,10 @@ pub fn judge(
     Ok((b.clone(), p.clone()))
 }
 
-/// The LLM's name for reports and `fusion.json` (see [`tiergate_engine::answer::judge::llm_name`]).
+/// The LLM's name for reports and `fusion.json` (see [`tiergate_engine::model::judge::llm_name`]).
 pub fn llm_name(config: &Config) -> anyhow::Result<String> {
     let (judge, prompts) = judge(config)?;
-    Ok(tiergate_engine::answer::judge::llm_name(
+    Ok(tiergate_engine::model::judge::llm_name(
         &judge.config,
         &prompts,
     ))

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use crate::answer::outcome::Outcome;
-use crate::answer::request::ValidChat;
 use crate::evidence::ledger::{now_ms, AuditItem, Entry, Record};
+use crate::model::outcome::Outcome;
+use crate::model::request::ValidChat;
 use crate::state::AppState;
 
 /// What the record needs from the request, taken before the handler consumes it.

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use tiergate_queue::{Event, Job, JobHandle, QueueError, Reply};
 
-use crate::answer::request::ValidChat;
 use crate::backends::llm::{Held, Llm, Refused, Submitted};
 use crate::metrics as m;
+use crate::model::request::ValidChat;
 use crate::state::{AppState, Stage};
 
 /// Runs `job` on `stage`: `run` turns a submitted job into its outcome (`Err`: the backend failed, recorded by

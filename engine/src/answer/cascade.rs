@@ -12,12 +12,12 @@ use tiergate_prefilter::Prediction;
 use tiergate_queue::{Job, QueueError, Sampling};
 
 use crate::answer::attempt::{attempt, scores as rerank_scores};
-use crate::answer::out_of_scope::{verdict, Call, Verdict, NONE};
-use crate::answer::outcome::{CacheHit, DegradeReason, Outcome, Tier};
-use crate::answer::request::ValidChat;
 use crate::backends::llm::Refused;
 use crate::error::EngineError;
 use crate::metrics as m;
+use crate::model::out_of_scope::{verdict, Call, Verdict, NONE};
+use crate::model::outcome::{CacheHit, DegradeReason, Outcome, Tier};
+use crate::model::request::ValidChat;
 use crate::state::{AppState, Route};
 
 pub(crate) fn queue_error_reason(e: &QueueError) -> DegradeReason {
@@ -46,7 +46,7 @@ pub(crate) fn degrade(
 pub(crate) fn fall_back(out: &mut Outcome, reason: DegradeReason) {
     out.tier = Tier::Tier0;
     out.degraded = Some(reason);
-    crate::answer::trace::degraded(reason.as_str());
+    crate::model::trace::degraded(reason.as_str());
 }
 
 pub(crate) fn sampling(v: &ValidChat) -> Sampling {
@@ -122,12 +122,12 @@ pub(crate) fn decide(
     }
     let verdict = verdict(ambiguity, theta, call.as_ref());
     let escalate = verdict == Verdict::Escalate;
-    crate::answer::trace::decision(
+    crate::model::trace::decision(
         &span,
-        &crate::answer::trace::Decision {
+        &crate::model::trace::Decision {
             ambiguity,
             theta,
-            mode: crate::answer::trace::mode_name(policy.cfg.mode),
+            mode: crate::model::trace::mode_name(policy.cfg.mode),
             version: policy.version,
             escalated: escalate,
             forced: override_theta.is_some(),
@@ -313,7 +313,7 @@ async fn rerank_stage(
     let Some(prefilter) = route.prefilter.as_ref() else {
         return Ok(None);
     };
-    let candidates = crate::answer::judge::candidates(
+    let candidates = crate::model::judge::candidates(
         prior,
         prefilter.labels(),
         prefilter.replies(),
@@ -330,9 +330,9 @@ async fn rerank_stage(
     let Some(stage) = route.stages.get(k) else {
         return Ok(None);
     };
-    let probe = crate::cache::cached::probe(state, v, &d.pred, stage, prior);
+    let probe = crate::answer::cached::probe(state, v, &d.pred, stage, prior);
     if let Some(fused) =
-        crate::cache::cached::answer(state, route, v, stage, prior, probe.as_ref()).await
+        crate::answer::cached::answer(state, route, v, stage, prior, probe.as_ref()).await
     {
         out.cache = Some(CacheHit {
             kind: fused.kind,
@@ -370,7 +370,7 @@ async fn rerank_stage(
     let fusion = stage.fusion_of(&by);
     let s = tiergate_core::fusion::step(prior, &scores, fusion.llm_weight, fusion.llm_temperature);
     if let Some(p) = probe {
-        crate::cache::cached::keep(state, route, v, p, prior, scores, &s.fused, &by);
+        crate::answer::cached::keep(state, route, v, p, prior, scores, &s.fused, &by);
     }
     out.stage = Some(stage.name.clone());
     out.backend = Some(by);
@@ -383,10 +383,10 @@ async fn rerank_stage(
 }
 
 /// The candidates the LLM reranks with Tier-0's mass on each: its top labels, and on a route with an
-/// out-of-scope outcome "none of these" ([`crate::answer::out_of_scope::with_none`]).
+/// out-of-scope outcome "none of these" ([`crate::model::out_of_scope::with_none`]).
 fn tier0_candidates(d: &Decided) -> Vec<(usize, f32)> {
     match &d.call {
-        Some(c) => crate::answer::out_of_scope::with_none(&d.top, c),
+        Some(c) => crate::model::out_of_scope::with_none(&d.top, c),
         None => d.top.clone(),
     }
 }

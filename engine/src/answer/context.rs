@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use crate::answer::request::ValidChat;
+use crate::model::request::ValidChat;
 use crate::routing::route::Route;
 
 /// `v` as `route` classifies it (itself when the route reads no context or the conversation has no earlier

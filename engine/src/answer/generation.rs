@@ -15,12 +15,12 @@ use tiergate_queue::{Event, Job, JobHandle, QueueError, Reply};
 
 use super::Body;
 use crate::answer::attempt::{attempt, first_event, Started};
-use crate::answer::outcome::{CacheHit, Outcome, Tier};
-use crate::answer::request::ValidChat;
+use crate::answer::cached::{generation_probe, written, KeepWritten};
 use crate::backends::llm::Refused;
-use crate::cache::cached::{generation_probe, written, KeepWritten};
 use crate::error::EngineError;
 use crate::metrics as m;
+use crate::model::outcome::{CacheHit, Outcome, Tier};
+use crate::model::request::ValidChat;
 use crate::state::{AppState, Route, Stage};
 
 /// Why a generation did not start.

@@ -16,10 +16,10 @@ use super::{Body, Labelled};
 use crate::answer::cascade::{
     decide, escalate_rerank, fall_back, hold_bound, refused, sampling, Decided,
 };
-use crate::answer::out_of_scope::NONE;
-use crate::answer::outcome::{DegradeReason, Outcome, Tier};
-use crate::answer::request::ValidChat;
 use crate::error::EngineError;
+use crate::model::out_of_scope::NONE;
+use crate::model::outcome::{DegradeReason, Outcome, Tier};
+use crate::model::request::ValidChat;
 use crate::state::{AppState, Route};
 
 pub(super) async fn classified(
@@ -32,7 +32,7 @@ pub(super) async fn classified(
     let mut d = decide(state, route, pred, v.forced, out);
     // Classified with context, outside the bound's calibration: while a bound is set, the LLM decides.
     if out.context > 0 && d.bound.is_some() && !d.escalate() {
-        d.verdict = crate::answer::out_of_scope::Verdict::Escalate;
+        d.verdict = crate::model::out_of_scope::Verdict::Escalate;
     }
     state
         .routing

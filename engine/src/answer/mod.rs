@@ -14,22 +14,20 @@
 
 pub(crate) mod answered;
 pub(crate) mod attempt;
+pub(crate) mod cached;
+#[cfg(test)]
+mod cached_tests;
 pub(crate) mod cascade;
 mod context;
 pub(crate) mod fields;
 mod generation;
-pub mod judge;
 mod label;
-pub mod out_of_scope;
-pub mod outcome;
-pub mod request;
 pub(crate) mod select;
 mod session;
 mod settle;
 mod steer;
 pub mod stored;
 mod tier0;
-pub(crate) mod trace;
 
 use std::sync::Arc;
 
@@ -37,11 +35,11 @@ use tiergate_config::RouteKind;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
-use crate::answer::outcome::Outcome;
-use crate::answer::request::ValidChat;
 use crate::error::EngineError;
 use crate::load::brownout::Step;
 use crate::metrics as m;
+use crate::model::outcome::Outcome;
+use crate::model::request::ValidChat;
 use crate::state::AppState;
 
 pub use generation::{Delta, Finish, Generation, Tokens};

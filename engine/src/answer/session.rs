@@ -5,10 +5,10 @@
 
 use std::borrow::Cow;
 
-use crate::answer::outcome::{Outcome, Tier};
-use crate::answer::request::ValidChat;
 use crate::error::EngineError;
 use crate::metrics as m;
+use crate::model::outcome::{Outcome, Tier};
+use crate::model::request::ValidChat;
 use crate::routing::sessions::{Pin, SessionKey};
 use crate::state::{AppState, Route, Stage};
 

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::answer::answered::Asked;
-use crate::answer::outcome::Outcome;
-use crate::answer::request::ValidChat;
 use crate::error::EngineError;
 use crate::metrics as m;
+use crate::model::outcome::Outcome;
+use crate::model::request::ValidChat;
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
 

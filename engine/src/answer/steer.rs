@@ -5,10 +5,10 @@
 use tiergate_queue::{Job, Message, Sampling};
 
 use crate::answer::cascade::sampling;
-use crate::answer::outcome::Outcome;
-use crate::answer::request::ValidChat;
 use crate::error::EngineError;
 use crate::metrics as m;
+use crate::model::outcome::Outcome;
+use crate::model::request::ValidChat;
 use crate::state::Route;
 
 /// Where a request goes: its stage, and the label whose overrides apply (a sure label).

@@ -6,10 +6,10 @@ use tiergate_prefilter::{Prediction, PrefilterError};
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
 
-use crate::answer::outcome::{Outcome, Tier};
-use crate::answer::request::ValidChat;
 use crate::error::EngineError;
 use crate::metrics as m;
+use crate::model::outcome::{Outcome, Tier};
+use crate::model::request::ValidChat;
 use crate::state::Route;
 
 /// Tier-0's prediction, its metrics and timings.
@@ -29,7 +29,7 @@ pub(super) async fn tier0(
         .instrument(span.clone())
         .await
         .map_err(prefilter_error)?;
-    crate::answer::trace::prefilter_steps(&span, at, &pred);
+    crate::model::trace::prefilter_steps(&span, at, &pred);
     metrics::histogram!(m::PREFILTER_BATCH_SIZE).record(pred.batch_size as f64);
     metrics::histogram!(m::PREFILTER_SECONDS).record(pred.timings.infer.as_secs_f64());
     metrics::histogram!(m::PREFILTER_QUEUE_SECONDS).record(pred.timings.queue.as_secs_f64());

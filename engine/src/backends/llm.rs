@@ -292,7 +292,7 @@ impl Llm {
             .client
             .submit_traced(
                 job,
-                crate::answer::trace::job_parent().as_ref(),
+                crate::model::trace::job_parent().as_ref(),
                 crate::backends::deadline::left(deadline),
             )
             .map_err(|e| {

@@ -2,51 +2,12 @@
 //! ([`BatchLine`], set by the Batch API's runner as a request extension; a client cannot set it) takes one turn
 //! at a time, only while no interactive job is in flight, and yields (is preempted) when one arrives.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tiergate_queue::Client;
 
-/// Marks a request as a batch line.
-#[derive(Debug, Clone, Default)]
-pub struct BatchLine {
-    /// Set while the line holds the batch turn at the LLM.
-    holds_llm: Arc<AtomicBool>,
-    /// An interactive escalation may cancel this line's LLM job (it is run again later); false after a few
-    /// preemptions, so a batch always progresses.
-    preemptible: bool,
-    /// `batch_id/custom_id`: what feedback on the line may name instead of its completion id.
-    pub alias: Option<Arc<str>>,
-}
-
-impl PartialEq for BatchLine {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.holds_llm, &other.holds_llm)
-    }
-}
-
-impl BatchLine {
-    /// A line; `preemptible`: its LLM job yields to interactive escalations.
-    pub fn new(preemptible: bool) -> Self {
-        Self {
-            holds_llm: Arc::default(),
-            preemptible,
-            alias: None,
-        }
-    }
-
-    /// The line `custom_id` of batch `batch`, for feedback that names it.
-    pub fn with_alias(mut self, batch: &str, custom_id: &str) -> Self {
-        self.alias = Some(Arc::from(format!("{batch}/{custom_id}").as_str()));
-        self
-    }
-
-    /// Its LLM job is running and may be cancelled for an interactive one.
-    pub fn preemptible_now(&self) -> bool {
-        self.preemptible && self.holds_llm.load(Ordering::Acquire)
-    }
-}
+pub(crate) use crate::model::request::BatchLine;
 
 /// A batch line's turn at the LLM (released on drop).
 pub(crate) struct Turn {

@@ -10,7 +10,7 @@ use std::io::Write;
 use tiergate_config::RouteKind;
 use tiergate_queue::Job;
 
-use crate::answer::out_of_scope::NONE;
+use crate::model::out_of_scope::NONE;
 use crate::routing::route::Route;
 
 /// The warm-up jobs of backend `backend` (its index in the resolved backends): for each classify or answer
@@ -42,7 +42,7 @@ pub(crate) fn jobs(backend: usize, routes: &HashMap<String, Route>, order: &[Str
                 .iter()
                 .map(|&i| (i, 1.0 / chunk.len() as f32))
                 .collect();
-            let candidates = crate::answer::judge::candidates(
+            let candidates = crate::model::judge::candidates(
                 &top,
                 p.labels(),
                 p.replies(),

@@ -4,9 +4,6 @@
 //! with `semantic` — in the stage's bucket for Tier-0's top label ([`tiergate_cache`]). The store's lock is
 //! never held across an await; the shared store fails open (a miss, never an error).
 
-pub(crate) mod cached;
-#[cfg(test)]
-mod cached_tests;
 pub(crate) mod scope;
 pub(crate) mod shared;
 #[cfg(test)]
@@ -29,7 +26,7 @@ pub(crate) use scope::scope;
 pub(crate) struct Verdict {
     /// The full key it was stored under (a shared entry is checked against it: its Redis key is a hash).
     pub key: String,
-    /// The candidates the LLM scored (label indices; "none of these" is [`crate::answer::out_of_scope::NONE`]).
+    /// The candidates the LLM scored (label indices; "none of these" is [`crate::model::out_of_scope::NONE`]).
     pub candidates: Vec<usize>,
     /// The LLM's score per candidate.
     pub scores: Vec<f32>,

@@ -112,7 +112,7 @@ impl Engine {
         if !self.state.routing.routes.contains_key(route) {
             return Err(EngineError::NotFound(format!("no route `{route}`")));
         }
-        let (version, replaced) = crate::routing::head_swap::roll_back_shared(&self.state, route)
+        let (version, replaced) = crate::tasks::head_swap::roll_back_shared(&self.state, route)
             .await
             .map_err(|e| refused(e, "route"))?;
         Ok(

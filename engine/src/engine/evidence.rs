@@ -252,7 +252,7 @@ async fn lookup(
     tenant: &TenantId,
 ) -> Result<Option<Record>, EngineError> {
     ledger.written(SETTLE).await;
-    if let Some(born) = crate::answer::request::born_ms(key) {
+    if let Some(born) = crate::model::request::born_ms(key) {
         let ready = born.saturating_add(SETTLE.as_millis() as u64);
         let wait = ready
             .saturating_sub(now_ms())

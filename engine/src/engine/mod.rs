@@ -18,10 +18,10 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tiergate_config::Config;
 
-use crate::answer::outcome::Outcome;
-use crate::answer::request::ValidChat;
 use crate::answer::{Admitted, Answer, Declined};
 use crate::error::EngineError;
+use crate::model::outcome::Outcome;
+use crate::model::request::ValidChat;
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
 
@@ -173,12 +173,12 @@ impl Engine {
     }
 
     /// What validation needs to know of the route `name`.
-    pub fn route_facts(&self, name: &str) -> Option<crate::RouteFacts> {
+    pub fn route_facts(&self, name: &str) -> Option<crate::model::request::RouteFacts> {
         self.state
             .routing
             .routes
             .get(name)
-            .map(|r| crate::RouteFacts {
+            .map(|r| crate::model::request::RouteFacts {
                 kind: r.kind,
                 deadline: r.deadline,
                 max_deadline: r.max_deadline,
@@ -197,7 +197,7 @@ impl Engine {
     /// Test hook: one observation of the utilisation `u` for the brownout ladder, as the sampler makes.
     #[doc(hidden)]
     pub fn observe_utilization(&self, u: f64) {
-        crate::load::utilization::observe_brownout(&self.state, u);
+        crate::tasks::utilization::observe_brownout(&self.state, u);
     }
 
     /// Test hook: the decision ledger, to read its store as a replica's writer left it.

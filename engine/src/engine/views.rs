@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use tiergate_config::RouteKind;
 
 use super::Engine;
-use crate::answer::outcome::{Channel, Decision};
 use crate::metrics as m;
+use crate::model::outcome::{Channel, Decision};
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
 
@@ -88,7 +88,7 @@ impl Engine {
         let state = &*self.state;
         let tenant = tenant.clone();
         // When the routes were loaded (the server's start), as Unix seconds.
-        let created = crate::load::utilization::unix_now_s()
+        let created = crate::tasks::utilization::unix_now_s()
             .saturating_sub(state.started.elapsed().as_secs());
         let data: Vec<_> = state
             .routing

@@ -4,7 +4,7 @@
 //! best candidate is the label Tier-0 answered. This is agreement, a proxy: it is reported beside the
 //! labelled audits, never as accuracy and never as evidence for the error bound.
 //!
-//! The queue and the counts live here; the task that scores is [`crate::evidence::second_opinion`]. Audits are the first
+//! The queue and the counts live here; the task that scores is [`crate::tasks::second_opinion`]. Audits are the first
 //! work shed. An item is scored only when a backend of the stage has a worker slot to
 //! spare after taking one ([`crate::backends::fair::Share::try_spare`]: nobody waiting, at least one slot left free for
 //! escalations), its breaker is closed and the brownout ladder is at `normal`; otherwise it is dropped and

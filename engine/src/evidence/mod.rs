@@ -5,7 +5,6 @@
 pub(crate) mod auditor;
 pub mod ledger;
 pub(crate) mod record;
-pub(crate) mod second_opinion;
 
 use std::sync::Arc;
 

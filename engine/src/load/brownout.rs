@@ -20,58 +20,7 @@ use std::time::{Duration, Instant};
 
 use tiergate_config::BrownoutConfig;
 
-/// A step of the ladder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum Step {
-    #[default]
-    Normal = 0,
-    RerankOnly = 1,
-    Tier0Only = 2,
-    Shed = 3,
-}
-
-impl Step {
-    const ALL: [Step; 4] = [Step::Normal, Step::RerankOnly, Step::Tier0Only, Step::Shed];
-
-    /// Its name (header, console, logs).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Normal => "normal",
-            Step::RerankOnly => "rerank_only",
-            Step::Tier0Only => "tier0_only",
-            Step::Shed => "shed",
-        }
-    }
-
-    fn up(self) -> Step {
-        Step::ALL[(self as usize + 1).min(3)]
-    }
-
-    fn down(self) -> Step {
-        Step::ALL[(self as usize).saturating_sub(1)]
-    }
-
-    /// Whether a generation (a generate route's, or an answer route's escalation) may run an LLM job: not
-    /// from `rerank_only` on (the answer cache still answers what it holds).
-    pub(crate) fn generates(self) -> bool {
-        self < Step::RerankOnly
-    }
-
-    /// Whether a rerank may run an LLM job: not from `tier0_only` on.
-    pub(crate) fn reranks(self) -> bool {
-        self < Step::Tier0Only
-    }
-
-    /// Whether a cascade goes past its first stage: only at `normal` (it sheds its bigger stages first).
-    pub(crate) fn cascades(self) -> bool {
-        self == Step::Normal
-    }
-
-    /// From its number (0 beyond the ladder).
-    pub(crate) fn of(n: u8) -> Step {
-        Step::ALL.get(n as usize).copied().unwrap_or(Step::Normal)
-    }
-}
+pub(crate) use crate::model::outcome::Step;
 
 /// The ladder's state (a pure state machine over observed pressure).
 #[derive(Debug, Clone)]

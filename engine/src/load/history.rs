@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::answer::outcome::{Channel, Decision};
+use crate::model::outcome::{Channel, Decision};
 
 /// Time between points.
 pub(crate) const PERIOD: Duration = Duration::from_secs(5);

@@ -2,9 +2,7 @@
 //! fleet's utilisation from Prometheus ([`fleet`]) and the console's time series ([`history`]).
 
 pub(crate) mod brownout;
-pub(crate) mod fleet;
 pub(crate) mod history;
-pub(crate) mod utilization;
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -20,7 +18,7 @@ pub(crate) struct Load {
     /// The console's time series.
     pub history: history::History,
     /// The last decisions, for `/console`.
-    pub decisions: crate::answer::outcome::Decisions,
+    pub decisions: crate::model::outcome::Decisions,
 }
 
 impl Load {
@@ -31,7 +29,7 @@ impl Load {
             brownout_step: std::sync::atomic::AtomicU8::new(0),
             fleet_utilization: Mutex::new(None),
             history: history::History::default(),
-            decisions: crate::answer::outcome::Decisions::default(),
+            decisions: crate::model::outcome::Decisions::default(),
         }
     }
 }

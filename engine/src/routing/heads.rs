@@ -8,7 +8,7 @@
 //! The head it replaced is kept for `POST /admin/heads/{route}/rollback`. Every step is an [`Event`] (the
 //! audit trail at `GET /admin/heads`), a log line and a count in `tiergate_head_swaps_total`; with the Redis
 //! policy store the promoted head's version and folder are published for the other replicas. What touches
-//! the state (start, shadow, promote, roll back, share) is in [`crate::routing::head_swap`]; this file holds the data and
+//! the state (start, shadow, promote, roll back, share) is in [`crate::tasks::head_swap`]; this file holds the data and
 //! the verdict.
 
 use std::collections::{HashMap, VecDeque};
@@ -251,7 +251,7 @@ pub(crate) enum StartError {
 }
 
 /// A holdout file's labelled rows, read within [`MAX_HOLDOUT_BYTES`] and [`MAX_HOLDOUT_ROWS`]
-/// (`Holdout::read`, in [`crate::routing::head_swap`]).
+/// (`Holdout::read`, in [`crate::tasks::head_swap`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Holdout {
     pub path: PathBuf,
@@ -273,7 +273,7 @@ pub struct StartRequest {
 }
 
 pub(crate) fn now_ms() -> u64 {
-    crate::evidence::ledger::now_ms()
+    crate::model::request::unix_ms()
 }
 
 impl Heads {

@@ -5,7 +5,6 @@
 
 pub(crate) mod experiments;
 pub(crate) mod fusion;
-pub(crate) mod head_swap;
 pub(crate) mod heads;
 pub(crate) mod policy;
 pub(crate) mod risk;

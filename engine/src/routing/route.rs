@@ -26,7 +26,7 @@ pub(crate) struct Route {
     /// (`choice`): each candidate's examples go nearest the query first.
     pub grounded: bool,
     /// What it answers for a query none of its labels covers (`None`: every query gets a label).
-    pub out_of_scope: Option<crate::answer::out_of_scope::OutOfScopeRoute>,
+    pub out_of_scope: Option<crate::model::out_of_scope::OutOfScopeRoute>,
     /// A request's budget when it asks for none.
     pub deadline: Option<Duration>,
     /// The largest budget a request may ask for.

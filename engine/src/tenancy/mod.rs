@@ -1,7 +1,6 @@
 //! Tenancy: who may use the API, with which routes, weights and budgets ([`tenants`]), and the tenant list
 //! kept in step across replicas ([`sync`]).
 
-pub(crate) mod sync;
 pub(crate) mod tenants;
 
 use std::sync::{Arc, RwLock};

@@ -11,19 +11,7 @@ use sha2::{Digest, Sha256};
 use tiergate_config::TenantConfig;
 
 use crate::error::EngineError;
-
-/// The tenant a request runs as (a request extension: set by the public API's gate
-/// (`routes::authenticate`), or by an in-process caller
-/// such as the batch runner — a client cannot set extensions).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TenantId(pub Arc<str>);
-
-impl TenantId {
-    /// The tenant of requests on a server without tenants (and the owner of batches stored before them).
-    pub fn anonymous() -> Self {
-        Self(Arc::from("default"))
-    }
-}
+pub(crate) use crate::model::request::TenantId;
 
 /// A token bucket: `rate` tokens a second up to `burst`; a request takes one.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +20,7 @@ pub(crate) struct Bucket {
     burst: f64,
     tokens: f64,
     at: Instant,
-    /// Tokens taken here since the last exchange with the other replicas ([`crate::tenancy::sync`]).
+    /// Tokens taken here since the last exchange with the other replicas ([`crate::tasks::tenants_sync`]).
     unsynced: f64,
 }
 
@@ -347,8 +335,8 @@ impl Figures {
     }
 
     /// An answered request of `tenant`.
-    pub(crate) fn answered(&self, tenant: &TenantId, o: &crate::answer::outcome::Outcome) {
-        use crate::answer::outcome::{Channel, DegradeReason};
+    pub(crate) fn answered(&self, tenant: &TenantId, o: &crate::model::outcome::Outcome) {
+        use crate::model::outcome::{Channel, DegradeReason};
         self.with(&tenant.0, |c| {
             c.requests += 1;
             match o.channel() {

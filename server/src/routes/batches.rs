@@ -11,8 +11,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 use tiergate_engine::batch::{BatchError, BatchService, Page, Upload};
+use tiergate_engine::model::request::TenantId;
 use tiergate_engine::Engine;
-use tiergate_engine::TenantId;
 
 use crate::error::ApiError;
 use crate::extract::ApiJson;

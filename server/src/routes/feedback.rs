@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use tiergate_engine::TenantId;
+use tiergate_engine::model::request::TenantId;
 use tiergate_engine::{Engine, Verdict};
 /// The request body.
 #[derive(Debug, Deserialize)]

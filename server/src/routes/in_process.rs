@@ -38,7 +38,7 @@ pub async fn completion_for(
         Ok(a) => a,
         Err(d) => return failed(ApiError::from(d.error), Default::default()),
     };
-    let headers = |o: &tiergate_engine::answer::outcome::Outcome| {
+    let headers = |o: &tiergate_engine::model::outcome::Outcome| {
         outcome_headers(o)
             .into_iter()
             .filter(|(k, _)| k.starts_with("x-tiergate-"))

@@ -16,8 +16,8 @@ use crate::early::Dialect;
 use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::validate::ValidChat;
-use tiergate_engine::answer::request::ToolCall;
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
+use tiergate_engine::model::request::ToolCall;
 use tiergate_engine::Engine;
 
 use super::chat::{in_dialect, validated};

@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use tiergate_engine::model::request::TenantId;
 use tiergate_engine::Engine;
-use tiergate_engine::TenantId;
 
 /// `GET /v1/models`: the routes the caller may use.
 pub async fn models(

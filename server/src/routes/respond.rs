@@ -15,11 +15,11 @@ use crate::openai::{Logprobs, TokenLogprob, TopLogprob, Usage};
 use crate::validate::ValidChat;
 use tiergate_config::RouteKind;
 use tiergate_core::outcome::header;
-use tiergate_engine::answer::outcome::Outcome;
-use tiergate_engine::answer::request::ToolCall;
 use tiergate_engine::answer::{
     Admitted, Answer, Body, Delta, Finish, Generation, Labelled, Tokens,
 };
+use tiergate_engine::model::outcome::Outcome;
+use tiergate_engine::model::request::ToolCall;
 use tiergate_engine::Engine;
 use tiergate_telemetry::TARGET;
 use tracing::Instrument;
@@ -241,7 +241,7 @@ pub(super) fn outcome_headers(o: &Outcome) -> Vec<(&'static str, String)> {
         t.model_ms()
     );
     put("server-timing", Some(timing));
-    let brownout = o.brownout != tiergate_engine::Step::Normal;
+    let brownout = o.brownout != tiergate_engine::model::outcome::Step::Normal;
     put(
         header::BROWNOUT,
         brownout.then(|| o.brownout.as_str().to_string()),

@@ -20,11 +20,11 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, Asking};
 use crate::openai_responses::{ResponsesRequest, Shapes};
 use crate::validate::ValidChat;
-use tiergate_engine::answer::request::{ToolCall, ToolChoice};
 use tiergate_engine::answer::stored::{ResponseStore, StoredResponse};
 use tiergate_engine::answer::{Answer, Body, Delta, Generation, Tokens};
+use tiergate_engine::model::request::TenantId;
+use tiergate_engine::model::request::{ToolCall, ToolChoice};
 use tiergate_engine::Engine;
-use tiergate_engine::TenantId;
 
 use super::chat::{in_dialect, validated};
 use super::respond::{answered, collected, finish, label_text};

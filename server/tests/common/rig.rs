@@ -289,11 +289,11 @@ pub fn valid(
     route: &str,
     text: &str,
     forced: Option<f64>,
-) -> tiergate_engine::answer::request::ValidChat {
+) -> tiergate_engine::model::request::ValidChat {
     let body = json!({"model": route, "messages": [{"role": "user", "content": text}]});
     let headers = axum::http::HeaderMap::new();
     let caller = tiergate_server::validate::Caller {
-        tenant: tiergate_engine::TenantId::anonymous(),
+        tenant: tiergate_engine::model::request::TenantId::anonymous(),
         batch: None,
         headers: &headers,
         started: Instant::now(),

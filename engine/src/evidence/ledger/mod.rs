@@ -247,9 +247,7 @@ pub struct Ledger {
 
 /// Unix time, milliseconds.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::model::request::unix_ms()
 }
 
 impl Ledger {

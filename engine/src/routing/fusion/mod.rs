@@ -30,7 +30,7 @@ impl Fusion {
         fit: Option<&FittedFusion>,
         after: &[String],
     ) -> Self {
-        let running = crate::answer::judge::llm_name(backend, prompts);
+        let running = crate::model::judge::llm_name(backend, prompts);
         match tiergate_prefilter::heads::fit_for(fit, &running, after) {
             Some(f) => Self {
                 llm_weight: f.llm_weight,

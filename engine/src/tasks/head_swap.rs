@@ -240,7 +240,7 @@ impl Holdout {
                 path.display()
             ));
         }
-        let rows = crate::load::utilization::labelled_rows(path)?;
+        let rows = crate::tasks::utilization::labelled_rows(path)?;
         if rows.is_empty() {
             return Err(format!("{}: no labelled row", path.display()));
         }

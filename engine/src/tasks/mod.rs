@@ -1,5 +1,11 @@
 //! The engine's background tasks, started once the state is built.
 
+pub(crate) mod fleet;
+pub(crate) mod head_swap;
+pub(crate) mod second_opinion;
+pub(crate) mod tenants_sync;
+pub(crate) mod utilization;
+
 use std::sync::Arc;
 
 use crate::state::AppState;
@@ -8,11 +14,11 @@ use crate::state::AppState;
 /// the shared store's syncs (the policy, each route's and stage's policy, heads, tenants) and the fleet's Prometheus poll.
 /// Each holds a weak reference and ends when the state is gone.
 pub(crate) fn start(state: &Arc<AppState>) {
-    tokio::spawn(crate::load::utilization::sample_utilization(
+    tokio::spawn(crate::tasks::utilization::sample_utilization(
         Arc::downgrade(state),
     ));
     tokio::spawn(follow_audits(Arc::downgrade(state)));
-    tokio::spawn(crate::evidence::second_opinion::run(Arc::downgrade(state)));
+    tokio::spawn(crate::tasks::second_opinion::run(Arc::downgrade(state)));
     if let Some(store) = &state.routing.store {
         tokio::spawn(crate::routing::store::sync_policy(
             store.clone(),
@@ -26,17 +32,17 @@ pub(crate) fn start(state: &Arc<AppState>) {
                 Arc::downgrade(&rp.policy),
             ));
         }
-        tokio::spawn(crate::routing::head_swap::sync_heads(
+        tokio::spawn(crate::tasks::head_swap::sync_heads(
             store.clone(),
             Arc::downgrade(state),
         ));
-        tokio::spawn(crate::tenancy::sync::sync_tenants(
+        tokio::spawn(crate::tasks::tenants_sync::sync_tenants(
             store.clone(),
             Arc::downgrade(state),
         ));
     }
     if !state.config.utilization.prometheus_url.is_empty() {
-        tokio::spawn(crate::load::fleet::poll_prometheus(
+        tokio::spawn(crate::tasks::fleet::poll_prometheus(
             Arc::downgrade(state),
             state.config.utilization.clone(),
         ));

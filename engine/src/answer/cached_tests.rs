@@ -12,7 +12,7 @@ use tiergate_config::Config;
 use tiergate_prefilter::testing::TinyModel;
 
 use super::cached;
-use crate::answer::request::ValidChat;
+use crate::model::request::ValidChat;
 use crate::routing::route::{Route, Stage};
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;

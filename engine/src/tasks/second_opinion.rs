@@ -102,7 +102,7 @@ fn job_of(route: &Route, item: &Item) -> Option<(Job, Vec<String>)> {
     if top.is_empty() {
         return None;
     }
-    let candidates = crate::answer::judge::candidates(
+    let candidates = crate::model::judge::candidates(
         &top,
         labels,
         prefilter.replies(),

@@ -1,6 +1,8 @@
 //! A request as the engine takes it: validated once by the HTTP adapter ("parse, don't validate"), every
 //! field set there (the tenant, a batch line's marker and the deadline included), read-only after.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tiergate_config::RouteKind;
@@ -65,9 +67,9 @@ pub struct ValidChat {
     /// stay with the stage and backend of its last LLM turn ([`crate::routing::sessions`]).
     pub session: Option<String>,
     /// A line of a batch (from the caller, not the client): its LLM work waits for the interactive channel.
-    pub batch: Option<crate::backends::priority::BatchLine>,
+    pub batch: Option<BatchLine>,
     /// The tenant it runs as (from the caller).
-    pub tenant: crate::tenancy::tenants::TenantId,
+    pub tenant: TenantId,
     /// When its budget ends (`x-tiergate-deadline-ms`, else the route's default, at most its maximum).
     pub deadline: Option<Instant>,
     /// The completion id its answer carries (what feedback names).
@@ -130,7 +132,7 @@ impl ValidChat {
             user: None,
             session: None,
             batch: None,
-            tenant: crate::tenancy::tenants::TenantId::anonymous(),
+            tenant: TenantId::anonymous(),
             deadline: None,
             id: completion_id(),
             cache: CacheControl::default(),
@@ -190,7 +192,7 @@ pub fn completion_id() -> String {
     h.write_u32(std::process::id());
     format!(
         "chatcmpl-{:012x}{:016x}",
-        crate::evidence::ledger::now_ms() & 0xffff_ffff_ffff,
+        unix_ms() & 0xffff_ffff_ffff,
         h.finish()
     )
 }
@@ -206,4 +208,64 @@ pub(crate) fn born_ms(id: &str) -> Option<u64> {
         return None;
     }
     u64::from_str_radix(&hex[..12], 16).ok()
+}
+
+/// The tenant a request runs as (a request extension: set by the public API's gate
+/// (`routes::authenticate`), or by an in-process caller
+/// such as the batch runner — a client cannot set extensions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantId(pub Arc<str>);
+
+impl TenantId {
+    /// The tenant of requests on a server without tenants (and the owner of batches stored before them).
+    pub fn anonymous() -> Self {
+        Self(Arc::from("default"))
+    }
+}
+
+/// Marks a request as a batch line.
+#[derive(Debug, Clone, Default)]
+pub struct BatchLine {
+    /// Set while the line holds the batch turn at the LLM.
+    pub(crate) holds_llm: Arc<AtomicBool>,
+    /// An interactive escalation may cancel this line's LLM job (it is run again later); false after a few
+    /// preemptions, so a batch always progresses.
+    pub(crate) preemptible: bool,
+    /// `batch_id/custom_id`: what feedback on the line may name instead of its completion id.
+    pub alias: Option<Arc<str>>,
+}
+
+impl PartialEq for BatchLine {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.holds_llm, &other.holds_llm)
+    }
+}
+
+impl BatchLine {
+    /// A line; `preemptible`: its LLM job yields to interactive escalations.
+    pub fn new(preemptible: bool) -> Self {
+        Self {
+            holds_llm: Arc::default(),
+            preemptible,
+            alias: None,
+        }
+    }
+
+    /// The line `custom_id` of batch `batch`, for feedback that names it.
+    pub fn with_alias(mut self, batch: &str, custom_id: &str) -> Self {
+        self.alias = Some(Arc::from(format!("{batch}/{custom_id}").as_str()));
+        self
+    }
+
+    /// Its LLM job is running and may be cancelled for an interactive one.
+    pub fn preemptible_now(&self) -> bool {
+        self.preemptible && self.holds_llm.load(Ordering::Acquire)
+    }
+}
+
+/// Now as Unix milliseconds.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

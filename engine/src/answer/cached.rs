@@ -12,9 +12,9 @@ use std::sync::Arc;
 use tiergate_cache::HitKind;
 use tiergate_prefilter::Prediction;
 
-use crate::answer::request::ValidChat;
 use crate::cache::{Probe, Verdict};
 use crate::metrics as m;
+use crate::model::request::ValidChat;
 use crate::routing::route::{Route, Stage};
 use crate::state::AppState;
 

@@ -136,11 +136,11 @@ pub(crate) fn sample_history(state: &AppState) {
     let live = state.routing.policy.live_view(now);
     let recent = state.load.decisions.recent();
     let minute = Duration::from_secs(60);
-    let last: Vec<&crate::answer::outcome::Decision> =
+    let last: Vec<&crate::model::outcome::Decision> =
         recent.iter().filter(|d| d.age(now) < minute).collect();
     let degraded = last
         .iter()
-        .filter(|d| d.channel == crate::answer::outcome::Channel::Degraded.as_str())
+        .filter(|d| d.channel == crate::model::outcome::Channel::Degraded.as_str())
         .count() as f64
         / last.len().max(1) as f64;
     state.load.history.push(

@@ -2,7 +2,7 @@
 //! its candidates' examples are ranked per query, what it is shown of each candidate, and its name in reports
 //! and `fusion.json`.
 
-use crate::answer::out_of_scope::{OutOfScopeRoute, NONE};
+use crate::model::out_of_scope::{OutOfScopeRoute, NONE};
 use tiergate_config::{EngineKind, PromptConfig, RerankerConfig, ScoringMethod};
 use tiergate_queue::Candidate;
 
