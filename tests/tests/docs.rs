@@ -124,10 +124,12 @@ fn the_dependency_list_is_each_manifests_own() {
 fn the_wings_are_the_engines_folders() {
     let text = page();
     let rows = section(&text, "## The engine's wings");
+    // The folder rows (`engine/src/<wing>/`); a file that is a layer of its own (`state.rs`) has a row too.
     let listed: BTreeSet<String> = rows
         .iter()
         .filter_map(|l| l.strip_prefix("| `engine/src/"))
-        .filter_map(|l| l.split('/').next())
+        .filter_map(|l| l.split('`').next())
+        .filter_map(|l| l.strip_suffix('/'))
         .map(str::to_string)
         .collect();
     let folders: BTreeSet<String> = std::fs::read_dir(root().join("engine/src"))
@@ -225,6 +227,40 @@ fn every_item_the_where_table_names_is_defined_there() {
     assert_eq!(f, "engine/src/load/brownout.rs");
     assert_eq!(p, vec![vec!["Step", "generates"], vec!["Step", "reranks"]]);
     assert!(!defines("fn other() {}", "gone") && defines("pub async fn gone() {}", "gone"));
+}
+
+/// Every `path.rs::item` span on the page — the narrative, the wings, the where table — names an item that
+/// file defines, and every `dir/file.rs` span is a file: a path that moved fails here.
+#[test]
+fn every_path_item_on_the_page_is_defined_there() {
+    let text = page();
+    let mut checked = 0;
+    let mut files = 0;
+    for span in text.split('`').skip(1).step_by(2) {
+        if let Some((file, paths)) = expand(span) {
+            let code = std::fs::read_to_string(root().join(&file))
+                .unwrap_or_else(|_| panic!("{file} (named on the page) is gone"));
+            for p in paths {
+                for name in &p {
+                    assert!(
+                        defines(&code, name),
+                        "{file} defines no `{name}` ({})",
+                        p.join("::")
+                    );
+                }
+                checked += 1;
+            }
+        } else if span.ends_with(".rs") && span.contains('/') && !span.contains(' ') {
+            let rooted = root().join(span).is_file();
+            let under_engine = root().join("engine/src").join(span).is_file();
+            assert!(rooted || under_engine, "{span} (named on the page) is gone");
+            files += 1;
+        }
+    }
+    assert!(
+        checked >= 60 && files >= 30,
+        "only {checked} items and {files} files checked"
+    );
 }
 
 /// The config examples the README and docs/configuration.md print are whole files as printed: each loads
