@@ -1,6 +1,6 @@
 //! The tiergate engine: everything a request goes through between a door (the HTTP adapter,
 //! `tiergate-server`; the batch runner) and the models, with no HTTP in it. [`state::AppState`] is built once
-//! from the config; a door validates its request into an [`answer::request::ValidChat`] and makes the one
+//! from the config; a door validates its request into an [`answer::request::Request`] and makes the one
 //! call, [`answer::answer`], which returns a value (a label, a text, or a started generation) with its
 //! [`answer::outcome::Outcome`], or refuses with an [`error::EngineError`] that each door maps to its own
 //! error shape in one place.
@@ -45,7 +45,7 @@ pub mod testing;
 
 pub use backends::llm::Llm;
 pub use backends::priority::Gate;
-pub use engine::{Cleared, Engine, PolicyChange, PolicyTarget, Verdict, WeakEngine};
+pub use engine::{Engine, PolicyChange, PolicyTarget, Verdict, WeakEngine};
 pub use routing::heads::StartRequest;
 pub use state::start_llm;
 pub use tenancy::tenants::Quotas;

@@ -67,10 +67,7 @@ pub fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
 
 /// `resp` with the request's set-aside fields (`x-tiergate-set-aside`) and, when its `max_tokens` was lowered,
 /// the ceiling it got (`x-tiergate-max-tokens`).
-pub fn mark_request(
-    mut resp: Response,
-    v: &tiergate_engine::model::request::ValidChat,
-) -> Response {
+pub fn mark_request(mut resp: Response, v: &tiergate_engine::model::request::Request) -> Response {
     use tiergate_core::outcome::header;
     if let Some(h) = crate::fields::header_value(&v.set_aside) {
         resp.headers_mut().insert(header::SET_ASIDE, h);

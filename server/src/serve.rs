@@ -117,7 +117,7 @@ pub async fn run_with(
             "no [[tenants]]: the public API is open to every client that reaches it"
         );
     }
-    tracing::info!(%addr, routes = ?engine.route_names(), tenants = config.tenants.len(), "tiergate listening");
+    tracing::info!(%addr, routes = ?config.routes.iter().map(|r| &r.name).collect::<Vec<_>>(), tenants = config.tenants.len(), "tiergate listening");
     tracing::info!(%admin_addr, "tiergate admin listening");
     if let Some(tx) = ready {
         let _ = tx.send(Bound {

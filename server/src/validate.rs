@@ -1,5 +1,6 @@
-//! Validation: the wire request becomes a [`ValidChat`] or a 400 that names the field and the limit.
-//! Only `ValidChat` reaches the routing code ("parse, don't validate").
+//! Validation: the wire request becomes a [`ValidChat`] — the engine's [`Request`] and how this door renders
+//! the answer — or a 400 that names the field and the limit. Only a validated request reaches the engine
+//! ("parse, don't validate").
 
 use std::time::Instant;
 
@@ -11,7 +12,38 @@ use crate::fields;
 use crate::openai::{ChatRequest, Content, Stop, WireMessage};
 use crate::openai_tools as tools;
 pub use crate::openai_tools::{valid_name, MAX_TOOLS};
-pub use tiergate_engine::model::request::{ValidChat, ValidMessage};
+pub use tiergate_engine::model::request::{Request, ValidMessage};
+
+/// A request as a door validated it: the engine's [`Request`] (what a reader of `v.route`, `v.id`, … reads,
+/// through `Deref`) and how the door renders its answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidChat {
+    /// What the engine answers.
+    pub request: Request,
+    /// Stream as SSE.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Label probabilities wanted (classify routes).
+    pub logprobs: bool,
+    /// Alternatives per position.
+    pub top_logprobs: usize,
+    /// Reply as a JSON object (classify routes).
+    pub json_object: bool,
+}
+
+impl std::ops::Deref for ValidChat {
+    type Target = Request;
+    fn deref(&self) -> &Request {
+        &self.request
+    }
+}
+
+impl std::ops::DerefMut for ValidChat {
+    fn deref_mut(&mut self) -> &mut Request {
+        &mut self.request
+    }
+}
 
 /// Default generation length.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -99,14 +131,12 @@ pub fn validate(
     } else {
         "chat"
     };
-    Ok(ValidChat {
+    let request = Request {
         door,
         route: req.model,
         kind,
         messages,
         text,
-        stream,
-        include_usage,
         max_tokens,
         max_tokens_clamped,
         set_aside,
@@ -122,9 +152,6 @@ pub fn validate(
         top_p: s.top_p,
         stop: s.stop,
         seed: s.seed,
-        logprobs,
-        top_logprobs,
-        json_object,
         user,
         session,
         batch: caller.batch,
@@ -135,6 +162,14 @@ pub fn validate(
         forced,
         started: caller.started,
         tools,
+    };
+    Ok(ValidChat {
+        request,
+        stream,
+        include_usage,
+        logprobs,
+        top_logprobs,
+        json_object,
     })
 }
 
@@ -545,7 +580,7 @@ mod tests {
             {"role":"tool","tool_call_id":"c1","content":"42"}],
             "tools":[f],"tool_choice":{"type":"function","function":{"name":"f"}},
             "parallel_tool_calls":false}));
-        let tools = v.tools.unwrap();
+        let tools = v.tools.clone().unwrap();
         assert_eq!(
             (tools.list[0].name.as_str(), &tools.choice, tools.parallel),
             ("f", &ToolChoice::Function("f".into()), false)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::evidence::ledger::{now_ms, AuditItem, Entry, Record};
 use crate::model::outcome::Outcome;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::AppState;
 
 /// What the record needs from the request, taken before the handler consumes it.
@@ -21,7 +21,7 @@ pub(crate) struct Asked {
 }
 
 impl Asked {
-    pub(crate) fn of(state: &AppState, v: &ValidChat) -> Option<Self> {
+    pub(crate) fn of(state: &AppState, v: &Request) -> Option<Self> {
         state.evidence.ledger.as_ref()?;
         let audits = state.routing.policy.current().cfg.audit_rate > 0.0;
         Some(Self {

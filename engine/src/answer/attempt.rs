@@ -11,7 +11,7 @@ use tiergate_queue::{Event, Job, JobHandle, QueueError, Reply};
 
 use crate::backends::llm::{Held, Llm, Refused, Submitted};
 use crate::metrics as m;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::{AppState, Stage};
 
 /// Runs `job` on `stage`: `run` turns a submitted job into its outcome (`Err`: the backend failed, recorded by
@@ -20,7 +20,7 @@ use crate::state::{AppState, Stage};
 pub(crate) async fn attempt<'a, T, F, Fut>(
     state: &'a Arc<AppState>,
     stage: &Stage,
-    v: &ValidChat,
+    v: &Request,
     job: &Job,
     mut run: F,
 ) -> Result<(T, String), Refused>

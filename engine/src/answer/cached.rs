@@ -14,7 +14,7 @@ use tiergate_prefilter::Prediction;
 
 use crate::cache::{Probe, Verdict};
 use crate::metrics as m;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::routing::route::{Route, Stage};
 use crate::state::AppState;
 
@@ -31,7 +31,7 @@ pub(crate) struct FromCache {
 /// The probe for stage `stage` on `prior`, when the cache is on and the request lets it look or keep.
 pub(crate) fn probe(
     state: &AppState,
-    v: &ValidChat,
+    v: &Request,
     pred: &Prediction,
     stage: &Stage,
     prior: &[(usize, f32)],
@@ -54,7 +54,7 @@ pub(crate) fn probe(
 pub async fn answer(
     state: &AppState,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     stage: &Stage,
     prior: &[(usize, f32)],
     probe: Option<&Probe>,
@@ -91,7 +91,7 @@ pub async fn answer(
 pub(crate) fn keep(
     state: &Arc<AppState>,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     p: Probe,
     prior: &[(usize, f32)],
     scores: Vec<f32>,
@@ -135,7 +135,7 @@ pub(crate) fn generation_probe(
     state: &AppState,
     route: &Route,
     stage: &Stage,
-    v: &ValidChat,
+    v: &Request,
     job: &tiergate_queue::Job,
 ) -> Option<Probe> {
     let cache = state.cache.as_ref()?;
@@ -157,7 +157,7 @@ pub(crate) async fn written(
     state: &AppState,
     route: &Route,
     stage: &Stage,
-    v: &ValidChat,
+    v: &Request,
     probe: Option<&Probe>,
 ) -> Option<Arc<Verdict>> {
     let (cache, p) = (state.cache.as_ref()?, probe?);
@@ -183,7 +183,7 @@ impl KeepWritten {
     pub(crate) fn new(
         state: &Arc<AppState>,
         route: &Route,
-        v: &ValidChat,
+        v: &Request,
         probe: Option<Probe>,
         backend: &str,
     ) -> Option<Self> {

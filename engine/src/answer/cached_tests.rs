@@ -12,7 +12,7 @@ use tiergate_config::Config;
 use tiergate_prefilter::testing::TinyModel;
 
 use super::cached;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::routing::route::{Route, Stage};
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
@@ -51,9 +51,9 @@ fn valid(
     text: &str,
     extra: serde_json::Value,
     headers: &[(&str, &str)],
-) -> ValidChat {
+) -> Request {
     let kind = r.state.routing.routes.get(route).unwrap().kind;
-    let mut v = ValidChat::for_tests(route, kind, &[("user", text)]);
+    let mut v = Request::for_tests(route, kind, &[("user", text)]);
     v.tenant = TenantId("t".into());
     v.temperature = extra["temperature"].as_f64().map(|t| t as f32);
     for (k, d) in headers {
@@ -139,7 +139,7 @@ async fn a_kept_verdict_is_found_again_and_fused_with_the_new_prior() {
 async fn cache_control_decides_what_is_looked_up_and_kept() {
     let r = cached_rig(false);
     let (route, stage) = route(&r, "classify");
-    let keep_one = |v: &ValidChat, pred: &tiergate_prefilter::Prediction| {
+    let keep_one = |v: &Request, pred: &tiergate_prefilter::Prediction| {
         let pri = prior(pred);
         if let Some(p) = cached::probe(&r.state, v, pred, &stage, &pri) {
             let scores = vec![1.0; pri.len()];
@@ -238,7 +238,7 @@ async fn a_semantic_hit_answers_with_its_neighbours_fused_verdict() {
 async fn written_answers_are_kept_apart_and_generations_only_at_temperature_zero() {
     let r = cached_rig(false);
     let (route, stage) = route(&r, "generate");
-    let job = |v: &ValidChat| tiergate_queue::Job::Generate {
+    let job = |v: &Request| tiergate_queue::Job::Generate {
         messages: vec![tiergate_queue::Message {
             role: "user".into(),
             content: v.text.clone(),

@@ -17,7 +17,7 @@ use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::out_of_scope::{verdict, Call, Verdict, NONE};
 use crate::model::outcome::{CacheHit, DegradeReason, Outcome, Tier};
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::{AppState, Route};
 
 pub(crate) fn queue_error_reason(e: &QueueError) -> DegradeReason {
@@ -49,7 +49,7 @@ pub(crate) fn fall_back(out: &mut Outcome, reason: DegradeReason) {
     crate::model::trace::degraded(reason.as_str());
 }
 
-pub(crate) fn sampling(v: &ValidChat) -> Sampling {
+pub(crate) fn sampling(v: &Request) -> Sampling {
     Sampling {
         max_tokens: v.max_tokens,
         count_only: v.count_only,
@@ -241,7 +241,7 @@ pub(crate) fn refused(state: &AppState, out: &mut Outcome, r: Refused) -> Result
 pub(crate) async fn escalate_rerank(
     state: &Arc<AppState>,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     d: &Decided,
     out: &mut Outcome,
 ) -> Result<Option<Vec<(usize, f32)>>, EngineError> {
@@ -304,7 +304,7 @@ pub(crate) async fn escalate_rerank(
 async fn rerank_stage(
     state: &Arc<AppState>,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     d: &Decided,
     out: &mut Outcome,
     (k, shed): (usize, bool),
@@ -395,7 +395,7 @@ fn tier0_candidates(d: &Decided) -> Vec<(usize, f32)> {
 fn record(
     state: &AppState,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     d: &Decided,
     tier0: &[(usize, f32)],
     llm: &[f32],

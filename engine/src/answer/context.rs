@@ -5,17 +5,17 @@
 
 use std::borrow::Cow;
 
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::routing::route::Route;
 
 /// `v` as `route` classifies it (itself when the route reads no context or the conversation has no earlier
 /// user turn), and the number of earlier turns read.
-pub(crate) fn with_context<'a>(route: &Route, v: &'a ValidChat) -> (Cow<'a, ValidChat>, usize) {
+pub(crate) fn with_context<'a>(route: &Route, v: &'a Request) -> (Cow<'a, Request>, usize) {
     context_of(route.context_turns, route.context_chars, v)
 }
 
 /// `v` with up to `turns` earlier user turns, at most `chars` characters of them.
-fn context_of(turns: usize, chars: usize, v: &ValidChat) -> (Cow<'_, ValidChat>, usize) {
+fn context_of(turns: usize, chars: usize, v: &Request) -> (Cow<'_, Request>, usize) {
     if turns == 0 {
         return (Cow::Borrowed(v), 0);
     }
@@ -62,11 +62,11 @@ fn context_of(turns: usize, chars: usize, v: &ValidChat) -> (Cow<'_, ValidChat>,
 mod tests {
     use super::*;
 
-    fn conversation(turns: &[(&str, &str)]) -> ValidChat {
-        ValidChat::for_tests("r", tiergate_config::RouteKind::Classify, turns)
+    fn conversation(turns: &[(&str, &str)]) -> Request {
+        Request::for_tests("r", tiergate_config::RouteKind::Classify, turns)
     }
 
-    fn joined(turns: usize, chars: usize, v: &ValidChat) -> (String, usize) {
+    fn joined(turns: usize, chars: usize, v: &Request) -> (String, usize) {
         let (c, n) = crate::answer::context::context_of(turns, chars, v);
         (c.text.clone(), n)
     }

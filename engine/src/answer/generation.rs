@@ -20,7 +20,7 @@ use crate::backends::llm::Refused;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::outcome::{CacheHit, Outcome, Tier};
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::{AppState, Route, Stage};
 
 /// Why a generation did not start.
@@ -36,7 +36,7 @@ pub(super) enum Declined {
 pub(super) async fn generate_route(
     state: &Arc<AppState>,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
     let steer = super::steer::steered(route, v, out).await?;
@@ -89,7 +89,7 @@ pub(super) async fn generate(
     state: &Arc<AppState>,
     route: &Route,
     stage: &Stage,
-    v: &ValidChat,
+    v: &Request,
     job: Job,
     prompt_tokens: u32,
     out: &mut Outcome,
@@ -180,7 +180,7 @@ pub enum Delta {
     /// More text.
     Text(String),
     /// A whole tool call (its arguments complete: engines hand a call on whole).
-    ToolCall(tiergate_queue::ToolCall),
+    ToolCall(crate::model::request::ToolCall),
     /// The end: why, the tokens counted, and the stop sequence that ended it when the engine says which.
     End {
         finish: Finish,
@@ -286,7 +286,7 @@ impl Generation {
             Event::ToolCall(c) => {
                 // A turn that called tools is not an answer to keep: its calls are the client's to run.
                 self.keep = None;
-                Ok(Delta::ToolCall(c))
+                Ok(Delta::ToolCall(super::jobs::call_in(c)))
             }
             Event::Reply(Reply::Generated(u)) => {
                 self.ended(None);

@@ -19,13 +19,13 @@ use crate::answer::cascade::{
 use crate::error::EngineError;
 use crate::model::out_of_scope::NONE;
 use crate::model::outcome::{DegradeReason, Outcome, Tier};
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::{AppState, Route};
 
 pub(super) async fn classified(
     state: &Arc<AppState>,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
     let pred = super::tier0::tier0(route, v, out).await?;
@@ -76,7 +76,7 @@ pub(super) async fn classified(
 async fn escalate_answer(
     state: &Arc<AppState>,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     d: &Decided,
     out: &mut Outcome,
 ) -> Result<Option<Body>, EngineError> {
@@ -103,7 +103,7 @@ async fn escalate_answer(
 
 /// The job that has the LLM write an answer route's reply: its system prompt lists Tier-0's candidates with
 /// their approved replies (and the route's out-of-scope reply), then the user's text.
-fn answer_job(route: &Route, v: &ValidChat, d: &Decided) -> Option<Job> {
+fn answer_job(route: &Route, v: &Request, d: &Decided) -> Option<Job> {
     let prefilter = route.prefilter.as_ref()?;
     let line = |label: &str, reply: Option<&str>| {
         render(
@@ -148,7 +148,7 @@ fn answer_job(route: &Route, v: &ValidChat, d: &Decided) -> Option<Job> {
 fn record_tier0(
     state: &AppState,
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     d: &Decided,
     answer: &[(usize, f32)],
 ) {
@@ -187,7 +187,7 @@ fn named(route: &Route, probs: &[(usize, f32)]) -> Vec<(String, f32)> {
 /// route the label's configured reply.
 fn labelled(
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     pred: &Prediction,
     answer: Vec<(usize, f32)>,
     out: &mut Outcome,

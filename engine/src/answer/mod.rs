@@ -4,7 +4,7 @@
 //! outcome), Tier-0 and the decision ([`label`]), the cascade ([`crate::answer::cascade`]), one generation path
 //! ([`generation`]) for generate routes and answer-route escalations, and the request's records.
 //!
-//! A door validates its dialect into a [`ValidChat`], calls [`answer`], and renders the value: no door runs
+//! A door validates its dialect into a [`Request`], calls [`answer`], and renders the value: no door runs
 //! a step of the pipeline itself. Here too: the request as validated ([`request`]), what became of it
 //! ([`outcome`]), the decision and the cascade ([`cascade`], [`out_of_scope`], [`judge`]), a stage's
 //! alternatives ([`attempt`], [`select`]), the records of an answer ([`answered`]) and its trace steps
@@ -21,6 +21,7 @@ pub(crate) mod cascade;
 mod context;
 pub(crate) mod fields;
 mod generation;
+mod jobs;
 mod label;
 pub(crate) mod select;
 mod session;
@@ -39,7 +40,7 @@ use crate::error::EngineError;
 use crate::load::brownout::Step;
 use crate::metrics as m;
 use crate::model::outcome::Outcome;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::AppState;
 
 pub use generation::{Delta, Finish, Generation, Tokens};
@@ -107,7 +108,7 @@ impl Admitted {
 /// then the latency experiment's delay; its records (metrics, decision record, audit draw) are settled when
 /// the answer ends — at once for a label or a text, at a generation's end (or drop) for a stream — and a
 /// request that ran and failed is counted here, by its error's status.
-pub(crate) async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answer, Declined> {
+pub(crate) async fn answer(state: &Arc<AppState>, v: &Request) -> Result<Answer, Declined> {
     let step = state.brownout();
     let decline = |error, ran| Declined {
         error,
@@ -162,7 +163,7 @@ pub(crate) async fn answer(state: &Arc<AppState>, v: &ValidChat) -> Result<Answe
 /// The latency experiment's variant of `v` (on a route one names), its delay slept here — after the answer
 /// is ready, before the door has it, so the client sees it in its time to first token — and its metrics.
 /// Returns the delay.
-async fn experiment(state: &AppState, v: &ValidChat, out: &mut Outcome) -> std::time::Duration {
+async fn experiment(state: &AppState, v: &Request, out: &mut Outcome) -> std::time::Duration {
     let Some(a) =
         state
             .routing
@@ -186,7 +187,7 @@ async fn experiment(state: &AppState, v: &ValidChat, out: &mut Outcome) -> std::
 /// The route `v` names, as it is now.
 fn route_of(
     state: &AppState,
-    v: &ValidChat,
+    v: &Request,
 ) -> Result<Arc<crate::routing::route::Route>, EngineError> {
     state
         .routing
@@ -198,7 +199,7 @@ fn route_of(
 /// The one admission point: a permit of `server.max_in_flight`, the tenant's permission for the route, and
 /// the brownout step's refusal (every request at `shed`; a generation is refused later, after its cache
 /// lookup, when the step pauses generation).
-fn admit(state: &AppState, v: &ValidChat, step: Step) -> Result<Admitted, EngineError> {
+fn admit(state: &AppState, v: &Request, step: Step) -> Result<Admitted, EngineError> {
     let admitted = Admitted::try_take(state).ok_or_else(EngineError::busy)?;
     state.tenants().permit(&v.tenant, &v.route)?;
     if step == Step::Shed {
@@ -215,13 +216,12 @@ fn admit(state: &AppState, v: &ValidChat, step: Step) -> Result<Admitted, Engine
 /// hold until it has answered.
 pub(crate) async fn count_tokens(
     state: &Arc<AppState>,
-    v: &ValidChat,
+    v: &Request,
 ) -> Result<(u32, Outcome, Admitted), Declined> {
     let mut v = v.clone();
     // An engine that cannot only count generates this one token.
     v.max_tokens = 1;
     v.count_only = true;
-    v.stream = false;
     v.temperature = Some(0.0);
     v.cache.no_cache = true;
     v.cache.no_store = true;

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::outcome::{Outcome, Tier};
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::routing::sessions::{Pin, SessionKey};
 use crate::state::{AppState, Route, Stage};
 
@@ -20,7 +20,7 @@ pub(super) struct Turn {
 
 impl Turn {
     /// Reads `v`'s session pin on `route`.
-    pub(crate) async fn open(state: &AppState, route: &Route, v: &ValidChat) -> Self {
+    pub(crate) async fn open(state: &AppState, route: &Route, v: &Request) -> Self {
         let sessions = &state.routing.sessions;
         let key = v
             .session

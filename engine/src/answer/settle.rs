@@ -12,7 +12,7 @@ use crate::answer::answered::Asked;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::outcome::Outcome;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
 
@@ -29,7 +29,7 @@ pub(crate) struct Settle {
 }
 
 impl Settle {
-    pub(crate) fn of(state: &Arc<AppState>, v: &ValidChat) -> Self {
+    pub(crate) fn of(state: &Arc<AppState>, v: &Request) -> Self {
         Self {
             state: state.clone(),
             route: v.route.clone(),

@@ -8,7 +8,7 @@ use crate::answer::cascade::sampling;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::outcome::Outcome;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::Route;
 
 /// Where a request goes: its stage, and the label whose overrides apply (a sure label).
@@ -20,7 +20,7 @@ pub(super) struct Steer {
 /// The stage a steered route sends `v` to, or the first stage of a route not steered.
 pub(super) async fn steered(
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     out: &mut Outcome,
 ) -> Result<Steer, EngineError> {
     let Some(s) = &route.steer else {
@@ -49,22 +49,13 @@ pub(super) async fn steered(
 
 /// The generation job for `v`: its conversation and sampling, with the sure label's overrides (its system
 /// prompt first, its temperature and top_p in place of the client's, its max_tokens as a cap).
-pub(super) fn job(route: &Route, steer: &Steer, v: &ValidChat) -> Job {
+pub(super) fn job(route: &Route, steer: &Steer, v: &Request) -> Job {
     let o = route
         .steer
         .as_ref()
         .zip(steer.label)
         .and_then(|(s, l)| s.override_of(l));
-    let mut messages: Vec<Message> = v
-        .messages
-        .iter()
-        .map(|m| Message {
-            role: m.role.clone(),
-            content: m.content.clone(),
-            tool_calls: m.tool_calls.clone(),
-            tool_call_id: m.tool_call_id.clone(),
-        })
-        .collect();
+    let mut messages: Vec<Message> = super::jobs::messages(v);
     let mut sampling: Sampling = sampling(v);
     if let Some(o) = o {
         if let Some(system) = &o.system {
@@ -91,6 +82,6 @@ pub(super) fn job(route: &Route, steer: &Steer, v: &ValidChat) -> Job {
     Job::Generate {
         messages,
         sampling,
-        tools: v.tools.clone(),
+        tools: super::jobs::tools(v),
     }
 }

@@ -9,13 +9,13 @@ use tracing::Instrument;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::outcome::{Outcome, Tier};
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::Route;
 
 /// Tier-0's prediction, its metrics and timings.
 pub(super) async fn tier0(
     route: &Route,
-    v: &ValidChat,
+    v: &Request,
     out: &mut Outcome,
 ) -> Result<Prediction, EngineError> {
     let prefilter = route

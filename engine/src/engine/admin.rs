@@ -16,12 +16,6 @@ fn refused(e: StartError, param: &'static str) -> EngineError {
     }
 }
 
-/// What a cache clear did: its body, and whether the shared store's removal is still running.
-pub struct Cleared {
-    pub body: Value,
-    pub running: bool,
-}
-
 impl Engine {
     /// Each classified route's head, its shadow and whether it can roll back, and the swaps' history.
     pub fn heads(&self) -> Value {
@@ -136,8 +130,9 @@ impl Engine {
     }
 
     /// Clears the answer cache here and in its shared store: what was dropped and where the shared removal
-    /// stands (`NotFound` when the cache is off, `Unavailable` when the shared store did not answer).
-    pub async fn clear_cache(&self) -> Result<Cleared, EngineError> {
+    /// stands, and whether that removal still runs (`NotFound` when the cache is off, `Unavailable` when the
+    /// shared store did not answer).
+    pub async fn clear_cache(&self) -> Result<(Value, bool), EngineError> {
         let Some(cache) = &self.state.cache else {
             return Err(EngineError::NotFound(
                 "the answer cache is off ([cache] enabled = false)".into(),
@@ -146,17 +141,15 @@ impl Engine {
         let (here, shared) = cache.clear().await;
         tracing::info!(target: "tiergate::audit", entries = here, shared = ?shared, "answer cache cleared");
         match shared {
-            None => Ok(Cleared {
-                body: json!({"cleared": here}),
-                running: false,
-            }),
+            None => Ok((json!({"cleared": here}), false)),
             Some(None) => Err(EngineError::Unavailable(format!(
                 "cleared {here} entries here; the shared store did not answer, so its entries stay readable: retry"
             ))),
-            Some(Some(c)) => Ok(Cleared {
-                running: c.removal.state == "running",
-                body: json!({"cleared": here, "shared": {"epoch": c.epoch, "removal": c.removal}}),
-            }),
+            Some(Some(c)) => {
+                let running = c.removal.state == "running";
+                let body = json!({"cleared": here, "shared": {"epoch": c.epoch, "removal": c.removal}});
+                Ok((body, running))
+            }
         }
     }
 }

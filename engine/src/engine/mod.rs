@@ -7,7 +7,6 @@ mod evidence;
 mod policy;
 mod views;
 
-pub use admin::Cleared;
 pub use evidence::Verdict;
 pub use policy::{PolicyChange, PolicyTarget};
 
@@ -21,7 +20,7 @@ use tiergate_config::Config;
 use crate::answer::{Admitted, Answer, Declined};
 use crate::error::EngineError;
 use crate::model::outcome::Outcome;
-use crate::model::request::ValidChat;
+use crate::model::request::Request;
 use crate::state::AppState;
 use crate::tenancy::tenants::TenantId;
 
@@ -68,11 +67,6 @@ impl Engine {
         crate::tasks::start(&self.state);
     }
 
-    /// The routes' names in config order.
-    pub fn route_names(&self) -> &[String] {
-        &self.state.routing.route_order
-    }
-
     /// A handle that does not keep the engine alive.
     pub fn downgrade(&self) -> WeakEngine {
         WeakEngine {
@@ -81,12 +75,12 @@ impl Engine {
     }
 
     /// Answers `v`: the engine's one call for every door ([`crate::answer::answer`]).
-    pub async fn answer(&self, v: &ValidChat) -> Result<Answer, Declined> {
+    pub async fn answer(&self, v: &Request) -> Result<Answer, Declined> {
         crate::answer::answer(&self.state, v).await
     }
 
     /// `v`'s prompt tokens, counted by what would answer it ([`crate::answer::count_tokens`]).
-    pub async fn count_tokens(&self, v: &ValidChat) -> Result<(u32, Outcome, Admitted), Declined> {
+    pub async fn count_tokens(&self, v: &Request) -> Result<(u32, Outcome, Admitted), Declined> {
         crate::answer::count_tokens(&self.state, v).await
     }
 

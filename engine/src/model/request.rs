@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tiergate_config::RouteKind;
-pub use tiergate_queue::{Tool, ToolCall, ToolChoice, Tools};
 
 /// A message after validation.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -30,9 +29,11 @@ pub struct CacheControl {
     pub no_store: bool,
 }
 
-/// A validated chat request.
+/// A request as the engine takes it from any door, in no door's dialect: the conversation, how to sample it,
+/// who asks and with what budget, what the cache may do, and what the door set aside. How the door renders
+/// the answer (a stream, usage chunks, logprobs, a JSON label object) is the door's, not the engine's.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ValidChat {
+pub struct Request {
     /// Route name.
     pub route: String,
     /// Route kind.
@@ -41,10 +42,6 @@ pub struct ValidChat {
     pub messages: Vec<ValidMessage>,
     /// The text Tier-0 classifies: the last user turn.
     pub text: String,
-    /// Stream as SSE.
-    pub stream: bool,
-    /// Send a usage chunk at the end of a stream.
-    pub include_usage: bool,
     /// Tokens to generate at most.
     pub max_tokens: u32,
     /// Temperature.
@@ -55,12 +52,6 @@ pub struct ValidChat {
     pub stop: Vec<String>,
     /// Seed.
     pub seed: Option<u64>,
-    /// Label probabilities wanted (classify routes).
-    pub logprobs: bool,
-    /// Alternatives per position.
-    pub top_logprobs: usize,
-    /// Reply as a JSON object (classify routes).
-    pub json_object: bool,
     /// End-user id, recorded in the request's log line.
     pub user: Option<String>,
     /// The session it belongs to (`x-session-id`, else `user`, else a Responses chain's first id): its turns
@@ -98,7 +89,7 @@ pub struct ValidChat {
     pub request_id: Option<String>,
 }
 
-impl ValidChat {
+impl Request {
     /// A request to `route` of these turns (role, content), as a door validates it, for tests.
     #[cfg(test)]
     pub(crate) fn for_tests(route: &str, kind: RouteKind, turns: &[(&str, &str)]) -> Self {
@@ -114,21 +105,16 @@ impl ValidChat {
             .last()
             .map(|m| m.content.clone())
             .unwrap_or_default();
-        ValidChat {
+        Request {
             route: route.into(),
             kind,
             messages,
             text,
-            stream: false,
-            include_usage: false,
             max_tokens: 16,
             temperature: None,
             top_p: None,
             stop: Vec::new(),
             seed: None,
-            logprobs: false,
-            top_logprobs: 0,
-            json_object: false,
             user: None,
             session: None,
             batch: None,
@@ -268,4 +254,51 @@ pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A function call the model made (or an earlier turn made).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id (a tool message names it).
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, a JSON document as text.
+    pub arguments: String,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    /// The function's name.
+    pub name: String,
+    /// What it does.
+    pub description: Option<String>,
+    /// Its parameters' JSON Schema, as text.
+    pub parameters: String,
+}
+
+/// Whether and which tool the model must call.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No call.
+    None,
+    /// At least one call.
+    Required,
+    /// A call of this function.
+    Function(String),
+}
+
+/// The tools of a generation: the functions offered, what the model must do with them, and whether it may
+/// make several calls in one turn. The queue's protocol has its own (`tiergate_queue::Tools`); the engine
+/// maps between the two in one place, when it writes a job and when a call comes back
+/// ([`crate::answer::jobs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tools {
+    pub list: Vec<Tool>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
 }

@@ -27,13 +27,13 @@ pub async fn clear(State(engine): State<Engine>, peer: Peer, headers: HeaderMap)
         return e.into_response();
     }
     match engine.clear_cache().await {
-        Ok(c) => {
-            let status = if c.running {
+        Ok((body, running)) => {
+            let status = if running {
                 axum::http::StatusCode::ACCEPTED
             } else {
                 axum::http::StatusCode::OK
             };
-            (status, axum::Json(c.body)).into_response()
+            (status, axum::Json(body)).into_response()
         }
         Err(e) => ApiError::from(e).into_response(),
     }

@@ -119,7 +119,11 @@ pub async fn responses(
     };
     // Without a key of its own, a kept response's chain is its session: its first response's id.
     let kept = keep_it && store.is_some();
-    v.session = v.session.or(chain).or_else(|| kept.then(|| v.id.clone()));
+    v.session = v
+        .session
+        .take()
+        .or(chain)
+        .or_else(|| kept.then(|| v.id.clone()));
     let keep = Keep {
         store: store.filter(|_| keep_it),
         tenant: asking.tenant.0.to_string(),

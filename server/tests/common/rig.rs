@@ -289,7 +289,7 @@ pub fn valid(
     route: &str,
     text: &str,
     forced: Option<f64>,
-) -> tiergate_engine::model::request::ValidChat {
+) -> tiergate_server::validate::ValidChat {
     let body = json!({"model": route, "messages": [{"role": "user", "content": text}]});
     let headers = axum::http::HeaderMap::new();
     let caller = tiergate_server::validate::Caller {

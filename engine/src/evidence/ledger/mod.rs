@@ -323,7 +323,7 @@ impl Ledger {
     }
 
     /// Records waiting for the writer.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.tx.len()
     }
 }
