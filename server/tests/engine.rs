@@ -92,6 +92,10 @@ async fn each_answer_settles_its_records_and_a_generation_at_its_end() {
     assert!(recorded(e, &v.id).await);
     let route = ["route=\"generate\""];
     let took = metric(&h, "tiergate_request_duration_seconds_sum", &route);
+    eprintln!(
+        "a 2 s generation: duration {took:.3} s, time to first token {:.3} s",
+        metric(&h, "tiergate_time_to_first_token_seconds_sum", &[])
+    );
     assert!((1.8..4.0).contains(&took), "duration {took} s");
     let ttft = metric(&h, "tiergate_time_to_first_token_seconds_sum", &[]);
     assert!(ttft > 0.0 && ttft < took * 0.7, "ttft {ttft} s of {took} s");
