@@ -76,30 +76,21 @@ pub fn authorize_admin(
     }
 }
 
-/// The per-request θ of `x-tiergate-threshold`, when the request may set one: the policy allows overrides,
-/// an admin token is configured and the request presents it in `x-tiergate-admin-token`. The value must lie
-/// in [0, 1]. `Ok(None)`: no override asked. An override asked for but not permitted is refused (403), never
-/// silently ignored, so a client does not mistake the server's θ for its own.
-/// `token`: `server.admin_token`; `allowed`: the policy's `allow_header_override`.
-pub fn threshold_override(
+/// The θ a request's `x-tiergate-threshold` asks for (in [0, 1]; `Ok(None)`: none asked), and whether the
+/// request presents the admin token (`token`: `server.admin_token`) in `x-tiergate-admin-token`. Whether it
+/// may force θ is the engine's to decide (the policy's `allow_header_override` and that credential): an
+/// override asked for but not permitted is refused (403), never silently ignored.
+pub fn threshold_asked(
     token: Option<&str>,
-    allowed: bool,
     headers: &HeaderMap,
-) -> Result<Option<f64>, ApiError> {
+) -> Result<Option<(f64, bool)>, ApiError> {
     let Some(raw) = headers.get(tiergate_core::outcome::header::THRESHOLD) else {
         return Ok(None);
     };
-    let token_ok = match (token, headers.get(OVERRIDE_TOKEN_HEADER)) {
+    let admin = match (token, headers.get(OVERRIDE_TOKEN_HEADER)) {
         (Some(token), Some(given)) => token_matches(given.as_bytes(), token.as_bytes()),
         _ => false,
     };
-    if !(allowed && token_ok) {
-        return Err(ApiError::Forbidden(
-            "x-tiergate-threshold needs routing.allow_header_override and the admin token in \
-             x-tiergate-admin-token"
-                .into(),
-        ));
-    }
     let s = raw
         .to_str()
         .map_err(|_| {
@@ -107,7 +98,7 @@ pub fn threshold_override(
         })?
         .trim();
     match s.parse::<f64>() {
-        Ok(t) if (0.0..=1.0).contains(&t) => Ok(Some(t)),
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(Some((t, admin))),
         _ => Err(ApiError::invalid(
             tiergate_core::outcome::header::THRESHOLD,
             format!("`{s}` is not a number in [0, 1]"),

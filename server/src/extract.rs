@@ -13,13 +13,12 @@ use tiergate_engine::Engine;
 use crate::error::ApiError;
 
 /// What a chat request says besides its body, read once: who asks (the tenant the key middleware found, else
-/// anonymous), a θ it forces
-/// (`x-tiergate-threshold`, honoured only with the admin token where the policy allows it; its error is kept
-/// for the routes that classify, which alone read it), its `x-request-id`, and its headers for validation
-/// (the budget).
+/// anonymous), a θ it forces (`x-tiergate-threshold`, with whether it presents the admin token: the engine
+/// decides whether it may; its error is kept for the routes that classify, which alone read it), its
+/// `x-request-id`, and its headers for validation (the budget).
 pub struct Asking {
     pub tenant: TenantId,
-    pub forced: Result<Option<f64>, ApiError>,
+    pub forced: Result<Option<(f64, bool)>, ApiError>,
     pub request_id: Option<String>,
     pub headers: HeaderMap,
 }
@@ -31,14 +30,13 @@ impl FromRequestParts<Engine> for Asking {
         parts: &mut Parts,
         engine: &Engine,
     ) -> Result<Self, Self::Rejection> {
-        let allowed = engine.allows_threshold_override();
         Ok(Self {
             tenant: parts
                 .extensions
                 .get::<TenantId>()
                 .cloned()
                 .unwrap_or_else(TenantId::anonymous),
-            forced: crate::auth::threshold_override(engine.admin_token(), allowed, &parts.headers),
+            forced: crate::auth::threshold_asked(engine.admin_token(), &parts.headers),
             request_id: parts
                 .headers
                 .get("x-request-id")

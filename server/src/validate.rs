@@ -57,8 +57,9 @@ pub struct Caller<'a> {
     pub batch: Option<tiergate_engine::model::request::BatchLine>,
     pub headers: &'a HeaderMap,
     pub started: Instant,
-    /// The θ its `x-tiergate-threshold` forces, or why it may not (read by the routes that classify).
-    pub forced: Result<Option<f64>, ApiError>,
+    /// The θ its `x-tiergate-threshold` forces and whether it presents the admin token, or why the value is
+    /// not one (read by the routes that classify).
+    pub forced: Result<Option<(f64, bool)>, ApiError>,
 }
 
 /// Validates `req` from `caller` against the route table (`route_of` maps a route name to its facts).
@@ -126,6 +127,7 @@ pub fn validate(
         RouteKind::Generate => None,
         RouteKind::Classify | RouteKind::Answer => caller.forced?,
     };
+    let (forced, forced_by_admin) = (forced.map(|f| f.0), forced.is_some_and(|f| f.1));
     let door = if caller.batch.is_some() {
         "batch"
     } else {
@@ -160,6 +162,7 @@ pub fn validate(
         id: completion_id(),
         cache: cache_control(caller.headers),
         forced,
+        forced_by_admin,
         started: caller.started,
         tools,
     };

@@ -196,16 +196,33 @@ fn route_of(
         .ok_or_else(|| EngineError::UnknownRoute(v.route.clone()))
 }
 
-/// The one admission point: a permit of `server.max_in_flight`, the tenant's permission for the route, and
-/// the brownout step's refusal (every request at `shed`; a generation is refused later, after its cache
+/// The one admission point: the permission to force θ, a permit of `server.max_in_flight`, the tenant's
+/// permission for the route, and the brownout step's refusal (every request at `shed`; a generation is refused later, after its cache
 /// lookup, when the step pauses generation).
 fn admit(state: &AppState, v: &Request, step: Step) -> Result<Admitted, EngineError> {
+    may_force(state, v)?;
     let admitted = Admitted::try_take(state).ok_or_else(EngineError::busy)?;
     state.tenants().permit(&v.tenant, &v.route)?;
     if step == Step::Shed {
         return Err(crate::load::brownout::refusal(step, v.kind).unwrap_or_else(EngineError::busy));
     }
     Ok(admitted)
+}
+
+/// A θ forced per request (`x-tiergate-threshold`) is honoured only where the policy allows overrides and the
+/// request presented the admin token: else refused, never silently ignored (a client would mistake the
+/// server's θ for its own).
+fn may_force(state: &AppState, v: &Request) -> Result<(), EngineError> {
+    if v.forced.is_none()
+        || (v.forced_by_admin && state.routing.policy.current().cfg.allow_header_override)
+    {
+        return Ok(());
+    }
+    Err(EngineError::Forbidden(
+        "x-tiergate-threshold needs routing.allow_header_override and the admin token in \
+         x-tiergate-admin-token"
+            .into(),
+    ))
 }
 
 /// A request's prompt tokens, counted by the tokenizer of what would answer it — Tier-0's encoder on a

@@ -134,17 +134,6 @@ impl Engine {
         Ok(tenant.map_or_else(TenantId::anonymous, |t| t.id.clone()))
     }
 
-    /// Whether a request's forced θ (`x-tiergate-threshold`) may be honoured at all (the policy's
-    /// `allow_header_override`; the admin token is still needed).
-    pub fn allows_threshold_override(&self) -> bool {
-        self.state
-            .routing
-            .policy
-            .current()
-            .cfg
-            .allow_header_override
-    }
-
     /// `tenant`'s quotas (none for an identity that is no configured tenant).
     pub fn quotas(&self, tenant: &TenantId) -> crate::tenancy::tenants::Quotas {
         self.state

@@ -70,6 +70,9 @@ pub struct Request {
     /// A θ the operator forced for it (`x-tiergate-threshold`, classified routes): no evidence about the
     /// traffic.
     pub forced: Option<f64>,
+    /// The request presented the admin token with its forced θ (the door checked the credential); whether it
+    /// may force θ at all is the engine's decision (the policy's `allow_header_override`).
+    pub forced_by_admin: bool,
     /// When it arrived.
     pub started: Instant,
     /// The functions a generation may call, and how (generate routes; none: plain text).
@@ -123,6 +126,7 @@ impl Request {
             id: completion_id(),
             cache: CacheControl::default(),
             forced: None,
+            forced_by_admin: false,
             started: Instant::now(),
             tools: None,
             door: "chat",

@@ -297,7 +297,7 @@ pub fn valid(
         batch: None,
         headers: &headers,
         started: Instant::now(),
-        forced: Ok(forced),
+        forced: Ok(forced.map(|t| (t, true))),
     };
     let req = serde_json::from_value(body).unwrap();
     tiergate_server::validate::validate(req, |n| engine.route_facts(n), caller).unwrap()
