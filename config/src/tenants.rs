@@ -40,6 +40,11 @@ pub struct TenantConfig {
     /// reported apart, never used for the bound.
     #[serde(default)]
     pub feedback: crate::FeedbackTrust,
+    /// The answer cache's verdicts it shares: tenants naming the same group read and write one set of cached
+    /// verdicts (their questions answer each other's); unset, its own — no other tenant's question is ever
+    /// its cache hit, nor its question another's.
+    #[serde(default)]
+    pub cache_group: Option<String>,
 }
 
 impl TenantConfig {

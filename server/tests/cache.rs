@@ -428,3 +428,52 @@ async fn a_kept_generation_is_served_while_generation_is_paused() {
         "{e}"
     );
 }
+
+/// A cached verdict is its tenant's: another tenant's same question goes to the LLM (no hit, no
+/// `x-tiergate-cache` telling it someone asked), and its answer is cached for it alone; tenants an operator
+/// puts in one `cache_group` share their verdicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_are_cached_per_tenant_unless_a_cache_group_shares_them() {
+    let r = rig(1, |c| {
+        cached(c);
+        c.tenants = [
+            ("a", None),
+            ("b", None),
+            ("d", Some("team")),
+            ("e", Some("team")),
+        ]
+        .iter()
+        .map(|(n, group)| tiergate_config::TenantConfig {
+            name: (*n).into(),
+            key_sha256: digest(&format!("key-{n}")),
+            cache_group: group.map(str::to_string),
+            ..Default::default()
+        })
+        .collect();
+    });
+    let key = |n: &str| [("authorization", format!("Bearer key-{n}"))];
+    let ask_as = |n: &'static str, text: &'static str| {
+        let r = &r;
+        async move {
+            let k = key(n);
+            let h: Vec<(&'static str, &str)> = k.iter().map(|(a, b)| (*a, b.as_str())).collect();
+            answer(r, "classify", text, &h).await.0
+        }
+    };
+    let h = ask_as("a", "my card was lost").await;
+    assert_eq!(tier(&h), "llm");
+    assert_eq!(tier(&ask_as("a", "my card was lost").await), "cache");
+    let h = ask_as("b", "my card was lost").await;
+    assert_eq!(tier(&h), "llm", "another tenant's verdict is no hit: {h:?}");
+    assert!(h.get("x-tiergate-cache").is_none());
+    assert_eq!(
+        tier(&ask_as("b", "my card was lost").await),
+        "cache",
+        "its own is"
+    );
+    // One group: what d asked answers e.
+    assert_eq!(tier(&ask_as("d", "my card was lost").await), "llm");
+    let h = ask_as("e", "my card was lost").await;
+    assert_eq!(tier(&h), "cache", "{h:?}");
+    assert_eq!(h["x-tiergate-cache"], "exact");
+}

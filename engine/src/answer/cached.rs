@@ -42,12 +42,26 @@ pub(crate) fn probe(
     }
     let candidates: Vec<usize> = prior.iter().map(|(i, _)| *i).collect();
     Some(cache.probe(
-        stage.cache_scope,
+        tenant_scope(state, v, stage.cache_scope),
         &candidates,
         &v.text,
         pred.label,
         &pred.embedding,
     ))
+}
+
+/// `scope` for the verdicts of `v`'s tenant: its cache group's (its own unless tenants share one by name), so
+/// that no tenant's question is another's hit — nor its `x-tiergate-cache` a sign of another's traffic.
+fn tenant_scope(state: &AppState, v: &Request, scope: u64) -> u64 {
+    let group = state
+        .tenants()
+        .named(&v.tenant.0)
+        .map(|t| t.cache_group.clone());
+    let group = group.unwrap_or_else(|| v.tenant.0.clone());
+    tiergate_core::fnv::Fnv::new()
+        .eat(&scope.to_le_bytes())
+        .eat(group.as_bytes())
+        .finish()
 }
 
 /// The stage's answer from the cache, when it holds one the request may take.

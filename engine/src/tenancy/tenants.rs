@@ -152,6 +152,8 @@ pub(crate) struct Tenant {
     pub quotas: Quotas,
     /// Its feedback counts as evidence (`feedback = "trusted"`).
     pub trusted_feedback: bool,
+    /// Whose cached verdicts it reads and writes: its `cache_group`, else its own name.
+    pub cache_group: Arc<str>,
 }
 
 /// A tenant's batch quotas (`None`: no quota of its own).
@@ -243,6 +245,7 @@ impl Tenants {
                     max_stored_bytes: c.max_stored_bytes,
                 },
                 trusted_feedback: c.feedback == tiergate_config::FeedbackTrust::Trusted,
+                cache_group: Arc::from(c.cache_group.as_deref().unwrap_or(c.name.as_str())),
             });
             t.by_digest.insert(digest, tenant.clone());
             t.by_name.insert(c.name.clone(), tenant);
