@@ -191,17 +191,17 @@ impl Store for RedisLedger {
         })
     }
 
+    /// The record of `id`, with the same reads whether it exists or not, and whoever's it is (feedback is no
+    /// existence oracle): a completion id is one read; a batch line's alias (`batch_id/custom_id`, the only
+    /// ids with a `/`) two — the alias, then its record, or a key no record has.
     fn decision(&self, id: &str, _now_ms: u64) -> Result<Option<Record>, StoreError> {
         self.with(|c| {
-            let direct: Option<String> = c.get(self.k(&format!("d:{id}")))?;
-            if direct.is_some() {
-                return parse(direct);
+            if !id.contains('/') {
+                return parse(c.get(self.k(&format!("d:{id}")))?);
             }
             let via: Option<String> = c.get(self.k(&format!("alias:{id}")))?;
-            match via {
-                Some(real) => parse(c.get(self.k(&format!("d:{real}")))?),
-                None => Ok(None),
-            }
+            let real = via.unwrap_or_else(|| format!("/{id}"));
+            parse(c.get(self.k(&format!("d:{real}")))?)
         })
     }
 
@@ -384,5 +384,68 @@ impl Store for RedisLedger {
             }
             Ok(s)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Commands the server has processed so far (`INFO stats`).
+    fn commands(c: &mut redis::Connection) -> u64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// A lookup's commands: a record of this tenant's, another tenant's and none at all cost the same, for a
+    /// completion id and for a batch line's alias alike (on a real `redis-server`).
+    #[test]
+    fn unknown_and_foreign_ids_cost_the_same_reads() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = crate::testing::redis_server(port);
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let ledger = RedisLedger::new(&url, "t", 3600).unwrap();
+        let now = crate::model::request::unix_ms();
+        let rec = |id: &str, tenant: &str, alias: Option<&str>| Record {
+            alias: alias.map(str::to_string),
+            ..super::super::tests::record(id, tenant, now)
+        };
+        let entries = [
+            Entry::Decision(Box::new(rec("chatcmpl-a", "a", Some("batch_1/x")))),
+            Entry::Decision(Box::new(rec("chatcmpl-b", "b", Some("batch_2/y")))),
+        ];
+        ledger.put(&entries, now).unwrap();
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut cost = |id: &str| {
+            // Warm the ledger's connection first, so that no connect is counted.
+            let _ = ledger.decision_of("chatcmpl-none", "a", now);
+            let before = commands(&mut c);
+            let found = ledger.decision_of(id, "a", now).unwrap().is_some();
+            // `INFO` itself is one command.
+            (commands(&mut c) - before - 1, found)
+        };
+        let own = cost("chatcmpl-a");
+        let foreign = cost("chatcmpl-b");
+        let unknown = cost("chatcmpl-c");
+        assert_eq!((own, foreign, unknown), ((1, true), (1, false), (1, false)));
+        let own = cost("batch_1/x");
+        let foreign = cost("batch_2/y");
+        let unknown = cost("batch_3/z");
+        assert_eq!((own, foreign, unknown), ((2, true), (2, false), (2, false)));
+        let _ = server.kill();
+        let _ = server.wait();
     }
 }
