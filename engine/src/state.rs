@@ -202,12 +202,7 @@ impl AppState {
     pub(crate) fn route_policies(&self) -> Vec<RoutePolicy> {
         let backends = |s: &Stage| s.alternatives.iter().map(|(b, _)| *b).collect();
         let mut all = Vec::new();
-        for r in self
-            .routing
-            .route_order
-            .iter()
-            .filter_map(|n| self.routing.routes.get(n))
-        {
+        for r in self.routing.in_order() {
             if let Some(s) = &r.steer {
                 all.push(RoutePolicy {
                     route: r.name.clone(),
@@ -306,9 +301,7 @@ impl AppState {
     /// answer now.
     pub(crate) fn unserved(&self) -> Vec<String> {
         self.routing
-            .route_order
-            .iter()
-            .filter_map(|n| self.routing.routes.get(n))
+            .in_order()
             .filter(|r| r.kind == RouteKind::Generate)
             .filter(|r| {
                 let mut run = r

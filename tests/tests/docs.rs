@@ -192,6 +192,24 @@ fn expand(span: &str) -> Option<(String, Vec<Vec<String>>)> {
     Some((file, paths))
 }
 
+/// For a `path.rs::item` span, asserts that the file defines each item it names and returns how many items it
+/// named; `None` for any other span.
+fn items_defined(span: &str) -> Option<usize> {
+    let (file, paths) = expand(span)?;
+    let code = std::fs::read_to_string(root().join(&file))
+        .unwrap_or_else(|_| panic!("{file} (named on the page) is gone"));
+    for p in &paths {
+        for name in p {
+            assert!(
+                defines(&code, name),
+                "{file} defines no `{name}` ({})",
+                p.join("::")
+            );
+        }
+    }
+    Some(paths.len())
+}
+
 #[test]
 fn every_item_the_where_table_names_is_defined_there() {
     let text = page();
@@ -202,20 +220,8 @@ fn every_item_the_where_table_names_is_defined_there() {
         .filter(|l| l.starts_with("| ") && !l.starts_with("| behaviour"))
     {
         for span in row.split('`').skip(1).step_by(2) {
-            if let Some((file, paths)) = expand(span) {
-                let path = root().join(&file);
-                let code = std::fs::read_to_string(&path)
-                    .unwrap_or_else(|_| panic!("{file} (named in the where table) is gone"));
-                for p in paths {
-                    for name in &p {
-                        assert!(
-                            defines(&code, name),
-                            "{file} defines no `{name}` ({})",
-                            p.join("::")
-                        );
-                    }
-                    checked += 1;
-                }
+            if let Some(n) = items_defined(span) {
+                checked += n;
             } else if span.ends_with(".rs") {
                 assert!(Path::new(&root().join(span)).is_file(), "{span} is gone");
             }
@@ -237,19 +243,8 @@ fn every_path_item_on_the_page_is_defined_there() {
     let mut checked = 0;
     let mut files = 0;
     for span in text.split('`').skip(1).step_by(2) {
-        if let Some((file, paths)) = expand(span) {
-            let code = std::fs::read_to_string(root().join(&file))
-                .unwrap_or_else(|_| panic!("{file} (named on the page) is gone"));
-            for p in paths {
-                for name in &p {
-                    assert!(
-                        defines(&code, name),
-                        "{file} defines no `{name}` ({})",
-                        p.join("::")
-                    );
-                }
-                checked += 1;
-            }
+        if let Some(n) = items_defined(span) {
+            checked += n;
         } else if span.ends_with(".rs") && span.contains('/') && !span.contains(' ') {
             let rooted = root().join(span).is_file();
             let under_engine = root().join("engine/src").join(span).is_file();

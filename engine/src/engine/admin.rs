@@ -20,12 +20,7 @@ impl Engine {
     /// Each classified route's head, its shadow and whether it can roll back, and the swaps' history.
     pub fn heads(&self) -> Value {
         let state = &*self.state;
-        let routes: Vec<Value> = state
-            .routing
-            .route_order
-            .iter()
-            .filter_map(|n| state.routing.routes.get(n))
-            .filter(|r| r.prefilter.is_some())
+        let routes: Vec<Value> = state.routing.classified()
             .map(|r| {
                 json!({"route": r.name, "version": r.head_version, "dir": state.routing.heads.dir_of(&r.name),
                     "fusion_source": r.fusion.source, "can_roll_back": state.routing.heads.can_roll_back(&r.name),

@@ -90,11 +90,7 @@ impl Engine {
         // When the routes were loaded (the server's start), as Unix seconds.
         let created = crate::tasks::utilization::unix_now_s()
             .saturating_sub(state.started.elapsed().as_secs());
-        let data: Vec<_> = state
-            .routing
-            .route_order
-            .iter()
-            .filter_map(|n| state.routing.routes.get(n))
+        let data: Vec<_> = state.routing.in_order()
             .filter(|r| state.tenants().permit(&tenant, &r.name).is_ok())
             .map(|r| {
                 let kind = match r.kind {
@@ -145,10 +141,7 @@ impl Engine {
         let cfg = tiergate_config::redact::redacted(&state.config);
         let fusion: serde_json::Map<String, serde_json::Value> = state
             .routing
-            .route_order
-            .iter()
-            .filter_map(|n| state.routing.routes.get(n))
-            .filter(|r| r.prefilter.is_some())
+            .classified()
             .map(|r| {
                 (
                     r.name.clone(),
@@ -158,9 +151,7 @@ impl Engine {
             .collect();
         let stages: serde_json::Map<String, serde_json::Value> = state
             .routing
-            .route_order
-            .iter()
-            .filter_map(|n| state.routing.routes.get(n))
+            .in_order()
             .map(|r| {
                 let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
                 (r.name.clone(), json!(names))
@@ -169,10 +160,7 @@ impl Engine {
         // Each stage's fusion per alternative backend (where its values come from: a fit or the config).
         let stage_fusion: serde_json::Map<String, serde_json::Value> = state
             .routing
-            .route_order
-            .iter()
-            .filter_map(|n| state.routing.routes.get(n))
-            .filter(|r| r.prefilter.is_some())
+            .classified()
             .map(|r| {
                 let per_stage: Vec<serde_json::Value> = r
                     .stages
@@ -193,12 +181,7 @@ impl Engine {
             })
             .collect();
         // Each classified route's head in force (a live swap's, with its folder) and the one in shadow.
-        let heads: serde_json::Map<String, serde_json::Value> = state
-            .routing
-            .route_order
-            .iter()
-            .filter_map(|n| state.routing.routes.get(n))
-            .filter(|r| r.prefilter.is_some())
+        let heads: serde_json::Map<String, serde_json::Value> = state.routing.classified()
             .map(|r| {
                 let shadow = state.routing.heads.shadow_of(&r.name).map(|s| s.candidate.head_version.clone());
                 (r.name.clone(), json!({"version": r.head_version, "dir": state.routing.heads.dir_of(&r.name), "shadow": shadow}))
@@ -274,11 +257,9 @@ fn quality(state: &AppState, theta_eff: f64) -> Vec<serde_json::Value> {
     let agreement = state.agreement();
     state
         .routing
-        .route_order
-        .iter()
-        .filter_map(|name| Some((name, state.routing.routes.get(name)?)))
-        .filter(|(_, r)| r.prefilter.is_some())
-        .map(|(name, r)| {
+        .classified()
+        .map(|r| {
+            let name = &r.name;
             let mut v = summary
                 .routes
                 .get(name)

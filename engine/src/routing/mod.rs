@@ -34,3 +34,15 @@ pub(crate) struct Routing {
     /// Session pins (`[sessions]`).
     pub sessions: sessions::Sessions,
 }
+
+impl Routing {
+    /// The routes as they are now, in config order.
+    pub(crate) fn in_order(&self) -> impl Iterator<Item = Arc<route::Route>> + '_ {
+        self.route_order.iter().filter_map(|n| self.routes.get(n))
+    }
+
+    /// The classified routes (those with a Tier-0 head) as they are now, in config order.
+    pub(crate) fn classified(&self) -> impl Iterator<Item = Arc<route::Route>> + '_ {
+        self.in_order().filter(|r| r.prefilter.is_some())
+    }
+}

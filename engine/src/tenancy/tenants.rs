@@ -484,4 +484,39 @@ mod tests {
                 > 11.9
         );
     }
+
+    #[test]
+    fn keys_are_found_by_digest_and_unknown_keys_are_unauthorized() {
+        use crate::error::EngineError;
+        let tenants = Tenants::new(&[cfg("a", "key-a"), cfg("b", "key-b")]);
+        assert_eq!(&*tenants.lookup("key-b").unwrap().id.0, "b");
+        assert!(tenants.lookup("key-c").is_none());
+        let now = std::time::Instant::now();
+        for bad in [None, Some(""), Some("key-c"), Some("key-a ")] {
+            let e = crate::tenancy::identify(&tenants, bad, now).unwrap_err();
+            assert!(matches!(e, EngineError::Unauthorized(_)), "{bad:?}");
+        }
+        let a = crate::tenancy::identify(&tenants, Some("key-a"), now)
+            .unwrap()
+            .unwrap();
+        assert!(a.may_use("classify") && !a.may_use("generate"));
+        // Its rate: 1/s, burst 1 — the second request at once is refused with a wait of a second.
+        let e = crate::tenancy::identify(&tenants, Some("key-a"), now).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::RateLimited {
+                    retry_after_s: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // The other tenant has its own bucket.
+        assert!(crate::tenancy::identify(&tenants, Some("key-b"), now).is_ok());
+        // No tenants: open.
+        assert!(crate::tenancy::identify(&Tenants::default(), None, now)
+            .unwrap()
+            .is_none());
+    }
 }
