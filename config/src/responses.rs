@@ -18,8 +18,11 @@ pub struct ResponsesConfig {
     pub path: std::path::PathBuf,
     /// How long a stored response is kept, seconds.
     pub ttl_s: u64,
-    /// The most responses kept (oldest dropped first).
+    /// The most responses kept in all (memory and SQLite; past it, the oldest of the tenant that holds the
+    /// most goes first, so a tenant filling its share evicts no other's).
     pub max_entries: usize,
+    /// The most responses one tenant keeps (every backend, Redis included; its own oldest go first).
+    pub max_per_tenant: usize,
 }
 
 impl Default for ResponsesConfig {
@@ -29,6 +32,7 @@ impl Default for ResponsesConfig {
             path: std::path::PathBuf::from("data/responses.sqlite"),
             ttl_s: 3600,
             max_entries: 10_000,
+            max_per_tenant: 1_000,
         }
     }
 }
@@ -46,6 +50,12 @@ impl ResponsesConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.max_entries"),
                 "must be at least 1",
+            ));
+        }
+        if self.max_per_tenant == 0 || self.max_per_tenant > self.max_entries {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_per_tenant"),
+                "must be at least 1 and at most max_entries",
             ));
         }
         Ok(())

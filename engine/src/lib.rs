@@ -11,9 +11,10 @@
 //! |---|---|
 //! | [`answer`] | the request path: the one call, Tier-0's decision, the cascade, one generation path, the records of an answer |
 //! | [`routing`] | routes and their stages, the θ policy and its shared store, the error bound, live head swaps, experiments, fusion |
-//! | [`backends`] | the LLM side: submission, fair share, breaker, service times, the batch gate, the worker's preflight |
+//! | [`backends`] | the LLM side: submission, fair share, service times, the batch gate, the worker's preflight |
 //! | [`load`] | utilisation, the brownout ladder, the fleet's Prometheus signal, the console's history |
 //! | [`tenancy`] | tenants (keys, routes, weights, budgets) and their sync across replicas |
+//! | [`deps`] | the dependencies (Redis in its uses): each call behind a deadline and a breaker; the breaker |
 //! | [`evidence`] | the decision ledger, audits, the LLM's second opinion, distillation records |
 //! | [`cache`] | Tier −1, the answer cache, and its step in the cascade |
 //!
@@ -30,6 +31,7 @@ pub mod batch;
 pub(crate) mod cache;
 #[cfg(test)]
 mod costs;
+mod deps;
 mod engine;
 pub mod error;
 pub mod evidence;

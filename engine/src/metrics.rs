@@ -35,6 +35,12 @@ pub(crate) const POLICY_VERSION: &str = "tiergate_policy_version";
 /// 1 while the shared policy store answers, 0 while this replica serves its last policy without it.
 pub(crate) const POLICY_STORE_UP: &str = "tiergate_policy_store_up";
 
+/// 1 while a dependency's breaker is closed (its last call answered in time), 0 while it is served from local
+/// state, by dependency.
+pub(crate) const DEPENDENCY_UP: &str = "tiergate_dependency_up";
+/// Calls to a dependency by dependency and outcome (`ok`, `failed`, `late`, `skipped` while its breaker is open).
+pub(crate) const DEPENDENCY_CALLS_TOTAL: &str = "tiergate_dependency_calls_total";
+
 /// Requests of routes under a latency experiment, by variant (`control` included) and route.
 pub(crate) const EXPERIMENT_REQUESTS_TOTAL: &str = "tiergate_experiment_requests_total";
 /// Their server-side latency, the injected delay included.
@@ -84,6 +90,8 @@ pub(crate) const RISK_UPPER_BOUND: &str = "tiergate_risk_error_upper_bound_ratio
 
 /// Decision records dropped (the writer's queue was full, or the store failed).
 pub(crate) const LEDGER_DROPPED_TOTAL: &str = "tiergate_decision_records_dropped_total";
+/// Decision records the ledger's writer holds because its store fails (written once it answers).
+pub(crate) const LEDGER_SPOOLED: &str = "tiergate_decision_records_spooled";
 /// Feedback given, by route, channel, trusted and correct.
 pub(crate) const FEEDBACK_TOTAL: &str = "tiergate_feedback_total";
 /// Tier-0's silent error from labelled audits per route: `estimate`, and the 95% interval's `lower`, `upper`.
@@ -187,6 +195,14 @@ fn describe() {
         "Delay injected per request, by variant"
     );
     describe_gauge!(
+        DEPENDENCY_UP,
+        "1 while a dependency answers in time; 0 while its breaker is open and local state serves"
+    );
+    describe_counter!(
+        DEPENDENCY_CALLS_TOTAL,
+        "Calls to a dependency by outcome: ok, failed, late (past its deadline), skipped (breaker open)"
+    );
+    describe_gauge!(
         POLICY_STORE_UP,
         "1 while the shared policy store (Redis) answers; 0 while the last policy is served without it"
     );
@@ -274,9 +290,13 @@ fn describe() {
         "Turns of pinned sessions by route and outcome (new, kept, up: a stronger stage, switched: the pinned backend unhealthy or out of budget, unpinned: sessions off)"
     );
     describe_gauge!(SESSION_PINS, "Session pins held in this replica's memory");
+    describe_gauge!(
+        LEDGER_SPOOLED,
+        "Decision records held by the ledger's writer while its store fails (written once it answers)"
+    );
     describe_counter!(
         LEDGER_DROPPED_TOTAL,
-        "Decision records dropped: the writer's queue was full or the store failed"
+        "Decision records dropped: the writer's queue was full, or the store failed with the spool full"
     );
     describe_counter!(
         FEEDBACK_TOTAL,

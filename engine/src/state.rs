@@ -50,6 +50,8 @@ pub(crate) struct AppState {
     pub cache: Option<crate::cache::AnswerCache>,
     /// Start time.
     pub started: Instant,
+    /// The dependencies' breakers (`/ready`, the console).
+    pub deps: crate::deps::Registry,
 }
 
 impl AppState {
@@ -96,6 +98,10 @@ impl AppState {
             )),
             tiergate_config::StoreKind::Memory => None,
         };
+        let deps = crate::deps::Registry::default();
+        for d in store.iter().flat_map(|s| s.dependencies()) {
+            deps.add(d);
+        }
         let routing = crate::routing::Routing {
             policy: Arc::new(Policy::new(config.routing.clone())),
             experiments: crate::routing::experiments::Experiments::new(config.experiments.clone()),
@@ -118,6 +124,9 @@ impl AppState {
             auditor: (config.feedback.enabled && config.feedback.audit_llm)
                 .then(crate::evidence::auditor::Auditor::default),
         };
+        if let Some(d) = evidence.ledger.as_ref().and_then(|l| l.dependency()) {
+            deps.add(d);
+        }
         Ok(Self {
             admission: Arc::new(Semaphore::new(config.server.max_in_flight)),
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -130,6 +139,7 @@ impl AppState {
             metrics,
             cache,
             started: Instant::now(),
+            deps,
         })
     }
 
@@ -641,7 +651,7 @@ pub(crate) fn start_backend(
         )),
         gate,
         limits: crate::backends::llm::Limits::of(r),
-        breaker: std::sync::Mutex::new(crate::backends::breaker::Breaker::new(
+        breaker: std::sync::Mutex::new(crate::deps::breaker::Breaker::new(
             r.breaker_failures,
             Duration::from_millis(r.breaker_cooldown_ms),
         )),

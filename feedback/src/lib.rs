@@ -27,7 +27,7 @@ pub fn responses_store(config: &Config) -> anyhow::Result<Option<Arc<dyn Respons
     if !r.store {
         return Ok(None);
     }
-    let store = responses::SqliteResponses::open(&r.path, r.ttl_s, r.max_entries)
+    let store = responses::SqliteResponses::open(&r.path, r.ttl_s, r.max_entries, r.max_per_tenant)
         .map_err(|e| anyhow::anyhow!("responses.path {}: {e}", r.path.display()))?;
     Ok(Some(Arc::new(store)))
 }

@@ -680,7 +680,7 @@ fn one_channel_type() {
 /// the parts it uses; the vocabulary (`model/`) at the bottom, beside `error.rs` and `metrics.rs`.
 const WINGS: &[&str] = &[
     "batch", "engine", "tasks", "answer", "state", "cache", "evidence", "backends", "routing",
-    "load", "tenancy", "model", "error", "metrics",
+    "load", "tenancy", "deps", "model", "error", "metrics",
 ];
 
 /// Each `crate::<name>` a file's code names (comments and `#[cfg(test)] mod tests` left out), with its line.

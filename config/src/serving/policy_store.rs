@@ -16,6 +16,10 @@ pub struct PolicyStoreConfig {
     pub key: String,
     /// `redis`: how often a replica reads the shared policy, milliseconds.
     pub sync_ms: u64,
+    /// `redis`: how long a call on a request's path may wait for Redis (a session pin, a stored response, a
+    /// ledger read), milliseconds; a late call is a failure, opens the dependency's breaker and the request is
+    /// served from local state. Background calls (the syncs) get ten times as long.
+    pub timeout_ms: u64,
 }
 
 /// The policy store's kind (`policy_store.kind`; any other value is refused when the config is read).
@@ -33,6 +37,7 @@ impl Default for PolicyStoreConfig {
             url: String::new(),
             key: "tiergate:policy".into(),
             sync_ms: 500,
+            timeout_ms: 100,
         }
     }
 }
@@ -49,6 +54,12 @@ impl PolicyStoreConfig {
                     return Err(ConfigError::invalid(
                         format!("{at}.key"),
                         "a non-empty key and sync_ms in 50..=2000 (changes must reach every replica within 2 s)",
+                    ));
+                }
+                if !(5..=5_000).contains(&self.timeout_ms) {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.timeout_ms"),
+                        "must be in 5..=5000 (a request waits at most this long for Redis)",
                     ));
                 }
                 Ok(())

@@ -48,7 +48,7 @@ pub(super) async fn generate_route(
     let job = super::steer::job(route, &steer, v);
     let body = generate(state, route, &stage, v, job, 0, out).await;
     if body.is_ok() {
-        turn.close(state, route, k, out).await;
+        turn.close(state, route, k, out);
     }
     match body {
         Ok(body) => Ok(body),

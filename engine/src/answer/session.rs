@@ -54,7 +54,7 @@ impl Turn {
 
     /// Pins the session to the stage and backend that started this turn (an LLM turn; a cached answer moves
     /// nothing), and says in `out` what the pin did.
-    pub(crate) async fn close(self, state: &AppState, route: &Route, k: usize, out: &mut Outcome) {
+    pub(crate) fn close(self, state: &AppState, route: &Route, k: usize, out: &mut Outcome) {
         let Some(key) = self.key else {
             return;
         };
@@ -71,6 +71,6 @@ impl Turn {
         let labels = [("route", route.name.clone()), ("outcome", what.to_string())];
         metrics::counter!(m::SESSION_TURNS_TOTAL, &labels).increment(1);
         let pin = Pin { stage: k, backend };
-        state.routing.sessions.put(&key, pin).await;
+        state.routing.sessions.put(&key, pin);
     }
 }

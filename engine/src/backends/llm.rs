@@ -38,7 +38,7 @@ pub struct Llm {
     /// The workers' slots, shared fairly between tenants.
     pub(crate) share: std::sync::Arc<crate::backends::fair::Share>,
     /// Opens when the backend keeps failing ([`crate::backends::breaker`]).
-    pub(crate) breaker: std::sync::Mutex<crate::backends::breaker::Breaker>,
+    pub(crate) breaker: std::sync::Mutex<crate::deps::breaker::Breaker>,
     /// It calls tools (`tools = true` in its config).
     pub(crate) tools: bool,
     /// Its own brownout pressure at the last reading (f64 bits; [`crate::load::brownout::pressure`]).
@@ -128,16 +128,16 @@ impl Llm {
             metrics::counter!(crate::metrics::BREAKER_TRIPS_TOTAL, "backend" => self.name.clone())
                 .increment(1);
         }
-        let open = !matches!(b.state(), crate::backends::breaker::State::Closed);
+        let open = !matches!(b.state(), crate::deps::breaker::State::Closed);
         metrics::gauge!(crate::metrics::BREAKER_OPEN, "backend" => self.name.clone())
             .set(if open { 1.0 } else { 0.0 });
     }
 
     /// Whether the breaker is closed.
     pub(crate) fn breaker_closed(&self) -> bool {
-        self.breaker.lock().map_or(true, |b| {
-            b.state() == crate::backends::breaker::State::Closed
-        })
+        self.breaker
+            .lock()
+            .map_or(true, |b| b.state() == crate::deps::breaker::State::Closed)
     }
 
     /// Predicted completion of a new job of `tenant`: the wait for a slot behind the jobs its lane and the

@@ -245,13 +245,31 @@ fn harvest(state: &AppState, rec: &Record, fb: &Feedback) {
 /// The record of `key` when `tenant` owns it, looked up once, after this replica's writer has stored what it
 /// was handed before now and, for an answer younger than [`SETTLE`] (its age is in its id), once that age has
 /// passed — so that an unknown id, another tenant's id and one's own take the same path in the same time,
-/// whether the record exists or not.
+/// whether the record exists or not. While the ledger's writer spools (its store failed), every lookup is
+/// 503: the record may be among those waiting.
 async fn lookup(
     ledger: &Ledger,
     key: &str,
     tenant: &TenantId,
 ) -> Result<Option<Record>, EngineError> {
-    ledger.written(SETTLE).await;
+    // Records held while the store failed may include this one: not "unknown" until they are written. A
+    // remote store's write in flight may take its deadline to end (stored, or spooled).
+    let catching_up = |spooled: usize| {
+        EngineError::Unavailable(format!(
+            "the feedback store cannot be reached yet: {spooled} decision records wait to be written to it; retry"
+        ))
+    };
+    if ledger.spooled() > 0 {
+        return Err(catching_up(ledger.spooled()));
+    }
+    let settled = ledger.written(SETTLE).await
+        || match ledger.dependency() {
+            Some(d) => ledger.written(d.deadline()).await,
+            None => true,
+        };
+    if ledger.spooled() > 0 || !settled {
+        return Err(catching_up(ledger.spooled()));
+    }
     if let Some(born) = crate::model::request::born_ms(key) {
         let ready = born.saturating_add(SETTLE.as_millis() as u64);
         let wait = ready

@@ -67,6 +67,16 @@ impl Engine {
         crate::tasks::start(&self.state);
     }
 
+    /// The Responses API's store (`[responses] store`; none when off): in Redis with the Redis policy store
+    /// (its calls behind the `responses_store` dependency, in `/ready`), else `local` (the binary's SQLite
+    /// file), else in memory.
+    pub fn responses_store(
+        &self,
+        local: Option<Arc<dyn crate::answer::stored::ResponseStore>>,
+    ) -> anyhow::Result<Option<Arc<dyn crate::answer::stored::ResponseStore>>> {
+        crate::answer::stored::open(&self.state.config, local, &self.state.deps)
+    }
+
     /// A handle that does not keep the engine alive.
     pub fn downgrade(&self) -> WeakEngine {
         WeakEngine {

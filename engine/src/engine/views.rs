@@ -56,6 +56,7 @@ impl Engine {
             "escalated_share_60s": live.escalated_share_60s,
             "degraded_share_recent": degraded,
             "queue_depth": state.in_flight(),
+            "dependencies": state.deps.views().1,
             "p95_ms": crate::load::history::p95_by_channel(&recent, now, Duration::from_secs(60)),
             "bands_ms": tiergate_core::bands::BANDS
                 .iter()
@@ -120,6 +121,9 @@ impl Engine {
         let live = state.live_workers();
         let draining = self.draining();
         let ok = !draining && unserved.is_empty();
+        // A dependency whose breaker is open is served around (local pins, the last policy, the ledger's
+        // spool): still ready, and said.
+        let (deps_up, deps) = state.deps.views();
         (
             ok,
             json!({
@@ -128,6 +132,9 @@ impl Engine {
                 // A replica without its shared store keeps serving its last policy (still ready), and says so.
                 "policy_store": state.routing.store.as_ref().map(|s| if s.is_up() { "reachable" } else { "unreachable: serving the last policy" }),
                 "prefilter": true,
+                "dependencies": deps,
+                "degraded": !deps_up,
+                "ledger_spooled": state.evidence.ledger.as_ref().map(|l| l.spooled()),
                 "live_workers": live,
                 "unserved_routes": unserved,
                 "backends": state.llms().map(|(_, l)| json!({"name": l.name, "live_workers": l.client.live_workers()})).collect::<Vec<_>>(),

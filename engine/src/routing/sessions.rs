@@ -136,7 +136,8 @@ impl Sessions {
         Duration::from_secs(self.cfg.ttl_s)
     }
 
-    /// `key`'s pin, if it has one that has not expired: Redis's when it answers, else this replica's.
+    /// `key`'s pin, if it has one that has not expired: Redis's when it answers within the pins' deadline, else
+    /// this replica's (a Redis that does not answer costs one deadline, then nothing while its breaker is open).
     pub(crate) async fn get(&self, key: &SessionKey) -> Option<Pin> {
         if !self.cfg.enabled {
             return None;
@@ -150,16 +151,18 @@ impl Sessions {
         m.get(key, Instant::now(), self.ttl())
     }
 
-    /// Pins `key` to `pin` for the TTL from now (in memory, and in Redis when it is the store).
-    pub(crate) async fn put(&self, key: &SessionKey, pin: Pin) {
+    /// Pins `key` to `pin` for the TTL from now: in memory at once, and in Redis when it is the store (written
+    /// in the background within the pins' deadline: the turn does not wait for it).
+    pub(crate) fn put(&self, key: &SessionKey, pin: Pin) {
         if !self.cfg.enabled {
             return;
         }
         if let Some(r) = &self.redis {
+            let (r, k, v) = (r.clone(), self.redis_key(r, key), pin.encode());
             let ttl_ms = self.ttl().as_millis() as u64;
-            let _ = r
-                .set_value(&self.redis_key(r, key), &pin.encode(), ttl_ms)
-                .await;
+            tokio::spawn(async move {
+                let _ = r.set_value(&k, &v, ttl_ms).await;
+            });
         }
         let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         m.put(*key, pin, Instant::now(), self.cfg.max_pins);

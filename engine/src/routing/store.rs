@@ -13,13 +13,13 @@
 //! know), so during a rollout replicas of two versions neither misread nor lose each other's changes; replicas
 //! of the version before stages read and write only the routing policy's hash, which keeps its shape.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::AsyncCommands;
 use tiergate_config::{PolicyStoreConfig, RoutingConfig};
 
+use crate::deps::Dependency;
 use crate::routing::policy::Policy;
 
 /// The format this replica writes and reads: the policy as `RoutingConfig`'s JSON (the routing policy's hash and
@@ -41,13 +41,16 @@ redis.call('PUBLISH', KEYS[3], new)
 return {1, new, tonumber(ARGV[4])}
 ";
 
-/// A Redis-backed policy store.
+/// A Redis-backed policy store. Its calls go through one of two dependencies ([`crate::deps`]): the
+/// policy's (the syncs, a change, heads: ten times `timeout_ms`) and the session pins' (on a request's path:
+/// `timeout_ms`), each with its breaker; a connection is never made under a lock.
 pub(crate) struct RedisStore {
     client: redis::Client,
-    conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    conn: crate::deps::Kept,
     key: String,
     sync: Duration,
-    up: AtomicBool,
+    policy: Arc<Dependency>,
+    pins: Arc<Dependency>,
 }
 
 /// What a compare-and-set did.
@@ -75,13 +78,20 @@ pub(crate) enum Stored {
 impl RedisStore {
     /// A store for `cfg` (no connection is made yet).
     pub(crate) fn new(cfg: &PolicyStoreConfig) -> anyhow::Result<Self> {
+        let deadline = Duration::from_millis(cfg.timeout_ms);
         Ok(Self {
             client: redis::Client::open(cfg.url.as_str())?,
-            conn: tokio::sync::Mutex::new(None),
+            conn: crate::deps::Kept::default(),
             key: cfg.key.clone(),
             sync: Duration::from_millis(cfg.sync_ms),
-            up: AtomicBool::new(false),
+            policy: Dependency::new("policy_store", deadline * 10),
+            pins: Dependency::new("session_pins", deadline),
         })
+    }
+
+    /// Its dependencies: the policy's and the pins'.
+    pub(crate) fn dependencies(&self) -> [&Arc<Dependency>; 2] {
+        [&self.policy, &self.pins]
     }
 
     /// The key prefix.
@@ -99,28 +109,28 @@ impl RedisStore {
         &self,
         deltas: &[(String, f64)],
     ) -> redis::RedisResult<Vec<f64>> {
-        let r = async {
-            let mut c = self.connection().await?;
-            let mut pipe = redis::pipe();
-            for (key, delta) in deltas {
-                pipe.cmd("INCRBYFLOAT").arg(key).arg(*delta);
-                pipe.cmd("EXPIRE").arg(key).arg(86_400).ignore();
-            }
-            let totals: Vec<f64> = pipe.query_async(&mut c).await?;
-            Ok(totals)
-        }
-        .await;
-        self.note(r).await
+        let r = self
+            .call(&self.policy, async {
+                let mut c = self.conn.get(&self.client).await?;
+                let mut pipe = redis::pipe();
+                for (key, delta) in deltas {
+                    pipe.cmd("INCRBYFLOAT").arg(key).arg(*delta);
+                    pipe.cmd("EXPIRE").arg(key).arg(86_400).ignore();
+                }
+                let totals: Vec<f64> = pipe.query_async(&mut c).await?;
+                Ok(totals)
+            })
+            .await;
+        self.note(r)
     }
 
     /// The string at `key` (none when absent or expired).
     pub(crate) async fn get_value(&self, key: &str) -> redis::RedisResult<Option<String>> {
-        let r = async {
-            let mut c = self.connection().await?;
+        self.call(&self.pins, async {
+            let mut c = self.conn.get(&self.client).await?;
             redis::cmd("GET").arg(key).query_async(&mut c).await
-        }
-        .await;
-        self.note(r).await
+        })
+        .await
     }
 
     /// Sets `key` to `value`, expiring after `ttl_ms`.
@@ -130,8 +140,8 @@ impl RedisStore {
         value: &str,
         ttl_ms: u64,
     ) -> redis::RedisResult<()> {
-        let r = async {
-            let mut c = self.connection().await?;
+        self.call(&self.pins, async {
+            let mut c = self.conn.get(&self.client).await?;
             redis::cmd("SET")
                 .arg(key)
                 .arg(value)
@@ -139,45 +149,32 @@ impl RedisStore {
                 .arg(ttl_ms.max(1))
                 .query_async(&mut c)
                 .await
-        }
-        .await;
-        self.note(r).await
-    }
-
-    /// Whether the last exchange with Redis worked.
-    pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
-    }
-
-    async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        let mut guard = self.conn.lock().await;
-        if let Some(c) = guard.as_ref() {
-            return Ok(c.clone());
-        }
-        let c = tokio::time::timeout(
-            Duration::from_secs(2),
-            self.client.get_multiplexed_async_connection(),
-        )
+        })
         .await
-        .map_err(|_| redis::RedisError::from((redis::ErrorKind::IoError, "connect timed out")))??;
-        *guard = Some(c.clone());
-        Ok(c)
     }
 
-    /// Records the outcome of an exchange; a failed one drops the connection (the next one reconnects).
-    async fn note<T>(&self, r: redis::RedisResult<T>) -> redis::RedisResult<T> {
-        let ok = r.is_ok();
-        if self.up.swap(ok, Ordering::AcqRel) != ok {
-            if ok {
-                tracing::info!(key = %self.key, "policy store reachable");
-            } else {
-                tracing::warn!(key = %self.key, error = ?r.as_ref().err(), "policy store unreachable: serving the last policy");
-            }
+    /// Whether the policy's last exchange with Redis worked.
+    pub(crate) fn is_up(&self) -> bool {
+        self.policy.is_up()
+    }
+
+    /// Runs `call` (its connection included) within `dep`'s deadline, when its breaker lets it; a failed or
+    /// late one drops the connection (the next call connects again).
+    async fn call<T>(
+        &self,
+        dep: &Dependency,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        let r = dep.call(call).await;
+        if r.is_err() {
+            self.conn.forget();
         }
-        if !ok {
-            *self.conn.lock().await = None;
-        }
-        metrics::gauge!(crate::metrics::POLICY_STORE_UP).set(if ok { 1.0 } else { 0.0 });
+        r.map_err(refused)
+    }
+
+    /// Says whether the policy store answers (`tiergate_policy_store_up`).
+    fn note<T>(&self, r: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        metrics::gauge!(crate::metrics::POLICY_STORE_UP).set(if self.is_up() { 1.0 } else { 0.0 });
         r
     }
 
@@ -222,17 +219,18 @@ redis.call('SET', KEYS[1], ARGV[2])
 return false";
         let key = self.head_key(route);
         let json = serde_json::to_string(head).unwrap_or_default();
-        let r = async {
-            let mut c = self.connection().await?;
-            redis::Script::new(SWAP)
-                .key(&key)
-                .arg(expected)
-                .arg(json)
-                .invoke_async::<Option<String>>(&mut c)
-                .await
-        }
-        .await;
-        let other = self.note(r).await?;
+        let r = self
+            .call(&self.policy, async {
+                let mut c = self.conn.get(&self.client).await?;
+                redis::Script::new(SWAP)
+                    .key(&key)
+                    .arg(expected)
+                    .arg(json)
+                    .invoke_async::<Option<String>>(&mut c)
+                    .await
+            })
+            .await;
+        let other = self.note(r)?;
         Ok(other.map(|raw| {
             serde_json::from_str(&raw).unwrap_or(crate::routing::heads::SharedHead {
                 version: "(unreadable)".into(),
@@ -248,30 +246,32 @@ return false";
         route: &str,
     ) -> redis::RedisResult<Option<crate::routing::heads::SharedHead>> {
         let key = self.head_key(route);
-        let r = async {
-            let mut c = self.connection().await?;
-            c.get::<_, Option<String>>(&key).await
-        }
-        .await;
-        let raw = self.note(r).await?;
+        let r = self
+            .call(&self.policy, async {
+                let mut c = self.conn.get(&self.client).await?;
+                c.get::<_, Option<String>>(&key).await
+            })
+            .await;
+        let raw = self.note(r)?;
         Ok(raw.and_then(|s| serde_json::from_str(&s).ok()))
     }
 
     /// The policy stored in the hash `key`.
     pub(crate) async fn fetch(&self, key: &str) -> redis::RedisResult<Stored> {
-        let r = async {
-            let mut c = self.connection().await?;
-            let (version, policy, format): (Option<u64>, Option<String>, Option<u64>) =
-                c.hget(key, &["version", "policy", "format"]).await?;
-            Ok(match (version, policy, format.unwrap_or(1)) {
-                (Some(_), Some(_), f) if f > FORMAT => Stored::Newer(f),
-                (Some(v), Some(p), _) => serde_json::from_str(&p)
-                    .map_or(Stored::Unreadable(v), |cfg| Stored::Policy(cfg, v)),
-                _ => Stored::Empty,
+        let r = self
+            .call(&self.policy, async {
+                let mut c = self.conn.get(&self.client).await?;
+                let (version, policy, format): (Option<u64>, Option<String>, Option<u64>) =
+                    c.hget(key, &["version", "policy", "format"]).await?;
+                Ok(match (version, policy, format.unwrap_or(1)) {
+                    (Some(_), Some(_), f) if f > FORMAT => Stored::Newer(f),
+                    (Some(v), Some(p), _) => serde_json::from_str(&p)
+                        .map_or(Stored::Unreadable(v), |cfg| Stored::Policy(cfg, v)),
+                    _ => Stored::Empty,
+                })
             })
-        }
-        .await;
-        self.note(r).await
+            .await;
+        self.note(r)
     }
 
     /// Stores `cfg` as the version after `expected`, appending `audit` to the shared audit log, if the store
@@ -283,27 +283,42 @@ return false";
         cfg: &RoutingConfig,
         audit: &str,
     ) -> redis::RedisResult<Cas> {
-        let r = async {
-            let mut c = self.connection().await?;
-            let policy = serde_json::to_string(cfg).unwrap_or_default();
-            let (stored, version, format): (u8, u64, u64) = redis::Script::new(CAS)
-                .key(key)
-                .key(format!("{}:audit", self.key))
-                .key(format!("{}:changes", self.key))
-                .arg(expected)
-                .arg(policy)
-                .arg(audit)
-                .arg(FORMAT)
-                .invoke_async(&mut c)
-                .await?;
-            Ok(match stored {
-                1 => Cas::Stored(version),
-                2 => Cas::Newer(format),
-                _ => Cas::Conflict(version),
+        let r = self
+            .call(&self.policy, async {
+                let mut c = self.conn.get(&self.client).await?;
+                let policy = serde_json::to_string(cfg).unwrap_or_default();
+                let (stored, version, format): (u8, u64, u64) = redis::Script::new(CAS)
+                    .key(key)
+                    .key(format!("{}:audit", self.key))
+                    .key(format!("{}:changes", self.key))
+                    .arg(expected)
+                    .arg(policy)
+                    .arg(audit)
+                    .arg(FORMAT)
+                    .invoke_async(&mut c)
+                    .await?;
+                Ok(match stored {
+                    1 => Cas::Stored(version),
+                    2 => Cas::Newer(format),
+                    _ => Cas::Conflict(version),
+                })
             })
+            .await;
+        self.note(r)
+    }
+}
+
+/// A call not made or not answered, as the Redis error its callers handle.
+fn refused(r: crate::deps::Refused) -> redis::RedisError {
+    match r {
+        crate::deps::Refused::Failed(e) => {
+            redis::RedisError::from((redis::ErrorKind::IoError, "redis failed", e))
         }
-        .await;
-        self.note(r).await
+        other => redis::RedisError::from((
+            redis::ErrorKind::IoError,
+            "redis not answered",
+            other.to_string(),
+        )),
     }
 }
 

@@ -56,8 +56,9 @@ impl Keep {
     }
 
     /// Keeps a finished response with its conversation before it is answered, so that a continuation that
-    /// follows at once finds it; a write that fails or misses [`STORE_DEADLINE`] is logged and the response
-    /// says `"store": false` — never an id that was not stored.
+    /// follows at once finds it; a write that fails or misses its deadline (the store's own, Redis's
+    /// `responses_store` dependency, within [`STORE_DEADLINE`]) makes the response say `"store": false` —
+    /// never an id that was not stored.
     async fn save(&self, v: &ValidChat, out: &Output, response: &mut Value) {
         let Some(store) = self.store.clone() else {
             return;
@@ -88,7 +89,8 @@ impl Keep {
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {STORE_DEADLINE:?}"),
         };
-        tracing::warn!(%id, error = %failed, "a response was not stored: answered with store false");
+        // Said at debug: a store that is down is said once by its dependency's breaker, not per response.
+        tracing::debug!(%id, error = %failed, "a response was not stored: answered with store false");
         response["store"] = json!(false);
     }
 }
@@ -186,17 +188,26 @@ pub async fn retrieve(
     }
 }
 
-/// `tenant`'s stored response `id`, read off the async runtime.
+/// `tenant`'s stored response `id`, read off the async runtime within [`STORE_DEADLINE`] (the store's own
+/// deadline, Redis's, is shorter): a store that does not answer is 503, never a wait.
 async fn fetch(
     store: &Arc<dyn ResponseStore>,
     id: &str,
     tenant: &TenantId,
 ) -> Result<Option<StoredResponse>, ApiError> {
     let (store, key, who) = (store.clone(), id.to_string(), tenant.0.to_string());
-    tokio::task::spawn_blocking(move || store.get(&key, &who))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(|e| ApiError::Unavailable(format!("the response store cannot be reached: {e}")))
+    let read = tokio::task::spawn_blocking(move || store.get(&key, &who));
+    let unreachable =
+        |e: String| ApiError::Unavailable(format!("the response store cannot be reached: {e}"));
+    match tokio::time::timeout(STORE_DEADLINE, read).await {
+        Ok(r) => r
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .map_err(unreachable),
+        Err(_) => Err(unreachable(format!(
+            "no answer within {} ms",
+            STORE_DEADLINE.as_millis()
+        ))),
+    }
 }
 
 /// The `response` for the engine's answer, as JSON or as its events.

@@ -243,6 +243,10 @@ pub struct Ledger {
     /// Entries handed to the writer, and those it has finished with (stored, or failed and counted).
     sent: std::sync::atomic::AtomicU64,
     done: Arc<std::sync::atomic::AtomicU64>,
+    /// The store's dependency, when it is remote (Redis).
+    dependency: Option<Arc<crate::deps::Dependency>>,
+    /// Records the writer holds because the store failed, to write once it answers.
+    spooled: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Unix time, milliseconds.
@@ -253,7 +257,21 @@ pub fn now_ms() -> u64 {
 impl Ledger {
     /// Starts the writer thread over `store`, with `queue` entries waiting at most.
     pub fn start(store: Arc<dyn Store>, queue: usize, window_s: u64) -> Arc<Self> {
+        Self::start_with(store, queue, window_s, None)
+    }
+
+    /// [`Self::start`] for a store behind `dependency`: while it fails, the writer spools up to ten times
+    /// `queue` records and writes them once it answers (older ones first; past that bound new ones are
+    /// dropped and counted).
+    pub(crate) fn start_with(
+        store: Arc<dyn Store>,
+        queue: usize,
+        window_s: u64,
+        dependency: Option<Arc<crate::deps::Dependency>>,
+    ) -> Arc<Self> {
         let (tx, rx) = flume::bounded::<Entry>(queue);
+        let spooled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let spool = Spool::new(queue.saturating_mul(10), spooled.clone());
         let writer = store.clone();
         let summary = Arc::new(std::sync::Mutex::new(Summary::default()));
         let shown = summary.clone();
@@ -261,7 +279,7 @@ impl Ledger {
         let flag = done.clone();
         let spawned = std::thread::Builder::new()
             .name("tiergate-ledger".into())
-            .spawn(move || write_loop(&rx, &*writer, &shown, &flag));
+            .spawn(move || write_loop(&rx, &*writer, &shown, &flag, spool));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the ledger writer: no decision is recorded");
         }
@@ -272,7 +290,19 @@ impl Ledger {
             summary,
             sent: std::sync::atomic::AtomicU64::new(0),
             done,
+            dependency,
+            spooled,
         })
+    }
+
+    /// The store's dependency, when it is remote.
+    pub(crate) fn dependency(&self) -> Option<&Arc<crate::deps::Dependency>> {
+        self.dependency.as_ref()
+    }
+
+    /// Records held until the store answers again.
+    pub(crate) fn spooled(&self) -> usize {
+        self.spooled.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Waits (up to `max`) until every record handed over so far is stored: at shutdown, so that answers
@@ -287,12 +317,20 @@ impl Ledger {
     }
 
     /// Waits (up to `max`, without blocking the runtime) until the records handed over before the call are
-    /// stored: a lookup after it sees every answer this replica gave before it.
-    pub(crate) async fn written(&self, max: Duration) {
+    /// stored or spooled: a lookup after it sees every answer this replica gave before it, or knows (by
+    /// [`Self::spooled`]) that some wait for the store. Whether they were, in time.
+    pub(crate) async fn written(&self, max: Duration) -> bool {
         use std::sync::atomic::Ordering::Acquire;
         let target = self.sent.load(Acquire);
         let until = tokio::time::Instant::now() + max;
-        while self.done.load(Acquire) < target && tokio::time::Instant::now() < until {
+        loop {
+            let handled = self.done.load(Acquire) + self.spooled() as u64;
+            if handled >= target {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
@@ -335,14 +373,65 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 /// How long the writer gathers entries after the first before it writes them.
 pub(crate) const GATHER: Duration = Duration::from_millis(20);
 
-/// Takes what is waiting (up to 512 entries, or what came within [`GATHER`] of the first) and writes it at once;
-/// refreshes the summary every [`SUMMARY_EVERY`].
+/// Records the store did not take, held in order until it does: at most `max`.
+struct Spool {
+    held: std::collections::VecDeque<Entry>,
+    max: usize,
+    shown: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Spool {
+    fn new(max: usize, shown: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        Self {
+            held: std::collections::VecDeque::new(),
+            max,
+            shown,
+        }
+    }
+
+    /// Holds `batch` after what is held; returns how many of it did not fit (dropped).
+    fn hold(&mut self, batch: Vec<Entry>) -> usize {
+        let room = self.max.saturating_sub(self.held.len());
+        let dropped = batch.len().saturating_sub(room);
+        self.held.extend(batch.into_iter().take(room));
+        self.show();
+        dropped
+    }
+
+    /// Writes what is held, oldest first, 512 at a time, until the store fails; returns how many were written.
+    fn flush(&mut self, store: &dyn Store) -> usize {
+        let mut written = 0;
+        while !self.held.is_empty() {
+            let n = self.held.len().min(512);
+            let chunk: Vec<Entry> = self.held.iter().take(n).cloned().collect();
+            if store.put(&chunk, now_ms()).is_err() {
+                break;
+            }
+            self.held.drain(..n);
+            written += n;
+        }
+        self.show();
+        written
+    }
+
+    fn show(&self) {
+        self.shown
+            .store(self.held.len(), std::sync::atomic::Ordering::Release);
+        metrics::gauge!(crate::metrics::LEDGER_SPOOLED).set(self.held.len() as f64);
+    }
+}
+
+/// Takes what is waiting (up to 512 entries, or what came within [`GATHER`] of the first) and writes it at once
+/// — after what the spool holds, which goes first; a batch the store does not take is spooled. Refreshes the
+/// summary every [`SUMMARY_EVERY`].
 fn write_loop(
     rx: &flume::Receiver<Entry>,
     store: &dyn Store,
     shown: &std::sync::Mutex<Summary>,
     done: &std::sync::atomic::AtomicU64,
+    mut spool: Spool,
 ) {
+    use std::sync::atomic::Ordering::AcqRel;
     let mut refreshed: Option<std::time::Instant> = None;
     loop {
         if refreshed.is_none_or(|t| t.elapsed() >= SUMMARY_EVERY) {
@@ -356,7 +445,15 @@ fn write_loop(
             }
             refreshed = Some(std::time::Instant::now());
         }
-        let first = match rx.recv_timeout(SUMMARY_EVERY) {
+        if !spool.held.is_empty() {
+            done.fetch_add(spool.flush(store) as u64, AcqRel);
+        }
+        let wait = if spool.held.is_empty() {
+            SUMMARY_EVERY
+        } else {
+            RETRY_EVERY
+        };
+        let first = match rx.recv_timeout(wait) {
             Ok(e) => e,
             Err(flume::RecvTimeoutError::Timeout) => continue,
             Err(flume::RecvTimeoutError::Disconnected) => return,
@@ -369,13 +466,26 @@ fn write_loop(
                 Err(_) => break,
             }
         }
-        if let Err(e) = store.put(&batch, now_ms()) {
-            metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(batch.len() as u64);
-            tracing::warn!(error = %e, records = batch.len(), "decision records not written");
+        let n = batch.len() as u64;
+        let stored = spool.held.is_empty() && store.put(&batch, now_ms()).is_ok();
+        if stored {
+            done.fetch_add(n, AcqRel);
+            continue;
         }
-        done.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::AcqRel);
+        let dropped = spool.hold(batch);
+        if dropped > 0 {
+            metrics::counter!(crate::metrics::LEDGER_DROPPED_TOTAL).increment(dropped as u64);
+            tracing::warn!(
+                records = dropped,
+                "decision records dropped: the store fails and the spool is full"
+            );
+            done.fetch_add(dropped as u64, AcqRel);
+        }
     }
 }
+
+/// How often the writer tries the store again while it spools.
+const RETRY_EVERY: Duration = Duration::from_millis(250);
 
 /// The ledger `config` asks for: none when `[feedback]` is off; in Redis (under the policy store's key) when
 /// the policy store is Redis; else in `local` (the SQLite file the binary hands over), or in memory without one
@@ -388,12 +498,21 @@ pub(crate) fn open(
     if !f.enabled {
         return Ok(None);
     }
+    let mut dependency = None;
     let store: Arc<dyn Store> = match (config.policy_store.kind, local) {
-        (tiergate_config::StoreKind::Redis, _) => Arc::new(redis::RedisLedger::new(
-            &config.policy_store.url,
-            &config.policy_store.key,
-            f.window_s,
-        )?),
+        (tiergate_config::StoreKind::Redis, _) => {
+            let dep = crate::deps::Dependency::new(
+                "ledger",
+                Duration::from_millis(config.policy_store.timeout_ms) * 10,
+            );
+            dependency = Some(dep.clone());
+            Arc::new(redis::RedisLedger::new(
+                &config.policy_store.url,
+                &config.policy_store.key,
+                f.window_s,
+                dep,
+            )?)
+        }
         (tiergate_config::StoreKind::Memory, Some(store)) => store,
         (tiergate_config::StoreKind::Memory, None) => {
             tracing::info!(
@@ -402,7 +521,9 @@ pub(crate) fn open(
             Arc::new(memory::MemoryStore::new(f.max_bytes, f.window_s))
         }
     };
-    Ok(Some(Ledger::start(store, f.queue, f.window_s)))
+    Ok(Some(Ledger::start_with(
+        store, f.queue, f.window_s, dependency,
+    )))
 }
 
 impl Record {

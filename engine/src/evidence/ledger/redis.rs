@@ -6,12 +6,16 @@
 //! again with each write, so a route that goes quiet for a window leaves nothing behind. Feedback and labels
 //! are first-write-wins (`SET … NX`). Feedback counts for the
 //! summary are hashes updated with each feedback; labelled audits are counted from the labelled items in the
-//! window (a set an operator's labelling bounds), pending ones from a sorted set of ids per head that answered. Synchronous (the writer thread and `spawn_blocking` call it);
-//! with Redis gone, writes fail (counted, logged) and lookups answer 503.
+//! window (a set an operator's labelling bounds), pending ones from a sorted set of ids per head that answered.
+//! Synchronous (the writer thread and `spawn_blocking` call it), each call within the `ledger` dependency's
+//! deadline ([`crate::deps`]): with Redis gone or stalled, the writer spools records until it answers and
+//! lookups answer 503 at once while its breaker is open.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use redis::Commands;
+
+use crate::deps::Dependency;
 
 use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summary};
 
@@ -30,17 +34,26 @@ type SummaryRead = (
 /// The store.
 pub(crate) struct RedisLedger {
     client: redis::Client,
-    conn: Mutex<Option<redis::Connection>>,
+    /// Idle connections: a call takes one (or makes one) and gives it back after a success, so no lock is
+    /// held while Redis is waited for.
+    idle: Mutex<Vec<redis::Connection>>,
+    dep: Arc<Dependency>,
     prefix: String,
     window_s: u64,
 }
 
 impl RedisLedger {
-    /// A ledger at `url` under `{key}:ledger:`; connects on first use.
-    pub(crate) fn new(url: &str, key: &str, window_s: u64) -> anyhow::Result<Self> {
+    /// A ledger at `url` under `{key}:ledger:`, its calls within `dep`'s deadline; connects on first use.
+    pub(crate) fn new(
+        url: &str,
+        key: &str,
+        window_s: u64,
+        dep: Arc<Dependency>,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
             client: redis::Client::open(url)?,
-            conn: Mutex::new(None),
+            idle: Mutex::new(Vec::new()),
+            dep,
             prefix: format!("{key}:ledger:"),
             window_s,
         })
@@ -55,26 +68,29 @@ impl RedisLedger {
         self.k(&format!("pending:{route}:head:{head}"))
     }
 
-    /// Runs `f` on the connection (opened, or opened again after an error).
+    /// Runs `f` on an idle connection (or a new one), each read and write within the dependency's deadline,
+    /// when its breaker lets it; a connection that failed is dropped.
     fn with<T>(
         &self,
         f: impl FnOnce(&mut redis::Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            let c = self
-                .client
-                .get_connection_with_timeout(std::time::Duration::from_secs(2))?;
-            *guard = Some(c);
-        }
-        let Some(conn) = guard.as_mut() else {
-            return Err(StoreError("redis: no connection".into()));
-        };
-        let r = f(conn);
-        if r.is_err() {
-            *guard = None;
-        }
-        r
+        self.dep
+            .blocking(|| {
+                let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                let mut conn = match idle {
+                    Some(c) => c,
+                    None => crate::deps::blocking_connection(&self.client, self.dep.deadline())?,
+                };
+                let r = f(&mut conn);
+                if r.is_ok() {
+                    let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                    if idle.len() < 8 {
+                        idle.push(conn);
+                    }
+                }
+                r
+            })
+            .map_err(|e| StoreError(format!("redis: {e}")))
     }
 }
 
@@ -414,7 +430,13 @@ mod tests {
             .port();
         let mut server = crate::testing::redis_server(port);
         let url = format!("redis://127.0.0.1:{port}/0");
-        let ledger = RedisLedger::new(&url, "t", 3600).unwrap();
+        let ledger = RedisLedger::new(
+            &url,
+            "t",
+            3600,
+            Dependency::new("ledger", std::time::Duration::from_secs(1)),
+        )
+        .unwrap();
         let now = crate::model::request::unix_ms();
         let rec = |id: &str, tenant: &str, alias: Option<&str>| Record {
             alias: alias.map(str::to_string),
