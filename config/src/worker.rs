@@ -98,6 +98,12 @@ pub enum EngineSpec {
         api_key_env: String,
         connect_timeout_ms: u64,
         request_timeout_ms: u64,
+        /// The upstream's headers within this (none: the request timeout only).
+        #[serde(default)]
+        first_byte_timeout_ms: Option<u64>,
+        /// A streamed answer's next chunk within this (none: the request timeout only).
+        #[serde(default)]
+        chunk_timeout_ms: Option<u64>,
         /// Upstream requests in flight at most.
         max_in_flight: usize,
         /// `top_logprobs` asked for when scoring (TGI: 5; OpenAI, vLLM: up to 20).
@@ -180,6 +186,8 @@ impl WorkerSpec {
                 api_key_env: r.api_key_env.clone(),
                 connect_timeout_ms: r.connect_timeout_ms,
                 request_timeout_ms: r.request_timeout_ms,
+                first_byte_timeout_ms: Some(r.first_byte_timeout_ms),
+                chunk_timeout_ms: Some(r.chunk_timeout_ms),
                 max_in_flight: r.remote_max_in_flight,
                 top_logprobs: default_top_logprobs(),
                 profile: r.profile.clone(),

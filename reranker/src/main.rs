@@ -151,6 +151,8 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
             api_key_env,
             connect_timeout_ms,
             request_timeout_ms,
+            first_byte_timeout_ms,
+            chunk_timeout_ms,
             max_in_flight,
             top_logprobs,
             profile,
@@ -166,6 +168,12 @@ fn run(args: &Args, spec: &WorkerSpec) -> anyhow::Result<i32> {
                     api_key,
                     connect_timeout: Duration::from_millis(*connect_timeout_ms),
                     request_timeout: Duration::from_millis(*request_timeout_ms),
+                    first_byte_timeout: Duration::from_millis(
+                        first_byte_timeout_ms.unwrap_or(*request_timeout_ms),
+                    ),
+                    chunk_timeout: Duration::from_millis(
+                        chunk_timeout_ms.unwrap_or(*request_timeout_ms),
+                    ),
                     max_in_flight: *max_in_flight,
                     top_logprobs: *top_logprobs,
                     profile: tiergate_config::profile_for(model, profile)?,

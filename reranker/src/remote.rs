@@ -11,7 +11,9 @@
 //!   once and averaged per candidate, which cancels the letter-position bias of small models.
 //! - generate: a streamed chat completion relayed token chunk by token chunk, usage at the end.
 //! - failures: connection errors, timeouts, 429/503 and malformed answers fail that job with a message that
-//!   says which (the server degrades it); the job's deadline bounds every request.
+//!   says which (the server degrades it); the job's deadline bounds every request, and within it an upstream
+//!   that accepts and never answers fails after `first_byte_timeout_ms`, one that stops mid-stream after
+//!   `chunk_timeout_ms` without a chunk (each a failure the server's breaker counts).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +40,10 @@ pub struct RemoteOptions {
     pub connect_timeout: Duration,
     /// Timeout of one request.
     pub request_timeout: Duration,
+    /// The upstream's response headers within this.
+    pub first_byte_timeout: Duration,
+    /// A streamed answer's next chunk within this.
+    pub chunk_timeout: Duration,
     /// Requests in flight at most.
     pub max_in_flight: usize,
     /// `top_logprobs` asked for (TGI allows 5 by default, OpenAI and vLLM 20).
@@ -76,7 +82,16 @@ impl RemoteEngine {
         if let Some(k) = &self.opts.api_key {
             req = req.bearer_auth(k);
         }
-        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        let first = self.opts.first_byte_timeout;
+        let resp = tokio::time::timeout(first, req.send())
+            .await
+            .map_err(|_| {
+                EngineError::Failed(format!(
+                    "the upstream sent no answer within {} ms (first_byte_timeout_ms)",
+                    first.as_millis()
+                ))
+            })?
+            .map_err(|e| transport_error(&e))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
@@ -205,7 +220,16 @@ impl RemoteEngine {
         let mut buf = Vec::new();
         let mut sent = 0u32;
         let mut calls = Calls::default();
-        while let Some(bytes) = stream.next().await {
+        let idle = self.opts.chunk_timeout;
+        while let Some(bytes) = tokio::time::timeout(idle, stream.next())
+            .await
+            .map_err(|_| {
+                EngineError::Failed(format!(
+                    "the upstream stopped mid-stream: no chunk within {} ms (chunk_timeout_ms)",
+                    idle.as_millis()
+                ))
+            })?
+        {
             buf.extend_from_slice(&bytes.map_err(|e| transport_error(&e))?);
             while let Some(end) = buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=end).collect();

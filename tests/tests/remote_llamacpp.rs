@@ -98,6 +98,11 @@ struct Rig {
 }
 
 fn rig(port: u16) -> Rig {
+    rig_with(port, |_| {})
+}
+
+/// [`rig`] with the worker's config changed by `tune`.
+fn rig_with(port: u16, tune: impl FnOnce(&mut tiergate_config::RerankerConfig)) -> Rig {
     let name = format!(
         "tiergate-test-remote-{}-{}",
         std::process::id(),
@@ -126,6 +131,7 @@ fn rig(port: u16) -> Rig {
                 r.model = "smollm2".into();
                 r.remote_max_in_flight = 8;
                 r.request_timeout_ms = 60_000;
+                tune(&mut r);
                 vec![
                     "--spec".into(),
                     tiergate_config::WorkerSpec::of(&r).to_arg(),
@@ -313,6 +319,71 @@ fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
             .call(&rerank("card stolen"), Duration::from_secs(60)),
         Ok(Reply::Rerank(_))
     ));
+}
+
+/// An upstream that hangs rather than dies: the llama.cpp server paused with `SIGSTOP` (its socket still
+/// accepts, nothing answers). A stream under way ends with an error once `chunk_timeout_ms` passes without a
+/// chunk; a rerank sent meanwhile fails after `first_byte_timeout_ms` — each well before the 60 s request
+/// timeout, each an error naming what the upstream did; the worker stays up, and after `SIGCONT` service
+/// resumes.
+#[test]
+fn a_paused_upstream_fails_its_jobs_within_their_timeouts_and_service_resumes() {
+    let _one = one_upstream();
+    let port = free_port();
+    let up = Upstream::start(port);
+    let r = rig_with(port, |c| {
+        c.first_byte_timeout_ms = 1_500;
+        c.chunk_timeout_ms = 1_000;
+    });
+    let h = r
+        .client
+        .submit(&generation(400), Duration::from_secs(60))
+        .unwrap();
+    assert!(matches!(
+        h.events.recv_timeout(Duration::from_secs(60)).unwrap(),
+        Event::Chunk(_)
+    ));
+    let pid = up.child.id() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let t = Instant::now();
+    let end = loop {
+        match h.events.recv_timeout(Duration::from_secs(30)).unwrap() {
+            Event::Chunk(_) => continue,
+            other => break other,
+        }
+    };
+    let took = t.elapsed();
+    assert!(
+        matches!(&end, Event::Error(QueueError::Engine(m)) if m.contains("mid-stream")),
+        "{end:?}"
+    );
+    assert!(took < Duration::from_secs(5), "the stream hung {took:?}");
+    let t = Instant::now();
+    let down = r
+        .client
+        .call(&rerank("card stolen"), Duration::from_secs(30));
+    let took = t.elapsed();
+    assert!(
+        matches!(&down, Err(QueueError::Engine(m)) if m.contains("no answer within")),
+        "{down:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1_400) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert_eq!(r.client.live_workers(), 1);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let t = Instant::now();
+    loop {
+        match r
+            .client
+            .call(&rerank("card stolen"), Duration::from_secs(60))
+        {
+            Ok(Reply::Rerank(_)) => break,
+            other => assert!(t.elapsed() < Duration::from_secs(60), "{other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// "Which latency tier is my API in?" against an endpoint tiergate did not write: `tiergate-bench` streams

@@ -1,6 +1,7 @@
 //! Two real `tiergate serve` replicas sharing the answer cache's exact store through a real `redis-server`
 //! (started by the test on a free loopback port), with stub LLM workers: a verdict computed on one is an
-//! exact hit on the other; `DELETE /admin/cache` clears the shared namespace; with Redis killed both keep
+//! exact hit on the other; `DELETE /admin/cache` clears the shared namespace and every replica's own store;
+//! with Redis killed both keep
 //! answering (the shared store is a miss, never an error).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failing loudly is the point
@@ -92,7 +93,8 @@ fn a_verdict_computed_on_one_replica_is_an_exact_hit_on_the_other() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    // DELETE on A clears A and the shared namespace; B keeps what it took into its own store.
+    // DELETE on A clears A, the shared namespace and — within a follow period — B's own store: a cleared
+    // (possibly poisoned) verdict is served by no replica.
     let r = ureq::delete(&format!("{}/admin/cache", a.admin))
         .call()
         .unwrap();
@@ -109,13 +111,38 @@ fn a_verdict_computed_on_one_replica_is_an_exact_hit_on_the_other() {
     );
     assert_eq!(v["shared"]["epoch"], 1, "{v}");
     assert_eq!(keys(port), 0);
-    let (_, tier, _, _) = ask(&a.base, text);
-    assert_eq!(tier, "llm", "cleared on A");
+    assert_eq!(v["cleared"], 1, "A's own entry: {v}");
+    // B's own store (two entries) is dropped within a follow period, before anyone asks again.
+    let t = Instant::now();
+    loop {
+        let info: Value = ureq::get(&format!("{}/admin/cache", b.admin))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        if info["entries"] == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "A's clear did not reach B's own store: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (_, tier, _, _) = ask(&b.base, text);
     assert_eq!(
-        tier, "cache",
-        "B's own entry stays until its TTL or its own DELETE"
+        tier, "llm",
+        "cleared on B too: the old verdict is served nowhere"
     );
+    // B keeps that fresh verdict in its own store.
+    let t = Instant::now();
+    while ask(&b.base, text).1 != "cache" {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "B's fresh verdict not kept"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // Redis gone: both answer; a question neither has seen goes to the LLM, one B holds is still a hit.
     redis_proc.kill();

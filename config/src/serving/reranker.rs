@@ -61,6 +61,12 @@ pub struct RerankerConfig {
     pub connect_timeout_ms: u64,
     /// `openai`: timeout of one upstream request, milliseconds (the job's deadline also applies).
     pub request_timeout_ms: u64,
+    /// `openai`: how long the upstream may take to answer a request's headers, milliseconds (an upstream
+    /// that accepts and never answers fails the job after this, not after `request_timeout_ms`).
+    pub first_byte_timeout_ms: u64,
+    /// `openai`: how long a streamed answer may go without a chunk, milliseconds (an upstream that stops
+    /// mid-stream fails the job after this).
+    pub chunk_timeout_ms: u64,
     /// `openai`: requests in flight to the upstream at most, per worker (generations may take all but one).
     pub remote_max_in_flight: usize,
     /// Dequantise GGUF weights to f32 (mistralrs: faster prefill on CPU).
@@ -149,6 +155,8 @@ impl Default for RerankerConfig {
             api_key_env: String::new(),
             connect_timeout_ms: 2_000,
             request_timeout_ms: 60_000,
+            first_byte_timeout_ms: 30_000,
+            chunk_timeout_ms: 15_000,
             remote_max_in_flight: 32,
             f32_weights: false,
             threads: 0,
@@ -243,6 +251,8 @@ impl RerankerConfig {
             if self.remote_max_in_flight < 2
                 || self.connect_timeout_ms == 0
                 || self.request_timeout_ms == 0
+                || self.first_byte_timeout_ms == 0
+                || self.chunk_timeout_ms == 0
             {
                 return Err(ConfigError::invalid(
                     format!("{at}.remote_max_in_flight"),

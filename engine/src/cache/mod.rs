@@ -85,6 +85,9 @@ pub(crate) struct Found {
 }
 
 /// The cache.
+/// How often a replica reads the shared store's epoch, so that a clear through another replica reaches it.
+pub(crate) const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+
 pub(crate) struct AnswerCache {
     store: Mutex<Store<Verdict>>,
     guards: Guards,
@@ -92,6 +95,9 @@ pub(crate) struct AnswerCache {
     shared: Option<shared::Shared>,
     /// This replica's clears so far: a probe from before one is not written after it.
     epoch: std::sync::atomic::AtomicU64,
+    /// The shared epoch this replica's own entries belong to: once the shared store's moves past it (a clear
+    /// through any replica), they are dropped.
+    local_shared: std::sync::atomic::AtomicU64,
 }
 
 impl AnswerCache {
@@ -116,6 +122,7 @@ impl AnswerCache {
             semantic: cfg.semantic,
             shared,
             epoch: std::sync::atomic::AtomicU64::new(0),
+            local_shared: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -181,6 +188,7 @@ impl AnswerCache {
 
     /// The verdict for `p`: exact here, exact in the shared store, then semantic here.
     pub(crate) async fn lookup(&self, p: &Probe) -> Option<Found> {
+        self.drop_if_cleared_elsewhere(self.shared_epoch());
         let now = Instant::now();
         if let Some(h) = self.with_store(|s| s.exact(&p.key, now)).flatten() {
             return Some(found(h));
@@ -258,6 +266,39 @@ impl AnswerCache {
             None => None,
         };
         (here, there)
+    }
+
+    /// Reads the shared store's epoch and drops this replica's entries when a clear through another replica
+    /// moved it on (every [`FOLLOW_EVERY`], [`crate::tasks`]; a lookup that reads the shared store does it too).
+    pub(crate) async fn follow_shared_clears(&self) {
+        if let Some(sh) = &self.shared {
+            let known = sh.follow_epoch().await;
+            self.drop_if_cleared_elsewhere(known);
+        }
+    }
+
+    /// Drops the entries here when the shared epoch `known` is past the one they belong to.
+    fn drop_if_cleared_elsewhere(&self, known: u64) {
+        use std::sync::atomic::Ordering::AcqRel;
+        let was = self.local_shared.fetch_max(known, AcqRel);
+        if known <= was {
+            return;
+        }
+        self.epoch.fetch_add(1, AcqRel);
+        let n = self
+            .with_store(|s| {
+                let n = s.len();
+                s.clear();
+                metrics::gauge!(m::CACHE_ENTRIES).set(0.0);
+                metrics::gauge!(m::CACHE_BYTES).set(0.0);
+                n
+            })
+            .unwrap_or(0);
+        tracing::info!(
+            epoch = known,
+            dropped = n,
+            "the shared answer cache was cleared: this replica's entries dropped"
+        );
     }
 
     /// The last shared clear's removal of old keys (`None`: no shared store).

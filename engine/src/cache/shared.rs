@@ -98,6 +98,22 @@ impl Shared {
         self.known.load(Ordering::Acquire)
     }
 
+    /// Reads the shared epoch and returns the newest this replica knows. In the background, within ten lookup
+    /// budgets, and apart from the lookups' health: a late read here marks nothing down (a clear's removal
+    /// can keep Redis busy for a while).
+    pub(crate) async fn follow_epoch(&self) -> u64 {
+        let key = self.epoch_key();
+        let read = tokio::time::timeout(self.timeout * 10, async {
+            let mut c = self.connection().await?;
+            c.get::<_, Option<u64>>(key).await
+        })
+        .await;
+        if let Ok(Ok(Some(e))) = read {
+            self.known.fetch_max(e, Ordering::AcqRel);
+        }
+        self.known_epoch()
+    }
+
     /// The last clear's removal of old keys.
     pub(crate) fn removal(&self) -> Removal {
         self.removal.lock().map(|r| r.clone()).unwrap_or_default()

@@ -41,6 +41,13 @@ pub(crate) fn start(state: &Arc<AppState>) {
             Arc::downgrade(state),
         ));
     }
+    if state
+        .cache
+        .as_ref()
+        .is_some_and(|c| c.shared_up().is_some())
+    {
+        tokio::spawn(follow_cache_clears(Arc::downgrade(state)));
+    }
     if !state.config.utilization.prometheus_url.is_empty() {
         tokio::spawn(crate::tasks::fleet::poll_prometheus(
             Arc::downgrade(state),
@@ -104,6 +111,20 @@ async fn follow_audits(state: std::sync::Weak<crate::state::AppState>) {
                 }
                 Err(e) => tracing::debug!(error = %e, "labelled audits not read"),
             }
+        }
+    }
+}
+
+/// Every [`crate::cache::FOLLOW_EVERY`]: drops this replica's answer-cache entries once a clear through any
+/// replica moved the shared epoch on, so that a cleared (possibly poisoned) verdict is served nowhere.
+async fn follow_cache_clears(state: std::sync::Weak<AppState>) {
+    loop {
+        tokio::time::sleep(crate::cache::FOLLOW_EVERY).await;
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        if let Some(c) = &state.cache {
+            c.follow_shared_clears().await;
         }
     }
 }

@@ -40,8 +40,7 @@ pub fn router_with(
     responses_store: Option<Arc<dyn tiergate_engine::answer::stored::ResponseStore>>,
 ) -> Router {
     // The Responses API's store (`[responses] store`); one that cannot be opened leaves it off, said once.
-    let stored: responses::Store = engine.responses_store(responses_store)
-    .unwrap_or_else(|e| {
+    let stored: responses::Store = engine.responses_store(responses_store).unwrap_or_else(|e| {
         tracing::warn!(error = %e, "the Responses store is unavailable: responses are not kept");
         None
     });
