@@ -235,6 +235,10 @@ fn a_paused_redis_stalls_nothing_and_the_replicas_converge_after() {
     assert_eq!(code, 200, "a replica without Redis is still ready: {mid}");
     assert_eq!(mid["degraded"], true, "{mid}");
     assert!(
+        mid["ledger_spooled"].as_u64() > Some(0),
+        "decision records wait in the spool: {mid}"
+    );
+    assert!(
         mid["dependencies"]
             .as_array()
             .unwrap()
@@ -267,6 +271,12 @@ fn check_answers(seen: &[Seen]) {
         assert!(paused(kind).count() >= 5, "too few {kind} while paused");
     }
     report(seen);
+    if let Some(s) = seen
+        .iter()
+        .find(|s| s.phase == PAUSED && s.kind == "feedback")
+    {
+        eprintln!("DEBUG feedback while paused: {} {}", s.status, s.body);
+    }
     for s in seen {
         let stated = matches!(s.kind, "continue" | "feedback")
             && s.status == 503

@@ -7,13 +7,13 @@
 //! are first-write-wins (`SET … NX`). Feedback counts for the
 //! summary are hashes updated with each feedback; labelled audits are counted from the labelled items in the
 //! window (a set an operator's labelling bounds), pending ones from a sorted set of ids per head that answered.
-//! Synchronous (the writer thread and `spawn_blocking` call it), each call within the `ledger` dependency's
-//! deadline ([`crate::deps`]): with Redis gone or stalled, the writer spools records until it answers and
-//! lookups answer 503 at once while its breaker is open.
+//! Synchronous to its callers (the writer thread and `spawn_blocking`), async inside, each call within the
+//! `ledger` dependency's deadline ([`crate::deps`]): with Redis gone or stalled, the writer spools records until
+//! it answers and lookups answer 503 at once while its breaker is open.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use redis::Commands;
+use redis::AsyncCommands;
 
 use crate::deps::Dependency;
 
@@ -31,13 +31,15 @@ type SummaryRead = (
     Vec<String>,
 );
 
-/// The store.
+/// The store. Its calls are async on a runtime of its own (one thread), each within the `ledger` dependency's
+/// deadline as a whole: a blocking Redis client reads every reply of a pipeline even after one timed out (a
+/// batch of 512 records against a paused Redis would block its caller for minutes), an async one is simply
+/// dropped at the deadline.
 pub(crate) struct RedisLedger {
     client: redis::Client,
-    /// Idle connections: a call takes one (or makes one) and gives it back after a success, so no lock is
-    /// held while Redis is waited for.
-    idle: Mutex<Vec<redis::Connection>>,
+    conn: crate::deps::Kept,
     dep: Arc<Dependency>,
+    rt: Option<tokio::runtime::Runtime>,
     prefix: String,
     window_s: u64,
 }
@@ -50,10 +52,16 @@ impl RedisLedger {
         window_s: u64,
         dep: Arc<Dependency>,
     ) -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tiergate-ledger-redis")
+            .enable_all()
+            .build()?;
         Ok(Self {
             client: redis::Client::open(url)?,
-            idle: Mutex::new(Vec::new()),
+            conn: crate::deps::Kept::default(),
             dep,
+            rt: Some(rt),
             prefix: format!("{key}:ledger:"),
             window_s,
         })
@@ -68,29 +76,33 @@ impl RedisLedger {
         self.k(&format!("pending:{route}:head:{head}"))
     }
 
-    /// Runs `f` on an idle connection (or a new one), each read and write within the dependency's deadline,
-    /// when its breaker lets it; a connection that failed is dropped.
+    /// Runs `f` on the kept connection (made again after a failure) within the dependency's deadline, when
+    /// its breaker lets it. Called off any async runtime (the writer thread, `spawn_blocking`).
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> Result<T, StoreError>,
+        f: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.dep
-            .blocking(|| {
-                let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-                let mut conn = match idle {
-                    Some(c) => c,
-                    None => crate::deps::blocking_connection(&self.client, self.dep.deadline())?,
-                };
-                let r = f(&mut conn);
-                if r.is_ok() {
-                    let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-                    if idle.len() < 8 {
-                        idle.push(conn);
-                    }
-                }
-                r
-            })
-            .map_err(|e| StoreError(format!("redis: {e}")))
+        let Some(rt) = &self.rt else {
+            return Err(StoreError("redis: the ledger is shutting down".into()));
+        };
+        let call = async {
+            let mut c = self.conn.get(&self.client).await?;
+            f(&mut c).await
+        };
+        let r = rt.handle().block_on(self.dep.call(call));
+        if r.is_err() {
+            self.conn.forget();
+        }
+        r.map_err(|e| StoreError(format!("redis: {e}")))
+    }
+}
+
+impl Drop for RedisLedger {
+    /// Its runtime goes without waiting (a drop may happen on an async runtime's thread).
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -108,10 +120,10 @@ impl Store for RedisLedger {
         head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
-        self.with(|c| {
+        self.with(async |c| {
             let key = self.k(&format!("trusted:{route}"));
-            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0)?;
-            let members: Vec<String> = c.zrange(&key, 0, -1)?;
+            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0).await?;
+            let members: Vec<String> = c.zrange(&key, 0, -1).await?;
             let mut out = Vec::new();
             for m in members {
                 let Some((_, json)) = m.split_once(':') else {
@@ -140,10 +152,10 @@ impl Store for RedisLedger {
         head: &str,
         since_ms: u64,
     ) -> Result<Vec<tiergate_core::risk::Audited>, StoreError> {
-        self.with(|c| {
+        self.with(async |c| {
             let key = self.k(&format!("labelled:{route}"));
-            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0)?;
-            let items: Vec<String> = c.zrange(&key, 0, -1)?;
+            let _: () = c.zrembyscore(&key, 0.0, since_ms as f64 - 1.0).await?;
+            let items: Vec<String> = c.zrange(&key, 0, -1).await?;
             let mut out = Vec::new();
             for t in items {
                 let item: AuditItem = serde_json::from_str(&t)?;
@@ -156,7 +168,7 @@ impl Store for RedisLedger {
     fn put(&self, entries: &[Entry], now_ms: u64) -> Result<(), StoreError> {
         let ttl = self.window_s;
         let expired = now_ms.saturating_sub(ttl * 1000) as f64;
-        self.with(|c| {
+        self.with(async |c| {
             let mut p = redis::pipe();
             // The per-route sets get the window as their TTL once per batch, however many entries touch them.
             let mut sets = std::collections::BTreeSet::new();
@@ -202,7 +214,7 @@ impl Store for RedisLedger {
             for k in &sets {
                 p.expire(k, ttl as i64).ignore();
             }
-            p.query::<()>(c)?;
+            p.query_async::<()>(c).await?;
             Ok(())
         })
     }
@@ -211,13 +223,13 @@ impl Store for RedisLedger {
     /// existence oracle): a completion id is one read; a batch line's alias (`batch_id/custom_id`, the only
     /// ids with a `/`) two — the alias, then its record, or a key no record has.
     fn decision(&self, id: &str, _now_ms: u64) -> Result<Option<Record>, StoreError> {
-        self.with(|c| {
+        self.with(async |c| {
             if !id.contains('/') {
-                return parse(c.get(self.k(&format!("d:{id}")))?);
+                return parse(c.get(self.k(&format!("d:{id}"))).await?);
             }
-            let via: Option<String> = c.get(self.k(&format!("alias:{id}")))?;
+            let via: Option<String> = c.get(self.k(&format!("alias:{id}"))).await?;
             let real = via.unwrap_or_else(|| format!("/{id}"));
-            parse(c.get(self.k(&format!("d:{real}")))?)
+            parse(c.get(self.k(&format!("d:{real}"))).await?)
         })
     }
 
@@ -225,7 +237,7 @@ impl Store for RedisLedger {
         let Some(rec) = self.decision(id, 0)? else {
             return Ok(First::Gone);
         };
-        self.with(|c| {
+        self.with(async |c| {
             let key = self.k(&format!("fb:{}", rec.id));
             let set: bool = redis::cmd("SET")
                 .arg(&key)
@@ -233,10 +245,11 @@ impl Store for RedisLedger {
                 .arg("NX")
                 .arg("EX")
                 .arg(self.window_s)
-                .query::<Option<String>>(c)?
+                .query_async::<Option<String>>(c)
+                .await?
                 .is_some();
             if !set {
-                let first: Option<Feedback> = parse(c.get(&key)?)?;
+                let first: Option<Feedback> = parse(c.get(&key).await?)?;
                 return first
                     .map(First::Already)
                     .ok_or_else(|| StoreError("feedback vanished".into()));
@@ -250,7 +263,8 @@ impl Store for RedisLedger {
                 let _: () = redis::pipe()
                     .zadd(&trusted, format!("{}:{evidence}", rec.id), rec.at_ms as f64)
                     .expire(&trusted, ttl)
-                    .query(c)?;
+                    .query_async(c)
+                    .await?;
             }
             let stats = self.k(&format!("stats:{}", rec.route));
             let who = if fb.trusted { "t" } else { "u" };
@@ -263,7 +277,8 @@ impl Store for RedisLedger {
                     i64::from(fb.correct),
                 )
                 .expire(&stats, ttl)
-                .query(c)?;
+                .query_async(c)
+                .await?;
             Ok(First::Written(fb.clone()))
         })
     }
@@ -274,10 +289,10 @@ impl Store for RedisLedger {
         heads: Option<&super::Heads>,
         limit: usize,
     ) -> Result<Vec<AuditItem>, StoreError> {
-        self.with(|c| {
+        self.with(async |c| {
             let routes: Vec<String> = match route {
                 Some(r) => vec![r.to_string()],
-                None => c.smembers(self.k("routes"))?,
+                None => c.smembers(self.k("routes")).await?,
             };
             let mut out: Vec<AuditItem> = Vec::new();
             for r in routes {
@@ -289,13 +304,14 @@ impl Store for RedisLedger {
                         None => continue,
                     },
                 };
-                let ids: Vec<String> = c.zrange(&list, 0, limit as isize)?;
+                let ids: Vec<String> = c.zrange(&list, 0, limit as isize).await?;
                 for id in ids {
-                    let item: Option<AuditItem> = parse(c.get(self.k(&format!("audit:{id}")))?)?;
+                    let item: Option<AuditItem> =
+                        parse(c.get(self.k(&format!("audit:{id}"))).await?)?;
                     match item {
                         Some(a) if a.label.is_none() && a.of_heads(heads) => out.push(a),
                         _ => {
-                            let _: () = c.zrem(&list, &id)?;
+                            let _: () = c.zrem(&list, &id).await?;
                         }
                     }
                 }
@@ -307,13 +323,13 @@ impl Store for RedisLedger {
     }
 
     fn audit(&self, id: &str) -> Result<Option<AuditItem>, StoreError> {
-        self.with(|c| parse(c.get(self.k(&format!("audit:{id}")))?))
+        self.with(async |c| parse(c.get(self.k(&format!("audit:{id}"))).await?))
     }
 
     fn label(&self, id: &str, label: &str) -> Result<First<String>, StoreError> {
-        self.with(|c| {
+        self.with(async |c| {
             let key = self.k(&format!("audit:{id}"));
-            let item: Option<AuditItem> = parse(c.get(&key)?)?;
+            let item: Option<AuditItem> = parse(c.get(&key).await?)?;
             let Some(mut a) = item else {
                 return Ok(First::Gone);
             };
@@ -325,10 +341,11 @@ impl Store for RedisLedger {
                 .arg("NX")
                 .arg("PXAT")
                 .arg(until_ms)
-                .query::<Option<String>>(c)?
+                .query_async::<Option<String>>(c)
+                .await?
                 .is_some();
             if !set {
-                let first: String = c.get(self.k(&format!("label:{id}")))?;
+                let first: String = c.get(self.k(&format!("label:{id}"))).await?;
                 return Ok(First::Already(first));
             }
             a.label = Some(label.to_string());
@@ -345,16 +362,17 @@ impl Store for RedisLedger {
                 .expire(&labelled_of_route, self.window_s as i64)
                 .zrem(self.k(&format!("pending:{}", a.route)), id)
                 .zrem(self.pending_of_head(&a.route, &a.head), id)
-                .query(c)?;
+                .query_async(c)
+                .await?;
             Ok(First::Written(label.to_string()))
         })
     }
 
     fn summary(&self, now_ms: u64) -> Result<Summary, StoreError> {
         let expired = now_ms.saturating_sub(self.window_s * 1000) as f64;
-        self.with(|c| {
+        self.with(async |c| {
             let mut s = Summary::default();
-            let routes: Vec<String> = c.smembers(self.k("routes"))?;
+            let routes: Vec<String> = c.smembers(self.k("routes")).await?;
             for r in routes {
                 let pending = self.k(&format!("pending:{r}"));
                 let decisions = self.k(&format!("decisions:{r}"));
@@ -367,7 +385,8 @@ impl Store for RedisLedger {
                     .zcard(&decisions)
                     .hgetall(self.k(&format!("stats:{r}")))
                     .zrange(&labelled, 0, -1)
-                    .query(c)?;
+                    .query_async(c)
+                    .await?;
                 let e = s.route(&r);
                 e.decisions = n_decisions;
                 for t in items {
@@ -382,7 +401,8 @@ impl Store for RedisLedger {
                     let (_, n): ((), u64) = redis::pipe()
                         .zrembyscore(&of_head, 0.0, expired)
                         .zcard(&of_head)
-                        .query(c)?;
+                        .query_async(c)
+                        .await?;
                     e.add_pending(&head, n);
                 }
                 let get = |f: &str| stats.get(f).copied().unwrap_or(0).max(0) as u64;
