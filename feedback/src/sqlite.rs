@@ -1,5 +1,8 @@
 //! The ledger in one local SQLite file (`[feedback] path`): decisions expire after the window and the oldest
-//! go first past `max_bytes`; labelled audits are kept (without their text) as the evidence they are.
+//! go first past `max_bytes` — counted twice, as the records' JSON and as the file's pages in use (tables and
+//! indexes: what the file holds; SQLite reuses the pages freed, so the file stays near the bound) — and the WAL
+//! is cut back to 64 MiB after each checkpoint; labelled audits are kept (without their text) as the evidence
+//! they are.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -98,6 +101,7 @@ fn init(conn: &Connection) -> Result<()> {
 fn try_init(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
     // One write transaction from its start, so that the busy handler covers the whole schema.
     conn.execute_batch(&format!("BEGIN IMMEDIATE;{SCHEMA}COMMIT;"))
         .inspect_err(|_| {
@@ -113,7 +117,8 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// Deletes expired decisions and pending audits, then the oldest decisions while over `max_bytes`.
+/// Deletes expired decisions and pending audits, then the oldest decisions while their JSON, or the file's pages
+/// in use, are over `max_bytes` (down to 90% of it, the newest record kept).
 fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<()> {
     tx.execute(
         "DELETE FROM decisions WHERE expires_ms <= ?1",
@@ -134,6 +139,22 @@ fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<
              SUM(bytes) OVER (ORDER BY at_ms, id) AS run FROM decisions) WHERE run - bytes < ?1)",
             params![excess],
         )?;
+    }
+    let pragma = |name: &str| -> rusqlite::Result<i64> {
+        tx.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+    };
+    let used = (pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?;
+    if used as u64 > max_bytes {
+        // As if the pages were spread evenly over the records: the oldest share of them past 90% of the cap.
+        let rows: i64 = tx.query_row("SELECT COUNT(*) FROM decisions", [], |r| r.get(0))?;
+        let share = 1.0 - 0.9 * max_bytes as f64 / used as f64;
+        let n = ((rows as f64 * share).ceil() as i64).min(rows - 1);
+        if n > 0 {
+            tx.execute(
+                "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions ORDER BY at_ms, id LIMIT ?1)",
+                params![n],
+            )?;
+        }
     }
     Ok(())
 }
@@ -627,6 +648,41 @@ mod tests {
             s.decision("c-0", 1_040).unwrap().is_none(),
             "the oldest went"
         );
+    }
+
+    /// The file itself (its pages in use: records, their indexes) stays near `max_bytes`, not only the
+    /// records' JSON: 12,000 records (over 2 MiB of JSON alone) through a 1 MiB cap.
+    #[test]
+    fn the_files_pages_stay_within_the_byte_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20);
+        let (mut id, mut written) = (0u64, 0usize);
+        for batch in 0..48u64 {
+            *s.pruned.lock().unwrap() = None;
+            let entries: Vec<Entry> = (0..250)
+                .map(|_| {
+                    id += 1;
+                    let r = record(&format!("chatcmpl-{id:020}"), "t", 1_000 + batch);
+                    written += serde_json::to_string(&r).unwrap().len();
+                    Entry::Decision(Box::new(r))
+                })
+                .collect();
+            s.put(&entries, 1_000 + batch).unwrap();
+        }
+        assert!(written > 2 << 20, "{written}");
+        let c = s.conn();
+        let pragma = |n: &str| -> i64 {
+            c.query_row(&format!("PRAGMA {n}"), [], |r| r.get(0))
+                .unwrap()
+        };
+        let file = pragma("page_count") * pragma("page_size");
+        assert!(
+            file <= (1 << 20) * 13 / 10,
+            "the file holds {file} bytes under a 1 MiB cap"
+        );
+        drop(c);
+        let newest = format!("chatcmpl-{id:020}");
+        assert!(s.decision(&newest, 1_048).unwrap().is_some());
     }
 
     #[test]
