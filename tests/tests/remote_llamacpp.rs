@@ -331,9 +331,10 @@ fn a_paused_upstream_fails_its_jobs_within_their_timeouts_and_service_resumes() 
     let _one = one_upstream();
     let port = free_port();
     let up = Upstream::start(port);
+    // Generous for a loaded machine (the suite runs other tests beside this one), far below 60 s.
     let r = rig_with(port, |c| {
-        c.first_byte_timeout_ms = 1_500;
-        c.chunk_timeout_ms = 1_000;
+        c.first_byte_timeout_ms = 5_000;
+        c.chunk_timeout_ms = 3_000;
     });
     let h = r
         .client
@@ -357,7 +358,7 @@ fn a_paused_upstream_fails_its_jobs_within_their_timeouts_and_service_resumes() 
         matches!(&end, Event::Error(QueueError::Engine(m)) if m.contains("mid-stream")),
         "{end:?}"
     );
-    assert!(took < Duration::from_secs(5), "the stream hung {took:?}");
+    assert!(took < Duration::from_secs(10), "the stream hung {took:?}");
     let t = Instant::now();
     let down = r
         .client
@@ -368,7 +369,7 @@ fn a_paused_upstream_fails_its_jobs_within_their_timeouts_and_service_resumes() 
         "{down:?}"
     );
     assert!(
-        took >= Duration::from_millis(1_400) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(4_900) && took < Duration::from_secs(15),
         "{took:?}"
     );
     assert_eq!(r.client.live_workers(), 1);
