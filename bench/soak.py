@@ -34,11 +34,19 @@ def rss_kib(pid):
 
 
 def children(pid):
+    """The processes `pid` started, from any of its threads (the workers are spawned off the main one)."""
+    kids = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
+        return kids
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                kids.extend(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    return kids
 
 
 def client(port, stop, counts, lock, seed):

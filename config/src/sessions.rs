@@ -17,8 +17,12 @@ pub struct SessionsConfig {
     pub enabled: bool,
     /// A pin expires this long after its session's last turn, seconds.
     pub ttl_s: u64,
-    /// The most pins one replica keeps in memory.
+    /// The most pins one replica keeps in memory (past it, the least recently used of the tenant holding
+    /// the most goes).
     pub max_pins: usize,
+    /// The most pins one tenant keeps in one replica's memory (its least recently used goes first), so that
+    /// one tenant's flood of sessions evicts no other tenant's pins.
+    pub max_pins_per_tenant: usize,
 }
 
 impl Default for SessionsConfig {
@@ -27,6 +31,7 @@ impl Default for SessionsConfig {
             enabled: true,
             ttl_s: 1800,
             max_pins: 100_000,
+            max_pins_per_tenant: 10_000,
         }
     }
 }
@@ -44,6 +49,12 @@ impl SessionsConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.max_pins"),
                 "must be at least 1 (set enabled = false to pin nothing)",
+            ));
+        }
+        if self.max_pins_per_tenant == 0 || self.max_pins_per_tenant > self.max_pins {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_pins_per_tenant"),
+                "must be at least 1 and at most max_pins",
             ));
         }
         Ok(())

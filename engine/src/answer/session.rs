@@ -16,6 +16,7 @@ use crate::state::{AppState, Route, Stage};
 pub(super) struct Turn {
     key: Option<SessionKey>,
     pin: Option<Pin>,
+    tenant: String,
 }
 
 impl Turn {
@@ -31,7 +32,11 @@ impl Turn {
             Some(k) => sessions.get(k).await,
             None => None,
         };
-        Self { key, pin }
+        Self {
+            key,
+            pin,
+            tenant: v.tenant.0.to_string(),
+        }
     }
 
     /// The stage the turn runs on (`steered`, or the pinned stage when that is stronger) and that stage as
@@ -71,6 +76,6 @@ impl Turn {
         let labels = [("route", route.name.clone()), ("outcome", what.to_string())];
         metrics::counter!(m::SESSION_TURNS_TOTAL, &labels).increment(1);
         let pin = Pin { stage: k, backend };
-        state.routing.sessions.put(&key, pin);
+        state.routing.sessions.put(&key, &self.tenant, pin);
     }
 }

@@ -59,52 +59,110 @@ impl SessionKey {
 
 struct Entry {
     pin: Pin,
+    tenant: Arc<str>,
     at: Instant,
     touch: u64,
 }
 
+/// The pins in memory, least recently used first out: per tenant at most its share (its own oldest go), and
+/// past the replica's bound the tenant holding the most gives way — one tenant's flood of sessions evicts no
+/// other tenant's pins.
 #[derive(Default)]
 struct Memory {
     map: HashMap<SessionKey, Entry>,
-    /// Touches in order (key, touch number): an entry whose number is not its last is stale here.
-    order: VecDeque<(SessionKey, u64)>,
+    /// Each tenant's touches in order (key, touch number): an entry whose number is not its last is stale.
+    order: HashMap<Arc<str>, VecDeque<(SessionKey, u64)>>,
+    /// Live pins per tenant.
+    held: HashMap<Arc<str>, usize>,
     touches: u64,
 }
 
 impl Memory {
-    fn put(&mut self, key: SessionKey, pin: Pin, now: Instant, max: usize) {
+    fn put(
+        &mut self,
+        key: SessionKey,
+        tenant: &str,
+        pin: Pin,
+        now: Instant,
+        max: usize,
+        share: usize,
+    ) {
         self.touches += 1;
         let touch = self.touches;
-        self.map.insert(
-            key,
-            Entry {
-                pin,
-                at: now,
-                touch,
-            },
-        );
-        self.order.push_back((key, touch));
+        let tenant: Arc<str> = match self.held.get_key_value(tenant) {
+            Some((t, _)) => t.clone(),
+            None => Arc::from(tenant),
+        };
+        let entry = Entry {
+            pin,
+            tenant: tenant.clone(),
+            at: now,
+            touch,
+        };
+        if let Some(old) = self.map.insert(key, entry) {
+            self.forget(&old.tenant);
+        }
+        *self.held.entry(tenant.clone()).or_default() += 1;
+        self.order
+            .entry(tenant.clone())
+            .or_default()
+            .push_back((key, touch));
+        while self.held.get(&tenant).copied().unwrap_or(0) > share {
+            self.evict_oldest(&tenant);
+        }
         while self.map.len() > max {
-            let Some((k, t)) = self.order.pop_front() else {
+            let Some(most) = self
+                .held
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .map(|(t, _)| t.clone())
+            else {
                 break;
             };
-            if self.map.get(&k).is_some_and(|e| e.touch == t) {
-                self.map.remove(&k);
+            self.evict_oldest(&most);
+        }
+        self.compact(&tenant);
+    }
+
+    /// One pin of `tenant` less.
+    fn forget(&mut self, tenant: &Arc<str>) {
+        if let Some(n) = self.held.get_mut(tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(tenant);
+                self.order.remove(tenant);
             }
         }
-        if self.order.len() > 2 * max.max(self.map.len()) + 16 {
-            // Drop the stale touches: rebuild the order from the entries' last touches.
-            let mut live: Vec<(SessionKey, u64)> =
-                self.map.iter().map(|(k, e)| (*k, e.touch)).collect();
-            live.sort_by_key(|(_, t)| *t);
-            self.order = live.into();
+    }
+
+    /// Drops `tenant`'s least recently used pin.
+    fn evict_oldest(&mut self, tenant: &Arc<str>) {
+        while let Some((k, t)) = self.order.get_mut(tenant).and_then(VecDeque::pop_front) {
+            if self.map.get(&k).is_some_and(|e| e.touch == t) {
+                self.map.remove(&k);
+                self.forget(tenant);
+                return;
+            }
+        }
+    }
+
+    /// Drops `tenant`'s stale touches once they outnumber its live pins.
+    fn compact(&mut self, tenant: &Arc<str>) {
+        let live = self.held.get(tenant).copied().unwrap_or(0);
+        let map = &self.map;
+        if let Some(order) = self.order.get_mut(tenant) {
+            if order.len() > 2 * live + 16 {
+                order.retain(|(k, t)| map.get(k).is_some_and(|e| e.touch == *t));
+            }
         }
     }
 
     fn get(&mut self, key: &SessionKey, now: Instant, ttl: Duration) -> Option<Pin> {
         let e = self.map.get(key)?;
         if now.saturating_duration_since(e.at) > ttl {
+            let tenant = e.tenant.clone();
             self.map.remove(key);
+            self.forget(&tenant);
             return None;
         }
         Some(e.pin.clone())
@@ -151,9 +209,9 @@ impl Sessions {
         m.get(key, Instant::now(), self.ttl())
     }
 
-    /// Pins `key` to `pin` for the TTL from now: in memory at once, and in Redis when it is the store (written
+    /// Pins `key` (a session of `tenant`) to `pin` for the TTL from now: in memory at once, and in Redis when it is the store (written
     /// in the background within the pins' deadline: the turn does not wait for it).
-    pub(crate) fn put(&self, key: &SessionKey, pin: Pin) {
+    pub(crate) fn put(&self, key: &SessionKey, tenant: &str, pin: Pin) {
         if !self.cfg.enabled {
             return;
         }
@@ -165,7 +223,14 @@ impl Sessions {
             });
         }
         let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        m.put(*key, pin, Instant::now(), self.cfg.max_pins);
+        m.put(
+            *key,
+            tenant,
+            pin,
+            Instant::now(),
+            self.cfg.max_pins,
+            self.cfg.max_pins_per_tenant,
+        );
         metrics::gauge!(crate::metrics::SESSION_PINS).set(m.map.len() as f64);
     }
 
@@ -196,22 +261,53 @@ mod tests {
         let t0 = Instant::now();
         let ttl = Duration::from_secs(10);
         let k = |i: u8| SessionKey::of("t", "r", &i.to_string());
-        m.put(k(1), pin(0, "a"), t0, 2);
-        m.put(k(2), pin(0, "b"), t0, 2);
+        m.put(k(1), "t", pin(0, "a"), t0, 2, 2);
+        m.put(k(2), "t", pin(0, "b"), t0, 2, 2);
         // Session 1's new turn makes session 2 the least recently used.
-        m.put(k(1), pin(1, "c"), t0, 2);
-        m.put(k(3), pin(0, "a"), t0, 2);
+        m.put(k(1), "t", pin(1, "c"), t0, 2, 2);
+        m.put(k(3), "t", pin(0, "a"), t0, 2, 2);
         assert_eq!(m.get(&k(1), t0, ttl), Some(pin(1, "c")));
         assert_eq!(m.get(&k(2), t0, ttl), None);
         assert_eq!(m.get(&k(3), t0, ttl), Some(pin(0, "a")));
         assert_eq!(m.get(&k(3), t0 + Duration::from_secs(11), ttl), None);
         // Many turns of one session do not grow the order without bound.
         for _ in 0..1000 {
-            m.put(k(1), pin(0, "a"), t0, 2);
+            m.put(k(1), "t", pin(0, "a"), t0, 2, 2);
         }
-        assert!(m.order.len() <= 2 * 2 + 16 + 1, "{}", m.order.len());
+        assert!(
+            m.order["t"].len() <= 2 * 2 + 16 + 1,
+            "{}",
+            m.order["t"].len()
+        );
         // Session 3's pin was dropped when read past its TTL.
         assert_eq!(m.map.len(), 1);
+    }
+
+    #[test]
+    fn one_tenants_flood_of_sessions_evicts_no_other_tenants_pins() {
+        let mut m = Memory::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let k = |t: &str, i: usize| SessionKey::of(t, "r", &i.to_string());
+        for i in 0..3 {
+            m.put(k("b", i), "b", pin(0, "x"), t0, 10, 4);
+        }
+        for i in 0..1000 {
+            m.put(k("a", i), "a", pin(0, "x"), t0, 10, 4);
+        }
+        for i in 0..3 {
+            assert_eq!(m.get(&k("b", i), t0, ttl), Some(pin(0, "x")), "b's pin {i}");
+        }
+        assert_eq!(m.held["a"], 4, "a keeps its share, its own oldest gone");
+        assert_eq!(m.get(&k("a", 999), t0, ttl), Some(pin(0, "x")));
+        assert_eq!(m.get(&k("a", 995), t0, ttl), None);
+        // Past the replica's bound the tenant holding the most gives way: c's pins evict a's, not b's.
+        for i in 0..4 {
+            m.put(k("c", i), "c", pin(0, "x"), t0, 10, 4);
+        }
+        assert_eq!(m.map.len(), 10);
+        assert_eq!((m.held["a"], m.held["b"], m.held["c"]), (3, 3, 4));
+        assert!(m.order["a"].len() <= 2 * 4 + 16 + 1);
     }
 
     #[test]
