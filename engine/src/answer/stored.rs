@@ -136,7 +136,7 @@ impl ResponseStore for MemoryResponses {
             let Some(largest) = h
                 .order
                 .iter()
-                .max_by_key(|(_, ids)| ids.len())
+                .max_by_key(|(t, ids)| (ids.len(), **t == r.tenant))
                 .map(|(t, _)| t.clone())
             else {
                 break;

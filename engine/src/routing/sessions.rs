@@ -114,7 +114,9 @@ impl Memory {
             let Some(most) = self
                 .held
                 .iter()
-                .max_by_key(|(_, n)| **n)
+                // The tenant holding the most; on a tie, the one writing now (an order that does not
+                // depend on the map's).
+                .max_by_key(|(t, n)| (**n, **t == tenant))
                 .map(|(t, _)| t.clone())
             else {
                 break;
@@ -301,12 +303,18 @@ mod tests {
         assert_eq!(m.held["a"], 4, "a keeps its share, its own oldest gone");
         assert_eq!(m.get(&k("a", 999), t0, ttl), Some(pin(0, "x")));
         assert_eq!(m.get(&k("a", 995), t0, ttl), None);
-        // Past the replica's bound the tenant holding the most gives way: c's pins evict a's, not b's.
-        for i in 0..4 {
-            m.put(k("c", i), "c", pin(0, "x"), t0, 10, 4);
+        // Past the replica's bound (9 here) the tenant holding the most gives way: c's third pin evicts one
+        // of a's, none of b's.
+        for i in 0..3 {
+            m.put(k("c", i), "c", pin(0, "x"), t0, 9, 4);
         }
-        assert_eq!(m.map.len(), 10);
-        assert_eq!((m.held["a"], m.held["b"], m.held["c"]), (3, 3, 4));
+        assert_eq!(m.map.len(), 9);
+        assert_eq!((m.held["a"], m.held["b"], m.held["c"]), (3, 3, 3));
+        // A tie (a and c at 4 with a bound of 10) goes against the tenant writing: c's own oldest.
+        m.put(k("a", 1000), "a", pin(0, "x"), t0, 10, 4);
+        m.put(k("c", 3), "c", pin(0, "x"), t0, 10, 4);
+        assert_eq!((m.held["a"], m.held["b"], m.held["c"]), (4, 3, 3));
+        assert_eq!(m.get(&k("c", 0), t0, ttl), None);
         assert!(m.order["a"].len() <= 2 * 4 + 16 + 1);
     }
 
