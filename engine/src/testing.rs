@@ -67,6 +67,17 @@ pub fn config(tiny: &TinyModel) -> Config {
     cfg
 }
 
+/// A loopback port free at the time of asking (the engine's own tests).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A real `redis-server` (Debian package `redis-server`; scripts/test.sh installs it) on the loopback `port`,
 /// without persistence, once it accepts connections.
 pub fn redis_server(port: u16) -> std::process::Child {

@@ -272,6 +272,16 @@ fn reranks_and_streams_through_a_real_llama_cpp_server() {
     }
 }
 
+/// A stream's first event that is not a chunk (each within 30 s).
+fn past_the_chunks(h: &tiergate_queue::JobHandle) -> Event {
+    loop {
+        match h.events.recv_timeout(Duration::from_secs(30)).unwrap() {
+            Event::Chunk(_) => continue,
+            other => return other,
+        }
+    }
+}
+
 #[test]
 fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
     let _one = one_upstream();
@@ -289,12 +299,7 @@ fn the_upstream_killed_mid_flight_fails_jobs_and_service_resumes() {
     ));
     up.kill();
     let t = Instant::now();
-    let end = loop {
-        match h.events.recv_timeout(Duration::from_secs(30)).unwrap() {
-            Event::Chunk(_) => continue,
-            other => break other,
-        }
-    };
+    let end = past_the_chunks(&h);
     assert!(
         matches!(&end, Event::Error(QueueError::Engine(m)) if m.contains("upstream")),
         "{end:?}"
@@ -347,12 +352,7 @@ fn a_paused_upstream_fails_its_jobs_within_their_timeouts_and_service_resumes() 
     let pid = up.child.id() as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let t = Instant::now();
-    let end = loop {
-        match h.events.recv_timeout(Duration::from_secs(30)).unwrap() {
-            Event::Chunk(_) => continue,
-            other => break other,
-        }
-    };
+    let end = past_the_chunks(&h);
     let took = t.elapsed();
     assert!(
         matches!(&end, Event::Error(QueueError::Engine(m)) if m.contains("mid-stream")),

@@ -384,12 +384,15 @@ fn check_converged(a: &str, b: &str, admin_a: &str, admin_b: &str, seen: &[Seen]
         );
     }
     // One policy again.
-    let before: Value = agent
-        .get(&format!("{admin_a}/admin/routing"))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
+    let routing = |admin: &str| -> Value {
+        agent
+            .get(&format!("{admin}/admin/routing"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    let before = routing(admin_a);
     let v = before["version"].as_u64().unwrap();
     let changed: Value = agent
         .request("PATCH", &format!("{admin_a}/admin/routing"))
@@ -400,12 +403,7 @@ fn check_converged(a: &str, b: &str, admin_a: &str, admin_b: &str, seen: &[Seen]
     assert!(changed["version"].as_u64().unwrap() > v, "{changed}");
     let t = Instant::now();
     loop {
-        let seen_b: Value = agent
-            .get(&format!("{admin_b}/admin/routing"))
-            .call()
-            .unwrap()
-            .into_json()
-            .unwrap();
+        let seen_b = routing(admin_b);
         if seen_b["version"] == changed["version"] {
             break;
         }

@@ -295,11 +295,7 @@ mod tests {
 
     #[test]
     fn redis_keeps_each_tenants_share() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testing::free_port();
         let mut server = crate::testing::redis_server(port);
         let now = crate::evidence::ledger::now_ms();
         let r = RedisResponses {

@@ -251,16 +251,7 @@ impl AnswerCache {
     /// clears the shared store ([`shared::Shared::clear`]): (entries dropped here, the shared clear — `None`
     /// when there is no shared store, `Some(None)` when it did not answer).
     pub(crate) async fn clear(&self) -> (usize, Option<Option<shared::Cleared>>) {
-        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let here = self
-            .with_store(|s| {
-                let n = s.len();
-                s.clear();
-                metrics::gauge!(m::CACHE_ENTRIES).set(0.0);
-                metrics::gauge!(m::CACHE_BYTES).set(0.0);
-                n
-            })
-            .unwrap_or(0);
+        let here = self.drop_here();
         let there = match &self.shared {
             Some(sh) => Some(sh.clear().await),
             None => None,
@@ -277,6 +268,20 @@ impl AnswerCache {
         }
     }
 
+    /// Drops every entry here, the epoch moving on first (a verdict computed before is not kept after): how
+    /// many there were.
+    fn drop_here(&self) -> usize {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.with_store(|s| {
+            let n = s.len();
+            s.clear();
+            metrics::gauge!(m::CACHE_ENTRIES).set(0.0);
+            metrics::gauge!(m::CACHE_BYTES).set(0.0);
+            n
+        })
+        .unwrap_or(0)
+    }
+
     /// Drops the entries here when the shared epoch `known` is past the one they belong to.
     fn drop_if_cleared_elsewhere(&self, known: u64) {
         use std::sync::atomic::Ordering::AcqRel;
@@ -284,16 +289,7 @@ impl AnswerCache {
         if known <= was {
             return;
         }
-        self.epoch.fetch_add(1, AcqRel);
-        let n = self
-            .with_store(|s| {
-                let n = s.len();
-                s.clear();
-                metrics::gauge!(m::CACHE_ENTRIES).set(0.0);
-                metrics::gauge!(m::CACHE_BYTES).set(0.0);
-                n
-            })
-            .unwrap_or(0);
+        let n = self.drop_here();
         tracing::info!(
             epoch = known,
             dropped = n,

@@ -5,13 +5,7 @@
 
 use super::{AnswerCache, Verdict};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::testing::free_port;
 
 /// The verdict keys of the namespace (its epoch key aside).
 fn keys(port: u16) -> usize {

@@ -491,11 +491,7 @@ mod tests {
     /// completion id and for a batch line's alias alike (on a real `redis-server`).
     #[test]
     fn unknown_and_foreign_ids_cost_the_same_reads() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testing::free_port();
         let mut server = crate::testing::redis_server(port);
         let url = format!("redis://127.0.0.1:{port}/0");
         let ledger = RedisLedger::new(
