@@ -144,6 +144,18 @@ fn check_stored_bytes(
     Ok(())
 }
 
+/// Unavailable when the store's files would pass `batch.max_total_bytes` with `adding` more.
+fn check_total_bytes(b: &Batches, adding: u64) -> Result<(), BatchError> {
+    let total = b.store.total_bytes().map_err(internal)?;
+    if total + adding > b.cfg.max_total_bytes {
+        return Err(BatchError::Unavailable(format!(
+            "the file store is full ({total} of batch.max_total_bytes = {} bytes)",
+            b.cfg.max_total_bytes
+        )));
+    }
+    Ok(())
+}
+
 /// Over quota when `tenant` already has its `max_active_batches` unfinished.
 fn check_open_batches(engine: &Engine, b: &Batches, tenant: &TenantId) -> Result<(), BatchError> {
     let Some(quota) = quotas(engine, tenant).max_active_batches else {
@@ -213,6 +225,18 @@ impl BatchService for BatchApi {
         self.max_file_bytes
     }
 
+    fn stage(
+        &self,
+        engine: &Engine,
+        tenant: &TenantId,
+        at_least: u64,
+    ) -> Result<PathBuf, BatchError> {
+        let b = self.batches()?;
+        check_stored_bytes(engine, b, tenant, at_least)?;
+        check_total_bytes(b, at_least)?;
+        Ok(b.store.stage_path())
+    }
+
     fn upload(
         &self,
         engine: &Engine,
@@ -229,18 +253,12 @@ impl BatchService for BatchApi {
                 format!("purpose `{purpose}`: only `batch` is supported"),
             ));
         }
-        let (name, bytes) = up.file.ok_or_else(|| invalid("file", "missing `file`"))?;
-        check_stored_bytes(engine, b, tenant, bytes.len() as u64)?;
-        let total = b.store.total_bytes().map_err(internal)?;
-        if total + bytes.len() as u64 > b.cfg.max_total_bytes {
-            return Err(BatchError::Unavailable(format!(
-                "the file store is full ({total} of batch.max_total_bytes = {} bytes)",
-                b.cfg.max_total_bytes
-            )));
-        }
+        let file = up.file.ok_or_else(|| invalid("file", "missing `file`"))?;
+        check_stored_bytes(engine, b, tenant, file.bytes)?;
+        check_total_bytes(b, file.bytes)?;
         let row = b
             .store
-            .put_file(&tenant.0, name, purpose, bytes)
+            .put_staged(&tenant.0, file.name, purpose, file.path)
             .map_err(internal)?;
         Ok(row.to_json())
     }

@@ -17,7 +17,7 @@ use tiergate_engine::model::request::BatchLine;
 use tiergate_engine::Gate;
 use tiergate_engine::{Engine, WeakEngine};
 
-use super::store::{new_id, Store};
+use super::store::new_id;
 use super::Batches;
 
 /// One validated input line.
@@ -80,8 +80,9 @@ async fn run_batch(
     let row = store
         .batch(id)?
         .ok_or_else(|| anyhow::anyhow!("no batch {id}"))?;
-    let lines = match parse_input(store, &row.input_file_id, &row.endpoint, b.cfg.max_lines) {
-        Ok(lines) => lines,
+    let input = store.file_path(&row.input_file_id);
+    let total = match check_input(&input, &row.endpoint, b.cfg.max_lines) {
+        Ok(total) => total,
         Err(errors) => {
             tracing::warn!(batch = %id, "batch input refused");
             store.fail(id, &errors)?;
@@ -89,7 +90,7 @@ async fn run_batch(
             return Ok(());
         }
     };
-    store.set_total(id, lines.len())?;
+    store.set_total(id, total)?;
     // Not `set_status`: a cancel between reading the row and here would be overwritten (and the batch run).
     store.begin_running(id)?;
     if store.status(id)?.as_deref() == Some("cancelling") {
@@ -100,7 +101,7 @@ async fn run_batch(
     let gate = state.batch_gate();
     // Its lines run as its owner: that tenant's routes, its name in the metrics.
     let owner = tiergate_engine::model::request::TenantId(std::sync::Arc::from(row.owner.as_str()));
-    let todo = lines.into_iter().filter(|l| !done.contains(&l.no));
+    let todo = read_lines(&input)?.filter(|l| !done.contains(&l.no));
     let mut results = futures_util::stream::iter(todo)
         .map(|l| {
             let state = state.clone();
@@ -147,83 +148,92 @@ fn finish(b: &Batches, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads and checks the input file: every line a JSON request for `endpoint` with a unique `custom_id`.
-/// Refused: the OpenAI `errors.data` list (at most 20 entries).
-fn parse_input(
-    store: &Store,
-    file_id: &str,
-    endpoint: &str,
-    max_lines: usize,
-) -> Result<Vec<Line>, Value> {
+/// The input's non-empty lines with their numbers (0-based), read as they are needed.
+fn input_lines(
+    path: &std::path::Path,
+) -> std::io::Result<impl Iterator<Item = (usize, std::io::Result<String>)>> {
+    use std::io::BufRead;
+    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    Ok(file
+        .lines()
+        .enumerate()
+        .filter(|(_, t)| t.as_ref().map_or(true, |t| !t.trim().is_empty())))
+}
+
+/// The lines of a checked input, read from disk one at a time as the runner takes them (numbered among the
+/// requests: a checked input has no other lines).
+fn read_lines(path: &std::path::Path) -> anyhow::Result<impl Iterator<Item = Line>> {
+    Ok(input_lines(path)?
+        .map_while(|(_, t)| t.ok())
+        .filter_map(|t| serde_json::from_str::<Value>(&t).ok())
+        .enumerate()
+        .map(|(no, mut v)| Line {
+            no,
+            custom_id: v["custom_id"].as_str().unwrap_or_default().to_string(),
+            body: v["body"].take(),
+        }))
+}
+
+/// Checks the input file as it reads it: every line a JSON request for `endpoint` with a unique `custom_id`.
+/// Its requests' count, or the OpenAI `errors.data` list (at most 20 entries).
+fn check_input(path: &std::path::Path, endpoint: &str, max_lines: usize) -> Result<usize, Value> {
     let err = |line: Option<usize>, code: &str, message: String| json!({"code": code, "message": message, "param": null, "line": line.map(|l| l + 1)});
-    let raw = std::fs::read_to_string(store.file_path(file_id)).map_err(|e| {
+    let unreadable = |e: std::io::Error| {
         json!([err(
             None,
             "invalid_file",
             format!("cannot read the input: {e}")
         )])
-    })?;
-    let mut lines = Vec::new();
+    };
     let mut errors = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for (no, text) in raw
-        .lines()
-        .enumerate()
-        .filter(|(_, t)| !t.trim().is_empty())
-    {
-        let v: Value = match serde_json::from_str(text) {
+    let mut requests = 0;
+    for (no, text) in input_lines(path).map_err(unreadable)? {
+        let v: Value = match serde_json::from_str(&text.map_err(unreadable)?) {
             Ok(v) => v,
             Err(e) => {
                 errors.push(err(Some(no), "invalid_json", e.to_string()));
                 continue;
             }
         };
-        let custom_id = v["custom_id"].as_str().unwrap_or_default().to_string();
-        if custom_id.is_empty() || !seen.insert(custom_id.clone()) {
-            errors.push(err(
-                Some(no),
-                "invalid_custom_id",
-                "`custom_id` must be a non-empty string, unique in the file".into(),
-            ));
-        } else if v["method"] != "POST" || v["url"] != endpoint {
-            errors.push(err(
-                Some(no),
-                "invalid_url",
-                format!("each line must be `\"method\": \"POST\", \"url\": \"{endpoint}\"`"),
-            ));
-        } else if !v["body"].is_object() {
-            errors.push(err(
-                Some(no),
-                "invalid_body",
-                "`body` must be a JSON object".into(),
-            ));
-        } else {
-            // With any error the batch fails as a whole, so only error-free inputs number their lines.
-            lines.push(Line {
-                no: lines.len(),
-                custom_id,
-                body: v["body"].clone(),
-            });
+        match line_error(&v, endpoint, &mut seen) {
+            Some((code, message)) => errors.push(err(Some(no), code, message)),
+            None => requests += 1,
         }
     }
-    if lines.len() + errors.len() > max_lines {
-        errors.insert(
-            0,
-            err(
-                None,
-                "too_many_lines",
-                format!("more than batch.max_lines = {max_lines} requests"),
-            ),
-        );
+    if requests + errors.len() > max_lines {
+        let message = format!("more than batch.max_lines = {max_lines} requests");
+        errors.insert(0, err(None, "too_many_lines", message));
     }
-    if lines.is_empty() && errors.is_empty() {
+    if requests == 0 && errors.is_empty() {
         errors.push(err(None, "empty_file", "the input holds no request".into()));
     }
     if errors.is_empty() {
-        Ok(lines)
+        Ok(requests)
     } else {
         errors.truncate(20);
         Err(Value::Array(errors))
+    }
+}
+
+/// What is wrong with one parsed input line, if anything: its error code and message. `seen` holds the
+/// `custom_id`s before it.
+fn line_error(
+    v: &Value,
+    endpoint: &str,
+    seen: &mut std::collections::HashSet<String>,
+) -> Option<(&'static str, String)> {
+    let custom_id = v["custom_id"].as_str().unwrap_or_default();
+    if custom_id.is_empty() || !seen.insert(custom_id.to_string()) {
+        let message = "`custom_id` must be a non-empty string, unique in the file";
+        Some(("invalid_custom_id", message.into()))
+    } else if v["method"] != "POST" || v["url"] != endpoint {
+        let message = format!("each line must be `\"method\": \"POST\", \"url\": \"{endpoint}\"`");
+        Some(("invalid_url", message))
+    } else if !v["body"].is_object() {
+        Some(("invalid_body", "`body` must be a JSON object".into()))
+    } else {
+        None
     }
 }
 
@@ -295,6 +305,7 @@ async fn run_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn inputs_are_checked_line_by_line() {
@@ -304,15 +315,18 @@ mod tests {
         let f = s
             .put_file("default", "in.jsonl", "batch", ok.as_bytes())
             .unwrap();
-        let lines = parse_input(&s, &f.id, "/v1/chat/completions", 10).unwrap();
+        let path = s.file_path(&f.id);
+        assert_eq!(check_input(&path, "/v1/chat/completions", 10), Ok(2));
+        let lines: Vec<Line> = read_lines(&path).unwrap().collect();
         assert_eq!(lines.len(), 2);
         assert_eq!((lines[1].no, lines[1].custom_id.as_str()), (1, "b"));
-        assert!(parse_input(&s, &f.id, "/v1/chat/completions", 1).is_err());
+        assert_eq!(lines[0].body, json!({"model": "m"}));
+        assert!(check_input(&path, "/v1/chat/completions", 1).is_err());
         let bad = "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{}}\nnot json\n{\"custom_id\":\"c\",\"method\":\"GET\",\"url\":\"/v1/models\",\"body\":{}}\n";
         let f = s
             .put_file("default", "bad.jsonl", "batch", bad.as_bytes())
             .unwrap();
-        let errors = parse_input(&s, &f.id, "/v1/chat/completions", 10).unwrap_err();
+        let errors = check_input(&s.file_path(&f.id), "/v1/chat/completions", 10).unwrap_err();
         let codes: Vec<&str> = errors
             .as_array()
             .unwrap()
@@ -324,6 +338,6 @@ mod tests {
         let f = s
             .put_file("default", "empty.jsonl", "batch", b"\n")
             .unwrap();
-        assert!(parse_input(&s, &f.id, "/v1/chat/completions", 10).is_err());
+        assert!(check_input(&s.file_path(&f.id), "/v1/chat/completions", 10).is_err());
     }
 }

@@ -113,6 +113,18 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{:024x}", n & ((1u128 << 96) - 1))
 }
 
+/// Removes the `*.part` files a stopped server left half written (called once the store's lock is held).
+fn remove_parts(files: &Path) {
+    let Ok(entries) = std::fs::read_dir(files) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.path().extension().is_some_and(|x| x == "part") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// The owner of what was stored before tenants existed.
 pub const DEFAULT_OWNER: &str = "default";
 
@@ -149,6 +161,7 @@ impl Store {
                 dir.display()
             );
         }
+        remove_parts(&dir.join("files"));
         let db = Connection::open(dir.join("batches.sqlite3"))?;
         db.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")?;
         db.execute_batch(SCHEMA)?;
@@ -281,19 +294,44 @@ impl Store {
         purpose: &str,
         bytes: &[u8],
     ) -> anyhow::Result<FileRow> {
+        let tmp = self.stage_path();
+        let written = std::fs::write(&tmp, bytes)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| self.put_staged(owner, filename, purpose, &tmp));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
+    }
+
+    /// A fresh path in the store's directory for a file being written (`*.part`: removed at the next open if
+    /// it was never stored).
+    pub fn stage_path(&self) -> PathBuf {
+        self.dir
+            .join("files")
+            .join(format!("{}.part", new_id("upload-")))
+    }
+
+    /// Stores the file written at `staged` (a [`Store::stage_path`]): synced, moved into place, then
+    /// recorded.
+    pub fn put_staged(
+        &self,
+        owner: &str,
+        filename: &str,
+        purpose: &str,
+        staged: &Path,
+    ) -> anyhow::Result<FileRow> {
+        let file = File::open(staged)?;
+        file.sync_all()?;
         let row = FileRow {
             id: new_id("file-"),
             owner: owner.to_string(),
             filename: filename.to_string(),
             purpose: purpose.to_string(),
-            bytes: bytes.len() as u64,
+            bytes: file.metadata()?.len(),
             created_at: now(),
         };
-        let path = self.file_path(&row.id);
-        let tmp = path.with_extension("part");
-        std::fs::write(&tmp, bytes)?;
-        File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
+        std::fs::rename(staged, self.file_path(&row.id))?;
         self.db()?.execute(
             "INSERT INTO files (id, filename, purpose, bytes, created_at, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![row.id, row.filename, row.purpose, row.bytes as i64, row.created_at, row.owner],
@@ -520,52 +558,66 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the output and error files (results in line order) and records them on the batch.
+    /// Writes the output and error files (results in line order, streamed from the database to disk) and
+    /// records them on the batch.
     pub fn finish_files(&self, id: &str) -> anyhow::Result<()> {
-        let rows: Vec<(bool, String)> = {
-            let db = self.db()?;
-            let mut q =
-                db.prepare("SELECT ok, output FROM results WHERE batch_id = ?1 ORDER BY line")?;
-            let rows = q.query_map([id], |r| Ok((r.get::<_, bool>(0)?, r.get::<_, String>(1)?)))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let join = |ok: bool| -> String {
-            rows.iter()
-                .filter(|(o, _)| *o == ok)
-                .map(|(_, l)| format!("{l}\n"))
-                .collect()
-        };
-        let (out, err) = (join(true), join(false));
         let owner = self
             .batch(id)?
             .map_or_else(|| DEFAULT_OWNER.to_string(), |b| b.owner);
-        let out_id = (!out.is_empty())
-            .then(|| {
-                self.put_file(
-                    &owner,
-                    &format!("{id}_output.jsonl"),
-                    "batch_output",
-                    out.as_bytes(),
-                )
-            })
-            .transpose()?
-            .map(|f| f.id);
-        let err_id = (!err.is_empty())
-            .then(|| {
-                self.put_file(
-                    &owner,
-                    &format!("{id}_error.jsonl"),
-                    "batch_output",
-                    err.as_bytes(),
-                )
-            })
-            .transpose()?
-            .map(|f| f.id);
+        let (out, err) = (self.stage_path(), self.stage_path());
+        let written = self
+            .write_results(id, &out, &err)
+            .and_then(|[n_out, n_err]| {
+                let store = |n: u64, path: &Path, name: &str| -> anyhow::Result<Option<String>> {
+                    if n == 0 {
+                        let _ = std::fs::remove_file(path);
+                        return Ok(None);
+                    }
+                    let name = format!("{id}_{name}.jsonl");
+                    Ok(Some(
+                        self.put_staged(&owner, &name, "batch_output", path)?.id,
+                    ))
+                };
+                Ok((store(n_out, &out, "output")?, store(n_err, &err, "error")?))
+            });
+        let (out_id, err_id) = match written {
+            Ok(ids) => ids,
+            Err(e) => {
+                let _ = (std::fs::remove_file(&out), std::fs::remove_file(&err));
+                return Err(e);
+            }
+        };
         self.db()?.execute(
             "UPDATE batches SET output_file_id = ?2, error_file_id = ?3 WHERE id = ?1",
             params![id, out_id, err_id],
         )?;
         Ok(())
+    }
+
+    /// Writes batch `id`'s results to `out` (succeeded) and `err` (failed), one line each in line order;
+    /// returns how many went to each.
+    fn write_results(&self, id: &str, out: &Path, err: &Path) -> anyhow::Result<[u64; 2]> {
+        use std::io::Write;
+        let mut files = [
+            std::io::BufWriter::new(File::create(out)?),
+            std::io::BufWriter::new(File::create(err)?),
+        ];
+        let mut counts = [0u64; 2];
+        let db = self.db()?;
+        let mut q =
+            db.prepare("SELECT ok, output FROM results WHERE batch_id = ?1 ORDER BY line")?;
+        let mut rows = q.query([id])?;
+        while let Some(r) = rows.next()? {
+            let which = usize::from(!r.get::<_, bool>(0)?);
+            let line = r.get_ref(1)?.as_str()?;
+            files[which].write_all(line.as_bytes())?;
+            files[which].write_all(b"\n")?;
+            counts[which] += 1;
+        }
+        for f in &mut files {
+            f.flush()?;
+        }
+        Ok(counts)
     }
 }
 

@@ -43,11 +43,19 @@ pub struct Page {
     pub more: bool,
 }
 
-/// An uploaded file as the door read it.
+/// An uploaded file as the door read it: its bytes were streamed to disk, at the path [`BatchService::stage`]
+/// gave, and never held in memory.
 pub struct Upload<'a> {
     pub purpose: Option<&'a str>,
-    /// Its name and bytes, when the upload had a file.
-    pub file: Option<(&'a str, &'a [u8])>,
+    /// The file's name, where its bytes are and how many, when the upload had a file.
+    pub file: Option<Staged<'a>>,
+}
+
+/// A file the door wrote to disk.
+pub struct Staged<'a> {
+    pub name: &'a str,
+    pub path: &'a std::path::Path,
+    pub bytes: u64,
 }
 
 /// The Batch API behind the server's routes. Every call is the tenant's own: ids of other tenants' files and
@@ -55,7 +63,17 @@ pub struct Upload<'a> {
 pub trait BatchService: Send + Sync {
     /// The largest upload accepted (`batch.max_file_bytes`).
     fn max_file_bytes(&self) -> u64;
-    /// Stores an upload (`purpose` must be `batch`), within the tenant's `max_stored_bytes` and the store's size.
+    /// Before an upload's body is read: refuses a file of `at_least` bytes (what its declared length says,
+    /// less the door's framing) that would pass the tenant's `max_stored_bytes` or the store's size, and gives
+    /// the path the door streams the file to (the door removes it unless [`BatchService::upload`] took it).
+    fn stage(
+        &self,
+        engine: &crate::engine::Engine,
+        tenant: &TenantId,
+        at_least: u64,
+    ) -> Result<PathBuf, BatchError>;
+    /// Stores a staged upload (`purpose` must be `batch`), within the tenant's `max_stored_bytes` and the
+    /// store's size: the file moves into the store.
     fn upload(
         &self,
         engine: &crate::engine::Engine,

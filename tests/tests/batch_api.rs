@@ -549,3 +549,176 @@ fn batches_and_files_belong_to_their_tenant() {
         "the lines ran as their owner"
     );
 }
+
+/// The server's resident set, bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The highest resident set of `pid` while `work` runs, sampled every 5 ms.
+fn peak_rss_during<T>(pid: u32, work: impl FnOnce() -> T) -> (u64, T) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss(pid));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak.max(rss(pid))
+        })
+    };
+    let out = work();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    (sampler.join().unwrap(), out)
+}
+
+/// The status line of a bare HTTP request `head` (no body sent after it), read within 5 s.
+fn status_of_head_alone(base: &str, head: &str) -> String {
+    let addr = base.trim_start_matches("http://");
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(head.as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(c).read_line(&mut line).unwrap();
+    line
+}
+
+/// A multipart upload head declaring `len` bytes.
+fn upload_head(len: u64) -> String {
+    format!(
+        "POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: multipart/form-data; boundary=tgb\r\n\
+         content-length: {len}\r\n\r\n"
+    )
+}
+
+#[test]
+fn uploads_and_downloads_stream_and_declared_lengths_are_checked_before_reading() {
+    const MIB: u64 = 1 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let s = server(
+        &data,
+        &[
+            "--set",
+            "batch.max_total_bytes=157286400", // 150 MiB
+            "--set",
+            "server.body_timeout_ms=1000",
+        ],
+        &[],
+    );
+    let pid = s.child.id();
+    // A 100 MiB JSONL file (batch.max_file_bytes), its last bytes empty lines.
+    let path = tmp.path().join("big.jsonl");
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let mut n = 0u64;
+        for i in 0.. {
+            let line = json!({"custom_id": format!("req-{i}"), "method": "POST", "url": "/v1/chat/completions",
+                              "body": {"model": "classify", "messages": [{"role": "user", "content": "my card has not arrived"}]}})
+                .to_string() + "\n";
+            if n + line.len() as u64 > 100 * MIB {
+                break;
+            }
+            f.write_all(line.as_bytes()).unwrap();
+            n += line.len() as u64;
+        }
+        f.write_all(&vec![b'\n'; (100 * MIB - n) as usize]).unwrap();
+    }
+    let head =
+        "--tgb\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--tgb\r\n\
+                content-disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n\r\n";
+    let tail = "\r\n--tgb--\r\n";
+    let len = (head.len() + tail.len()) as u64 + 100 * MIB;
+    get(&s, "/v1/files");
+    let before = rss(pid);
+    let (peak, f) = peak_rss_during(pid, || {
+        let body = std::io::Cursor::new(head)
+            .chain(std::fs::File::open(&path).unwrap())
+            .chain(std::io::Cursor::new(tail));
+        ureq::post(&format!("{}/v1/files", s.base))
+            .set("content-type", "multipart/form-data; boundary=tgb")
+            .set("content-length", &len.to_string())
+            .send(body)
+            .unwrap()
+            .into_json::<Value>()
+            .unwrap()
+    });
+    assert_eq!(f["bytes"], 100 * MIB, "{f}");
+    let rise = peak.saturating_sub(before);
+    eprintln!(
+        "a 100 MiB upload: RSS {before} -> peak {peak} (+{:.1} MiB)",
+        rise as f64 / MIB as f64
+    );
+    assert!(
+        rise < 20 * MIB,
+        "the server's RSS rose by {rise} bytes during a 100 MiB upload"
+    );
+    // The download streams too, and returns the same bytes.
+    let id = f["id"].as_str().unwrap();
+    let before = rss(pid);
+    let (peak, (n, sum)) = peak_rss_during(pid, || {
+        let r = ureq::get(&format!("{}/v1/files/{id}/content", s.base))
+            .call()
+            .unwrap();
+        assert_eq!(
+            r.header("content-length"),
+            Some((100 * MIB).to_string().as_str())
+        );
+        let (mut n, mut sum, mut buf) = (0u64, 0u64, vec![0u8; 1 << 16]);
+        let mut rd = r.into_reader();
+        loop {
+            let k = rd.read(&mut buf).unwrap();
+            if k == 0 {
+                break (n, sum);
+            }
+            n += k as u64;
+            sum = buf[..k]
+                .iter()
+                .fold(sum, |a, b| a.wrapping_mul(31).wrapping_add(u64::from(*b)));
+        }
+    });
+    let want = std::fs::read(&path)
+        .unwrap()
+        .iter()
+        .fold(0u64, |a, b| a.wrapping_mul(31).wrapping_add(u64::from(*b)));
+    assert_eq!(
+        (n, sum),
+        (100 * MIB, want),
+        "the download differs from the upload"
+    );
+    let rise = peak.saturating_sub(before);
+    eprintln!(
+        "a 100 MiB download: RSS {before} -> peak {peak} (+{:.1} MiB)",
+        rise as f64 / MIB as f64
+    );
+    assert!(
+        rise < 20 * MIB,
+        "the server's RSS rose by {rise} bytes during a 100 MiB download"
+    );
+    // A 2 GiB declared length is refused before a byte of it is sent.
+    let line = status_of_head_alone(&s.base, &upload_head(2 << 30));
+    assert!(line.starts_with("HTTP/1.1 413"), "{line}");
+    // 60 MiB more would pass the store's 150 MiB: refused from the declared length, again before any byte.
+    let line = status_of_head_alone(&s.base, &upload_head(60 * MIB));
+    assert!(line.starts_with("HTTP/1.1 503"), "{line}");
+    // A body that stops arriving meets the deadline (1 s for its one max_body_bytes share).
+    let t = Instant::now();
+    let line = status_of_head_alone(&s.base, &upload_head(1000));
+    assert!(line.starts_with("HTTP/1.1 408"), "{line}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    // Nothing half written is left behind.
+    let parts: Vec<_> = std::fs::read_dir(data.join("files"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "part"))
+        .collect();
+    assert!(parts.is_empty(), "{parts:?}");
+    assert_eq!(get(&s, "/v1/files")["data"].as_array().unwrap().len(), 1);
+}

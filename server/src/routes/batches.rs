@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
-use tiergate_engine::batch::{BatchError, BatchService, Page, Upload};
+use tiergate_engine::batch::{BatchError, BatchService, Page, Staged, Upload};
 use tiergate_engine::model::request::TenantId;
 use tiergate_engine::Engine;
 
@@ -20,14 +20,17 @@ use crate::extract::ApiJson;
 /// The service as the handlers hold it.
 type Service = Arc<dyn BatchService>;
 
+/// What a multipart upload's body may hold besides the file's bytes (boundaries, part headers, `purpose`).
+const FRAMING: u64 = 64 << 10;
+
 /// The public routes; an upload may be `batch.max_file_bytes` plus its multipart framing.
 pub fn routes(service: Service) -> Router<Engine> {
-    let files_limit = usize::try_from(service.max_file_bytes()).unwrap_or(usize::MAX);
+    let files_limit = usize::try_from(service.max_file_bytes().saturating_add(FRAMING));
     Router::new()
         .route(
             "/v1/files",
             post(upload).layer(axum::extract::DefaultBodyLimit::max(
-                files_limit.saturating_add(64 << 10),
+                files_limit.unwrap_or(usize::MAX),
             )),
         )
         .route("/v1/files", get(list_files))
@@ -110,54 +113,141 @@ async fn list(
     listed(&q, |after, n| s.list(&tenant, after, n))
 }
 
-/// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`).
+/// `POST /v1/files`: a multipart upload (`file`, `purpose = batch`). Checked from its declared length before
+/// a byte is read (`batch.max_file_bytes`, the tenant's quota, the store's size), then streamed to disk within
+/// the body's deadline: the file is never held in memory.
 async fn upload(
     State(engine): State<Engine>,
     Extension(s): Extension<Service>,
     Extension(tenant): Extension<TenantId>,
+    headers: axum::http::HeaderMap,
     form: Multipart,
 ) -> Response {
-    let (purpose, file) = match read_upload(form, s.max_file_bytes()).await {
-        Ok(parts) => parts,
-        Err(e) => return e.into_response(),
+    let max = s.max_file_bytes();
+    let declared = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|n| *n > max.saturating_add(FRAMING)) {
+        return ApiError::TooLarge(format!(
+            "the upload declares {n} bytes; a file may have {max} (batch.max_file_bytes)"
+        ))
+        .into_response();
+    }
+    let at_least = declared.map_or(0, |n| n.saturating_sub(FRAMING));
+    let staged = match s.stage(&engine, &tenant, at_least) {
+        Ok(path) => Removed(path),
+        Err(e) => return ApiError::from(e).into_response(),
     };
-    let up = Upload {
-        purpose: purpose.as_deref(),
-        file: file.as_ref().map(|(n, b)| (n.as_str(), b.as_ref())),
-    };
-    reply(s.upload(&engine, &tenant, up))
+    let deadline = upload_deadline(&engine, declared.unwrap_or(max));
+    let (purpose, file) =
+        match tokio::time::timeout(deadline, read_upload(form, &staged.0, max)).await {
+            Ok(Ok(parts)) => parts,
+            Ok(Err(e)) => return e.into_response(),
+            Err(_) => {
+                return ApiError::BodyTimeout(format!(
+                    "the upload did not arrive within {} ms (server.body_timeout_ms for each \
+                 server.max_body_bytes it declares)",
+                    deadline.as_millis()
+                ))
+                .into_response()
+            }
+        };
+    // The file is synced and recorded off the async threads.
+    let stored = tokio::task::spawn_blocking(move || {
+        let file = file.as_ref().map(|(name, bytes)| Staged {
+            name,
+            path: &staged.0,
+            bytes: *bytes,
+        });
+        let up = Upload {
+            purpose: purpose.as_deref(),
+            file,
+        };
+        s.upload(&engine, &tenant, up)
+    });
+    match stored.await {
+        Ok(r) => reply(r),
+        Err(e) => {
+            ApiError::Internal(format!("the upload's store task failed: {e}")).into_response()
+        }
+    }
 }
 
-/// The `purpose` and `file` fields of an upload.
+/// A staged file, removed when dropped (a no-op once the store moved it in).
+struct Removed(std::path::PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// An upload's deadline: `server.body_timeout_ms` for each `server.max_body_bytes` (or part) of `bytes`.
+fn upload_deadline(engine: &Engine, bytes: u64) -> std::time::Duration {
+    let server = &engine.config().server;
+    let shares = bytes.div_ceil(server.max_body_bytes.max(1) as u64).max(1);
+    std::time::Duration::from_millis(server.body_timeout_ms.saturating_mul(shares))
+}
+
+/// The `purpose` and `file` fields of an upload, the file's bytes written to `to` as they arrive: its name
+/// and size.
 async fn read_upload(
     mut form: Multipart,
+    to: &std::path::Path,
     max_file_bytes: u64,
-) -> Result<(Option<String>, Option<(String, axum::body::Bytes)>), ApiError> {
+) -> Result<(Option<String>, Option<(String, u64)>), ApiError> {
     let (mut purpose, mut file) = (None, None);
-    while let Some(field) = form
-        .next_field()
-        .await
-        .map_err(|e| ApiError::invalid("file", format!("bad multipart body: {e}")))?
-    {
+    while let Some(field) = form.next_field().await.map_err(bad_multipart)? {
         match field.name() {
             Some("purpose") => {
                 let text = field.text().await;
                 purpose = Some(text.map_err(|e| ApiError::invalid("purpose", e.to_string()))?);
             }
+            Some("file") if file.is_some() => {
+                return Err(ApiError::invalid("file", "more than one `file` part"))
+            }
             Some("file") => {
                 let name = field.file_name().unwrap_or("upload.jsonl").to_string();
-                let bytes = field.bytes().await.map_err(|e| {
-                    ApiError::invalid(
-                        "file",
-                        format!("{e} (batch.max_file_bytes = {max_file_bytes})"),
-                    )
-                })?;
-                file = Some((name, bytes));
+                file = Some((name, write_field(field, to, max_file_bytes).await?));
             }
             _ => {}
         }
     }
     Ok((purpose, file))
+}
+
+/// A multipart error: 413 past the route's body limit, else 400.
+fn bad_multipart(e: axum::extract::multipart::MultipartError) -> ApiError {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::TooLarge(format!(
+            "the upload passes its limit: {e} (batch.max_file_bytes)"
+        ));
+    }
+    ApiError::invalid("file", format!("bad multipart body: {e}"))
+}
+
+/// Streams one multipart field to `to`, at most `max` bytes; how many it held.
+async fn write_field(
+    mut field: axum::extract::multipart::Field<'_>,
+    to: &std::path::Path,
+    max: u64,
+) -> Result<u64, ApiError> {
+    use tokio::io::AsyncWriteExt;
+    let failed = |e: std::io::Error| ApiError::Internal(format!("cannot stage the upload: {e}"));
+    let file = tokio::fs::File::create(to).await.map_err(failed)?;
+    let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+    let mut n = 0u64;
+    while let Some(chunk) = field.chunk().await.map_err(bad_multipart)? {
+        n += chunk.len() as u64;
+        if n > max {
+            return Err(ApiError::TooLarge(format!(
+                "the file passes {max} bytes (batch.max_file_bytes)"
+            )));
+        }
+        out.write_all(&chunk).await.map_err(failed)?;
+    }
+    out.flush().await.map_err(failed)?;
+    Ok(n)
 }
 
 /// `GET /v1/files/{id}`.
@@ -169,22 +259,48 @@ async fn file(
     reply(s.file(&tenant, &id))
 }
 
-/// `GET /v1/files/{id}/content`.
+/// `GET /v1/files/{id}/content`, streamed from disk.
 async fn content(
     Extension(s): Extension<Service>,
     Extension(tenant): Extension<TenantId>,
     Path(id): Path<String>,
 ) -> Response {
-    let read = async {
+    let open = async {
         let path = s.content(&tenant, &id)?;
-        tokio::fs::read(path)
+        let file = tokio::fs::File::open(path)
             .await
-            .map_err(|e| ApiError::Internal(format!("file `{id}`: {e}")))
+            .map_err(|e| ApiError::Internal(format!("file `{id}`: {e}")))?;
+        let len = file.metadata().await.map(|m| m.len()).ok();
+        Ok::<_, ApiError>((file, len))
     };
-    match read.await {
-        Ok(bytes) => ([("content-type", "application/jsonl")], bytes).into_response(),
+    match open.await {
+        Ok((file, len)) => {
+            let mut resp = axum::body::Body::from_stream(chunks(file)).into_response();
+            let h = resp.headers_mut();
+            h.insert(
+                "content-type",
+                axum::http::HeaderValue::from_static("application/jsonl"),
+            );
+            if let Some(len) = len {
+                h.insert("content-length", axum::http::HeaderValue::from(len));
+            }
+            resp
+        }
         Err(e) => e.into_response(),
     }
+}
+
+/// A file's bytes, 64 KiB at a time.
+fn chunks(
+    file: tokio::fs::File,
+) -> impl futures_util::Stream<Item = std::io::Result<axum::body::Bytes>> {
+    futures_util::stream::try_unfold(file, |mut file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 64 << 10];
+        let n = file.read(&mut buf).await?;
+        buf.truncate(n);
+        Ok((n > 0).then(|| (axum::body::Bytes::from(buf), file)))
+    })
 }
 
 /// `POST /v1/batches`.
