@@ -536,4 +536,50 @@ mod tests {
         let _ = server.kill();
         let _ = server.wait();
     }
+
+    /// Audits drawn at rates below 1 and unequal to each other, labelled through a real `redis-server`: the
+    /// silent error is weighted by 1/p (the traffic's error, not the sample's share), as on SQLite.
+    #[test]
+    fn the_silent_error_is_weighted_by_each_audits_rate() {
+        let port = crate::testing::free_port();
+        let mut server = crate::testing::redis_server(port);
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let dep = Dependency::new("ledger", std::time::Duration::from_secs(1));
+        let ledger = RedisLedger::new(&url, "w", 3600, dep).unwrap();
+        let now = crate::model::request::unix_ms();
+        let item = |id: &str, p: f64| AuditItem {
+            id: id.into(),
+            route: "classify".into(),
+            at_ms: now,
+            probability: p,
+            theta: 0.4,
+            ambiguity: 0.1,
+            answered: "card_lost".into(),
+            channel: "tier0".into(),
+            text: Some("my card".into()),
+            head: "h1".into(),
+            label: None,
+        };
+        // Ten drawn at 0.5, two of them wrong; ten at 0.05, one wrong.
+        let mut entries = Vec::new();
+        for i in 0..10 {
+            entries.push(Entry::Audit(Box::new(item(&format!("hi{i}"), 0.5))));
+            entries.push(Entry::Audit(Box::new(item(&format!("lo{i}"), 0.05))));
+        }
+        ledger.put(&entries, now).unwrap();
+        for i in 0..10 {
+            let wrong = |yes: bool| if yes { "card_stolen" } else { "card_lost" };
+            ledger.label(&format!("hi{i}"), wrong(i < 2)).unwrap();
+            ledger.label(&format!("lo{i}"), wrong(i < 1)).unwrap();
+        }
+        let sum = ledger.summary(now).unwrap();
+        let e = sum.routes["classify"].silent_error(Some("h1")).unwrap();
+        assert_eq!((e.n, e.wrong), (20, 3));
+        // (2 × 2 + 1 × 20) / (10 × 2 + 10 × 20) = 24 / 220; the unweighted share would be 3 / 20.
+        assert!((e.estimate - 24.0 / 220.0).abs() < 1e-12, "{e:?}");
+        // Kish's effective n: (Σw)² / Σw² = 220² / (10 × 4 + 10 × 400).
+        assert!((e.effective_n - 220.0 * 220.0 / 4040.0).abs() < 1e-9, "{e:?}");
+        let _ = server.kill();
+        let _ = server.wait();
+    }
 }
