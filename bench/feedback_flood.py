@@ -12,6 +12,7 @@ asymptotic p-value.
 import argparse
 import json
 import math
+import random
 import os
 import threading
 import time
@@ -71,14 +72,16 @@ def pct(xs, q):
 
 
 def ks(x, y):
-    """Two-sample Kolmogorov-Smirnov D and its asymptotic p-value."""
+    """Two-sample Kolmogorov-Smirnov D and its asymptotic p-value (ties counted together: the empirical
+    distributions are compared only between distinct values)."""
     x, y = sorted(x), sorted(y)
     i = j = 0
     d = 0.0
     while i < len(x) and j < len(y):
-        if x[i] <= y[j]:
+        v = min(x[i], y[j])
+        while i < len(x) and x[i] == v:
             i += 1
-        else:
+        while j < len(y) and y[j] == v:
             j += 1
         d = max(d, abs(i / len(x) - j / len(y)))
     n = len(x) * len(y) / (len(x) + len(y))
@@ -97,19 +100,34 @@ def timing(a):
     mine = answer["id"]
     time.sleep(0.2)
     url = f"{a.url}/v1/feedback"
-    unknown, foreign, codes = [], [], set()
+    # Three arms in a fresh random order each round: the other tenant's id (the same one each time), one
+    # unknown id repeated the same way (what an attacker would compare it with: the foreign id one digit
+    # off), and a fresh unknown id each time (which also shows what repeating one id does by itself).
+    foreign, repeated, fresh, codes = [], [], [], set()
+    rng = random.Random(a.seed)
+    # The foreign id with its last hex digit changed: the same length and the same time in it, never given.
+    one_unknown = mine[:-1] + ("0" if mine[-1] != "0" else "1")
     for _ in range(a.n):
-        for ident, times in ((bogus_id(), unknown), (mine, foreign)):
+        arms = [(mine, foreign), (one_unknown, repeated), (None, fresh)]
+        rng.shuffle(arms)
+        for ident, times in arms:
+            ident = ident or bogus_id()
             t = time.perf_counter()
             code, body = post(url, a.asker, {"id": ident, "correct": True})
             times.append((time.perf_counter() - t) * 1000)
             codes.add((code, body.get("error", {}).get("code")))
-    d, p = ks(unknown, foreign)
     print(f"statuses: {sorted(codes)}")
-    print(f"{'ms':>8} {'unknown':>8} {'foreign':>8}")
+    print(f"{'ms':>8} {'foreign':>8} {'unknown':>8} {'fresh':>8}")
     for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)):
-        print(f"{name:>8} {pct(unknown, q):8.2f} {pct(foreign, q):8.2f}")
-    print(f"n = {a.n} each; Kolmogorov-Smirnov D = {d:.3f}, p = {p:.2f}")
+        print(f"{name:>8} {pct(foreign, q):8.2f} {pct(repeated, q):8.2f} {pct(fresh, q):8.2f}")
+    print(f"n = {a.n} each; Kolmogorov-Smirnov:")
+    for name, x, y in (
+        ("foreign vs unknown (each one id, repeated)", foreign, repeated),
+        ("foreign vs a fresh unknown id each time", foreign, fresh),
+        ("unknown repeated vs fresh (no existence differs)", repeated, fresh),
+    ):
+        d, p = ks(x, y)
+        print(f"  {name}: D = {d:.3f}, p = {p:.2f}")
 
 
 def main():
@@ -125,6 +143,7 @@ def main():
     t.add_argument("--owner", required=True)
     t.add_argument("--asker", required=True)
     t.add_argument("--n", type=int, default=300)
+    t.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     flood(a) if a.mode == "flood" else timing(a)
 

@@ -29,6 +29,10 @@ pub enum EngineError {
     /// The LLM side cannot serve this request now (full, down, broken, or no LLM at all).
     #[error("{0}")]
     Unavailable(String),
+    /// A store this request needs (the feedback ledger, the stored responses, the shared policy) cannot be
+    /// reached now, or has not caught up yet; retry.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// The error bound needs the LLM for this request and it cannot take it (`routing.on_breach = "reject"`).
     #[error("{0}")]
     RiskBound(String),
@@ -65,7 +69,9 @@ impl EngineError {
             EngineError::PreconditionFailed(_) => "412",
             EngineError::Overloaded { .. } | EngineError::RateLimited { .. } => "429",
             EngineError::Internal(_) => "500",
-            EngineError::Unavailable(_) | EngineError::RiskBound(_) => "503",
+            EngineError::Unavailable(_)
+            | EngineError::StoreUnavailable(_)
+            | EngineError::RiskBound(_) => "503",
             EngineError::Timeout(_) => "504",
         }
     }

@@ -61,6 +61,9 @@ pub enum ApiError {
     /// The LLM side cannot serve this request now (503).
     #[error("{0}")]
     Unavailable(String),
+    /// A store the request needs cannot be reached now (503 `store_unavailable`).
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// The error bound needs the LLM for this request and it cannot take it (503 `risk_bound`,
     /// `routing.on_breach = "reject"`).
     #[error("{0}")]
@@ -164,6 +167,11 @@ impl ApiError {
                 "server_error",
                 "llm_unavailable",
             ),
+            ApiError::StoreUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "store_unavailable",
+            ),
             ApiError::RiskBound(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -202,7 +210,10 @@ impl IntoResponse for ApiError {
                 resp.headers_mut().insert("retry-after", v);
             }
         }
-        if matches!(self, ApiError::Unavailable(_) | ApiError::RiskBound(_)) {
+        if matches!(
+            self,
+            ApiError::Unavailable(_) | ApiError::StoreUnavailable(_) | ApiError::RiskBound(_)
+        ) {
             resp.headers_mut()
                 .insert("retry-after", HeaderValue::from_static("1"));
         }
@@ -236,6 +247,7 @@ impl From<tiergate_engine::error::EngineError> for ApiError {
                 retry_after_s,
             },
             E::Unavailable(m) => ApiError::Unavailable(m),
+            E::StoreUnavailable(m) => ApiError::StoreUnavailable(m),
             E::RiskBound(m) => ApiError::RiskBound(m),
             E::Timeout(m) => ApiError::Timeout(m),
             E::Unauthorized(m) => ApiError::Unauthorized(m),
@@ -270,6 +282,7 @@ mod tests {
                 429,
             ),
             (ApiError::Unavailable("down".into()), 503),
+            (ApiError::StoreUnavailable("paused".into()), 503),
             (ApiError::Timeout("late".into()), 504),
             (ApiError::Forbidden("no".into()), 403),
             (ApiError::HeadersTooLarge("big".into()), 431),

@@ -271,15 +271,10 @@ fn check_answers(seen: &[Seen]) {
         assert!(paused(kind).count() >= 5, "too few {kind} while paused");
     }
     report(seen);
-    if let Some(s) = seen
-        .iter()
-        .find(|s| s.phase == PAUSED && s.kind == "feedback")
-    {
-        eprintln!("DEBUG feedback while paused: {} {}", s.status, s.body);
-    }
     for s in seen {
         let stated = matches!(s.kind, "continue" | "feedback")
             && s.status == 503
+            && s.body["error"]["code"] == "store_unavailable"
             && s.body["error"]["message"]
                 .as_str()
                 .is_some_and(|m| m.contains("cannot be reached"));

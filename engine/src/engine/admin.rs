@@ -137,7 +137,7 @@ impl Engine {
         tracing::info!(target: "tiergate::audit", entries = here, shared = ?shared, "answer cache cleared");
         match shared {
             None => Ok((json!({"cleared": here}), false)),
-            Some(None) => Err(EngineError::Unavailable(format!(
+            Some(None) => Err(EngineError::StoreUnavailable(format!(
                 "cleared {here} entries here; the shared store did not answer, so its entries stay readable: retry"
             ))),
             Some(Some(c)) => {

@@ -255,7 +255,7 @@ async fn lookup(
     // Records held while the store failed may include this one: not "unknown" until they are written. A
     // remote store's write in flight may take its deadline to end (stored, or spooled).
     let catching_up = |spooled: usize| {
-        EngineError::Unavailable(format!(
+        EngineError::StoreUnavailable(format!(
             "the feedback store cannot be reached yet: {spooled} decision records wait to be written to it; retry"
         ))
     };
@@ -291,5 +291,7 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))?
-        .map_err(|e| EngineError::Unavailable(format!("the feedback store cannot be reached: {e}")))
+        .map_err(|e| {
+            EngineError::StoreUnavailable(format!("the feedback store cannot be reached: {e}"))
+        })
 }

@@ -251,7 +251,7 @@ async fn store_change(
 ) -> Result<Result<(u64, u64), u64>, EngineError> {
     use crate::routing::store::{Cas, Stored};
     let unreachable = |e: redis::RedisError| {
-        EngineError::Unavailable(format!("the shared policy store is unreachable: {e}"))
+        EngineError::StoreUnavailable(format!("the shared policy store is unreachable: {e}"))
     };
     match store
         .compare_and_set(key, expected, &cfg, &audit.to_string())

@@ -55,7 +55,7 @@ impl From<BatchError> for ApiError {
             BatchError::NotFound(m) => ApiError::NotFound(m),
             BatchError::Invalid { param, message } => ApiError::invalid(param, message),
             BatchError::Quota(m) => ApiError::QuotaExceeded(m),
-            BatchError::Unavailable(m) => ApiError::Unavailable(m),
+            BatchError::Unavailable(m) => ApiError::StoreUnavailable(m),
             BatchError::Internal(m) => ApiError::Internal(m),
         }
     }

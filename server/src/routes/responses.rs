@@ -197,8 +197,9 @@ async fn fetch(
 ) -> Result<Option<StoredResponse>, ApiError> {
     let (store, key, who) = (store.clone(), id.to_string(), tenant.0.to_string());
     let read = tokio::task::spawn_blocking(move || store.get(&key, &who));
-    let unreachable =
-        |e: String| ApiError::Unavailable(format!("the response store cannot be reached: {e}"));
+    let unreachable = |e: String| {
+        ApiError::StoreUnavailable(format!("the response store cannot be reached: {e}"))
+    };
     match tokio::time::timeout(STORE_DEADLINE, read).await {
         Ok(r) => r
             .map_err(|e| ApiError::Internal(e.to_string()))?

@@ -71,6 +71,11 @@ impl RedisLedger {
         format!("{}{rest}", self.prefix)
     }
 
+    /// Where `tenant`'s mark of owning record `id` is.
+    fn own_key(&self, tenant: &str, id: &str) -> String {
+        self.k(&format!("own:{tenant}:{id}"))
+    }
+
     /// The pending audit ids of `route` answered by head `head`.
     fn pending_of_head(&self, route: &str, head: &str) -> String {
         self.k(&format!("pending:{route}:head:{head}"))
@@ -183,7 +188,11 @@ impl Store for RedisLedger {
                         .ignore();
                         if let Some(a) = &r.alias {
                             p.set_ex(self.k(&format!("alias:{a}")), &r.id, ttl).ignore();
+                            // The alias as its owner looks it up (another tenant's reads as absent).
+                            p.set_ex(self.own_key(&r.tenant, a), &r.id, ttl).ignore();
                         }
+                        // Its owner's mark, which a feedback lookup checks before reading the record.
+                        p.set_ex(self.own_key(&r.tenant, &r.id), "", ttl).ignore();
                         let seen = self.k(&format!("decisions:{}", r.route));
                         p.zadd(&seen, &r.id, r.at_ms as f64).ignore();
                         p.zrembyscore(&seen, 0.0, expired).ignore();
@@ -233,10 +242,12 @@ impl Store for RedisLedger {
         })
     }
 
-    /// The record of `id` when `tenant` owns it, decided inside Redis (one script): the record — or, for an
-    /// unknown id, a stand-in of the same size — is read and decoded and its tenant compared there, and only a
-    /// record of this tenant's comes back. An unknown id and another tenant's cost the same commands, the same
-    /// decoding and the same reply (none); a batch line's alias is read first either way.
+    /// The record of `id` when `tenant` owns it, decided inside Redis (one script): the script asks whether
+    /// `tenant`'s mark for the id exists (`own:{tenant}:{id}`, written with the record) and reads the record only
+    /// when it does; a batch line's alias is first resolved through the tenant's own alias key
+    /// (`own:{tenant}:{alias}`). For an unknown id and for another tenant's every key read is equally absent:
+    /// the same commands, the same keyspace misses, the same reply (none). Records written before the marks
+    /// existed answer as unknown.
     fn decision_of(
         &self,
         id: &str,
@@ -244,37 +255,23 @@ impl Store for RedisLedger {
         _now_ms: u64,
     ) -> Result<Option<Record>, StoreError> {
         const OWN: &str = r"
-local key = KEYS[1]
+local id = ARGV[2]
 if ARGV[1] == '1' then
-  local real = redis.call('GET', KEYS[1])
-  key = ARGV[2] .. 'd:' .. (real or ('/' .. ARGV[3]))
+  id = redis.call('GET', KEYS[1]) or ('/' .. id)
 end
-local raw = redis.call('GET', key)
-local found = raw ~= false
-if not found then raw = ARGV[5] end
-local ok, rec = pcall(cjson.decode, raw)
-if found and ok and rec['tenant'] == ARGV[4] then return raw end
+local p = ARGV[3]
+if redis.call('EXISTS', p .. 'own:' .. ARGV[4] .. ':' .. id) == 1 then
+  return redis.call('GET', p .. 'd:' .. id)
+end
 return false";
         let alias = id.contains('/');
-        let first = if alias {
-            self.k(&format!("alias:{id}"))
-        } else {
-            self.k(&format!("d:{id}"))
-        };
-        // A record's shape and size, of no tenant: what an unknown id decodes instead.
-        let stand_in = serde_json::json!({
-            "id": id, "tenant": "", "route": "-".repeat(16), "channel": "tier0", "tier": "tier0",
-            "at_ms": 0, "pad": "-".repeat(256),
-        })
-        .to_string();
         let raw: Option<String> = self.with(async |c| {
             Ok(redis::Script::new(OWN)
-                .key(first)
+                .key(self.own_key(tenant, id))
                 .arg(if alias { "1" } else { "0" })
-                .arg(&self.prefix)
                 .arg(id)
+                .arg(&self.prefix)
                 .arg(tenant)
-                .arg(stand_in)
                 .invoke_async(c)
                 .await?)
         })?;
@@ -477,18 +474,27 @@ mod tests {
     use super::*;
 
     /// Commands the server has processed so far (`INFO stats`).
-    fn commands(c: &mut redis::Connection) -> u64 {
+    /// Redis's counters of commands processed, keyspace hits and keyspace misses.
+    fn counters(c: &mut redis::Connection) -> [u64; 3] {
         let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+        let get = |name: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        [
+            get("total_commands_processed"),
+            get("keyspace_hits"),
+            get("keyspace_misses"),
+        ]
     }
 
-    /// A lookup's commands: a record of this tenant's, another tenant's and none at all cost the same, for a
-    /// completion id and for a batch line's alias alike (on a real `redis-server`).
+    /// A lookup's work: another tenant's record and none at all cost the same commands, keyspace hits and
+    /// misses (the owner's mark missing either way; the record is read only for its owner), for a completion
+    /// id and for a batch line's alias alike (on a real `redis-server`).
     #[test]
     fn unknown_and_foreign_ids_cost_the_same_reads() {
         let port = crate::testing::free_port();
@@ -518,21 +524,25 @@ mod tests {
         let mut cost = |id: &str| {
             // Warm the ledger's connection first, so that no connect is counted.
             let _ = ledger.decision_of("chatcmpl-none", "a", now);
-            let before = commands(&mut c);
+            let before = counters(&mut c);
             let found = ledger.decision_of(id, "a", now).unwrap().is_some();
+            let after = counters(&mut c);
             // `INFO` itself is one command.
-            (commands(&mut c) - before - 1, found)
+            let work = [
+                after[0] - before[0] - 1,
+                after[1] - before[1],
+                after[2] - before[2],
+            ];
+            (work, found)
         };
-        let own = cost("chatcmpl-a");
-        let foreign = cost("chatcmpl-b");
-        let unknown = cost("chatcmpl-c");
-        assert!(own.1 && !foreign.1 && !unknown.1);
-        assert_eq!((own.0, foreign.0), (unknown.0, unknown.0), "commands");
-        let own = cost("batch_1/x");
-        let foreign = cost("batch_2/y");
-        let unknown = cost("batch_3/z");
-        assert!(own.1 && !foreign.1 && !unknown.1);
-        assert_eq!((own.0, foreign.0), (unknown.0, unknown.0), "commands");
+        for (own, foreign, unknown) in [
+            ("chatcmpl-a", "chatcmpl-b", "chatcmpl-c"),
+            ("batch_1/x", "batch_2/y", "batch_3/z"),
+        ] {
+            let (own, foreign, unknown) = (cost(own), cost(foreign), cost(unknown));
+            assert!(own.1 && !foreign.1 && !unknown.1);
+            assert_eq!(foreign.0, unknown.0, "commands, hits, misses");
+        }
         let _ = server.kill();
         let _ = server.wait();
     }
@@ -578,7 +588,10 @@ mod tests {
         // (2 × 2 + 1 × 20) / (10 × 2 + 10 × 20) = 24 / 220; the unweighted share would be 3 / 20.
         assert!((e.estimate - 24.0 / 220.0).abs() < 1e-12, "{e:?}");
         // Kish's effective n: (Σw)² / Σw² = 220² / (10 × 4 + 10 × 400).
-        assert!((e.effective_n - 220.0 * 220.0 / 4040.0).abs() < 1e-9, "{e:?}");
+        assert!(
+            (e.effective_n - 220.0 * 220.0 / 4040.0).abs() < 1e-9,
+            "{e:?}"
+        );
         let _ = server.kill();
         let _ = server.wait();
     }
