@@ -20,8 +20,9 @@ pub struct SessionsConfig {
     /// The most pins one replica keeps in memory (past it, the least recently used of the tenant holding
     /// the most goes).
     pub max_pins: usize,
-    /// The most pins one tenant keeps in one replica's memory (its least recently used goes first), so that
-    /// one tenant's flood of sessions evicts no other tenant's pins.
+    /// The most pins one tenant keeps in one replica's memory, and in Redis when the policy store is Redis
+    /// (its least recently used goes first), so that one tenant's flood of sessions evicts no other tenant's
+    /// pins.
     pub max_pins_per_tenant: usize,
 }
 

@@ -218,10 +218,16 @@ impl Sessions {
             return;
         }
         if let Some(r) = &self.redis {
-            let (r, k, v) = (r.clone(), self.redis_key(r, key), pin.encode());
-            let ttl_ms = self.ttl().as_millis() as u64;
+            // The tenant's pins in Redis are bounded as in memory: its own oldest go past its share.
+            let prefix = format!("{}:pin:", r.key());
+            let set = format!("{}:pins-of:{tenant}", r.key());
+            let (r, member, v) = (r.clone(), key.hex(), pin.encode());
+            let bound = (
+                self.ttl().as_millis() as u64,
+                self.cfg.max_pins_per_tenant,
+            );
             tokio::spawn(async move {
-                let _ = r.set_value(&k, &v, ttl_ms).await;
+                let _ = r.set_bounded(&prefix, &member, &v, &set, bound).await;
             });
         }
         let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -330,5 +336,59 @@ mod tests {
         let p = pin(2, "qwen\tx");
         assert_eq!(Pin::decode(&p.encode()), Some(p));
         assert_eq!(Pin::decode("x\ty"), None);
+    }
+
+    /// In Redis as in memory: one tenant's flood of sessions leaves it its own newest `max_pins_per_tenant`
+    /// pins (its oldest deleted with their keys) and every other tenant's pin in place (a real `redis-server`).
+    #[tokio::test]
+    async fn a_tenants_pins_in_redis_are_bounded_by_its_share() {
+        let port = crate::testing::free_port();
+        let mut server = crate::testing::redis_server(port);
+        let store = tiergate_config::PolicyStoreConfig {
+            url: format!("redis://127.0.0.1:{port}/0"),
+            key: "pt".into(),
+            timeout_ms: 1000,
+            ..Default::default()
+        };
+        let redis = Arc::new(RedisStore::new(&store).unwrap());
+        let cfg = SessionsConfig {
+            max_pins: 100,
+            max_pins_per_tenant: 5,
+            ..Default::default()
+        };
+        let sessions = Sessions::new(&cfg, Some(redis.clone()));
+        let k = |t: &str, i: usize| SessionKey::of(t, "r", &i.to_string());
+        let settle = || tokio::time::sleep(Duration::from_millis(20));
+        for i in 0..3 {
+            sessions.put(&k("b", i), "b", pin(0, "x"));
+            settle().await;
+        }
+        for i in 0..40 {
+            sessions.put(&k("a", i), "a", pin(0, "x"));
+            settle().await;
+        }
+        let mut c = redis::Client::open(store.url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let pins: Vec<String> = redis::cmd("KEYS").arg("pt:pin:*").query_async(&mut c).await.unwrap();
+        assert_eq!(pins.len(), 3 + 5, "{pins:?}");
+        let of_a: u64 = redis::cmd("ZCARD").arg("pt:pins-of:a").query_async(&mut c).await.unwrap();
+        assert_eq!(of_a, 5);
+        let key = |t: &str, i: usize| format!("pt:pin:{}", k(t, i).hex());
+        for i in 0..3 {
+            assert!(pins.contains(&key("b", i)), "b's pin {i}");
+        }
+        for i in 35..40 {
+            assert!(pins.contains(&key("a", i)), "a's newest {i}");
+        }
+        // What a replica reads from Redis: a's oldest are gone there.
+        let fresh = Sessions::new(&cfg, Some(redis));
+        assert_eq!(fresh.get(&k("a", 39)).await, Some(pin(0, "x")));
+        assert_eq!(fresh.get(&k("a", 0)).await, None);
+        assert_eq!(fresh.get(&k("b", 0)).await, Some(pin(0, "x")));
+        let _ = server.kill();
+        let _ = server.wait();
     }
 }

@@ -133,21 +133,41 @@ impl RedisStore {
         .await
     }
 
-    /// Sets `key` to `value`, expiring after `ttl_ms`.
-    pub(crate) async fn set_value(
+    /// Sets `prefix + member` to `value`, expiring after `ttl_ms`, and records it in `set` (a sorted set by
+    /// time of the keys one owner holds) trimmed in the same script: its expired members, then its oldest past
+    /// `max_members`, whose keys are deleted with them.
+    pub(crate) async fn set_bounded(
         &self,
-        key: &str,
+        prefix: &str,
+        member: &str,
         value: &str,
-        ttl_ms: u64,
+        set: &str,
+        (ttl_ms, max_members): (u64, usize),
     ) -> redis::RedisResult<()> {
+        const PUT: &str = r"
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('SET', ARGV[1] .. ARGV[2], ARGV[4], 'PX', ttl)
+redis.call('ZADD', KEYS[1], ms, ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - ttl)
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[5])
+if over > 0 then
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do redis.call('DEL', ARGV[1] .. m) end
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 0";
         self.call(&self.pins, async {
             let mut c = self.conn.get(&self.client).await?;
-            redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("PX")
+            redis::Script::new(PUT)
+                .key(set)
+                .arg(prefix)
+                .arg(member)
                 .arg(ttl_ms.max(1))
-                .query_async(&mut c)
+                .arg(value)
+                .arg(max_members)
+                .invoke_async(&mut c)
                 .await
         })
         .await
