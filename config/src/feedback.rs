@@ -16,9 +16,12 @@ pub struct FeedbackConfig {
     pub enabled: bool,
     /// How long a decision stays joinable, seconds (7 days by default).
     pub window_s: u64,
-    /// Largest size of the kept records together, bytes: past it the oldest go first (SQLite; in Redis the
-    /// window's TTL and Redis's own `maxmemory` bound them).
+    /// Largest size of the kept records together, bytes: past it the tenants holding the most give way, their
+    /// oldest first (SQLite and memory; in Redis `max_per_tenant`, the window's TTL and Redis's own `maxmemory`
+    /// bound them).
     pub max_bytes: u64,
+    /// The most decision records one tenant keeps (its oldest go first), in every backend.
+    pub max_per_tenant: usize,
     /// The SQLite file (used when the policy store is not Redis).
     pub path: PathBuf,
     /// Records waiting for the background writer at most; beyond, a record is dropped and counted (the
@@ -36,6 +39,7 @@ impl Default for FeedbackConfig {
             enabled: true,
             window_s: 7 * 24 * 3600,
             max_bytes: 256 << 20,
+            max_per_tenant: 250_000,
             path: PathBuf::from("data/feedback.sqlite"),
             queue: 10_000,
             audit_llm: false,
@@ -56,6 +60,12 @@ impl FeedbackConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.max_bytes"),
                 "must be at least 65536",
+            ));
+        }
+        if self.max_per_tenant == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_per_tenant"),
+                "must be at least 1",
             ));
         }
         if self.queue == 0 {

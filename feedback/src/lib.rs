@@ -13,12 +13,13 @@ use tiergate_config::Config;
 use tiergate_engine::answer::stored::ResponseStore;
 use tiergate_engine::evidence::ledger::Store;
 
-/// Opens the ledger file `[feedback] path` (bounded by `max_bytes`, records kept for `window_s`).
+/// Opens the ledger file `[feedback] path` (bounded by `max_bytes` and `max_per_tenant`, records kept for
+/// `window_s`).
 pub fn ledger_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     let f = &config.feedback;
     let store = sqlite::SqliteStore::open(&f.path, f.max_bytes, f.window_s)
         .map_err(|e| anyhow::anyhow!("feedback.path {}: {e}", f.path.display()))?;
-    Ok(Arc::new(store))
+    Ok(Arc::new(store.per_tenant(f.max_per_tenant)))
 }
 
 /// Opens the stored responses' file `[responses] path` when `[responses] store` is on (`None` when off).

@@ -1,8 +1,10 @@
-//! The ledger in one local SQLite file (`[feedback] path`): decisions expire after the window and the oldest
-//! go first past `max_bytes` — counted twice, as the records' JSON and as the file's pages in use (tables and
-//! indexes: what the file holds; SQLite reuses the pages freed, so the file stays near the bound) — and the WAL
-//! is cut back to 64 MiB after each checkpoint; labelled audits are kept (without their text) as the evidence
-//! they are.
+//! The ledger in one local SQLite file (`[feedback] path`): decisions expire after the window; a tenant keeps
+//! its newest `max_per_tenant`; past `max_bytes` — counted twice, as the records' JSON and as the file's pages
+//! in use (tables and indexes: what the file holds; SQLite reuses the pages freed, so the file stays near the
+//! bound) — the tenants holding the most give way, their oldest first, until every tenant holds at most an
+//! equal cut of 90% of the bound or less (one tenant's flood evicts the others' records only once it holds no
+//! more than they do); the WAL is cut back to 64 MiB after each checkpoint; labelled audits are kept (without
+//! their text) as the evidence they are.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -35,6 +37,8 @@ type Result<T> = std::result::Result<T, LocalError>;
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     max_bytes: u64,
+    /// The most decisions one tenant keeps.
+    per_tenant: usize,
     window_ms: u64,
     /// When expired and over-cap rows were last deleted: at most once a second (the sum over the table is not
     /// free on every batch).
@@ -49,6 +53,7 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE INDEX IF NOT EXISTS decisions_alias ON decisions(alias);
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions(at_ms);
 CREATE INDEX IF NOT EXISTS decisions_expires ON decisions(expires_ms);
+CREATE INDEX IF NOT EXISTS decisions_tenant ON decisions(tenant, at_ms);
 CREATE TABLE IF NOT EXISTS audits (
   id TEXT PRIMARY KEY, route TEXT NOT NULL, at_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
   item TEXT NOT NULL, label TEXT, wrong INTEGER, ambiguity REAL NOT NULL);
@@ -71,9 +76,16 @@ impl SqliteStore {
         Ok(Self {
             conn: Mutex::new(conn),
             max_bytes,
+            per_tenant: usize::MAX,
             window_ms: window_s.saturating_mul(1000),
             pruned: Mutex::new(None),
         })
+    }
+
+    /// At most `n` decisions of one tenant (`feedback.max_per_tenant`).
+    pub fn per_tenant(mut self, n: usize) -> Self {
+        self.per_tenant = n;
+        self
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -117,9 +129,15 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// Deletes expired decisions and pending audits, then the oldest decisions while their JSON, or the file's pages
-/// in use, are over `max_bytes` (down to 90% of it, the newest record kept).
-fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<()> {
+/// Deletes expired decisions and pending audits, each tenant's oldest past `per_tenant`, then — while the
+/// records' JSON, or the file's pages in use, are over `max_bytes` — the heaviest tenants' oldest, down to 90%
+/// of it (each tenant's newest record kept).
+fn prune(
+    tx: &rusqlite::Transaction<'_>,
+    now_ms: u64,
+    max_bytes: u64,
+    per_tenant: usize,
+) -> Result<()> {
     tx.execute(
         "DELETE FROM decisions WHERE expires_ms <= ?1",
         params![now_ms as i64],
@@ -128,35 +146,79 @@ fn prune(tx: &rusqlite::Transaction<'_>, now_ms: u64, max_bytes: u64) -> Result<
         "DELETE FROM audits WHERE label IS NULL AND expires_ms <= ?1",
         params![now_ms as i64],
     )?;
-    let total: i64 = tx.query_row("SELECT COALESCE(SUM(bytes), 0) FROM decisions", [], |r| {
-        r.get(0)
-    })?;
-    if total as u64 > max_bytes {
-        // Down to 90% of the cap, oldest first, so that pruning does not run on every batch.
-        let excess = total - (max_bytes as i64 * 9 / 10);
+    let per_tenant = i64::try_from(per_tenant).unwrap_or(i64::MAX);
+    for (tenant, n, _) in tenants(tx)?.into_iter().filter(|t| t.1 > per_tenant) {
         tx.execute(
-            "DELETE FROM decisions WHERE id IN (SELECT id FROM (SELECT id, bytes, \
-             SUM(bytes) OVER (ORDER BY at_ms, id) AS run FROM decisions) WHERE run - bytes < ?1)",
-            params![excess],
+            "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions WHERE tenant = ?1 \
+             ORDER BY at_ms, id LIMIT ?2)",
+            params![tenant, n - per_tenant],
         )?;
+    }
+    let held = tenants(tx)?;
+    let total: i64 = held.iter().map(|t| t.2).sum();
+    if total as u64 > max_bytes {
+        // Down to 90% of the cap, so that pruning does not run on every batch.
+        keep_newest(tx, &held, max_bytes as f64 * 0.9)?;
     }
     let pragma = |name: &str| -> rusqlite::Result<i64> {
         tx.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
     };
     let used = (pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?;
     if used as u64 > max_bytes {
-        // As if the pages were spread evenly over the records: the oldest share of them past 90% of the cap.
-        let rows: i64 = tx.query_row("SELECT COUNT(*) FROM decisions", [], |r| r.get(0))?;
-        let share = 1.0 - 0.9 * max_bytes as f64 / used as f64;
-        let n = ((rows as f64 * share).ceil() as i64).min(rows - 1);
-        if n > 0 {
-            tx.execute(
-                "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions ORDER BY at_ms, id LIMIT ?1)",
-                params![n],
-            )?;
-        }
+        // As if the pages were spread evenly over the records' JSON: the share of it past 90% of the cap.
+        let held = tenants(tx)?;
+        let json: i64 = held.iter().map(|t| t.2).sum();
+        keep_newest(
+            tx,
+            &held,
+            json as f64 * 0.9 * max_bytes as f64 / used as f64,
+        )?;
     }
     Ok(())
+}
+
+/// Each tenant's decisions: (tenant, records, bytes of JSON).
+fn tenants(tx: &rusqlite::Transaction<'_>) -> Result<Vec<(String, i64, i64)>> {
+    let mut q = tx.prepare("SELECT tenant, COUNT(*), SUM(bytes) FROM decisions GROUP BY tenant")?;
+    let rows = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Deletes the oldest decisions of the tenants holding the most until all hold `target` bytes together: each
+/// keeps its newest up to an equal cut (tenants under it keep everything, their share going to the others) and
+/// its newest record in any case.
+fn keep_newest(
+    tx: &rusqlite::Transaction<'_>,
+    held: &[(String, i64, i64)],
+    target: f64,
+) -> Result<()> {
+    let Some(cut) = equal_cut(held.iter().map(|t| t.2 as f64).collect(), target) else {
+        return Ok(());
+    };
+    for (tenant, _, _) in held.iter().filter(|t| t.2 as f64 > cut) {
+        tx.execute(
+            "DELETE FROM decisions WHERE id IN (SELECT id FROM (SELECT id, bytes, SUM(bytes) OVER \
+             (ORDER BY at_ms DESC, id DESC) AS run FROM decisions WHERE tenant = ?1) \
+             WHERE run > ?2 AND run > bytes)",
+            params![tenant, cut as i64],
+        )?;
+    }
+    Ok(())
+}
+
+/// The cut `c` at which the holdings `b`, each capped at `c`, sum to `target` (water filling); `None` when they
+/// are within it already.
+fn equal_cut(mut b: Vec<f64>, target: f64) -> Option<f64> {
+    b.sort_by(f64::total_cmp);
+    let mut left = target;
+    for (i, x) in b.iter().enumerate() {
+        let share = left / (b.len() - i) as f64;
+        if *x > share {
+            return Some(share.max(0.0));
+        }
+        left -= x;
+    }
+    None
 }
 
 /// The JSON column of the one row `sql` selects, parsed (`None`: no row).
@@ -256,7 +318,7 @@ impl SqliteStore {
         }
         let mut pruned = self.pruned.lock().unwrap_or_else(|p| p.into_inner());
         if pruned.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
-            prune(&tx, now_ms, self.max_bytes)?;
+            prune(&tx, now_ms, self.max_bytes, self.per_tenant)?;
             *pruned = Some(std::time::Instant::now());
         }
         tx.commit()?;
@@ -759,5 +821,68 @@ mod tests {
             First::Gone,
             "gone, not a store failure"
         );
+    }
+
+    /// One tenant's flood: past `max_per_tenant` it loses its own oldest; past `max_bytes` the tenant holding
+    /// the most gives way — another tenant's records stay.
+    #[test]
+    fn one_tenants_flood_evicts_no_other_tenants_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 1 << 20).per_tenant(50);
+        let put = |id: String, tenant: &str, at: u64| {
+            *s.pruned.lock().unwrap() = None;
+            s.put(&[Entry::Decision(Box::new(record(&id, tenant, at)))], at)
+                .unwrap();
+        };
+        for i in 0..5 {
+            put(format!("b-{i}"), "b", 1_000 + i);
+        }
+        for i in 0..200 {
+            put(format!("a-{i}"), "a", 1_100 + i);
+        }
+        let count = |t: &str| -> i64 {
+            s.conn()
+                .query_row(
+                    "SELECT COUNT(*) FROM decisions WHERE tenant = ?1",
+                    [t],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        };
+        assert_eq!((count("a"), count("b")), (50, 5));
+        assert!(s.decision_of("a-199", "a", 2_000).unwrap().is_some());
+        assert!(s.decision_of("a-149", "a", 2_000).unwrap().is_none());
+        // Under a 256 KiB cap (the JSON of ~600 records; the file's pages count too), a's flood of 1,500 keeps
+        // b's five (the oldest of all).
+        let s = store(&dir.path().join("2"), 256 << 10);
+        let put = |id: String, tenant: &str, at: u64| {
+            *s.pruned.lock().unwrap() = None;
+            s.put(&[Entry::Decision(Box::new(record(&id, tenant, at)))], at)
+                .unwrap();
+        };
+        for i in 0..5 {
+            put(format!("b-{i}"), "b", 1_000 + i);
+        }
+        for i in 1000..2500 {
+            put(format!("a-{i}"), "a", 1_100 + i);
+        }
+        for i in 0..5 {
+            assert!(
+                s.decision_of(&format!("b-{i}"), "b", 9_000)
+                    .unwrap()
+                    .is_some(),
+                "b-{i}"
+            );
+        }
+        assert!(s.decision_of("a-2499", "a", 9_000).unwrap().is_some());
+        assert!(s.decision_of("a-1000", "a", 9_000).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_equal_cut_fills_the_target_from_the_smallest_up() {
+        assert_eq!(equal_cut(vec![10.0, 20.0], 40.0), None);
+        assert_eq!(equal_cut(vec![5.0, 100.0], 45.0), Some(40.0));
+        assert_eq!(equal_cut(vec![30.0, 50.0, 5.0], 45.0), Some(20.0));
+        assert_eq!(equal_cut(vec![30.0, 30.0], 30.0), Some(15.0));
     }
 }

@@ -222,10 +222,7 @@ impl Sessions {
             let prefix = format!("{}:pin:", r.key());
             let set = format!("{}:pins-of:{tenant}", r.key());
             let (r, member, v) = (r.clone(), key.hex(), pin.encode());
-            let bound = (
-                self.ttl().as_millis() as u64,
-                self.cfg.max_pins_per_tenant,
-            );
+            let bound = (self.ttl().as_millis() as u64, self.cfg.max_pins_per_tenant);
             tokio::spawn(async move {
                 let _ = r.set_bounded(&prefix, &member, &v, &set, bound).await;
             });
@@ -372,9 +369,17 @@ mod tests {
             .get_multiplexed_async_connection()
             .await
             .unwrap();
-        let pins: Vec<String> = redis::cmd("KEYS").arg("pt:pin:*").query_async(&mut c).await.unwrap();
+        let pins: Vec<String> = redis::cmd("KEYS")
+            .arg("pt:pin:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
         assert_eq!(pins.len(), 3 + 5, "{pins:?}");
-        let of_a: u64 = redis::cmd("ZCARD").arg("pt:pins-of:a").query_async(&mut c).await.unwrap();
+        let of_a: u64 = redis::cmd("ZCARD")
+            .arg("pt:pins-of:a")
+            .query_async(&mut c)
+            .await
+            .unwrap();
         assert_eq!(of_a, 5);
         let key = |t: &str, i: usize| format!("pt:pin:{}", k(t, i).hex());
         for i in 0..3 {

@@ -1,7 +1,8 @@
 //! The ledger in this process's memory: what a server built without a durable store keeps (the in-process
 //! tests; `tiergate serve` mounts the SQLite one, `tiergate-feedback`). Same rules as the durable stores —
-//! the window, the first feedback and label standing — bounded by `max_bytes` (oldest decisions first), and
-//! gone at exit.
+//! the window, the first feedback and label standing — bounded per tenant (`max_per_tenant` records, its oldest
+//! first) and by `max_bytes` in all (the tenant holding the most gives way, its oldest first), and gone at
+//! exit.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -10,9 +11,10 @@ use super::{AuditItem, Entry, Feedback, First, Record, Store, StoreError, Summar
 
 #[derive(Default)]
 struct Held {
-    /// Decisions by id with their feedback, oldest first in `order`.
+    /// Decisions by id with their feedback, each tenant's oldest first in `order`, its bytes in `bytes_of`.
     decisions: HashMap<String, (Record, u64, Option<Feedback>)>,
-    order: VecDeque<String>,
+    order: HashMap<String, VecDeque<String>>,
+    bytes_of: HashMap<String, u64>,
     aliases: HashMap<String, String>,
     bytes: u64,
     audits: BTreeMap<String, AuditItem>,
@@ -22,6 +24,7 @@ struct Held {
 pub(crate) struct MemoryStore {
     held: Mutex<Held>,
     max_bytes: u64,
+    per_tenant: usize,
     window_ms: u64,
 }
 
@@ -31,12 +34,54 @@ impl MemoryStore {
         Self {
             held: Mutex::new(Held::default()),
             max_bytes,
+            per_tenant: usize::MAX,
             window_ms: window_s.saturating_mul(1000),
         }
     }
 
+    /// At most `n` decisions of one tenant.
+    pub(crate) fn per_tenant(mut self, n: usize) -> Self {
+        self.per_tenant = n;
+        self
+    }
+
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Held {
+    /// Drops `tenant`'s oldest decision; whether there was one.
+    fn evict_oldest(&mut self, tenant: &str) -> bool {
+        let Some(old) = self.order.get_mut(tenant).and_then(VecDeque::pop_front) else {
+            return false;
+        };
+        if self.order.get(tenant).is_some_and(VecDeque::is_empty) {
+            self.order.remove(tenant);
+        }
+        if let Some((rec, n, _)) = self.decisions.remove(&old) {
+            self.bytes -= n;
+            if let Some(b) = self.bytes_of.get_mut(tenant) {
+                *b -= n;
+                if *b == 0 {
+                    self.bytes_of.remove(tenant);
+                }
+            }
+            if let Some(a) = rec.alias {
+                self.aliases.remove(&a);
+            }
+        }
+        true
+    }
+
+    /// Drops the oldest decision of the tenant holding the most bytes (a tie goes against `writing`).
+    fn evict_oldest_of_heaviest(&mut self, writing: &str) -> bool {
+        let heaviest = self
+            .bytes_of
+            .iter()
+            .max_by_key(|(t, b)| (**b, t.as_str() == writing))
+            .map(|(t, _)| t.clone());
+        heaviest.is_some_and(|t| self.evict_oldest(&t))
     }
 }
 
@@ -58,19 +103,15 @@ impl Store for MemoryStore {
                         h.aliases.insert(a.clone(), r.id.clone());
                     }
                     h.bytes += n;
-                    h.order.push_back(r.id.clone());
+                    *h.bytes_of.entry(r.tenant.clone()).or_default() += n;
+                    let mine = h.order.entry(r.tenant.clone()).or_default();
+                    mine.push_back(r.id.clone());
+                    let over = mine.len() > self.per_tenant;
                     h.decisions.insert(r.id.clone(), ((**r).clone(), n, None));
-                    while h.bytes > self.max_bytes {
-                        let Some(old) = h.order.pop_front() else {
-                            break;
-                        };
-                        if let Some((rec, n, _)) = h.decisions.remove(&old) {
-                            h.bytes -= n;
-                            if let Some(a) = rec.alias {
-                                h.aliases.remove(&a);
-                            }
-                        }
+                    if over {
+                        h.evict_oldest(&r.tenant);
                     }
+                    while h.bytes > self.max_bytes && h.evict_oldest_of_heaviest(&r.tenant) {}
                 }
                 Entry::Audit(a) => {
                     h.audits
@@ -280,5 +321,40 @@ mod tests {
             at_ms: now,
         };
         assert_eq!(s.feedback("never", &fb).unwrap(), First::Gone);
+    }
+
+    /// One tenant's flood: past `max_per_tenant` it loses its own oldest; past `max_bytes` the tenant holding
+    /// the most gives way — another tenant's records stay.
+    #[test]
+    fn one_tenants_flood_evicts_no_other_tenants_records() {
+        let rec = |id: String, t: &str| super::super::tests::record(&id, t, 1_000);
+        let one = size(&rec("a-000".into(), "a"));
+        for (max_bytes, per_tenant) in [(1 << 20, 50), (20 * one, usize::MAX)] {
+            let s = MemoryStore::new(max_bytes, 60).per_tenant(per_tenant);
+            for i in 0..5 {
+                s.put(
+                    &[Entry::Decision(Box::new(rec(format!("b-{i}"), "b")))],
+                    1_000,
+                )
+                .unwrap();
+            }
+            for i in 100..300 {
+                s.put(
+                    &[Entry::Decision(Box::new(rec(format!("a-{i}"), "a")))],
+                    1_000,
+                )
+                .unwrap();
+            }
+            for i in 0..5 {
+                assert!(s
+                    .decision_of(&format!("b-{i}"), "b", 1_001)
+                    .unwrap()
+                    .is_some());
+            }
+            assert!(s.decision_of("a-299", "a", 1_001).unwrap().is_some());
+            assert!(s.decision_of("a-100", "a", 1_001).unwrap().is_none());
+            let h = s.held();
+            assert!(h.bytes <= max_bytes && h.order["a"].len() <= per_tenant);
+        }
     }
 }

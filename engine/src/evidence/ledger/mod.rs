@@ -506,19 +506,22 @@ pub(crate) fn open(
                 Duration::from_millis(config.policy_store.timeout_ms) * 10,
             );
             dependency = Some(dep.clone());
-            Arc::new(redis::RedisLedger::new(
-                &config.policy_store.url,
-                &config.policy_store.key,
-                f.window_s,
-                dep,
-            )?)
+            Arc::new(
+                redis::RedisLedger::new(
+                    &config.policy_store.url,
+                    &config.policy_store.key,
+                    f.window_s,
+                    dep,
+                )?
+                .per_tenant(f.max_per_tenant),
+            )
         }
         (tiergate_config::StoreKind::Memory, Some(store)) => store,
         (tiergate_config::StoreKind::Memory, None) => {
             tracing::info!(
                 "decision records kept in memory (no durable ledger mounted): lost at exit"
             );
-            Arc::new(memory::MemoryStore::new(f.max_bytes, f.window_s))
+            Arc::new(memory::MemoryStore::new(f.max_bytes, f.window_s).per_tenant(f.max_per_tenant))
         }
     };
     Ok(Some(Ledger::start_with(

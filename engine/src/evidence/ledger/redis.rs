@@ -42,6 +42,8 @@ pub(crate) struct RedisLedger {
     rt: Option<tokio::runtime::Runtime>,
     prefix: String,
     window_s: u64,
+    /// The most decision records one tenant keeps (`feedback.max_per_tenant`).
+    per_tenant: usize,
 }
 
 impl RedisLedger {
@@ -64,7 +66,43 @@ impl RedisLedger {
             rt: Some(rt),
             prefix: format!("{key}:ledger:"),
             window_s,
+            per_tenant: usize::MAX,
         })
+    }
+
+    /// At most `n` decision records of one tenant.
+    pub(crate) fn per_tenant(mut self, n: usize) -> Self {
+        self.per_tenant = n;
+        self
+    }
+
+    /// Drops `tenant`'s oldest records past its share (`dt:{tenant}` holds `route/id` by time): the records,
+    /// their owner's marks and their places in their routes' sets, in one script.
+    async fn trim_tenant(
+        &self,
+        c: &mut redis::aio::MultiplexedConnection,
+        tenant: &str,
+    ) -> redis::RedisResult<()> {
+        const TRIM: &str = r"
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if over <= 0 then return 0 end
+local p = ARGV[2]
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, over - 1)) do
+  local route, id = string.match(m, '^(.*)/([^/]*)$')
+  if id then
+    redis.call('DEL', p .. 'd:' .. id, p .. 'own:' .. ARGV[3] .. ':' .. id)
+    redis.call('ZREM', p .. 'decisions:' .. route, id)
+  end
+end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, over - 1)
+return over";
+        redis::Script::new(TRIM)
+            .key(self.k(&format!("dt:{tenant}")))
+            .arg(self.per_tenant)
+            .arg(&self.prefix)
+            .arg(tenant)
+            .invoke_async(c)
+            .await
     }
 
     fn k(&self, rest: &str) -> String {
@@ -177,6 +215,7 @@ impl Store for RedisLedger {
             let mut p = redis::pipe();
             // The per-route sets get the window as their TTL once per batch, however many entries touch them.
             let mut sets = std::collections::BTreeSet::new();
+            let mut tenants = std::collections::BTreeSet::new();
             for e in entries {
                 match e {
                     Entry::Decision(r) => {
@@ -193,6 +232,13 @@ impl Store for RedisLedger {
                         }
                         // Its owner's mark, which a feedback lookup checks before reading the record.
                         p.set_ex(self.own_key(&r.tenant, &r.id), "", ttl).ignore();
+                        // Its place among its tenant's records, which are bounded per tenant.
+                        let of_tenant = self.k(&format!("dt:{}", r.tenant));
+                        let member = format!("{}/{}", r.route, r.id);
+                        p.zadd(&of_tenant, member, r.at_ms as f64).ignore();
+                        p.zrembyscore(&of_tenant, 0.0, expired).ignore();
+                        tenants.insert(r.tenant.as_str());
+                        sets.insert(of_tenant);
                         let seen = self.k(&format!("decisions:{}", r.route));
                         p.zadd(&seen, &r.id, r.at_ms as f64).ignore();
                         p.zrembyscore(&seen, 0.0, expired).ignore();
@@ -224,6 +270,11 @@ impl Store for RedisLedger {
                 p.expire(k, ttl as i64).ignore();
             }
             p.query_async::<()>(c).await?;
+            if self.per_tenant != usize::MAX {
+                for t in tenants {
+                    self.trim_tenant(c, t).await?;
+                }
+            }
             Ok(())
         })
     }
@@ -591,6 +642,59 @@ mod tests {
         assert!(
             (e.effective_n - 220.0 * 220.0 / 4040.0).abs() < 1e-9,
             "{e:?}"
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+
+    /// A tenant past `max_per_tenant` loses its own oldest records in Redis — the records, their owner's marks
+    /// and their places in the route's set — and another tenant's stay (a real `redis-server`).
+    #[test]
+    fn a_tenants_records_are_bounded_by_its_share() {
+        let port = crate::testing::free_port();
+        let mut server = crate::testing::redis_server(port);
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let dep = Dependency::new("ledger", std::time::Duration::from_secs(1));
+        let ledger = RedisLedger::new(&url, "q", 3600, dep)
+            .unwrap()
+            .per_tenant(10);
+        let now = crate::model::request::unix_ms();
+        let rec = |id: String, t: &str, i: u64| super::super::tests::record(&id, t, now + i);
+        let b: Vec<Entry> = (0..3)
+            .map(|i| Entry::Decision(Box::new(rec(format!("b-{i}"), "b", i))))
+            .collect();
+        ledger.put(&b, now).unwrap();
+        for chunk in 0..4u64 {
+            let a: Vec<Entry> = (0..10)
+                .map(|i| {
+                    let n = 10 + chunk * 10 + i;
+                    Entry::Decision(Box::new(rec(format!("a-{n}"), "a", n)))
+                })
+                .collect();
+            ledger.put(&a, now).unwrap();
+        }
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut keys = |pattern: &str| -> usize {
+            let k: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut c).unwrap();
+            k.len()
+        };
+        assert_eq!(keys("q:ledger:d:a-*"), 10);
+        assert_eq!(keys("q:ledger:own:a:*"), 10);
+        assert_eq!(keys("q:ledger:d:b-*"), 3);
+        for i in 0..3 {
+            assert!(ledger
+                .decision_of(&format!("b-{i}"), "b", now)
+                .unwrap()
+                .is_some());
+        }
+        assert!(ledger.decision_of("a-49", "a", now).unwrap().is_some());
+        assert!(ledger.decision_of("a-39", "a", now).unwrap().is_none());
+        assert_eq!(
+            ledger.summary(now).unwrap().routes["classify"].decisions,
+            13
         );
         let _ = server.kill();
         let _ = server.wait();
