@@ -131,13 +131,25 @@ fn check_stored_bytes(
     tenant: &TenantId,
     adding: u64,
 ) -> Result<(), BatchError> {
-    let Some(quota) = quotas(engine, tenant).max_stored_bytes else {
-        return Ok(());
-    };
+    let quota = quotas(engine, tenant)
+        .max_stored_bytes
+        .unwrap_or(b.cfg.max_stored_bytes_per_tenant);
     let used = b.store.owner_bytes(&tenant.0).map_err(internal)?;
     if used + adding > quota {
         return Err(BatchError::Quota(format!(
             "tenant `{}` stores {used} bytes; {adding} more would pass its max_stored_bytes = {quota}",
+            tenant.0
+        )));
+    }
+    Ok(())
+}
+
+/// Over quota when `tenant` already stores `batch.max_files_per_tenant` files.
+fn check_file_count(b: &Batches, tenant: &TenantId) -> Result<(), BatchError> {
+    let n = b.store.owner_files(&tenant.0).map_err(internal)?;
+    if n >= b.cfg.max_files_per_tenant as u64 {
+        return Err(BatchError::Quota(format!(
+            "tenant `{}` stores {n} files, batch.max_files_per_tenant",
             tenant.0
         )));
     }
@@ -158,9 +170,9 @@ fn check_total_bytes(b: &Batches, adding: u64) -> Result<(), BatchError> {
 
 /// Over quota when `tenant` already has its `max_active_batches` unfinished.
 fn check_open_batches(engine: &Engine, b: &Batches, tenant: &TenantId) -> Result<(), BatchError> {
-    let Some(quota) = quotas(engine, tenant).max_active_batches else {
-        return Ok(());
-    };
+    let quota = quotas(engine, tenant)
+        .max_active_batches
+        .unwrap_or(b.cfg.max_active_batches_per_tenant);
     let open = b.store.owner_open_batches(&tenant.0).map_err(internal)?;
     if open >= quota {
         return Err(BatchError::Quota(format!(
@@ -232,6 +244,7 @@ impl BatchService for BatchApi {
         at_least: u64,
     ) -> Result<PathBuf, BatchError> {
         let b = self.batches()?;
+        check_file_count(b, tenant)?;
         check_stored_bytes(engine, b, tenant, at_least)?;
         check_total_bytes(b, at_least)?;
         Ok(b.store.stage_path())
@@ -254,6 +267,7 @@ impl BatchService for BatchApi {
             ));
         }
         let file = up.file.ok_or_else(|| invalid("file", "missing `file`"))?;
+        check_file_count(b, tenant)?;
         check_stored_bytes(engine, b, tenant, file.bytes)?;
         check_total_bytes(b, file.bytes)?;
         let row = b

@@ -28,6 +28,9 @@ struct Line {
     body: Value,
 }
 
+/// How often files and batches past `batch.retention_s` are deleted.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
 /// Runs batches until `stop` turns true or the server is gone.
 pub async fn run(
     engine: WeakEngine,
@@ -35,9 +38,24 @@ pub async fn run(
     door: Arc<dyn Door>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut swept: Option<std::time::Instant> = None;
     loop {
         if engine.upgrade().is_none() {
             return;
+        }
+        if swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            match b.store.sweep(b.cfg.retention_s) {
+                Ok((0, 0)) => {}
+                Ok((batches, files)) => {
+                    tracing::info!(
+                        batches,
+                        files,
+                        "batches and files past batch.retention_s deleted"
+                    )
+                }
+                Err(e) => tracing::warn!(error = %e, "batch retention sweep failed"),
+            }
+            swept = Some(std::time::Instant::now());
         }
         let next = b
             .store

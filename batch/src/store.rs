@@ -216,6 +216,57 @@ impl Store {
         Ok(n as u64)
     }
 
+    /// `owner`'s stored files.
+    pub fn owner_files(&self, owner: &str) -> anyhow::Result<u64> {
+        let n: i64 = self.db()?.query_row(
+            "SELECT COUNT(*) FROM files WHERE owner = ?1",
+            [owner],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
+    /// Deletes what is older than `retention_s`: finished batches (by when they ended) with their results, and
+    /// files (by when they were made) that no unfinished batch reads — their bytes on disk too. Returns how
+    /// many batches and files went.
+    pub fn sweep(&self, retention_s: u64) -> anyhow::Result<(usize, usize)> {
+        let cutoff = now().saturating_sub(i64::try_from(retention_s).unwrap_or(i64::MAX));
+        let (batches, files) = {
+            let mut db = self.db()?;
+            let tx = db.transaction()?;
+            let batches = tx.execute(
+                "DELETE FROM results WHERE batch_id IN (SELECT id FROM batches WHERE status IN \
+                 ('completed', 'failed', 'cancelled', 'expired') AND \
+                 COALESCE(completed_at, failed_at, cancelled_at, created_at) < ?1)",
+                [cutoff],
+            )
+            .and_then(|_| {
+                tx.execute(
+                    "DELETE FROM batches WHERE status IN ('completed', 'failed', 'cancelled', 'expired') \
+                     AND COALESCE(completed_at, failed_at, cancelled_at, created_at) < ?1",
+                    [cutoff],
+                )
+            })?;
+            let gone: Vec<String> = {
+                let mut q = tx.prepare(
+                    "SELECT id FROM files WHERE created_at < ?1 AND id NOT IN (SELECT input_file_id \
+                     FROM batches WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling'))",
+                )?;
+                let rows = q.query_map([cutoff], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for id in &gone {
+                tx.execute("DELETE FROM files WHERE id = ?1", [id])?;
+            }
+            tx.commit()?;
+            (batches, gone)
+        };
+        for id in &files {
+            let _ = std::fs::remove_file(self.file_path(id));
+        }
+        Ok((batches, files.len()))
+    }
+
     /// `owner`'s unfinished batches (validating, in progress, finalizing, cancelling).
     pub fn owner_open_batches(&self, owner: &str) -> anyhow::Result<usize> {
         let n: i64 = self.db()?.query_row(
@@ -673,5 +724,63 @@ mod tests {
             !s.cancel(&id).unwrap(),
             "a finished batch cannot be cancelled"
         );
+    }
+
+    /// Past `retention_s`: finished batches go with their results, files go from the database and the disk —
+    /// except the input of a batch still running; what is younger stays.
+    #[test]
+    fn the_sweep_deletes_what_is_past_its_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let old_in = s.put_file("t", "old.jsonl", "batch", b"{}\n").unwrap();
+        let running_in = s.put_file("t", "run.jsonl", "batch", b"{}\n").unwrap();
+        let fresh = s.put_file("t", "new.jsonl", "batch", b"{}\n").unwrap();
+        let done = s
+            .create_batch("t", &old_in.id, "/v1/chat/completions", "24h", None)
+            .unwrap();
+        s.put_result(&done.id, 0, true, &json!({"custom_id": "a"}))
+            .unwrap();
+        s.finish_files(&done.id).unwrap();
+        s.set_status(&done.id, "completed").unwrap();
+        let out = s.batch(&done.id).unwrap().unwrap().output_file_id.unwrap();
+        let running = s
+            .create_batch("t", &running_in.id, "/v1/chat/completions", "24h", None)
+            .unwrap();
+        // Everything but `fresh` and the running batch made (or ended) two days ago.
+        {
+            let db = s.db().unwrap();
+            let ago = now() - 2 * 86_400;
+            db.execute(
+                "UPDATE files SET created_at = ?1 WHERE id != ?2",
+                params![ago, fresh.id],
+            )
+            .unwrap();
+            db.execute(
+                "UPDATE batches SET created_at = ?1, completed_at = ?1 WHERE id = ?2",
+                params![ago, done.id],
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            s.sweep(86_400).unwrap(),
+            (1, 2),
+            "the finished batch; its input and output files"
+        );
+        assert!(s.batch(&done.id).unwrap().is_none());
+        assert!(s.done_lines(&done.id).unwrap().is_empty());
+        for gone in [&old_in.id, &out] {
+            assert!(
+                s.file(gone).unwrap().is_none() && !s.file_path(gone).exists(),
+                "{gone}"
+            );
+        }
+        for kept in [&running_in.id, &fresh.id] {
+            assert!(
+                s.file(kept).unwrap().is_some() && s.file_path(kept).exists(),
+                "{kept}"
+            );
+        }
+        assert!(s.batch(&running.id).unwrap().is_some());
+        assert_eq!(s.sweep(86_400).unwrap(), (0, 0));
     }
 }

@@ -20,6 +20,16 @@ pub struct BatchConfig {
     pub max_file_bytes: u64,
     /// All stored files together, bytes (uploads beyond are refused).
     pub max_total_bytes: u64,
+    /// A tenant's stored files together, bytes, unless its `[[tenants]] max_stored_bytes` says otherwise.
+    pub max_stored_bytes_per_tenant: u64,
+    /// Files one tenant may store at once (uploads beyond are refused; a batch's output files always land).
+    pub max_files_per_tenant: usize,
+    /// Batches one tenant may have unfinished at once, unless its `[[tenants]] max_active_batches` says
+    /// otherwise.
+    pub max_active_batches_per_tenant: usize,
+    /// How long files and finished batches are kept, seconds (30 days): older ones are deleted, with their
+    /// results — except the input of a batch still running.
+    pub retention_s: u64,
     /// Most request lines in one batch.
     pub max_lines: usize,
     /// Lines of a batch run at once (their Tier-0 work; LLM work is taken one job at a time, only while no
@@ -41,6 +51,10 @@ impl Default for BatchConfig {
             data_dir: PathBuf::from("data/batches"),
             max_file_bytes: 100 << 20,
             max_total_bytes: 2 << 30,
+            max_stored_bytes_per_tenant: 1 << 30,
+            max_files_per_tenant: 10_000,
+            max_active_batches_per_tenant: 100,
+            retention_s: 30 * 24 * 3600,
             max_lines: 50_000,
             concurrency: 4,
             max_llm_wait_ms: 30_000,
@@ -63,6 +77,16 @@ impl BatchConfig {
             ("max_file_bytes", self.max_file_bytes),
             ("max_total_bytes", self.max_total_bytes),
             ("max_lines", self.max_lines as u64),
+            (
+                "max_stored_bytes_per_tenant",
+                self.max_stored_bytes_per_tenant,
+            ),
+            ("max_files_per_tenant", self.max_files_per_tenant as u64),
+            (
+                "max_active_batches_per_tenant",
+                self.max_active_batches_per_tenant as u64,
+            ),
+            ("retention_s", self.retention_s),
             ("concurrency", self.concurrency as u64),
         ] {
             if v == 0 {

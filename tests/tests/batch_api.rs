@@ -722,3 +722,38 @@ fn uploads_and_downloads_stream_and_declared_lengths_are_checked_before_reading(
     assert!(parts.is_empty(), "{parts:?}");
     assert_eq!(get(&s, "/v1/files")["data"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn a_tenants_files_are_bounded_by_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = server(
+        &tmp.path().join("data"),
+        &["--set", "batch.max_files_per_tenant=1"],
+        &[],
+    );
+    let path = input(tmp.path(), 2);
+    let upload = || {
+        let body = std::fs::read(&path).unwrap();
+        let mut form =
+            b"--tgb\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--tgb\r\n\
+            content-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
+                .to_vec();
+        form.extend(body);
+        form.extend(b"\r\n--tgb--\r\n");
+        ureq::post(&format!("{}/v1/files", s.base))
+            .set("content-type", "multipart/form-data; boundary=tgb")
+            .send_bytes(&form)
+    };
+    assert!(upload().is_ok());
+    match upload() {
+        Err(ureq::Error::Status(429, r)) => {
+            let body: Value = r.into_json().unwrap();
+            assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
+            assert!(body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("max_files_per_tenant"));
+        }
+        other => panic!("a second file past batch.max_files_per_tenant = 1: {other:?}"),
+    }
+}
