@@ -740,20 +740,23 @@ fn a_tenants_files_are_bounded_by_count() {
                 .to_vec();
         form.extend(body);
         form.extend(b"\r\n--tgb--\r\n");
-        ureq::post(&format!("{}/v1/files", s.base))
+        let sent = ureq::post(&format!("{}/v1/files", s.base))
             .set("content-type", "multipart/form-data; boundary=tgb")
-            .send_bytes(&form)
+            .send_bytes(&form);
+        let r = match sent {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{e}"),
+        };
+        (r.status(), r.into_json::<Value>().unwrap())
     };
-    assert!(upload().is_ok());
-    match upload() {
-        Err(ureq::Error::Status(429, r)) => {
-            let body: Value = r.into_json().unwrap();
-            assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
-            assert!(body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("max_files_per_tenant"));
-        }
-        other => panic!("a second file past batch.max_files_per_tenant = 1: {other:?}"),
-    }
+    assert_eq!(upload().0, 200);
+    let (status, body) = upload();
+    assert_eq!(
+        status, 429,
+        "a second file past batch.max_files_per_tenant = 1: {body}"
+    );
+    assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("max_files_per_tenant"), "{message}");
 }
