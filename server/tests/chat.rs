@@ -334,6 +334,25 @@ async fn admission_limit_is_429_with_retry_after() {
     assert_eq!(h["retry-after"], "1");
 }
 
+/// A continuation is admitted before its stored conversation is read: at the limit it is 429 at once, not
+/// the lookup's answer (an id nobody stored is 400 `previous_response_not_found` when a permit is free).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_is_admitted_before_its_store_is_read() {
+    let r = rig(0, |c| {
+        c.server.max_in_flight = 1;
+        c.responses.store = true;
+    });
+    let body = json!({"model": "classify", "input": "and then", "previous_response_id": "resp_nobody"});
+    let (s, _, b) = call(&r.app, post("/v1/responses", body.clone())).await;
+    assert_openai_error(s, &b, 400);
+    let b: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(b["error"]["code"], "previous_response_not_found");
+    let _held = in_flight(&r).await;
+    let (s, h, b) = call(&r.app, post("/v1/responses", body)).await;
+    assert_openai_error(s, &b, 429);
+    assert_eq!(h["retry-after"], "1");
+}
+
 /// Probes and metrics are outside the admission limit: a server at its limit still answers them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_are_outside_the_admission_limit() {

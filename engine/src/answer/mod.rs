@@ -108,14 +108,18 @@ impl Admitted {
 /// then the latency experiment's delay; its records (metrics, decision record, audit draw) are settled when
 /// the answer ends — at once for a label or a text, at a generation's end (or drop) for a stream — and a
 /// request that ran and failed is counted here, by its error's status.
-pub(crate) async fn answer(state: &Arc<AppState>, v: &Request) -> Result<Answer, Declined> {
+pub(crate) async fn answer(
+    state: &Arc<AppState>,
+    v: &Request,
+    early: Option<Admitted>,
+) -> Result<Answer, Declined> {
     let step = state.brownout();
     let decline = |error, ran| Declined {
         error,
         brownout: step,
         ran,
     };
-    let admitted = admit(state, v, step).map_err(|e| decline(e, false))?;
+    let admitted = admit(state, v, step, early).map_err(|e| decline(e, false))?;
     // The route as it is now, kept to the end (a head promoted meanwhile is not half seen). What Tier-0 reads
     // (and the cache keys, the LLM reranks): the last turn, with its context if the route reads one.
     let route = route_of(state, v).map_err(|e| decline(e, false))?;
@@ -196,17 +200,45 @@ fn route_of(
         .ok_or_else(|| EngineError::UnknownRoute(v.route.clone()))
 }
 
-/// The one admission point: the permission to force θ, a permit of `server.max_in_flight`, the tenant's
-/// permission for the route, and the brownout step's refusal (every request at `shed`; a generation is refused later, after its cache
-/// lookup, when the step pauses generation).
-fn admit(state: &AppState, v: &Request, step: Step) -> Result<Admitted, EngineError> {
+/// The one admission point: the permission to force θ, a permit of `server.max_in_flight` (or the one
+/// [`admit_early`] took), the tenant's permission for the route, and the brownout step's refusal (every
+/// request at `shed`; a generation is refused later, after its cache lookup, when the step pauses
+/// generation).
+fn admit(
+    state: &AppState,
+    v: &Request,
+    step: Step,
+    early: Option<Admitted>,
+) -> Result<Admitted, EngineError> {
     may_force(state, v)?;
-    let admitted = Admitted::try_take(state).ok_or_else(EngineError::busy)?;
+    let admitted = match early {
+        Some(a) => a,
+        None => Admitted::try_take(state).ok_or_else(EngineError::busy)?,
+    };
     state.tenants().permit(&v.tenant, &v.route)?;
     if step == Step::Shed {
         return Err(crate::load::brownout::refusal(step, v.kind).unwrap_or_else(EngineError::busy));
     }
     Ok(admitted)
+}
+
+/// A permit of `server.max_in_flight` taken before the request is whole — for a door that must read a store
+/// to build it (a continued conversation), so that a request the server would refuse costs no store read and
+/// the read counts among the requests in flight; refused at once when none is free or the brownout step
+/// sheds every request. The rest of admission follows in [`answer`].
+pub(crate) fn admit_early(state: &AppState) -> Result<Admitted, Declined> {
+    let step = state.brownout();
+    let refused = |error| Declined {
+        error,
+        brownout: step,
+        ran: false,
+    };
+    if step == Step::Shed {
+        let kind = tiergate_config::RouteKind::Classify;
+        let e = crate::load::brownout::refusal(step, kind).unwrap_or_else(EngineError::busy);
+        return Err(refused(e));
+    }
+    Admitted::try_take(state).ok_or_else(|| refused(EngineError::busy()))
 }
 
 /// A θ forced per request (`x-tiergate-threshold`) is honoured only where the policy allows overrides and the
@@ -246,7 +278,7 @@ pub(crate) async fn count_tokens(
         body,
         outcome,
         admitted,
-    } = answer(state, &v).await?;
+    } = answer(state, &v, None).await?;
     let prompt = match body {
         Body::Label(l) => l.prompt_tokens,
         Body::Text { tokens, .. } => tokens.prompt,

@@ -86,7 +86,19 @@ impl Engine {
 
     /// Answers `v`: the engine's one call for every door ([`crate::answer::answer`]).
     pub async fn answer(&self, v: &Request) -> Result<Answer, Declined> {
-        crate::answer::answer(&self.state, v).await
+        crate::answer::answer(&self.state, v, None).await
+    }
+
+    /// An admission permit taken before the request is whole ([`crate::answer::admit_early`]): a door that
+    /// reads a store to build the request (a continued conversation) takes it first, then answers with
+    /// [`Engine::answer_admitted`].
+    pub fn admit_early(&self) -> Result<Admitted, Declined> {
+        crate::answer::admit_early(&self.state)
+    }
+
+    /// [`Engine::answer`] holding the permit [`Engine::admit_early`] gave (the rest of admission follows).
+    pub async fn answer_admitted(&self, v: &Request, early: Admitted) -> Result<Answer, Declined> {
+        crate::answer::answer(&self.state, v, Some(early)).await
     }
 
     /// `v`'s prompt tokens, counted by what would answer it ([`crate::answer::count_tokens`]).

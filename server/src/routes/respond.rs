@@ -64,10 +64,29 @@ where
     D: FnOnce(Engine, ValidChat, Answer) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Response> + Send,
 {
+    answered_admitted(engine, v, None, dialect, draw).await
+}
+
+/// [`answered`] holding the permit the door took early ([`Engine::admit_early`]), when it took one.
+pub(super) async fn answered_admitted<D, Fut>(
+    engine: &Engine,
+    v: &ValidChat,
+    early: Option<tiergate_engine::answer::Admitted>,
+    dialect: crate::early::Dialect,
+    draw: D,
+) -> Response
+where
+    D: FnOnce(Engine, ValidChat, Answer) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Response> + Send,
+{
     let run = {
         let (engine, v) = (engine.clone(), v.clone());
         async move {
-            match engine.answer(&v).await {
+            let answer = match early {
+                Some(a) => engine.answer_admitted(&v, a).await,
+                None => engine.answer(&v).await,
+            };
+            match answer {
                 Ok(a) => draw(engine, v, a).await,
                 Err(d) => refused(d),
             }

@@ -27,7 +27,7 @@ use tiergate_engine::model::request::{ToolCall, ToolChoice};
 use tiergate_engine::Engine;
 
 use super::chat::{in_dialect, validated};
-use super::respond::{answered, collected, finish, label_text};
+use super::respond::{answered_admitted, collected, finish, label_text};
 
 /// The store the server was configured with (`[responses] store`), if any.
 pub type Store = Option<Arc<dyn ResponseStore>>;
@@ -104,6 +104,11 @@ pub async fn responses(
 ) -> Response {
     let keep_it = req.store.unwrap_or(true);
     let previous = req.previous_response_id.clone();
+    // A continuation reads the store: admitted first, so that a request the server refuses costs no read.
+    let early = match previous.as_ref().map(|_| engine.admit_early()).transpose() {
+        Ok(a) => a,
+        Err(d) => return super::respond::refused(d),
+    };
     let (turns, chain) = match continued(store.as_ref(), previous.as_deref(), &asking.tenant).await
     {
         Ok(t) => t,
@@ -133,9 +138,10 @@ pub async fn responses(
         previous,
         shapes,
     };
-    answered(
+    answered_admitted(
         &engine,
         &v,
+        early,
         Dialect::Responses,
         move |engine, v, a| async move { render(&engine, &v, a, keep).await },
     )
