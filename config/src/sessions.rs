@@ -1,9 +1,11 @@
 //! `[sessions]`: a conversation stays with the stage and backend that wrote its last turn. A request names its
-//! session with the `x-session-id` header, else its `user` (`metadata.user_id` on Messages), else — on
-//! Responses — the first response of its `previous_response_id` chain. The pin holds while that backend's
-//! breaker is closed and it is predicted to finish within the request's budget; it expires after `ttl_s`
-//! without a turn, at most `max_pins` are kept per replica (the least recently used dropped first), and with
-//! `[policy_store] kind = "redis"` they live in Redis, so every replica keeps a session where it was.
+//! session with the `x-session-id` header, else a client's own session id (`X-Claude-Code-Session-Id`, the
+//! session in `metadata.user_id`, `client_metadata.session_id`, `prompt_cache_key`), else — on Responses —
+//! the first response of its `previous_response_id` chain; its `user` only when `user_is_session` says so. The
+//! pin holds while that backend's breaker is closed and it is predicted to finish within the request's budget;
+//! it expires after `ttl_s` without a turn and `max_age_s` after it was made, at most `max_pins` are kept per
+//! replica (the least recently used dropped first), and with `[policy_store] kind = "redis"` they live in
+//! Redis, so every replica keeps a session where it was.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +26,11 @@ pub struct SessionsConfig {
     /// (its least recently used goes first), so that one tenant's flood of sessions evicts no other tenant's
     /// pins.
     pub max_pins_per_tenant: usize,
+    /// A pin's whole life, seconds (renewed turns or not): past it the session is placed anew.
+    pub max_age_s: u64,
+    /// `user` (Chat Completions, Responses) is a session key — off by default: one end user's conversations
+    /// would share one pin.
+    pub user_is_session: bool,
 }
 
 impl Default for SessionsConfig {
@@ -33,6 +40,8 @@ impl Default for SessionsConfig {
             ttl_s: 1800,
             max_pins: 100_000,
             max_pins_per_tenant: 10_000,
+            max_age_s: 24 * 3600,
+            user_is_session: false,
         }
     }
 }
@@ -43,6 +52,12 @@ impl SessionsConfig {
         if self.ttl_s == 0 {
             return Err(ConfigError::invalid(
                 format!("{at}.ttl_s"),
+                "must be at least 1",
+            ));
+        }
+        if self.max_age_s == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_age_s"),
                 "must be at least 1",
             ));
         }

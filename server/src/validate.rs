@@ -114,7 +114,7 @@ pub fn validate(
     let session = fields::session_key(
         session_header(caller.headers)?,
         &client_sessions,
-        user.as_deref(),
+        user.as_deref().filter(|_| facts.user_is_session),
     );
     let stream = req.stream.unwrap_or(false);
     let include_usage = req
@@ -156,6 +156,7 @@ pub fn validate(
         seed: s.seed,
         user,
         session,
+        asked_model: String::new(),
         batch: caller.batch,
         tenant: caller.tenant,
         deadline,
@@ -476,6 +477,7 @@ mod tests {
             max_text_chars: 131_072,
             name: name.to_string(),
             schema_decoding: false,
+            user_is_session: false,
         })
     }
 

@@ -849,9 +849,10 @@ async fn a_steered_routes_theta_is_a_live_policy_and_a_labels_overrides_shape_it
 /// goes to the fast alternative (the slow one does not fit) and pins it; later turns without a budget stay
 /// there although the stage prefers the slow one, while a request without the session goes to the slow one.
 /// A pin never overrides the budget: the session pinned to the slow one moves when a turn's budget rules it
-/// out. On a steered route a session moves up to a stronger stage, never down.
+/// out. On a steered route each genuine user turn goes to the stage Tier-0 steers it to: one unsure turn takes
+/// the session up, the next sure one back down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() {
+async fn a_session_stays_with_its_backend_within_the_budget_and_follows_its_genuine_turns() {
     let entry = |name: &str, delay: u64| {
         tiergate_config::LlmEntry {
         name: name.into(),
@@ -953,7 +954,7 @@ async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() 
     drop(r);
 
     // Steered: a sure label goes to the small stage, an unsure one to the big; a session that reached the
-    // big stage stays there when its next turn is sure.
+    // big stage on one unsure turn returns to the small one on its next sure turn.
     let r = all_live(rig(1, |c: &mut Config| {
         c.llm = vec![entry("small", 10), entry("big", 10)];
         for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
@@ -980,7 +981,8 @@ async fn a_session_stays_with_its_backend_within_the_budget_and_moves_only_up() 
     };
     assert_eq!(steered("c", "card lost").await, (s("small"), s("new")));
     assert_eq!(steered("c", "pay bill").await, (s("big"), s("up")));
-    assert_eq!(steered("c", "card lost").await, (s("big"), s("kept")));
+    assert_eq!(steered("c", "card lost").await, (s("small"), s("down")));
+    assert_eq!(steered("c", "card lost").await, (s("small"), s("kept")));
     // Another session is steered on its own.
     assert_eq!(steered("d", "card lost").await, (s("small"), s("new")));
 }
@@ -1044,10 +1046,11 @@ async fn brownout_pauses_the_busy_stage_not_the_calm_one() {
     }
 }
 
-/// Every door names a session its own way: Chat Completions' `user`, Messages' `metadata.user_id`, a Responses
-/// chain through `previous_response_id` (its first response's id, with `[responses] store`). Each session's
-/// first turn is `new`, its next `kept` on the same backend although the stage would choose another (a budget
-/// on the first turn sent it to the fast one).
+/// Every door names a session its own way: Chat Completions' `prompt_cache_key`, the session in Messages'
+/// `metadata.user_id`, a Responses chain through `previous_response_id` (its first response's id, with
+/// `[responses] store`). Each session's first turn is `new`, its next `kept` on the same backend although the
+/// stage would choose another (a budget on the first turn sent it to the fast one). `user` is a session key
+/// only where the operator says so (`sessions.user_is_session`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_door_names_its_session() {
     let entry = |name: &str, prior: u64| tiergate_config::LlmEntry {
@@ -1085,12 +1088,12 @@ async fn each_door_names_its_session() {
         }
     };
     let s = |v: &str| Some(v.to_string());
-    let chat_turn = json!({"model": "generate", "user": "u-1", "messages": [{"role": "user", "content": "hi"}]});
+    let chat_turn = json!({"model": "generate", "prompt_cache_key": "pc-1", "messages": [{"role": "user", "content": "hi"}]});
     let (b, p, _) = send("/v1/chat/completions", chat_turn.clone(), true).await;
     assert_eq!((b, p), (s("fast"), s("new")));
     let (b, p, _) = send("/v1/chat/completions", chat_turn, false).await;
     assert_eq!((b, p), (s("fast"), s("kept")));
-    let message = json!({"model": "generate", "max_tokens": 8, "metadata": {"user_id": "u-2"},
+    let message = json!({"model": "generate", "max_tokens": 8, "metadata": {"user_id": "{\"session_id\":\"s-2\"}"},
                          "messages": [{"role": "user", "content": "hi"}]});
     let (b, p, _) = send("/v1/messages", message.clone(), true).await;
     assert_eq!((b, p), (s("fast"), s("new")));
@@ -1119,7 +1122,7 @@ async fn each_door_names_its_session() {
     )
     .await;
     assert_eq!((b, p), (s("fast"), s("kept")));
-    // Without a key, a plain chat turn is not pinned: the stage's own choice.
+    // Without a key, a plain chat turn is not pinned: the stage's own choice. Nor is one with only a `user`.
     let (b, p, _) = send(
         "/v1/chat/completions",
         json!({"model": "generate", "messages": [{"role": "user", "content": "hi"}]}),
@@ -1127,4 +1130,165 @@ async fn each_door_names_its_session() {
     )
     .await;
     assert_eq!((b, p), (s("slow"), None));
+    let by_user = json!({"model": "generate", "user": "u-1", "messages": [{"role": "user", "content": "hi"}]});
+    let (b, p, _) = send("/v1/chat/completions", by_user.clone(), true).await;
+    assert_eq!((b, p), (s("fast"), None));
+    drop(r);
+    let stage = with_stage(
+        vec![entry("slow", 5000), entry("fast", 100)],
+        "any = [\"slow\", \"fast\"]\nprefer = \"quality\"",
+        |r| r == "generate",
+    );
+    let r = all_live(rig(1, |c: &mut Config| {
+        stage(c);
+        c.sessions.user_is_session = true;
+    }));
+    let send = |body: Value, budget: bool| {
+        let mut req = post("/v1/chat/completions", body);
+        if budget {
+            req.headers_mut()
+                .insert("x-tiergate-deadline-ms", "1000".parse().unwrap());
+        }
+        let app = r.app.clone();
+        async move {
+            let (_, h, _) = call(&app, req).await;
+            let get = |k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+            (get("x-tiergate-backend"), get("x-tiergate-session"))
+        }
+    };
+    assert_eq!(send(by_user.clone(), true).await, (s("fast"), s("new")));
+    assert_eq!(send(by_user, false).await, (s("fast"), s("kept")));
+}
+
+/// Turn-level routing on a steered route: a turn that continues an agent loop — a chat `tool` message, a
+/// Responses `function_call_output`, a Messages user turn of `tool_result` blocks — keeps its pinned stage
+/// although Tier-0 would now steer it elsewhere; the next genuine user turn follows Tier-0. A side call to
+/// another model under the same session id has a pin of its own and moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_nothing() {
+    let entry = |name: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        // Its model "renders tools": the loop's tool messages are the point.
+        fields: toml::from_str("engine = \"stub\"\nworkers = 1\ntools = true").unwrap(),
+    };
+    let steered = |c: &mut Config| {
+        c.llm = vec![entry("small"), entry("big")];
+        for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            r.stages = Some(vec![
+                StageConfig::Name("small".into()),
+                StageConfig::Name("big".into()),
+            ]);
+            r.aliases = vec!["haiku".into()];
+            r.steer =
+                Some(toml::from_str("theta = 1.0\n[by_label]\ncard_lost = \"small\"").unwrap());
+        }
+    };
+    let r = all_live(rig(1, steered));
+    let turn = |uri: &'static str, session: &str, body: Value| {
+        let mut req = post(uri, body);
+        let h = req.headers_mut();
+        h.insert("x-session-id", session.parse().unwrap());
+        h.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let app = r.app.clone();
+        async move {
+            let (st, h, b) = call(&app, req).await;
+            assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            let get = |k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+            (get("x-tiergate-stage"), get("x-tiergate-session"))
+        }
+    };
+    let s = |v: &str| Some(v.to_string());
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let chat_start = json!({"model": "generate", "messages": [user("card lost")]});
+    let chat_loop = json!({"model": "generate", "messages": [user("card lost"),
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found it"}]});
+    let chat_next = json!({"model": "generate", "messages": [user("card lost"),
+        {"role": "assistant", "content": "done"}, user("card lost again")]});
+    let resp_start = json!({"model": "generate", "input": "card lost"});
+    let resp_loop = json!({"model": "generate", "input": [
+        {"type": "message", "role": "user", "content": "card lost"},
+        {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "found it"}]});
+    let msg_start = json!({"model": "generate", "max_tokens": 8, "messages": [user("card lost")]});
+    let msg_loop = json!({"model": "generate", "max_tokens": 8, "messages": [user("card lost"),
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "found it"}]}]});
+    for (uri, start, in_loop) in [
+        ("/v1/chat/completions", &chat_start, &chat_loop),
+        ("/v1/responses", &resp_start, &resp_loop),
+        ("/v1/messages", &msg_start, &msg_loop),
+    ] {
+        let session = format!("loop-{uri}");
+        call(
+            &r.admin,
+            admin_req(
+                "PATCH",
+                "/admin/routing?route=generate",
+                Some(json!({"theta_base": 1.0})),
+            ),
+        )
+        .await;
+        assert_eq!(
+            turn(uri, &session, start.clone()).await,
+            (s("small"), s("new")),
+            "{uri}"
+        );
+        // Tier-0 would now send the same question to the big stage (nothing is sure at θ = 0) …
+        call(
+            &r.admin,
+            admin_req(
+                "PATCH",
+                "/admin/routing?route=generate",
+                Some(json!({"theta_base": 0.0})),
+            ),
+        )
+        .await;
+        // … but the loop's turns stay where the loop began.
+        for _ in 0..2 {
+            assert_eq!(
+                turn(uri, &session, in_loop.clone()).await,
+                (s("small"), s("kept")),
+                "{uri}"
+            );
+        }
+    }
+    // A genuine user turn follows Tier-0 (up, here).
+    assert_eq!(
+        turn(
+            "/v1/chat/completions",
+            "loop-/v1/chat/completions",
+            chat_next
+        )
+        .await,
+        (s("big"), s("up"))
+    );
+    // A side call to another model (an alias of the same route) under the same session id: a pin of its own
+    // (new, on the small stage Tier-0 sends it to at θ = 1) …
+    call(
+        &r.admin,
+        admin_req(
+            "PATCH",
+            "/admin/routing?route=generate",
+            Some(json!({"theta_base": 1.0})),
+        ),
+    )
+    .await;
+    let side = json!({"model": "haiku", "messages": [user("card lost")]});
+    let main = "loop-/v1/chat/completions";
+    assert_eq!(
+        turn("/v1/chat/completions", main, side).await,
+        (s("small"), s("new"))
+    );
+    // … and the main conversation's loop still runs where its pin is: the big stage.
+    let main_loop = json!({"model": "generate", "messages": [user("card lost"),
+        {"role": "assistant", "content": "done"}, user("card lost again"),
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function",
+         "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "found it"}]});
+    assert_eq!(
+        turn("/v1/chat/completions", main, main_loop).await,
+        (s("big"), s("kept"))
+    );
 }

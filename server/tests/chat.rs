@@ -342,7 +342,8 @@ async fn a_continuation_is_admitted_before_its_store_is_read() {
         c.server.max_in_flight = 1;
         c.responses.store = true;
     });
-    let body = json!({"model": "classify", "input": "and then", "previous_response_id": "resp_nobody"});
+    let body =
+        json!({"model": "classify", "input": "and then", "previous_response_id": "resp_nobody"});
     let (s, _, b) = call(&r.app, post("/v1/responses", body.clone())).await;
     assert_openai_error(s, &b, 400);
     let b: Value = serde_json::from_slice(&b).unwrap();

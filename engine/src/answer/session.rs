@@ -1,7 +1,11 @@
-//! One turn of a session ([`crate::routing::sessions`]): the pin read before the stage is chosen — a session
-//! goes to its pinned stage or a stronger one (a later stage of the route), never a weaker one, and to its
-//! pinned backend first when that backend's breaker lets it and it fits the budget ([`crate::answer::select`])
-//! — and written once a backend has started the turn.
+//! One turn of a session ([`crate::routing::sessions`]): the pin read before the stage is chosen, written once
+//! a backend has started the turn. A turn that continues an agent loop — its last message a tool's result
+//! (chat's `tool` message, a Responses `function_call_output`, a Messages user turn of `tool_result` blocks:
+//! each door makes them `tool` messages) — keeps its pinned stage; a genuine user turn goes to the stage Tier-0
+//! steers it to now, up or down (one unsure turn does not hold a conversation on the dear stage for good). On
+//! its stage a session goes to its pinned backend first when that backend's breaker lets it and it fits the
+//! budget ([`crate::answer::select`]). A pin made under other stages (a config change, a rollout) or older
+//! than `sessions.max_age_s` is not applied.
 
 use std::borrow::Cow;
 
@@ -17,29 +21,39 @@ pub(super) struct Turn {
     key: Option<SessionKey>,
     pin: Option<Pin>,
     tenant: String,
+    /// Its route's stages as a pin records them.
+    route: u64,
+    /// It continues an agent loop: its last message is a tool's result.
+    in_loop: bool,
 }
 
 impl Turn {
-    /// Reads `v`'s session pin on `route`.
+    /// Reads `v`'s session pin on `route` (one made under other stages, or past its age, is none).
     pub(crate) async fn open(state: &AppState, route: &Route, v: &Request) -> Self {
         let sessions = &state.routing.sessions;
         let key = v
             .session
             .as_deref()
             .filter(|_| sessions.enabled())
-            .map(|s| SessionKey::of(&v.tenant.0, &route.name, s));
+            .map(|s| SessionKey::of(&v.tenant.0, &route.name, &v.asked_model, s));
+        let fingerprint = route.stage_fingerprint();
+        let max_age_ms = state.config.sessions.max_age_s.saturating_mul(1000);
+        let now = crate::model::request::unix_ms();
         let pin = match &key {
             Some(k) => sessions.get(k).await,
             None => None,
         };
+        let pin = pin.filter(|p| applies(p, fingerprint, now, max_age_ms));
         Self {
             key,
             pin,
             tenant: v.tenant.0.to_string(),
+            route: fingerprint,
+            in_loop: v.messages.last().is_some_and(|m| m.role == "tool"),
         }
     }
 
-    /// The stage the turn runs on (`steered`, or the pinned stage when that is stronger) and that stage as
+    /// The stage the turn runs on (the pinned one within an agent loop, else `steered`) and that stage as
     /// this turn sees it (its pinned backend first).
     pub(crate) fn stage<'r>(
         &self,
@@ -47,7 +61,10 @@ impl Turn {
         steered: usize,
     ) -> Result<(usize, Cow<'r, Stage>), EngineError> {
         let pinned = self.pin.as_ref().filter(|p| p.stage < route.stages.len());
-        let k = pinned.map_or(steered, |p| p.stage.max(steered));
+        let k = match pinned {
+            Some(p) if self.in_loop => p.stage,
+            _ => steered,
+        };
         let stage = route.stages.get(k).ok_or_else(|| {
             EngineError::Internal(format!("route `{}` has no stage {k}", route.name))
         })?;
@@ -69,13 +86,47 @@ impl Turn {
         let what = match &self.pin {
             None => "new",
             Some(p) if p.stage < k => "up",
+            Some(p) if p.stage > k => "down",
             Some(p) if p.backend == backend => "kept",
             Some(_) => "switched",
         };
         out.session = Some(what);
         let labels = [("route", route.name.clone()), ("outcome", what.to_string())];
         metrics::counter!(m::SESSION_TURNS_TOTAL, &labels).increment(1);
-        let pin = Pin { stage: k, backend };
+        let born_ms = self
+            .pin
+            .as_ref()
+            .map_or_else(crate::model::request::unix_ms, |p| p.born_ms);
+        let pin = Pin {
+            stage: k,
+            backend,
+            route: self.route,
+            born_ms,
+        };
         state.routing.sessions.put(&key, &self.tenant, pin);
+    }
+}
+
+/// Whether a pin read for a route whose stages are `fingerprint` still applies at `now_ms`: made under the
+/// same stages and younger than `max_age_ms`.
+fn applies(pin: &Pin, fingerprint: u64, now_ms: u64, max_age_ms: u64) -> bool {
+    pin.route == fingerprint && now_ms.saturating_sub(pin.born_ms) < max_age_ms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pin_applies_only_under_its_routes_stages_and_within_its_age() {
+        let pin = Pin {
+            stage: 1,
+            backend: "big".into(),
+            route: 42,
+            born_ms: 10_000,
+        };
+        assert!(applies(&pin, 42, 10_500, 1_000));
+        assert!(!applies(&pin, 43, 10_500, 1_000), "stages changed since");
+        assert!(!applies(&pin, 42, 11_000, 1_000), "past its age");
     }
 }

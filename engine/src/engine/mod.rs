@@ -191,6 +191,7 @@ impl Engine {
                 max_text_chars: r.max_text_chars,
                 name: r.name.clone(),
                 schema_decoding: r.schema_decoding,
+                user_is_session: self.state.config.sessions.user_is_session,
             })
     }
 

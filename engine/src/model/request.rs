@@ -54,9 +54,13 @@ pub struct Request {
     pub seed: Option<u64>,
     /// End-user id, recorded in the request's log line.
     pub user: Option<String>,
-    /// The session it belongs to (`x-session-id`, else `user`, else a Responses chain's first id): its turns
-    /// stay with the stage and backend of its last LLM turn ([`crate::routing::sessions`]).
+    /// The session it belongs to (`x-session-id`, else a client's own session id, else a Responses chain's
+    /// first id; `user` where the operator says so): its turns stay with the stage and backend of its last LLM
+    /// turn ([`crate::routing::sessions`]).
     pub session: Option<String>,
+    /// The model name as the client sent it (its route may be an alias's): a side call to another model
+    /// under the same session (Claude Code's background `haiku` calls) has a pin of its own.
+    pub asked_model: String,
     /// A line of a batch (from the caller, not the client): its LLM work waits for the interactive channel.
     pub batch: Option<BatchLine>,
     /// The tenant it runs as (from the caller).
@@ -120,6 +124,7 @@ impl Request {
             seed: None,
             user: None,
             session: None,
+            asked_model: route.into(),
             batch: None,
             tenant: TenantId::anonymous(),
             deadline: None,
@@ -165,6 +170,8 @@ pub struct RouteFacts {
     pub name: String,
     /// Its backends constrain decoding to a JSON Schema.
     pub schema_decoding: bool,
+    /// `user` is a session key (`sessions.user_is_session`).
+    pub user_is_session: bool,
 }
 
 /// A completion id unique across replicas: the time in ms (so feedback can tell how young an answer is) and

@@ -163,6 +163,39 @@ pub(crate) struct Stage {
     pub pinned: Option<usize>,
 }
 
+impl Route {
+    /// A digest of its stages as configured (each stage's name and its alternatives in order): a session pin
+    /// made under other stages or backends (a config change, a rollout) does not match it.
+    pub(crate) fn stage_fingerprint(&self) -> u64 {
+        let stages: Vec<Vec<&str>> = self
+            .stages
+            .iter()
+            .map(|s| {
+                let alternatives = s.alternatives.iter().map(|(_, n)| n.as_str());
+                std::iter::once(s.name.as_str())
+                    .chain(alternatives)
+                    .collect()
+            })
+            .collect();
+        fingerprint(&stages)
+    }
+}
+
+/// A digest of stages given as (name, alternatives…) lists, lengths and boundaries included.
+fn fingerprint(stages: &[Vec<&str>]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for stage in stages {
+        for part in stage {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.update([0xff]);
+    }
+    let d = h.finalize();
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
 impl Stage {
     /// This stage for one request of a session pinned to its alternative `backend` (by name; the stage as it
     /// is when that is not one of its alternatives).
@@ -184,5 +217,27 @@ impl Stage {
             .position(|(_, n)| n == backend)
             .unwrap_or(0);
         &self.fusions[i]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+
+    #[test]
+    fn a_fingerprint_changes_with_any_stage_or_backend() {
+        let two = fingerprint(&[vec!["small", "small"], vec!["big", "big"]]);
+        assert_eq!(
+            two,
+            fingerprint(&[vec!["small", "small"], vec!["big", "big"]])
+        );
+        for other in [
+            vec![vec!["small", "small"], vec!["big", "bigger"]],
+            vec![vec!["big", "big"], vec!["small", "small"]],
+            vec![vec!["small", "small"]],
+            vec![vec!["small", "small", "big"], vec!["big"]],
+        ] {
+            assert_ne!(fingerprint(&other), two, "{other:?}");
+        }
     }
 }

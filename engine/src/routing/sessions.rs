@@ -1,6 +1,8 @@
 //! Session pins (`[sessions]`): the stage and backend that wrote a session's last LLM turn, so that its next
 //! turn goes there too (a warm prompt cache; a follow-up judged with the model that wrote what it follows).
-//! Keyed by a digest of tenant, route and session key (the key itself is never stored); in memory, bounded and
+//! Keyed by a digest of tenant, route, the model asked for and session key (the key itself is never stored); a
+//! pin records its route's stages (a fingerprint: a pin made under other stages or backends is not applied)
+//! and when it was made (`max_age_s`); in memory, bounded and
 //! least-recently-used first out, with a TTL renewed by each turn; in Redis under the policy store's key when
 //! the policy store is Redis (every replica reads the same pin; memory serves while Redis is down).
 
@@ -20,30 +22,42 @@ pub(crate) struct Pin {
     pub stage: usize,
     /// The backend's name.
     pub backend: String,
+    /// The route's stages when it was made ([`crate::routing::route::Route::stage_fingerprint`]).
+    pub route: u64,
+    /// When the session was first pinned (Unix ms): its pin lives `max_age_s` at most.
+    pub born_ms: u64,
 }
 
 impl Pin {
     fn encode(&self) -> String {
-        format!("{}\t{}", self.stage, self.backend)
+        format!(
+            "{}\t{:016x}\t{}\t{}",
+            self.stage, self.route, self.born_ms, self.backend
+        )
     }
 
+    /// A pin as [`Pin::encode`] wrote it (one of an older format reads as none).
     fn decode(s: &str) -> Option<Self> {
-        let (stage, backend) = s.split_once('\t')?;
+        let mut parts = s.splitn(4, '\t');
+        let (stage, route, born, backend) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         Some(Self {
             stage: stage.parse().ok()?,
+            route: u64::from_str_radix(route, 16).ok()?,
+            born_ms: born.parse().ok()?,
             backend: backend.to_string(),
         })
     }
 }
 
-/// A session's key: a digest of tenant, route and the client's session key.
+/// A session's key: a digest of tenant, route, the model the client asked for and the client's session key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct SessionKey([u8; 16]);
 
 impl SessionKey {
-    pub(crate) fn of(tenant: &str, route: &str, session: &str) -> Self {
+    pub(crate) fn of(tenant: &str, route: &str, model: &str, session: &str) -> Self {
         let mut h = Sha256::new();
-        for part in [tenant, route, session] {
+        for part in [tenant, route, model, session] {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
@@ -257,6 +271,8 @@ mod tests {
         Pin {
             stage,
             backend: b.into(),
+            route: 7,
+            born_ms: 1_000,
         }
     }
 
@@ -265,7 +281,7 @@ mod tests {
         let mut m = Memory::default();
         let t0 = Instant::now();
         let ttl = Duration::from_secs(10);
-        let k = |i: u8| SessionKey::of("t", "r", &i.to_string());
+        let k = |i: u8| SessionKey::of("t", "r", "m", &i.to_string());
         m.put(k(1), "t", pin(0, "a"), t0, 2, 2);
         m.put(k(2), "t", pin(0, "b"), t0, 2, 2);
         // Session 1's new turn makes session 2 the least recently used.
@@ -293,7 +309,7 @@ mod tests {
         let mut m = Memory::default();
         let t0 = Instant::now();
         let ttl = Duration::from_secs(10);
-        let k = |t: &str, i: usize| SessionKey::of(t, "r", &i.to_string());
+        let k = |t: &str, i: usize| SessionKey::of(t, "r", "m", &i.to_string());
         for i in 0..3 {
             m.put(k("b", i), "b", pin(0, "x"), t0, 10, 4);
         }
@@ -322,16 +338,18 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_per_tenant_and_route_and_pins_round_trip() {
-        assert_ne!(SessionKey::of("a", "r", "s"), SessionKey::of("b", "r", "s"));
-        assert_ne!(SessionKey::of("a", "r", "s"), SessionKey::of("a", "q", "s"));
+    fn keys_are_per_tenant_route_and_model_and_pins_round_trip() {
+        let k = SessionKey::of;
+        assert_ne!(k("a", "r", "m", "s"), k("b", "r", "m", "s"));
+        assert_ne!(k("a", "r", "m", "s"), k("a", "q", "m", "s"));
+        // A side call to another model under the same session has its own pin.
+        assert_ne!(k("a", "r", "sonnet", "s"), k("a", "r", "haiku", "s"));
         // Lengths are part of the digest: ("ab", "c") is not ("a", "bc").
-        assert_ne!(
-            SessionKey::of("ab", "c", "s"),
-            SessionKey::of("a", "bc", "s")
-        );
+        assert_ne!(k("ab", "c", "m", "s"), k("a", "bc", "m", "s"));
         let p = pin(2, "qwen\tx");
         assert_eq!(Pin::decode(&p.encode()), Some(p));
+        // A pin of the older format (stage, backend) reads as none.
+        assert_eq!(Pin::decode("1\tqwen"), None);
         assert_eq!(Pin::decode("x\ty"), None);
     }
 
@@ -354,7 +372,7 @@ mod tests {
             ..Default::default()
         };
         let sessions = Sessions::new(&cfg, Some(redis.clone()));
-        let k = |t: &str, i: usize| SessionKey::of(t, "r", &i.to_string());
+        let k = |t: &str, i: usize| SessionKey::of(t, "r", "m", &i.to_string());
         let settle = || tokio::time::sleep(Duration::from_millis(20));
         for i in 0..3 {
             sessions.put(&k("b", i), "b", pin(0, "x"));

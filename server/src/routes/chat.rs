@@ -46,6 +46,7 @@ pub(super) fn validated(
     started: Instant,
 ) -> Result<ValidChat, ApiError> {
     // A model name may be a route's alias, `auto` or unknown to a route that answers unknown names.
+    let asked = req.model.clone();
     if let Some(route) = engine.resolve_model(&req.model) {
         req.model = route;
     }
@@ -57,7 +58,9 @@ pub(super) fn validated(
         started,
         forced: asking.forced.clone(),
     };
-    validate(req, |name| engine.route_facts(name), caller)
+    let mut v = validate(req, |name| engine.route_facts(name), caller)?;
+    v.request.asked_model = asked;
+    Ok(v)
 }
 
 /// `v` as another door answers it: its id in that dialect's form (`msg_…`, `resp_…`: feedback names it so,
