@@ -109,6 +109,18 @@ impl ServiceTimes {
         }
     }
 
+    /// Whether the window holds [`MIN_SAMPLES`] samples younger than [`MAX_AGE`]: the estimate is measured,
+    /// not the prior.
+    pub fn measured(&self) -> bool {
+        let now = Instant::now();
+        self.window.lock().is_ok_and(|w| {
+            w.iter()
+                .filter(|(at, _)| now.saturating_duration_since(*at) <= MAX_AGE)
+                .count()
+                >= MIN_SAMPLES
+        })
+    }
+
     /// (mean, P95) of the window's samples younger than [`MAX_AGE`], or the prior for both while there are
     /// fewer than [`MIN_SAMPLES`] of them.
     pub fn estimate(&self) -> (Duration, Duration) {

@@ -1292,3 +1292,69 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
         (s("big"), s("kept"))
     );
 }
+
+/// Placement that spreads: on a stage that prefers latency, 100 new sessions (one turn each) on two backends —
+/// one with a slower prior — split by the sessions each already holds and its measured speed: a's share near
+/// b's mean time ÷ the sum of both (the split at which the sessions held cost each the same), about evenly
+/// when their speeds are equal; requests without a session still go to the fastest prediction (every one of
+/// them, here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_sessions_spread_by_the_sessions_each_backend_holds_and_its_speed() {
+    let entry = |name: &str, prior: u64, delay: u64| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!(
+            "engine = \"stub\"\nworkers = 1\ngenerate_prior_ms = {prior}\n\
+             extra_args = [\"--stub-delay-ms\", \"{delay}\"]"
+        ))
+        .unwrap(),
+    };
+    // (sessions on a, a's mean, b's mean) over 100 one-turn requests.
+    let split = |delays: (u64, u64), sessions: bool| async move {
+        let r = all_live(rig(
+            1,
+            with_stage(
+                vec![entry("a", 100, delays.0), entry("b", 2000, delays.1)],
+                "any = [\"a\", \"b\"]\nprefer = \"latency\"",
+                |r| r == "generate",
+            ),
+        ));
+        let (mut on_a, mut ms) = (0, [Vec::new(), Vec::new()]);
+        for i in 0..100 {
+            let mut req = post("/v1/chat/completions", chat("generate", "hello"));
+            if sessions {
+                let id = format!("s-{i}");
+                req.headers_mut()
+                    .insert("x-session-id", id.parse().unwrap());
+            }
+            let t = Instant::now();
+            let (s, h, b) = call(&r.app, req).await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            let a = h["x-tiergate-backend"] == "a";
+            on_a += usize::from(a);
+            ms[usize::from(!a)].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        (on_a, mean(&ms[0]), mean(&ms[1]))
+    };
+    let (equal, ..) = split((20, 20), true).await;
+    let (faster, ma, mb) = split((10, 160), true).await;
+    let (plain, ..) = split((20, 20), false).await;
+    let expected = 100.0 * mb / (ma + mb);
+    eprintln!(
+        "new sessions on a: {equal}/100 (equal speeds); {faster}/100 with a at {ma:.0} ms and b at {mb:.0} ms \
+         (expected {expected:.0}); without sessions {plain}/100"
+    );
+    assert!(
+        (35..=65).contains(&equal),
+        "equal speeds: {equal} of 100 new sessions on a"
+    );
+    assert!(
+        (faster as f64 - expected).abs() <= 15.0,
+        "a faster: {faster} of 100 on a, {expected:.0} expected from the measured means"
+    );
+    assert!(faster > equal, "the faster backend takes more");
+    assert!(
+        plain >= 95,
+        "without sessions the fastest prediction takes them: {plain} on a"
+    );
+}

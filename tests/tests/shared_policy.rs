@@ -936,8 +936,14 @@ fn a_steered_routes_policy_and_session_pins_are_shared_across_replicas() {
     assert_eq!(turn(&a.base, Some("1000")), (s("fast"), s("new")));
     // A's pin is written to Redis in the background (the turn does not wait for it): B's turn after it lands.
     let t = std::time::Instant::now();
-    while redis_cli(port, &["KEYS", "tiergate:policy:pin:*"]).trim().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(5), "A's pin never reached Redis");
+    while redis_cli(port, &["KEYS", "tiergate:policy:pin:*"])
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "A's pin never reached Redis"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(turn(&b.base, None), (s("fast"), s("kept")));

@@ -41,7 +41,7 @@ pub(super) async fn generate_route(
 ) -> Result<Body, EngineError> {
     let steer = super::steer::steered(route, v, out).await?;
     let turn = super::session::Turn::open(state, route, v).await;
-    let (k, stage) = turn.stage(route, steer.stage)?;
+    let (k, stage) = turn.stage(state, route, steer.stage)?;
     if v.uses_tools() {
         calls_tools(state, &v.route, &stage)?;
     }

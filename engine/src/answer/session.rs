@@ -54,9 +54,11 @@ impl Turn {
     }
 
     /// The stage the turn runs on (the pinned one within an agent loop, else `steered`) and that stage as
-    /// this turn sees it (its pinned backend first).
+    /// this turn sees it: its pinned backend first, or — a new session on a stage that prefers latency — the
+    /// backend [`place`] chooses.
     pub(crate) fn stage<'r>(
         &self,
+        state: &AppState,
         route: &'r Route,
         steered: usize,
     ) -> Result<(usize, Cow<'r, Stage>), EngineError> {
@@ -70,6 +72,10 @@ impl Turn {
         })?;
         Ok(match pinned {
             Some(p) if p.stage == k => (k, Cow::Owned(stage.pinned_to(&p.backend))),
+            _ if self.key.is_some() => match place(state, stage) {
+                Some(b) => (k, Cow::Owned(stage.pinned_to(&b))),
+                None => (k, Cow::Borrowed(stage)),
+            },
             _ => (k, Cow::Borrowed(stage)),
         })
     }
@@ -105,6 +111,43 @@ impl Turn {
         };
         state.routing.sessions.put(&key, &self.tenant, pin);
     }
+}
+
+/// Where a new session goes on `stage` when it prefers latency: the backend whose expected wait is lowest
+/// given the sessions it already holds — its mean service time × (sessions held + 1) ÷ its slots — among those
+/// whose breaker is closed. A backend not yet measured counts at the lowest measured mean (else its prior),
+/// so that a conservative prior does not keep every session off it: its first sessions measure it. `None` on
+/// a stage that prefers quality (its listed order is the operator's), or with one alternative.
+fn place(state: &AppState, stage: &Stage) -> Option<String> {
+    use std::time::Duration;
+    if stage.prefer != tiergate_config::Prefer::Latency || stage.alternatives.len() < 2 {
+        return None;
+    }
+    let seen: Vec<(&String, Duration, bool, usize)> = stage
+        .alternatives
+        .iter()
+        .filter_map(|(i, name)| {
+            let llm = state.backend(*i).filter(|l| l.breaker_closed())?;
+            let (mean, measured, slots) = llm.placement();
+            Some((name, mean, measured, slots))
+        })
+        .collect();
+    let lowest_measured = seen.iter().filter(|s| s.2).map(|s| s.1).min();
+    let sessions = &state.routing.sessions;
+    seen.iter()
+        .map(|(name, mean, measured, slots)| {
+            let mean = match lowest_measured {
+                Some(m) if !*measured => m.min(*mean),
+                _ => *mean,
+            };
+            let held = sessions.held_on(name);
+            (
+                mean.mul_f64((held + 1) as f64 / (*slots).max(1) as f64),
+                *name,
+            )
+        })
+        .min_by_key(|c| c.0)
+        .map(|(_, n)| n.clone())
 }
 
 /// Whether a pin read for a route whose stages are `fingerprint` still applies at `now_ms`: made under the

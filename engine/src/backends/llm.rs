@@ -140,6 +140,13 @@ impl Llm {
             .map_or(true, |b| b.state() == crate::deps::breaker::State::Closed)
     }
 
+    /// What placing a new session here costs: its generations' mean service time (the prior until measured),
+    /// whether it is measured, and its slots.
+    pub(crate) fn placement(&self) -> (Duration, bool, usize) {
+        let times = self.times(false);
+        (times.estimate().0, times.measured(), self.limits.capacity)
+    }
+
     /// Predicted completion of a new job of `tenant`: the wait for a slot behind the jobs its lane and the
     /// others' put before it, plus its kind's P95 service time (also returned: the longest a job may wait
     /// for a slot leaves room for it).

@@ -88,19 +88,14 @@ struct Memory {
     order: HashMap<Arc<str>, VecDeque<(SessionKey, u64)>>,
     /// Live pins per tenant.
     held: HashMap<Arc<str>, usize>,
+    /// Live pins per backend: the sessions each one holds.
+    on: HashMap<String, usize>,
     touches: u64,
 }
 
 impl Memory {
-    fn put(
-        &mut self,
-        key: SessionKey,
-        tenant: &str,
-        pin: Pin,
-        now: Instant,
-        max: usize,
-        share: usize,
-    ) {
+    fn put(&mut self, key: SessionKey, tenant: &str, pin: Pin, now: Instant, bounds: Bounds) {
+        let Bounds { max, share, ttl } = bounds;
         self.touches += 1;
         let touch = self.touches;
         let tenant: Arc<str> = match self.held.get_key_value(tenant) {
@@ -113,14 +108,17 @@ impl Memory {
             at: now,
             touch,
         };
+        *self.on.entry(entry.pin.backend.clone()).or_default() += 1;
         if let Some(old) = self.map.insert(key, entry) {
             self.forget(&old.tenant);
+            self.off(&old.pin.backend);
         }
         *self.held.entry(tenant.clone()).or_default() += 1;
         self.order
             .entry(tenant.clone())
             .or_default()
             .push_back((key, touch));
+        self.drop_expired(&tenant, now, ttl);
         while self.held.get(&tenant).copied().unwrap_or(0) > share {
             self.evict_oldest(&tenant);
         }
@@ -140,6 +138,40 @@ impl Memory {
         self.compact(&tenant);
     }
 
+    /// One pin on `backend` less.
+    fn off(&mut self, backend: &str) {
+        if let Some(n) = self.on.get_mut(backend) {
+            *n -= 1;
+            if *n == 0 {
+                self.on.remove(backend);
+            }
+        }
+    }
+
+    /// Removes the pin at `key`.
+    fn remove(&mut self, key: &SessionKey) {
+        if let Some(e) = self.map.remove(key) {
+            self.forget(&e.tenant);
+            self.off(&e.pin.backend);
+        }
+    }
+
+    /// Drops `tenant`'s pins idle past `ttl`, least recently used first (so that the pins each backend holds
+    /// are the live sessions', not ended ones').
+    fn drop_expired(&mut self, tenant: &Arc<str>, now: Instant, ttl: Duration) {
+        while let Some(&(k, t)) = self.order.get(tenant).and_then(VecDeque::front) {
+            if let Some(e) = self.map.get(&k).filter(|e| e.touch == t) {
+                if now.saturating_duration_since(e.at) <= ttl {
+                    return;
+                }
+                self.remove(&k);
+            }
+            if let Some(o) = self.order.get_mut(tenant) {
+                o.pop_front();
+            }
+        }
+    }
+
     /// One pin of `tenant` less.
     fn forget(&mut self, tenant: &Arc<str>) {
         if let Some(n) = self.held.get_mut(tenant) {
@@ -155,8 +187,7 @@ impl Memory {
     fn evict_oldest(&mut self, tenant: &Arc<str>) {
         while let Some((k, t)) = self.order.get_mut(tenant).and_then(VecDeque::pop_front) {
             if self.map.get(&k).is_some_and(|e| e.touch == t) {
-                self.map.remove(&k);
-                self.forget(tenant);
+                self.remove(&k);
                 return;
             }
         }
@@ -176,13 +207,19 @@ impl Memory {
     fn get(&mut self, key: &SessionKey, now: Instant, ttl: Duration) -> Option<Pin> {
         let e = self.map.get(key)?;
         if now.saturating_duration_since(e.at) > ttl {
-            let tenant = e.tenant.clone();
-            self.map.remove(key);
-            self.forget(&tenant);
+            self.remove(key);
             return None;
         }
         Some(e.pin.clone())
     }
+}
+
+/// A replica's bounds on its pins: in all, per tenant, and their idle life.
+#[derive(Clone, Copy)]
+struct Bounds {
+    max: usize,
+    share: usize,
+    ttl: Duration,
 }
 
 /// The pins.
@@ -242,15 +279,20 @@ impl Sessions {
             });
         }
         let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        m.put(
-            *key,
-            tenant,
-            pin,
-            Instant::now(),
-            self.cfg.max_pins,
-            self.cfg.max_pins_per_tenant,
-        );
+        let bounds = Bounds {
+            max: self.cfg.max_pins,
+            share: self.cfg.max_pins_per_tenant,
+            ttl: self.ttl(),
+        };
+        m.put(*key, tenant, pin, Instant::now(), bounds);
         metrics::gauge!(crate::metrics::SESSION_PINS).set(m.map.len() as f64);
+    }
+
+    /// Live sessions pinned to `backend` in this replica's memory.
+    pub(crate) fn held_on(&self, backend: &str) -> usize {
+        self.memory
+            .lock()
+            .map_or(0, |m| m.on.get(backend).copied().unwrap_or(0))
     }
 
     /// Pins held in this replica's memory.
@@ -267,6 +309,14 @@ impl Sessions {
 mod tests {
     use super::*;
 
+    fn b(max: usize, share: usize) -> Bounds {
+        Bounds {
+            max,
+            share,
+            ttl: Duration::from_secs(10),
+        }
+    }
+
     fn pin(stage: usize, b: &str) -> Pin {
         Pin {
             stage,
@@ -282,18 +332,18 @@ mod tests {
         let t0 = Instant::now();
         let ttl = Duration::from_secs(10);
         let k = |i: u8| SessionKey::of("t", "r", "m", &i.to_string());
-        m.put(k(1), "t", pin(0, "a"), t0, 2, 2);
-        m.put(k(2), "t", pin(0, "b"), t0, 2, 2);
+        m.put(k(1), "t", pin(0, "a"), t0, b(2, 2));
+        m.put(k(2), "t", pin(0, "b"), t0, b(2, 2));
         // Session 1's new turn makes session 2 the least recently used.
-        m.put(k(1), "t", pin(1, "c"), t0, 2, 2);
-        m.put(k(3), "t", pin(0, "a"), t0, 2, 2);
+        m.put(k(1), "t", pin(1, "c"), t0, b(2, 2));
+        m.put(k(3), "t", pin(0, "a"), t0, b(2, 2));
         assert_eq!(m.get(&k(1), t0, ttl), Some(pin(1, "c")));
         assert_eq!(m.get(&k(2), t0, ttl), None);
         assert_eq!(m.get(&k(3), t0, ttl), Some(pin(0, "a")));
         assert_eq!(m.get(&k(3), t0 + Duration::from_secs(11), ttl), None);
         // Many turns of one session do not grow the order without bound.
         for _ in 0..1000 {
-            m.put(k(1), "t", pin(0, "a"), t0, 2, 2);
+            m.put(k(1), "t", pin(0, "a"), t0, b(2, 2));
         }
         assert!(
             m.order["t"].len() <= 2 * 2 + 16 + 1,
@@ -311,10 +361,10 @@ mod tests {
         let ttl = Duration::from_secs(10);
         let k = |t: &str, i: usize| SessionKey::of(t, "r", "m", &i.to_string());
         for i in 0..3 {
-            m.put(k("b", i), "b", pin(0, "x"), t0, 10, 4);
+            m.put(k("b", i), "b", pin(0, "x"), t0, b(10, 4));
         }
         for i in 0..1000 {
-            m.put(k("a", i), "a", pin(0, "x"), t0, 10, 4);
+            m.put(k("a", i), "a", pin(0, "x"), t0, b(10, 4));
         }
         for i in 0..3 {
             assert_eq!(m.get(&k("b", i), t0, ttl), Some(pin(0, "x")), "b's pin {i}");
@@ -325,13 +375,13 @@ mod tests {
         // Past the replica's bound (9 here) the tenant holding the most gives way: c's third pin evicts one
         // of a's, none of b's.
         for i in 0..3 {
-            m.put(k("c", i), "c", pin(0, "x"), t0, 9, 4);
+            m.put(k("c", i), "c", pin(0, "x"), t0, b(9, 4));
         }
         assert_eq!(m.map.len(), 9);
         assert_eq!((m.held["a"], m.held["b"], m.held["c"]), (3, 3, 3));
         // A tie (a and c at 4 with a bound of 10) goes against the tenant writing: c's own oldest.
-        m.put(k("a", 1000), "a", pin(0, "x"), t0, 10, 4);
-        m.put(k("c", 3), "c", pin(0, "x"), t0, 10, 4);
+        m.put(k("a", 1000), "a", pin(0, "x"), t0, b(10, 4));
+        m.put(k("c", 3), "c", pin(0, "x"), t0, b(10, 4));
         assert_eq!((m.held["a"], m.held["b"], m.held["c"]), (4, 3, 3));
         assert_eq!(m.get(&k("c", 0), t0, ttl), None);
         assert!(m.order["a"].len() <= 2 * 4 + 16 + 1);
