@@ -1358,3 +1358,54 @@ async fn new_sessions_spread_by_the_sessions_each_backend_holds_and_its_speed() 
         "without sessions the fastest prediction takes them: {plain} on a"
     );
 }
+
+/// A key several conversations share (here one `prompt_cache_key` for two conversations) is pinned like any
+/// other while its backend is calm, and yields under load: the next turn goes where the stage would send it,
+/// and the pin follows. A conversation is told apart by its first user message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_on_a_shared_key_yields_under_load() {
+    let entry = |name: &str| tiergate_config::LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(
+            "engine = \"stub\"\nworkers = 1\nmax_concurrent = 1\ngenerate_prior_ms = 300\n\
+             extra_args = [\"--stub-delay-ms\", \"300\"]",
+        )
+        .unwrap(),
+    };
+    let r = all_live(rig(
+        1,
+        with_stage(
+            vec![entry("a"), entry("b")],
+            "any = [\"a\", \"b\"]\nprefer = \"latency\"",
+            |r| r == "generate",
+        ),
+    ));
+    let turn = |first: &str, key: Option<&str>| {
+        let mut body =
+            json!({"model": "generate", "messages": [{"role": "user", "content": first}]});
+        if let Some(k) = key {
+            body["prompt_cache_key"] = json!(k);
+        }
+        let app = r.app.clone();
+        async move {
+            let (s, h, b) = call(&app, post("/v1/chat/completions", body)).await;
+            assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+            let get = |k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+            (get("x-tiergate-backend"), get("x-tiergate-session"))
+        }
+    };
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(turn("x", Some("team")).await, (s("a"), s("new")));
+    // Another conversation under the same key, a calm: the pin holds (and the key is now known as shared).
+    assert_eq!(turn("y", Some("team")).await, (s("a"), s("kept")));
+    // a gets busy with a request of no session (the stage's fastest prediction: a, listed first at a tie).
+    let busy = tokio::spawn(turn("z", None));
+    let t = Instant::now();
+    while r.engine.console()["backends"][0]["running"] != 1 {
+        assert!(t.elapsed() < Duration::from_secs(5), "a never got busy");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The shared key's next turn yields: b, and the pin follows.
+    assert_eq!(turn("y", Some("team")).await, (s("b"), s("switched")));
+    assert_eq!(busy.await.unwrap().0, s("a"));
+}

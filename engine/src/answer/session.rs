@@ -25,6 +25,8 @@ pub(super) struct Turn {
     route: u64,
     /// It continues an agent loop: its last message is a tool's result.
     in_loop: bool,
+    /// A digest of its conversation (its first user message).
+    conversation: u64,
 }
 
 impl Turn {
@@ -50,7 +52,15 @@ impl Turn {
             tenant: v.tenant.0.to_string(),
             route: fingerprint,
             in_loop: v.messages.last().is_some_and(|m| m.role == "tool"),
+            conversation: conversation_of(v),
         }
+    }
+
+    /// Whether the pin's key is one several conversations share (this turn's or earlier ones').
+    fn shared(&self) -> bool {
+        self.pin
+            .as_ref()
+            .is_some_and(|p| p.shared || p.conversation != self.conversation)
     }
 
     /// The stage the turn runs on (the pinned one within an agent loop, else `steered`) and that stage as
@@ -71,6 +81,14 @@ impl Turn {
             EngineError::Internal(format!("route `{}` has no stage {k}", route.name))
         })?;
         Ok(match pinned {
+            Some(p)
+                if p.stage == k
+                    && !self.in_loop
+                    && self.shared()
+                    && loaded(state, stage, &p.backend) =>
+            {
+                (k, Cow::Borrowed(stage))
+            }
             Some(p) if p.stage == k => (k, Cow::Owned(stage.pinned_to(&p.backend))),
             _ if self.key.is_some() => match place(state, stage) {
                 Some(b) => (k, Cow::Owned(stage.pinned_to(&b))),
@@ -103,11 +121,14 @@ impl Turn {
             .pin
             .as_ref()
             .map_or_else(crate::model::request::unix_ms, |p| p.born_ms);
+        let shared = self.shared();
         let pin = Pin {
             stage: k,
             backend,
             route: self.route,
             born_ms,
+            conversation: self.conversation,
+            shared,
         };
         state.routing.sessions.put(&key, &self.tenant, pin);
     }
@@ -150,6 +171,29 @@ fn place(state: &AppState, stage: &Stage) -> Option<String> {
         .map(|(_, n)| n.clone())
 }
 
+/// A digest of `v`'s conversation: its first user message (what stays the same from turn to turn of one
+/// conversation and differs between conversations sharing a key).
+fn conversation_of(v: &Request) -> u64 {
+    use sha2::{Digest, Sha256};
+    let first = v.messages.iter().find(|m| m.role == "user");
+    let d = Sha256::digest(first.map_or("", |m| m.content.as_str()).as_bytes());
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// Whether `backend` is loaded on `stage`: its predicted completion of a new generation is more than 1.5 times
+/// the stage's best (a shared key's pin then yields, and the stage chooses).
+fn loaded(state: &AppState, stage: &Stage, backend: &str) -> bool {
+    let predicted = |i: usize| state.backend(i).map(|l| l.predict(false, "").0);
+    let all: Vec<(&String, std::time::Duration)> = stage
+        .alternatives
+        .iter()
+        .filter_map(|(i, n)| Some((n, predicted(*i)?)))
+        .collect();
+    let best = all.iter().map(|a| a.1).min();
+    let mine = all.iter().find(|a| a.0 == backend).map(|a| a.1);
+    matches!((mine, best), (Some(m), Some(b)) if m.as_secs_f64() > 1.5 * b.as_secs_f64())
+}
+
 /// Whether a pin read for a route whose stages are `fingerprint` still applies at `now_ms`: made under the
 /// same stages and younger than `max_age_ms`.
 fn applies(pin: &Pin, fingerprint: u64, now_ms: u64, max_age_ms: u64) -> bool {
@@ -167,6 +211,8 @@ mod tests {
             backend: "big".into(),
             route: 42,
             born_ms: 10_000,
+            conversation: 1,
+            shared: false,
         };
         assert!(applies(&pin, 42, 10_500, 1_000));
         assert!(!applies(&pin, 43, 10_500, 1_000), "stages changed since");

@@ -26,25 +26,38 @@ pub(crate) struct Pin {
     pub route: u64,
     /// When the session was first pinned (Unix ms): its pin lives `max_age_s` at most.
     pub born_ms: u64,
+    /// A digest of the conversation that made it (its first user message).
+    pub conversation: u64,
+    /// Turns of another conversation came under the same key (a `prompt_cache_key` or `user` many share):
+    /// the pin yields under load.
+    pub shared: bool,
 }
 
 impl Pin {
     fn encode(&self) -> String {
         format!(
-            "{}\t{:016x}\t{}\t{}",
-            self.stage, self.route, self.born_ms, self.backend
+            "{}\t{:016x}\t{}\t{:016x}\t{}\t{}",
+            self.stage,
+            self.route,
+            self.born_ms,
+            self.conversation,
+            u8::from(self.shared),
+            self.backend
         )
     }
 
     /// A pin as [`Pin::encode`] wrote it (one of an older format reads as none).
     fn decode(s: &str) -> Option<Self> {
-        let mut parts = s.splitn(4, '\t');
-        let (stage, route, born, backend) =
-            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let mut parts = s.splitn(6, '\t');
+        let mut next = || parts.next();
+        let (stage, route, born) = (next()?, next()?, next()?);
+        let (conversation, shared, backend) = (next()?, next()?, next()?);
         Some(Self {
             stage: stage.parse().ok()?,
             route: u64::from_str_radix(route, 16).ok()?,
             born_ms: born.parse().ok()?,
+            conversation: u64::from_str_radix(conversation, 16).ok()?,
+            shared: shared == "1",
             backend: backend.to_string(),
         })
     }
@@ -323,6 +336,8 @@ mod tests {
             backend: b.into(),
             route: 7,
             born_ms: 1_000,
+            conversation: 9,
+            shared: false,
         }
     }
 
@@ -398,8 +413,14 @@ mod tests {
         assert_ne!(k("ab", "c", "m", "s"), k("a", "bc", "m", "s"));
         let p = pin(2, "qwen\tx");
         assert_eq!(Pin::decode(&p.encode()), Some(p));
-        // A pin of the older format (stage, backend) reads as none.
+        let shared = Pin {
+            shared: true,
+            ..pin(0, "q")
+        };
+        assert_eq!(Pin::decode(&shared.encode()), Some(shared));
+        // Pins of older formats read as none.
         assert_eq!(Pin::decode("1\tqwen"), None);
+        assert_eq!(Pin::decode("1\t0000000000000007\t1000\tqwen"), None);
         assert_eq!(Pin::decode("x\ty"), None);
     }
 
