@@ -34,6 +34,7 @@ fn record(i: usize, at: u64) -> Record {
         head: "0123456789abcdef".into(),
         text: None,
         forced: false,
+        session: None,
     }
 }
 

@@ -582,6 +582,7 @@ mod tests {
             head: String::new(),
             text: None,
             forced: false,
+            session: None,
         }
     }
 

@@ -1291,6 +1291,29 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
         turn("/v1/chat/completions", main, main_loop).await,
         (s("big"), s("kept"))
     );
+    // The decision record says what the turn did to its pin.
+    let mut req = post(
+        "/v1/chat/completions",
+        json!({"model": "generate", "messages": [user("card lost")]}),
+    );
+    req.headers_mut()
+        .insert("x-session-id", "recorded".parse().unwrap());
+    let (_, _, b) = call(&r.app, req).await;
+    let id = serde_json::from_slice::<Value>(&b).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let store = r.engine.ledger().unwrap().store();
+    let t = Instant::now();
+    let rec = loop {
+        let now = tiergate_engine::evidence::ledger::now_ms();
+        if let Some(rec) = store.decision(&id, now).unwrap() {
+            break rec;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no record of {id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(rec.session.as_deref(), Some("new"));
 }
 
 /// Placement that spreads: on a stage that prefers latency, 100 new sessions (one turn each) on two backends —

@@ -64,6 +64,9 @@ pub struct Record {
     /// is never drawn for audit and its feedback is no evidence (counted in the `forced` channel).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub forced: bool,
+    /// What the turn did to its session's pin (`new`, `kept`, `up`, `down`, `switched`), when it had a session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// The feedback channel of answers decided under a forced θ.
@@ -593,6 +596,7 @@ mod tests {
             head: head_version(&["a".into()], 1.0),
             text: None,
             forced: false,
+            session: None,
         }
     }
 
