@@ -1314,6 +1314,8 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(rec.session.as_deref(), Some("new"));
+    // And the console's list of decisions, newest first.
+    assert_eq!(r.engine.console()["decisions"][0]["session"], "new");
 }
 
 /// Placement that spreads: on a stage that prefers latency, 100 new sessions (one turn each) on two backends —

@@ -118,6 +118,9 @@ pub(crate) struct Decision {
     pub label: Option<String>,
     /// End-to-end latency, milliseconds.
     pub latency_ms: f64,
+    /// What the turn did to its session's pin, when it had a session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<&'static str>,
     #[serde(skip)]
     at: Option<Instant>,
 }
@@ -157,6 +160,7 @@ impl Decisions {
             out_of_scope: outcome.out_of_scope,
             label: outcome.label.clone(),
             latency_ms: took.as_secs_f64() * 1e3,
+            session: outcome.session,
             at: Some(Instant::now()),
         };
         if let Ok(mut q) = self.0.lock() {
