@@ -649,6 +649,7 @@ pub(crate) fn start_backend(
         generate_times: Arc::new(crate::backends::deadline::ServiceTimes::new(
             Duration::from_millis(r.generate_prior_ms),
         )),
+        rates: Arc::default(),
         gate,
         limits: crate::backends::llm::Limits::of(r),
         breaker: std::sync::Mutex::new(crate::deps::breaker::Breaker::new(

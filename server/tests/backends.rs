@@ -1433,4 +1433,12 @@ async fn a_pin_on_a_shared_key_yields_under_load() {
     // The shared key's next turn yields: b, and the pin follows.
     assert_eq!(turn("y", Some("team")).await, (s("b"), s("switched")));
     assert_eq!(busy.await.unwrap().0, s("a"));
+    // Each backend's measured per-token times are in the console: the stub sleeps 150 ms before each of its
+    // two tokens, so one token after the first takes about that.
+    let backends = r.engine.console()["backends"].clone();
+    for b in backends.as_array().unwrap() {
+        let decode = b["decode_ms_per_token"].as_f64().unwrap();
+        assert!((100.0..600.0).contains(&decode), "{b}");
+        assert!(b["prefill_ms_per_token"].as_f64().unwrap() > 0.0, "{b}");
+    }
 }

@@ -94,10 +94,13 @@ pub(crate) struct Started {
     pub first: Event,
     /// From submission to the first event.
     pub waited: Duration,
+    /// Where the backend's per-token times are measured.
+    pub rates: Arc<crate::backends::llm::Rates>,
 }
 
 /// A generation's outcome: its first event, or the failure that came instead (an error before any byte).
 pub(crate) async fn first_event(s: Submitted<'_>) -> Result<Started, QueueError> {
+    let rates = s.llm.rates.clone();
     let (handle, slot, held) = s.split();
     let t = Instant::now();
     match handle.events.recv_async().await {
@@ -109,6 +112,7 @@ pub(crate) async fn first_event(s: Submitted<'_>) -> Result<Started, QueueError>
             held,
             first,
             waited: t.elapsed(),
+            rates,
         }),
     }
 }

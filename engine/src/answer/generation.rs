@@ -207,6 +207,8 @@ pub struct Generation {
     span: tracing::Span,
     /// When its first event came.
     first_at: std::time::Instant,
+    /// Its backend's per-token times, which its end adds to.
+    rates: std::sync::Arc<crate::backends::llm::Rates>,
     /// The request's records, settled at its end, its error or its drop ([`super::settle`]).
     settle: Option<super::settle::Settle>,
     /// What became of the request, its generation time filled in at the end.
@@ -227,6 +229,7 @@ impl Generation {
             ended: false,
             span: tracing::Span::current(),
             first_at: std::time::Instant::now(),
+            rates: s.rates,
             settle: None,
             outcome: Outcome::default(),
         }
@@ -255,6 +258,16 @@ impl Generation {
                 Some(e) => s.failed(e),
             }
         }
+    }
+
+    /// Adds its per-token times to its backend's: the wait for its first token over `prompt` tokens, the rest
+    /// over the `completion` tokens after the first.
+    fn measure(&self, prompt: u32, completion: u32) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let prefill = (prompt > 0).then(|| ms(self.waited) / f64::from(prompt));
+        let decode =
+            (completion > 1).then(|| ms(self.first_at.elapsed()) / f64::from(completion - 1));
+        self.rates.observe(prefill, decode);
     }
 
     /// The span it started in.
@@ -290,6 +303,7 @@ impl Generation {
             }
             Event::Reply(Reply::Generated(u)) => {
                 self.ended(None);
+                self.measure(u.prompt_tokens, u.completion_tokens);
                 let finish = match u.finish_reason.as_str() {
                     "length" => Finish::Length,
                     "tool_calls" => Finish::ToolCalls,

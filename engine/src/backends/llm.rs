@@ -31,6 +31,8 @@ pub struct Llm {
     /// deadline.
     pub(crate) rerank_times: std::sync::Arc<crate::backends::deadline::ServiceTimes>,
     pub(crate) generate_times: std::sync::Arc<crate::backends::deadline::ServiceTimes>,
+    /// Its generations' measured per-token times.
+    pub(crate) rates: std::sync::Arc<Rates>,
     /// Interactive work before batch work (shared with the Batch API's runner, which yields on it).
     pub(crate) gate: std::sync::Arc<Gate>,
     /// What a submission is checked against.
@@ -157,6 +159,32 @@ impl Llm {
             self.limits.capacity,
             tenant,
         )
+    }
+}
+
+/// A backend's measured per-token times of its generations, in ms, smoothed (EWMA, α = 0.1): prefill — from a
+/// job's slot to its first token, per prompt token (an effective rate: what a warm prefix cache saved is in
+/// it) — and decode, per token after the first. What a session's switch would cost and save is priced in
+/// them.
+#[derive(Debug, Default)]
+pub(crate) struct Rates(std::sync::Mutex<[Option<f64>; 2]>);
+
+impl Rates {
+    /// One generation's `prefill` and `decode` rates (either may be unknown: no prompt tokens counted, one
+    /// token only).
+    pub(crate) fn observe(&self, prefill: Option<f64>, decode: Option<f64>) {
+        if let Ok(mut r) = self.0.lock() {
+            for (slot, x) in r.iter_mut().zip([prefill, decode]) {
+                if let Some(x) = x.filter(|x| x.is_finite()) {
+                    *slot = Some(slot.map_or(x, |old| old + 0.1 * (x - old)));
+                }
+            }
+        }
+    }
+
+    /// (prefill, decode) ms per token.
+    pub(crate) fn view(&self) -> [Option<f64>; 2] {
+        self.0.lock().map_or([None, None], |r| *r)
     }
 }
 
@@ -312,5 +340,26 @@ impl Llm {
             slot,
             _turn: turn,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rates;
+
+    #[test]
+    fn rates_start_at_their_first_sample_and_move_a_tenth_of_the_way() {
+        let r = Rates::default();
+        assert_eq!(r.view(), [None, None]);
+        r.observe(Some(2.0), None);
+        assert_eq!(r.view(), [Some(2.0), None]);
+        r.observe(Some(12.0), Some(40.0));
+        assert_eq!(r.view(), [Some(3.0), Some(40.0)]);
+        r.observe(None, Some(f64::NAN));
+        assert_eq!(
+            r.view(),
+            [Some(3.0), Some(40.0)],
+            "unknown and non-finite samples change nothing"
+        );
     }
 }
