@@ -426,6 +426,7 @@ fn route_of(
         out_of_scope,
         deadline: r.deadline_ms.map(Duration::from_millis),
         max_deadline: Duration::from_millis(r.max_deadline_ms),
+        stage_fingerprint: crate::routing::route::stage_fingerprint(&stages),
         stages,
         risk,
         head_version,

@@ -147,18 +147,23 @@ fn prune(
         params![now_ms as i64],
     )?;
     let per_tenant = i64::try_from(per_tenant).unwrap_or(i64::MAX);
-    for (tenant, n, _) in tenants(tx)?.into_iter().filter(|t| t.1 > per_tenant) {
+    let mut held = tenants(tx)?;
+    let over: Vec<&(String, i64, i64)> = held.iter().filter(|t| t.1 > per_tenant).collect();
+    for (tenant, n, _) in &over {
         tx.execute(
             "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions WHERE tenant = ?1 \
              ORDER BY at_ms, id LIMIT ?2)",
             params![tenant, n - per_tenant],
         )?;
     }
-    let held = tenants(tx)?;
+    if !over.is_empty() {
+        held = tenants(tx)?;
+    }
     let total: i64 = held.iter().map(|t| t.2).sum();
     if total as u64 > max_bytes {
         // Down to 90% of the cap, so that pruning does not run on every batch.
         keep_newest(tx, &held, max_bytes as f64 * 0.9)?;
+        held = tenants(tx)?;
     }
     let pragma = |name: &str| -> rusqlite::Result<i64> {
         tx.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
@@ -166,7 +171,6 @@ fn prune(
     let used = (pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?;
     if used as u64 > max_bytes {
         // As if the pages were spread evenly over the records' JSON: the share of it past 90% of the cap.
-        let held = tenants(tx)?;
         let json: i64 = held.iter().map(|t| t.2).sum();
         keep_newest(
             tx,

@@ -1184,6 +1184,16 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
         }
     };
     let r = all_live(rig(1, steered));
+    // The route's θ, live: at 1 every label is sure (card_lost → small), at 0 none is (→ big).
+    let set_theta = |theta: f64| {
+        let req = admin_req(
+            "PATCH",
+            "/admin/routing?route=generate",
+            Some(json!({ "theta_base": theta })),
+        );
+        let admin = r.admin.clone();
+        async move { call(&admin, req).await }
+    };
     let turn = |uri: &'static str, session: &str, body: Value| {
         let mut req = post(uri, body);
         let h = req.headers_mut();
@@ -1221,30 +1231,14 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
         ("/v1/messages", &msg_start, &msg_loop),
     ] {
         let session = format!("loop-{uri}");
-        call(
-            &r.admin,
-            admin_req(
-                "PATCH",
-                "/admin/routing?route=generate",
-                Some(json!({"theta_base": 1.0})),
-            ),
-        )
-        .await;
+        set_theta(1.0).await;
         assert_eq!(
             turn(uri, &session, start.clone()).await,
             (s("small"), s("new")),
             "{uri}"
         );
         // Tier-0 would now send the same question to the big stage (nothing is sure at θ = 0) …
-        call(
-            &r.admin,
-            admin_req(
-                "PATCH",
-                "/admin/routing?route=generate",
-                Some(json!({"theta_base": 0.0})),
-            ),
-        )
-        .await;
+        set_theta(0.0).await;
         // … but the loop's turns stay where the loop began.
         for _ in 0..2 {
             assert_eq!(
@@ -1266,15 +1260,7 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
     );
     // A side call to another model (an alias of the same route) under the same session id: a pin of its own
     // (new, on the small stage Tier-0 sends it to at θ = 1) …
-    call(
-        &r.admin,
-        admin_req(
-            "PATCH",
-            "/admin/routing?route=generate",
-            Some(json!({"theta_base": 1.0})),
-        ),
-    )
-    .await;
+    set_theta(1.0).await;
     let side = json!({"model": "haiku", "messages": [user("card lost")]});
     let main = "loop-/v1/chat/completions";
     assert_eq!(

@@ -38,7 +38,7 @@ impl Turn {
             .as_deref()
             .filter(|_| sessions.enabled())
             .map(|s| SessionKey::of(&v.tenant.0, &route.name, &v.asked_model, s));
-        let fingerprint = route.stage_fingerprint();
+        let fingerprint = route.stage_fingerprint;
         let max_age_ms = state.config.sessions.max_age_s.saturating_mul(1000);
         let now = crate::model::request::unix_ms();
         let pin = match &key {

@@ -33,6 +33,8 @@ pub(crate) struct Route {
     pub max_deadline: Duration,
     /// Its cascade of LLM backends (at least one: the first backend by default).
     pub stages: Vec<Stage>,
+    /// A digest of its stages as configured ([`stage_fingerprint`]): what a session pin records.
+    pub stage_fingerprint: u64,
     /// Its head's calibration rows and the θ the error bound allows (`routing.max_error`).
     pub risk: Arc<crate::routing::risk::RouteRisk>,
     /// Its head's version in decision records (a fingerprint of labels and temperature).
@@ -163,22 +165,19 @@ pub(crate) struct Stage {
     pub pinned: Option<usize>,
 }
 
-impl Route {
-    /// A digest of its stages as configured (each stage's name and its alternatives in order): a session pin
-    /// made under other stages or backends (a config change, a rollout) does not match it.
-    pub(crate) fn stage_fingerprint(&self) -> u64 {
-        let stages: Vec<Vec<&str>> = self
-            .stages
-            .iter()
-            .map(|s| {
-                let alternatives = s.alternatives.iter().map(|(_, n)| n.as_str());
-                std::iter::once(s.name.as_str())
-                    .chain(alternatives)
-                    .collect()
-            })
-            .collect();
-        fingerprint(&stages)
-    }
+/// A digest of `stages` as configured (each stage's name and its alternatives in order): a session pin made
+/// under other stages or backends (a config change, a rollout) does not match it.
+pub(crate) fn stage_fingerprint(stages: &[Stage]) -> u64 {
+    let stages: Vec<Vec<&str>> = stages
+        .iter()
+        .map(|s| {
+            let alternatives = s.alternatives.iter().map(|(_, n)| n.as_str());
+            std::iter::once(s.name.as_str())
+                .chain(alternatives)
+                .collect()
+        })
+        .collect();
+    fingerprint(&stages)
 }
 
 /// A digest of stages given as (name, alternatives…) lists, lengths and boundaries included.
