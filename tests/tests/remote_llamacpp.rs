@@ -388,11 +388,13 @@ fn a_paused_upstream_fails_its_jobs_within_their_timeouts_and_service_resumes() 
 }
 
 /// "Which latency tier is my API in?" against an endpoint tiergate did not write: `tiergate-bench` streams
-/// from llama.cpp's server at 2 requests/s, each stream done before the next request: every request is served
-/// or named `stream_truncated` (never a transport error), here all served and none cut, with a band. (At
-/// 20 requests/s llama-cpp-python 0.3.36 ends the older streams early *with* their final event —
-/// `interrupt_requests` — 30 tokens over 20 streams of up to 96: short answers, not cut streams, which the
-/// bench does not yet tell apart.)
+/// from llama.cpp's server with one client (closed loop), so each stream is done before the next request:
+/// every request is served or named `stream_truncated` (never a transport error), here all served and none
+/// cut, with a band. (llama-cpp-python 0.3.36 serves one request at a time: at 20 requests/s it ends the older
+/// streams early *with* their final event — `interrupt_requests` — 30 tokens over 20 streams of up to 96:
+/// short answers, not cut streams, which the bench does not yet tell apart; and an open loop at 2 requests/s
+/// on a loaded machine overlapped its requests and left 4 of 10 unanswered for the bench's 30 s — the server,
+/// not the bench, which is why this test no longer runs an open loop.)
 #[test]
 fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
     let _one = one_upstream();
@@ -403,7 +405,7 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
     let model = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
     let out = Command::new(binary("tiergate-bench"))
         .args(["--url", &format!("http://127.0.0.1:{port}")])
-        .args(["--route", model, "--rate", "2", "--requests", "10"])
+        .args(["--route", model, "--concurrency", "1", "--requests", "10"])
         .args(["--stream", "--max-tokens", "48"])
         .arg("--json")
         .arg(&report)
@@ -437,8 +439,8 @@ fn the_bench_measures_a_llama_cpp_server_and_names_cut_streams() {
         10,
         "every request served or named cut: {run}"
     );
-    // One request every 500 ms, each done in well under that here: none overlaps, none is cut (a bench that
-    // miscounted a finished stream as cut would fail this).
+    // One request at a time: none overlaps, none is cut (a bench that miscounted a finished stream as cut
+    // would fail this).
     assert_eq!(cut, 0, "{errors}");
     assert!(
         served["band"].as_str().unwrap().starts_with("Tier-"),
