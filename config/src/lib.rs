@@ -45,7 +45,7 @@ pub use serving::{
     RoutingPatch, ScoringWeights, ServerConfig, StageConfig, StageTable, SteerConfig,
     SteerOverride, StoreKind, UtilizationConfig, UtilizationSource,
 };
-pub use sessions::SessionsConfig;
+pub use sessions::{SessionsConfig, SwitchMode};
 pub use tenants::{load_tenants_file, validate_tenants, TenantConfig};
 pub use worker::{EngineSpec, WorkerSpec, WorkerTelemetry};
 

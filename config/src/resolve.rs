@@ -81,6 +81,8 @@ pub struct Steer {
     pub policy: RoutingConfig,
     /// Label → what its generations are written with.
     pub overrides: Vec<(String, crate::SteerOverride)>,
+    /// A session's switch budget, percent of its spend.
+    pub max_switch_spend_pct: f64,
 }
 
 /// The config as every reader takes it.
@@ -287,11 +289,18 @@ fn steer_of(
             return Err(bad("max_tokens", "must be at least 1"));
         }
     }
+    if !(s.max_switch_spend_pct.is_finite() && s.max_switch_spend_pct >= 0.0) {
+        return Err(ConfigError::invalid(
+            format!("{at}.max_switch_spend_pct"),
+            "must be a percentage at least 0",
+        ));
+    }
     Ok(Steer {
         by_label,
         default,
         policy,
         overrides: s.overrides.clone().into_iter().collect(),
+        max_switch_spend_pct: s.max_switch_spend_pct,
     })
 }
 

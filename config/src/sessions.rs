@@ -31,6 +31,36 @@ pub struct SessionsConfig {
     /// `user` (Chat Completions, Responses) is a session key — off by default: one end user's conversations
     /// would share one pin.
     pub user_is_session: bool,
+    /// What a genuine user turn of a pinned session does when Tier-0 steers it to another stage: `priced`
+    /// (move when the expected saving outweighs reading the conversation again on the target, within the
+    /// route's switch budget), `follow` (always move) or `stay` (never move: the first stage for good).
+    pub switch: SwitchMode,
+    /// How many turns a move down to a cheaper stage is expected to pay off over (its saving per turn is
+    /// counted this many times).
+    pub switch_horizon_turns: f64,
+}
+
+/// How a pinned session's genuine turn moves between stages (`[sessions] switch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwitchMode {
+    /// Saving against the cost of reading the conversation again, within the switch budget.
+    #[default]
+    Priced,
+    /// Every genuine turn goes where Tier-0 steers it.
+    Follow,
+    /// A session stays on the stage of its first turn.
+    Stay,
+}
+
+impl SwitchMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Priced => "priced",
+            Self::Follow => "follow",
+            Self::Stay => "stay",
+        }
+    }
 }
 
 impl Default for SessionsConfig {
@@ -42,6 +72,8 @@ impl Default for SessionsConfig {
             max_pins_per_tenant: 10_000,
             max_age_s: 24 * 3600,
             user_is_session: false,
+            switch: SwitchMode::Priced,
+            switch_horizon_turns: 2.0,
         }
     }
 }
@@ -59,6 +91,12 @@ impl SessionsConfig {
             return Err(ConfigError::invalid(
                 format!("{at}.max_age_s"),
                 "must be at least 1",
+            ));
+        }
+        if !(self.switch_horizon_turns.is_finite() && self.switch_horizon_turns >= 0.0) {
+            return Err(ConfigError::invalid(
+                format!("{at}.switch_horizon_turns"),
+                "must be a number at least 0",
             ));
         }
         if self.max_pins == 0 {

@@ -172,9 +172,15 @@ pub mod header {
     pub const BROWNOUT: &str = "x-tiergate-brownout";
     /// Earlier user turns Tier-0 read with the last one (absent when none).
     pub const CONTEXT: &str = "x-tiergate-context-turns";
-    /// What a session's pin did for this turn: `new`, `kept`, `up` (a stronger stage than the pin's),
-    /// `switched` (its backend could not take it: breaker or budget); absent without a session key.
+    /// What a session's pin did for this turn: `new`, `kept`, `up` / `down` (a later / earlier stage than the
+    /// pin's), `switched` (its backend could not take it: breaker or budget); absent without a session key.
     pub const SESSION: &str = "x-tiergate-session";
+    /// A pinned session's turn that Tier-0 steered to another stage: whether it moved and the move's price
+    /// (`moved; why=saving; saving_ms=…; cost_ms=…; budget_ms=…`).
+    pub const SWITCH: &str = "x-tiergate-switch";
+    /// A request's switch budget, percent of its session's spend (lowers its route's
+    /// `steer.max_switch_spend_pct`).
+    pub const MAX_SWITCH_SPEND_PCT: &str = "x-tiergate-max-switch-spend-pct";
     /// The session key a request named (`x-session-id`; else its `user`).
     pub const SESSION_ID: &str = "x-session-id";
     /// The request fields accepted but not honoured, by name (docs/api.md, "Fields set aside").

@@ -35,6 +35,7 @@ fn record(i: usize, at: u64) -> Record {
         text: None,
         forced: false,
         session: None,
+        switch: None,
     }
 }
 

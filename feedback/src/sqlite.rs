@@ -587,6 +587,7 @@ mod tests {
             text: None,
             forced: false,
             session: None,
+            switch: None,
         }
     }
 

@@ -157,6 +157,7 @@ pub fn validate(
         user,
         session,
         asked_model: String::new(),
+        max_switch_spend_pct: switch_budget(caller.headers)?,
         batch: caller.batch,
         tenant: caller.tenant,
         deadline,
@@ -217,6 +218,23 @@ fn session_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         ));
     }
     Ok(Some(text.to_string()))
+}
+
+/// The switch budget `x-tiergate-max-switch-spend-pct` asks for: a percentage at least 0, else a 400 naming
+/// the header.
+fn switch_budget(headers: &HeaderMap) -> Result<Option<f64>, ApiError> {
+    let name = tiergate_core::outcome::header::MAX_SWITCH_SPEND_PCT;
+    let Some(raw) = headers.get(name) else {
+        return Ok(None);
+    };
+    let text = raw.to_str().unwrap_or("").trim();
+    match text.parse::<f64>() {
+        Ok(p) if p.is_finite() && p >= 0.0 => Ok(Some(p)),
+        _ => Err(ApiError::invalid(
+            name,
+            format!("`{text}` is not a percentage (a number at least 0)"),
+        )),
+    }
 }
 
 /// What `Cache-Control` lets the answer cache do: `no-cache` skips the lookup, `no-store` the write

@@ -104,6 +104,15 @@ pub struct SteerConfig {
     /// sampling that replaces the client's (`max_tokens` caps it).
     #[serde(default)]
     pub overrides: std::collections::BTreeMap<String, SteerOverride>,
+    /// A session's switch budget: moving a pinned session to another stage costs reading its conversation
+    /// again on the target, and all its moves together may cost at most this share of its spend (percent of
+    /// its turns' backend time, moves included); a request's `x-tiergate-max-switch-spend-pct` lowers it.
+    #[serde(default = "default_max_switch_spend_pct")]
+    pub max_switch_spend_pct: f64,
+}
+
+fn default_max_switch_spend_pct() -> f64 {
+    100.0
 }
 
 /// `[routes.steer.overrides.billing] system = "…", temperature = 0.2, top_p = 0.9, max_tokens = 200`.

@@ -66,6 +66,7 @@ pub(crate) fn answered(state: &AppState, asked: Option<Asked>, o: &Outcome) {
             .flatten(),
         forced: o.forced,
         session: o.session.map(str::to_string),
+        switch: o.switch.clone(),
     };
     let rate = policy.cfg.audit_rate;
     // Only answers decided under the policy's own θ are drawn: a forced θ says nothing about the traffic; nor

@@ -40,8 +40,8 @@ pub(super) async fn generate_route(
     out: &mut Outcome,
 ) -> Result<Body, EngineError> {
     let steer = super::steer::steered(route, v, out).await?;
-    let turn = super::session::Turn::open(state, route, v).await;
-    let (k, stage) = turn.stage(state, route, steer.stage)?;
+    let mut turn = super::session::Turn::open(state, route, v).await;
+    let (k, stage) = turn.stage(state, route, steer)?;
     if v.uses_tools() {
         calls_tools(state, &v.route, &stage)?;
     }
@@ -260,14 +260,17 @@ impl Generation {
         }
     }
 
-    /// Adds its per-token times to its backend's: the wait for its first token over `prompt` tokens, the rest
-    /// over the `completion` tokens after the first.
+    /// Adds its figures to its backend's: the wait for its first token over `prompt` tokens (a cold rate too
+    /// when its session found no warm conversation there), the rest over the `completion` tokens after the
+    /// first, and the answer's tokens.
     fn measure(&self, prompt: u32, completion: u32) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let prefill = (prompt > 0).then(|| ms(self.waited) / f64::from(prompt));
         let decode =
             (completion > 1).then(|| ms(self.first_at.elapsed()) / f64::from(completion - 1));
-        self.rates.observe(prefill, decode);
+        let cold = super::session::cold(self.outcome.session);
+        self.rates
+            .observe(prefill, decode, cold, Some(f64::from(completion)));
     }
 
     /// The span it started in.

@@ -28,6 +28,7 @@ mod session;
 mod settle;
 mod steer;
 pub mod stored;
+pub mod switch;
 mod tier0;
 
 use std::sync::Arc;

@@ -5,10 +5,14 @@
 //! steers it to now, up or down (one unsure turn does not hold a conversation on the dear stage for good). On
 //! its stage a session goes to its pinned backend first when that backend's breaker lets it and it fits the
 //! budget ([`crate::answer::select`]). A pin made under other stages (a config change, a rollout) or older
-//! than `sessions.max_age_s` is not applied.
+//! than `sessions.max_age_s` is not applied. Whether a genuine turn that Tier-0 steers away from the pinned
+//! stage moves is `sessions.switch`: priced by default ([`crate::answer::switch`]).
 
 use std::borrow::Cow;
 
+use super::steer::Steer;
+use super::switch::{price, reread_ms, tokens_of, turn_ms, Spend, SwitchPrice, Terms, Tokens};
+use crate::backends::llm::RateView;
 use crate::error::EngineError;
 use crate::metrics as m;
 use crate::model::outcome::{Outcome, Tier};
@@ -27,6 +31,12 @@ pub(super) struct Turn {
     in_loop: bool,
     /// A digest of its conversation (its first user message).
     conversation: u64,
+    /// Its conversation in tokens: before this turn, and this turn's.
+    tokens: Tokens,
+    /// Its switch budget, percent of its session's spend (the route's, lowered by the request's header).
+    budget_pct: f64,
+    /// The price of a move this turn was steered to, once [`Turn::stage`] weighed it.
+    price: Option<SwitchPrice>,
 }
 
 impl Turn {
@@ -46,6 +56,10 @@ impl Turn {
             None => None,
         };
         let pin = pin.filter(|p| applies(p, fingerprint, now, max_age_ms));
+        let route_pct = route
+            .steer
+            .as_ref()
+            .map_or(100.0, |s| s.max_switch_spend_pct);
         Self {
             key,
             pin,
@@ -53,6 +67,11 @@ impl Turn {
             route: fingerprint,
             in_loop: v.messages.last().is_some_and(|m| m.role == "tool"),
             conversation: conversation_of(v),
+            tokens: tokens_in(v),
+            budget_pct: v
+                .max_switch_spend_pct
+                .map_or(route_pct, |h| h.min(route_pct)),
+            price: None,
         }
     }
 
@@ -63,24 +82,25 @@ impl Turn {
             .is_some_and(|p| p.shared || p.conversation != self.conversation)
     }
 
-    /// The stage the turn runs on (the pinned one within an agent loop, else `steered`) and that stage as
-    /// this turn sees it: its pinned backend first, or — a new session on a stage that prefers latency — the
-    /// backend [`place`] chooses.
+    /// The stage the turn runs on (the pinned one within an agent loop; a genuine turn's steered one when
+    /// `sessions.switch` lets it move there) and that stage as this turn sees it: its pinned backend first,
+    /// or — a new session on a stage that prefers latency — the backend [`place`] chooses.
     pub(crate) fn stage<'r>(
-        &self,
+        &mut self,
         state: &AppState,
         route: &'r Route,
-        steered: usize,
+        steered: Steer,
     ) -> Result<(usize, Cow<'r, Stage>), EngineError> {
-        let pinned = self.pin.as_ref().filter(|p| p.stage < route.stages.len());
-        let k = match pinned {
+        let pinned = self.pin.clone().filter(|p| p.stage < route.stages.len());
+        let k = match &pinned {
             Some(p) if self.in_loop => p.stage,
-            _ => steered,
+            Some(p) if p.stage != steered.stage => self.moved_to(state, route, p, steered),
+            _ => steered.stage,
         };
         let stage = route.stages.get(k).ok_or_else(|| {
             EngineError::Internal(format!("route `{}` has no stage {k}", route.name))
         })?;
-        Ok(match pinned {
+        Ok(match &pinned {
             Some(p)
                 if p.stage == k
                     && !self.in_loop
@@ -98,9 +118,47 @@ impl Turn {
         })
     }
 
+    /// Where a genuine turn steered to another stage than its pin's goes, by `sessions.switch`; a priced
+    /// move's price is kept for the turn's outcome.
+    fn moved_to(&mut self, state: &AppState, route: &Route, pin: &Pin, steered: Steer) -> usize {
+        use tiergate_config::SwitchMode;
+        let (to, from) = (steered.stage, pin.stage);
+        match state.config.sessions.switch {
+            SwitchMode::Follow => to,
+            SwitchMode::Stay => {
+                self.price = Some(SwitchPrice {
+                    moved: false,
+                    why: "stay".into(),
+                    saving_ms: 0.0,
+                    cost_ms: 0.0,
+                    budget_ms: 0.0,
+                });
+                from
+            }
+            SwitchMode::Priced => {
+                let target = route.stages.get(to).map(|s| target_of(state, s));
+                let terms = Terms {
+                    confidence: steered.confidence,
+                    tokens: self.tokens,
+                    horizon_turns: state.config.sessions.switch_horizon_turns,
+                    budget_pct: self.budget_pct,
+                    spent: pin.spent,
+                };
+                let p = price(
+                    &rates_of(state, &pin.backend),
+                    &target.map(|t| rates_of(state, &t)).unwrap_or_default(),
+                    terms,
+                );
+                let k = if p.moved { to } else { from };
+                self.price = Some(p);
+                k
+            }
+        }
+    }
+
     /// Pins the session to the stage and backend that started this turn (an LLM turn; a cached answer moves
     /// nothing), and says in `out` what the pin did.
-    pub(crate) fn close(self, state: &AppState, route: &Route, k: usize, out: &mut Outcome) {
+    pub(crate) fn close(mut self, state: &AppState, route: &Route, k: usize, out: &mut Outcome) {
         let Some(key) = self.key else {
             return;
         };
@@ -122,6 +180,8 @@ impl Turn {
             .as_ref()
             .map_or_else(crate::model::request::unix_ms, |p| p.born_ms);
         let shared = self.shared();
+        let spent = self.spent(state, &backend);
+        out.switch = self.price.take();
         let pin = Pin {
             stage: k,
             backend,
@@ -129,9 +189,87 @@ impl Turn {
             born_ms,
             conversation: self.conversation,
             shared,
+            spent,
         };
         state.routing.sessions.put(&key, &self.tenant, pin);
     }
+}
+
+impl Turn {
+    /// The session's spend with this turn on `backend`: the turn's time there (a new session's whole
+    /// conversation read) and a move's cost.
+    fn spent(&self, state: &AppState, backend: &str) -> Spend {
+        let mut spent = self.pin.as_ref().map(|p| p.spent).unwrap_or_default();
+        let r = rates_of(state, backend);
+        let read = match &self.pin {
+            None => reread_ms(&r, self.tokens.held),
+            Some(_) => Some(0.0),
+        };
+        spent.total_ms += turn_ms(&r, self.tokens.new).unwrap_or(0.0) + read.unwrap_or(0.0);
+        if let Some(p) = self.price.as_ref().filter(|p| p.moved) {
+            spent.total_ms += p.cost_ms;
+            spent.moves_ms += p.cost_ms;
+        }
+        spent
+    }
+}
+
+/// Where a turn steered to `stage` would go there: the backend [`place`] chooses, else its first whose
+/// breaker is closed, else its first.
+fn target_of(state: &AppState, stage: &Stage) -> String {
+    place(state, stage)
+        .or_else(|| {
+            let open = |i: &usize| state.backend(*i).is_some_and(|l| l.breaker_closed());
+            stage
+                .alternatives
+                .iter()
+                .find(|(i, _)| open(i))
+                .map(|a| a.1.clone())
+        })
+        .or_else(|| stage.alternatives.first().map(|a| a.1.clone()))
+        .unwrap_or_default()
+}
+
+/// The measured figures of the backend named `name` (none for a name no backend has).
+fn rates_of(state: &AppState, name: &str) -> RateView {
+    state
+        .backends
+        .iter()
+        .find(|b| b.name == name)
+        .and_then(|b| b.llm.as_ref())
+        .map(|l| l.rates.view())
+        .unwrap_or_default()
+}
+
+/// `v`'s conversation in tokens (estimated): up to its last assistant turn (what a backend that wrote that
+/// turn holds), and after it.
+fn tokens_in(v: &Request) -> Tokens {
+    let bytes = |ms: &[crate::model::request::ValidMessage]| -> usize {
+        ms.iter()
+            .map(|m| {
+                m.content.len()
+                    + m.tool_calls
+                        .iter()
+                        .map(|c| c.arguments.len() + c.name.len())
+                        .sum::<usize>()
+            })
+            .sum()
+    };
+    let split = v
+        .messages
+        .iter()
+        .rposition(|m| m.role == "assistant")
+        .map_or(0, |i| i + 1);
+    Tokens {
+        held: tokens_of(bytes(&v.messages[..split])),
+        new: tokens_of(bytes(&v.messages[split..])),
+    }
+}
+
+/// Whether a turn whose pin did `session` found no warm conversation on its backend (its prefill is a cold
+/// one): a new session, a move to another stage or backend.
+pub(crate) fn cold(session: Option<&str>) -> bool {
+    matches!(session, Some("new" | "up" | "down" | "switched"))
 }
 
 /// Where a new session goes on `stage` when it prefers latency: the backend whose expected wait is lowest
@@ -213,6 +351,7 @@ mod tests {
             born_ms: 10_000,
             conversation: 1,
             shared: false,
+            spent: Default::default(),
         };
         assert!(applies(&pin, 42, 10_500, 1_000));
         assert!(!applies(&pin, 43, 10_500, 1_000), "stages changed since");

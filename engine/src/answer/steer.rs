@@ -11,10 +11,13 @@ use crate::model::outcome::Outcome;
 use crate::model::request::Request;
 use crate::state::Route;
 
-/// Where a request goes: its stage, and the label whose overrides apply (a sure label).
+/// Where a request goes: its stage, the label whose overrides apply (a sure label), and Tier-0's confidence
+/// that the stage is right (a sure label's probability; for the default stage, 1 − it).
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Steer {
     pub stage: usize,
     pub label: Option<usize>,
+    pub confidence: f64,
 }
 
 /// The stage a steered route sends `v` to, or the first stage of a route not steered.
@@ -27,6 +30,7 @@ pub(super) async fn steered(
         return Ok(Steer {
             stage: 0,
             label: None,
+            confidence: 1.0,
         });
     };
     let pred = super::tier0::tier0(route, v, out).await?;
@@ -41,9 +45,11 @@ pub(super) async fn steered(
     ];
     metrics::counter!(m::STEERED_TOTAL, &labels).increment(1);
     tracing::debug!(route = %route.name, label = pred.label, p = pred.confidence, sure = to.sure, stage = to.stage, "steered");
+    let p = f64::from(pred.confidence);
     Ok(Steer {
         stage: to.stage,
         label: to.sure.then_some(pred.label),
+        confidence: if to.sure { p } else { 1.0 - p },
     })
 }
 

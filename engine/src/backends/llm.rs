@@ -162,29 +162,48 @@ impl Llm {
     }
 }
 
-/// A backend's measured per-token times of its generations, in ms, smoothed (EWMA, α = 0.1): prefill — from a
-/// job's slot to its first token, per prompt token (an effective rate: what a warm prefix cache saved is in
-/// it) — and decode, per token after the first. What a session's switch would cost and save is priced in
-/// them.
+/// A backend's measured figures of its generations, smoothed (EWMA, α = 0.1): prefill — from a job's slot to
+/// its first token, per prompt token, ms (an effective rate: what a warm prefix cache saved is in it); cold
+/// prefill — the same on turns that found no warm conversation there (a session's first turn on it, one that
+/// moved to it); decode, per token after the first, ms; and the tokens an answer has. What a session's switch
+/// would cost and save is priced in them ([`crate::answer::session`]).
 #[derive(Debug, Default)]
-pub(crate) struct Rates(std::sync::Mutex<[Option<f64>; 2]>);
+pub(crate) struct Rates(std::sync::Mutex<RateView>);
+
+/// [`Rates`] as read.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct RateView {
+    pub prefill: Option<f64>,
+    pub cold_prefill: Option<f64>,
+    pub decode: Option<f64>,
+    pub completion: Option<f64>,
+}
 
 impl Rates {
-    /// One generation's `prefill` and `decode` rates (either may be unknown: no prompt tokens counted, one
-    /// token only).
-    pub(crate) fn observe(&self, prefill: Option<f64>, decode: Option<f64>) {
-        if let Ok(mut r) = self.0.lock() {
-            for (slot, x) in r.iter_mut().zip([prefill, decode]) {
-                if let Some(x) = x.filter(|x| x.is_finite()) {
-                    *slot = Some(slot.map_or(x, |old| old + 0.1 * (x - old)));
-                }
+    /// One generation's figures (any may be unknown: no prompt tokens counted, one token only); `cold`: it
+    /// found no warm conversation on the backend, so its prefill rate is also a cold one.
+    pub(crate) fn observe(
+        &self,
+        prefill: Option<f64>,
+        decode: Option<f64>,
+        cold: bool,
+        completion: Option<f64>,
+    ) {
+        let step = |slot: &mut Option<f64>, x: Option<f64>| {
+            if let Some(x) = x.filter(|x| x.is_finite()) {
+                *slot = Some(slot.map_or(x, |old| old + 0.1 * (x - old)));
             }
+        };
+        if let Ok(mut r) = self.0.lock() {
+            step(&mut r.prefill, prefill);
+            step(&mut r.cold_prefill, prefill.filter(|_| cold));
+            step(&mut r.decode, decode);
+            step(&mut r.completion, completion);
         }
     }
 
-    /// (prefill, decode) ms per token.
-    pub(crate) fn view(&self) -> [Option<f64>; 2] {
-        self.0.lock().map_or([None, None], |r| *r)
+    pub(crate) fn view(&self) -> RateView {
+        self.0.lock().map_or_else(|_| RateView::default(), |r| *r)
     }
 }
 
@@ -350,15 +369,23 @@ mod tests {
     #[test]
     fn rates_start_at_their_first_sample_and_move_a_tenth_of_the_way() {
         let r = Rates::default();
-        assert_eq!(r.view(), [None, None]);
-        r.observe(Some(2.0), None);
-        assert_eq!(r.view(), [Some(2.0), None]);
-        r.observe(Some(12.0), Some(40.0));
-        assert_eq!(r.view(), [Some(3.0), Some(40.0)]);
-        r.observe(None, Some(f64::NAN));
+        let v = |r: &Rates| {
+            let v = r.view();
+            [v.prefill, v.cold_prefill, v.decode, v.completion]
+        };
+        assert_eq!(v(&r), [None; 4]);
+        r.observe(Some(2.0), None, true, Some(10.0));
+        assert_eq!(v(&r), [Some(2.0), Some(2.0), None, Some(10.0)]);
+        r.observe(Some(12.0), Some(40.0), false, Some(20.0));
         assert_eq!(
-            r.view(),
-            [Some(3.0), Some(40.0)],
+            v(&r),
+            [Some(3.0), Some(2.0), Some(40.0), Some(11.0)],
+            "a warm turn's prefill is no cold one"
+        );
+        r.observe(None, Some(f64::NAN), true, None);
+        assert_eq!(
+            v(&r),
+            [Some(3.0), Some(2.0), Some(40.0), Some(11.0)],
             "unknown and non-finite samples change nothing"
         );
     }

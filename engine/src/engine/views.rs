@@ -235,7 +235,7 @@ fn backends(state: &AppState) -> Vec<serde_json::Value> {
         .map(|b| match &b.llm {
             Some(l) => {
                 let (running, waiting) = l.share.load();
-                let [prefill, decode] = l.rates.view();
+                let rates = l.rates.view();
                 json!({
                     "name": b.name,
                     "live_workers": l.client.live_workers(),
@@ -246,8 +246,10 @@ fn backends(state: &AppState) -> Vec<serde_json::Value> {
                         .recent_p95(Duration::from_secs(60))
                         .map(|d| d.as_secs_f64() * 1e3),
                     "breaker": if l.breaker_closed() { "closed" } else { "open" },
-                    "prefill_ms_per_token": prefill,
-                    "decode_ms_per_token": decode,
+                    "prefill_ms_per_token": rates.prefill,
+                    "cold_prefill_ms_per_token": rates.cold_prefill,
+                    "decode_ms_per_token": rates.decode,
+                    "completion_tokens": rates.completion,
                 })
             }
             None => json!({"name": b.name, "live_workers": 0, "breaker": null}),

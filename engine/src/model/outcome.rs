@@ -42,8 +42,10 @@ pub struct Outcome {
     /// Earlier user turns Tier-0 read with the last one (`context_turns`): such an answer is outside the
     /// error bound's calibration.
     pub context: usize,
-    /// What the session's pin did (`new`, `kept`, `up`, `switched`), for a turn with a session key.
+    /// What the session's pin did (`new`, `kept`, `up`, `down`, `switched`), for a turn with a session key.
     pub session: Option<&'static str>,
+    /// The price of a move between stages this turn was steered to (a pinned session's genuine turn).
+    pub switch: Option<crate::answer::switch::SwitchPrice>,
     /// The version of the head that classified it (classified routes).
     pub head: Option<String>,
     /// θ was forced by an operator's override header: the answer is no evidence about the traffic.
@@ -121,6 +123,9 @@ pub(crate) struct Decision {
     /// What the turn did to its session's pin, when it had a session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<&'static str>,
+    /// The price of a move between stages it was steered to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch: Option<crate::answer::switch::SwitchPrice>,
     #[serde(skip)]
     at: Option<Instant>,
 }
@@ -161,6 +166,7 @@ impl Decisions {
             label: outcome.label.clone(),
             latency_ms: took.as_secs_f64() * 1e3,
             session: outcome.session,
+            switch: outcome.switch.clone(),
             at: Some(Instant::now()),
         };
         if let Ok(mut q) = self.0.lock() {

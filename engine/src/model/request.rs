@@ -58,6 +58,8 @@ pub struct Request {
     /// first id; `user` where the operator says so): its turns stay with the stage and backend of its last LLM
     /// turn ([`crate::routing::sessions`]).
     pub session: Option<String>,
+    /// The switch budget the request asks for (`x-tiergate-max-switch-spend-pct`): lowers its route's.
+    pub max_switch_spend_pct: Option<f64>,
     /// The model name as the client sent it (its route may be an alias's): a side call to another model
     /// under the same session (Claude Code's background `haiku` calls) has a pin of its own.
     pub asked_model: String,
@@ -140,6 +142,7 @@ impl Request {
             json_schema: None,
             count_only: false,
             request_id: None,
+            max_switch_spend_pct: None,
         }
     }
 

@@ -70,6 +70,8 @@ pub(crate) struct Steering {
     pub policy: Arc<Policy>,
     /// What each head label's generations are written with (index by label).
     pub overrides: Vec<Option<tiergate_config::SteerOverride>>,
+    /// A session's switch budget, percent of its spend (`max_switch_spend_pct`).
+    pub max_switch_spend_pct: f64,
 }
 
 /// Where a steered request goes.
@@ -110,6 +112,7 @@ impl Steering {
             default: steer.default,
             policy: Arc::new(Policy::new(steer.policy.clone())),
             overrides,
+            max_switch_spend_pct: steer.max_switch_spend_pct,
         })
     }
 

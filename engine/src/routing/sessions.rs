@@ -16,7 +16,7 @@ use tiergate_config::SessionsConfig;
 use crate::routing::store::RedisStore;
 
 /// Where a session's last LLM turn was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Pin {
     /// The stage's index in its route.
     pub stage: usize,
@@ -31,28 +31,38 @@ pub(crate) struct Pin {
     /// Turns of another conversation came under the same key (a `prompt_cache_key` or `user` many share):
     /// the pin yields under load.
     pub shared: bool,
+    /// The session's spend so far (its turns' and its moves' backend time): what its switch budget is a
+    /// share of.
+    pub spent: crate::answer::switch::Spend,
 }
 
 impl Pin {
     fn encode(&self) -> String {
         format!(
-            "{}\t{:016x}\t{}\t{:016x}\t{}\t{}",
+            "{}\t{:016x}\t{}\t{:016x}\t{}\t{:.0}\t{:.0}\t{}",
             self.stage,
             self.route,
             self.born_ms,
             self.conversation,
             u8::from(self.shared),
+            self.spent.total_ms,
+            self.spent.moves_ms,
             self.backend
         )
     }
 
     /// A pin as [`Pin::encode`] wrote it (one of an older format reads as none).
     fn decode(s: &str) -> Option<Self> {
-        let mut parts = s.splitn(6, '\t');
+        let mut parts = s.splitn(8, '\t');
         let mut next = || parts.next();
         let (stage, route, born) = (next()?, next()?, next()?);
-        let (conversation, shared, backend) = (next()?, next()?, next()?);
+        let (conversation, shared) = (next()?, next()?);
+        let (total, moves, backend) = (next()?, next()?, next()?);
         Some(Self {
+            spent: crate::answer::switch::Spend {
+                total_ms: total.parse().ok()?,
+                moves_ms: moves.parse().ok()?,
+            },
             stage: stage.parse().ok()?,
             route: u64::from_str_radix(route, 16).ok()?,
             born_ms: born.parse().ok()?,
@@ -338,6 +348,7 @@ mod tests {
             born_ms: 1_000,
             conversation: 9,
             shared: false,
+            spent: Default::default(),
         }
     }
 
@@ -415,10 +426,18 @@ mod tests {
         assert_eq!(Pin::decode(&p.encode()), Some(p));
         let shared = Pin {
             shared: true,
+            spent: crate::answer::switch::Spend {
+                total_ms: 1234.0,
+                moves_ms: 56.0,
+            },
             ..pin(0, "q")
         };
         assert_eq!(Pin::decode(&shared.encode()), Some(shared));
-        // Pins of older formats read as none.
+        // Pins of older formats read as none (the last: before the session's spend was kept).
+        assert_eq!(
+            Pin::decode("1\t0000000000000007\t1000\t0000000000000009\t0\tqwen"),
+            None
+        );
         assert_eq!(Pin::decode("1\tqwen"), None);
         assert_eq!(Pin::decode("1\t0000000000000007\t1000\tqwen"), None);
         assert_eq!(Pin::decode("x\ty"), None);

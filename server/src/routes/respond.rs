@@ -236,6 +236,7 @@ pub(super) fn outcome_headers(o: &Outcome) -> Vec<(&'static str, String)> {
     put(header::STAGE, o.stage.clone());
     put(header::BACKEND, o.backend.clone());
     put(header::SESSION, o.session.map(str::to_string));
+    put(header::SWITCH, o.switch.as_ref().map(ToString::to_string));
     put(
         header::CONTEXT,
         (o.context > 0).then(|| o.context.to_string()),

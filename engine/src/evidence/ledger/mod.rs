@@ -67,6 +67,9 @@ pub struct Record {
     /// What the turn did to its session's pin (`new`, `kept`, `up`, `down`, `switched`), when it had a session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The price of a move between stages the turn was steered to, and whether it moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<crate::answer::switch::SwitchPrice>,
 }
 
 /// The feedback channel of answers decided under a forced θ.
@@ -597,6 +600,7 @@ mod tests {
             text: None,
             forced: false,
             session: None,
+            switch: None,
         }
     }
 
