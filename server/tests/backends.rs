@@ -1428,3 +1428,127 @@ async fn a_pin_on_a_shared_key_yields_under_load() {
         assert!(b["prefill_ms_per_token"].as_f64().unwrap() > 0.0, "{b}");
     }
 }
+
+/// A priced switch (`sessions.switch = "priced"`, the default) on a steered route over a fast `small` stage
+/// (stub, 30 ms a generation) and a slow `big` one (600 ms), once each backend's figures are measured: a
+/// session on `big` whose next turn Tier-0 steers to `small` moves when its conversation is short (reading it
+/// again on `small` costs little against the saving) and stays when it is long (16 KB: reading it again costs
+/// more than the saving over the horizon); a move up goes within the session's switch budget, and a request
+/// that lowers the budget to 0 % stays. The price is in `x-tiergate-switch` and the console's decisions; a bad
+/// budget header is a 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_between_stages_is_priced_against_reading_the_conversation_again() {
+    let entry = |name: &str, delay: u64| LlmEntry {
+        name: name.into(),
+        fields: toml::from_str(&format!(
+            "engine = \"stub\"\nworkers = 1\nextra_args = [\"--stub-delay-ms\", \"{delay}\"]"
+        ))
+        .unwrap(),
+    };
+    let r = all_live(rig(1, |c: &mut Config| {
+        c.llm = vec![entry("small", 30), entry("big", 600)];
+        for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
+            r.stages = Some(vec![
+                StageConfig::Name("small".into()),
+                StageConfig::Name("big".into()),
+            ]);
+            r.steer =
+                Some(toml::from_str("theta = 1.0\n[by_label]\ncard_lost = \"small\"").unwrap());
+        }
+    }));
+    let header =
+        |h: &axum::http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    // A turn: `history` earlier (user, assistant) pairs, then `text`.
+    let turn =
+        |session: Option<&str>, history: &[(String, String)], text: &str, pct: Option<&str>| {
+            let mut messages: Vec<Value> = Vec::new();
+            for (u, a) in history {
+                messages.push(json!({"role": "user", "content": u}));
+                messages.push(json!({"role": "assistant", "content": a}));
+            }
+            messages.push(json!({"role": "user", "content": text}));
+            let mut req = post(
+                "/v1/chat/completions",
+                json!({"model": "generate", "messages": messages, "max_tokens": 8}),
+            );
+            for (k, v) in [
+                ("x-session-id", session),
+                ("x-tiergate-max-switch-spend-pct", pct),
+            ] {
+                if let Some(v) = v {
+                    req.headers_mut().insert(k, v.parse().unwrap());
+                }
+            }
+            let app = r.app.clone();
+            async move {
+                let (st, h, b) = call(&app, req).await;
+                assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+                (
+                    header(&h, "x-tiergate-stage").unwrap(),
+                    header(&h, "x-tiergate-session"),
+                    header(&h, "x-tiergate-switch"),
+                )
+            }
+        };
+    // Each backend's figures, measured on turns without a session.
+    for _ in 0..3 {
+        assert_eq!(turn(None, &[], "card lost", None).await.0, "small");
+        assert_eq!(turn(None, &[], "pay bill", None).await.0, "big");
+    }
+    let backends = r.engine.console()["backends"].clone();
+    for b in backends.as_array().unwrap() {
+        assert!(b["decode_ms_per_token"].as_f64().unwrap() > 0.0, "{b}");
+        assert!(b["completion_tokens"].as_f64().unwrap() > 0.0, "{b}");
+    }
+    let s = |v: &str| Some(v.to_string());
+    let said = |h: Option<String>, what: &str| {
+        let h = h.expect("x-tiergate-switch");
+        assert!(h.starts_with(what), "{h}");
+        h
+    };
+    // Short: on big, then steered to small — it moves, for its saving.
+    let short = vec![("pay bill".to_string(), "stub: pay bill".to_string())];
+    assert_eq!(
+        turn(s("p").as_deref(), &[], "pay bill", None).await.1,
+        s("new")
+    );
+    let (stage, pin, sw) = turn(Some("p"), &short, "card lost", None).await;
+    assert_eq!((stage.as_str(), pin), ("small", s("down")));
+    said(sw, "moved; why=saving");
+    // Long: 16 KB before this turn — reading it again on small costs more than the saving: it stays on big.
+    let long = vec![("pay bill ".repeat(800), "stub: pay bill".repeat(100))];
+    assert_eq!(turn(Some("q"), &[], "pay bill", None).await.1, s("new"));
+    let (stage, pin, sw) = turn(Some("q"), &long, "card lost", None).await;
+    assert_eq!((stage.as_str(), pin), ("big", s("kept")));
+    said(sw, "stayed; why=dear");
+    // Up, from small to big: within the budget it moves; with the request's budget at 0 % it stays.
+    assert_eq!(turn(Some("u"), &[], "card lost", None).await.1, s("new"));
+    let back = vec![("card lost".to_string(), "stub: card lost".to_string())];
+    let (stage, _, sw) = turn(Some("u"), &back, "pay bill", Some("0")).await;
+    assert_eq!(stage, "small");
+    said(sw, "stayed; why=budget");
+    let (stage, pin, sw) = turn(Some("u"), &back, "pay bill", None).await;
+    assert_eq!((stage.as_str(), pin), ("big", s("up")));
+    said(sw, "moved; why=quality");
+    // A turn with no move to weigh carries no price.
+    assert_eq!(turn(Some("u"), &back, "pay bill", None).await.2, None);
+    // The console's decisions carry the price.
+    let decisions = r.engine.console()["decisions"].clone();
+    let priced: Vec<&Value> = decisions
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d.get("switch").is_some())
+        .collect();
+    assert_eq!(priced.len(), 4, "{decisions}");
+    assert!(priced
+        .iter()
+        .any(|d| d["switch"]["why"] == "dear" && d["switch"]["cost_ms"].as_f64().unwrap() > 0.0));
+    // A bad budget is a 400 naming the header.
+    let mut bad = post("/v1/chat/completions", chat("generate", "hello"));
+    bad.headers_mut()
+        .insert("x-tiergate-max-switch-spend-pct", "-3".parse().unwrap());
+    let (st, _, b) = call(&r.app, bad).await;
+    let v = assert_openai_error(st, &b, 400);
+    assert_eq!(v["error"]["param"], "x-tiergate-max-switch-spend-pct");
+}
