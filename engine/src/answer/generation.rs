@@ -125,11 +125,9 @@ pub(super) async fn generate(
     if matches!(started.first, Event::Chunk(_) | Event::ToolCall(_)) {
         metrics::histogram!(m::TTFT_SECONDS).record(v.started.elapsed().as_secs_f64());
     }
-    Ok(Body::Stream(Box::new(Generation::new(
-        started,
-        keep,
-        prompt_tokens,
-    ))))
+    let mut g = Generation::new(started, keep, prompt_tokens);
+    g.estimated_prompt = super::switch::tokens_of(v.messages.iter().map(|m| m.content.len()).sum());
+    Ok(Body::Stream(Box::new(g)))
 }
 
 /// Whether `stage` may generate at `step`: the ladder pauses generation where the stage is pressed too
@@ -209,6 +207,9 @@ pub struct Generation {
     first_at: std::time::Instant,
     /// Its backend's per-token times, which its end adds to.
     rates: std::sync::Arc<crate::backends::llm::Rates>,
+    /// Its prompt's tokens as estimated from its text: the prefill rate's divisor when the backend counts
+    /// none (an upstream whose stream carries no usage, as llama-cpp-python's server).
+    estimated_prompt: f64,
     /// The request's records, settled at its end, its error or its drop ([`super::settle`]).
     settle: Option<super::settle::Settle>,
     /// What became of the request, its generation time filled in at the end.
@@ -230,6 +231,7 @@ impl Generation {
             span: tracing::Span::current(),
             first_at: std::time::Instant::now(),
             rates: s.rates,
+            estimated_prompt: 0.0,
             settle: None,
             outcome: Outcome::default(),
         }
@@ -260,12 +262,16 @@ impl Generation {
         }
     }
 
-    /// Adds its figures to its backend's: the wait for its first token over `prompt` tokens (a cold rate too
-    /// when its session found no warm conversation there), the rest over the `completion` tokens after the
-    /// first, and the answer's tokens.
+    /// Adds its figures to its backend's: the wait for its first token over `prompt` tokens (its estimate
+    /// when the backend counted none; a cold rate too when its session found no warm conversation there), the
+    /// rest over the `completion` tokens after the first, and the answer's tokens.
     fn measure(&self, prompt: u32, completion: u32) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let prefill = (prompt > 0).then(|| ms(self.waited) / f64::from(prompt));
+        let prompt = match prompt {
+            0 => self.estimated_prompt,
+            n => f64::from(n),
+        };
+        let prefill = (prompt >= 1.0).then(|| ms(self.waited) / prompt);
         let decode =
             (completion > 1).then(|| ms(self.first_at.elapsed()) / f64::from(completion - 1));
         let cold = super::session::cold(self.outcome.session);
