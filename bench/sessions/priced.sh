@@ -11,13 +11,13 @@
 #              switch budget).
 # Prints one report line per arm (bench/sessions/priced.py report).
 #
-# usage: bench/sessions/priced.sh [SESSIONS] [TURNS] [CONCURRENCY] [ARMS]   (defaults 24 6 4 "unpinned stay priced";
+# usage: bench/sessions/priced.sh [SESSIONS] [TURNS] [CONCURRENCY] [ARMS]   (defaults 24 6 2 "unpinned stay priced";
 #        needs scripts/fetch-models.sh --judge qwen2.5-0.5b and llama-cpp-python[server])
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/tiergate"
-n="${1:-24}" turns="${2:-6}" conc="${3:-4}" arms="${4:-unpinned stay priced}"
+n="${1:-24}" turns="${2:-6}" conc="${3:-2}" arms="${4:-unpinned stay priced}"
 out="${OUT:-/tmp/tiergate-priced}"
 mkdir -p "$out"
 py=bench/sessions/priced.py
@@ -51,7 +51,7 @@ for arm in $arms; do
   esac
   # shellcheck disable=SC2086
   "$bin" serve --listen 127.0.0.1:18613 --admin-listen 127.0.0.1:18614 \
-    --set 'llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18611/v1", model = "smollm2", workers = 1, max_concurrent = 1, max_in_flight = 16 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18612/v1", model = "qwen", workers = 1, max_concurrent = 1, max_in_flight = 16 }]' \
+    --set 'llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18611/v1", model = "smollm2", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18612/v1", model = "qwen", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }]' \
     --set "routes=[{ name = \"chat\", kind = \"generate\", stages = [\"small\", \"big\"], deadline_ms = 300000, max_deadline_ms = 300000, steer = { by_label = $map, theta = 0.5 } }]" \
     --set server.stream_head_ms=600000 $sessions >"$out/$arm-serve.log" 2>&1 &
   pids+=($!)

@@ -12,8 +12,9 @@ use crate::futex::{now_ns, Waiters};
 pub const MAGIC: u64 = 0x5449_4552_4741_5445;
 /// Bumped on any change of the layout below or of the job encoding (2: per-slot wake-ups, counted waiters,
 /// postcard-encoded jobs and replies; 3: jobs carry the submitter's trace context; 4: a rerank carries no fusion
-/// weights and its reply only the LLM's scores: the server fuses).
-pub const LAYOUT_VERSION: u32 = 6;
+/// weights and its reply only the LLM's scores: the server fuses; 7: a generation's usage says its cached
+/// prompt tokens).
+pub const LAYOUT_VERSION: u32 = 7;
 /// Worker records in the header.
 pub const MAX_WORKERS: usize = 16;
 

@@ -176,6 +176,9 @@ pub struct Usage {
     pub prompt_tokens: u32,
     /// Generated tokens.
     pub completion_tokens: u32,
+    /// Prompt tokens found in the engine's prompt cache, not read again (`None`: the engine does not say).
+    #[serde(default)]
+    pub cached_tokens: Option<u32>,
     /// `stop`, `length`, `tool_calls` or `cancelled`.
     pub finish_reason: String,
     /// The stop sequence that ended it, when one did (engines that know which).
@@ -330,6 +333,7 @@ mod tests {
         let reply = Reply::Generated(Usage {
             prompt_tokens: 3,
             completion_tokens: 2,
+            cached_tokens: Some(1),
             finish_reason: "stop".into(),
             stop_sequence: None,
         });

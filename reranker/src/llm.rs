@@ -195,6 +195,7 @@ impl Engine for MistralEngine {
             let mut usage = Usage {
                 prompt_tokens: 0,
                 completion_tokens: 0,
+                cached_tokens: None,
                 finish_reason: "stop".into(),
                 stop_sequence: None,
             };

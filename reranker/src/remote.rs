@@ -213,6 +213,7 @@ impl RemoteEngine {
         let mut usage = Usage {
             prompt_tokens: 0,
             completion_tokens: 0,
+            cached_tokens: None,
             finish_reason: "stop".into(),
             stop_sequence: None,
         };
@@ -260,6 +261,10 @@ impl RemoteEngine {
                 if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                     usage.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0) as u32;
                     usage.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0) as u32;
+                    // What the upstream's prompt cache held (vLLM, llama.cpp's server, OpenAI say it).
+                    usage.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
+                        .as_u64()
+                        .map(|c| c as u32);
                 }
             }
         }

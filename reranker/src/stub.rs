@@ -304,6 +304,7 @@ fn usage(messages: &[Message], completion: u32, finish: &str) -> Usage {
             .map(|m| m.content.split_whitespace().count() as u32)
             .sum(),
         completion_tokens: completion,
+        cached_tokens: None,
         finish_reason: finish.into(),
         stop_sequence: None,
     }

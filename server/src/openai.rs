@@ -153,7 +153,7 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Sum.
     pub total_tokens: u32,
-    /// `cached_tokens`, which clients read: 0, as no backend's prompt cache is visible here.
+    /// `cached_tokens`: prompt tokens the backend found in its prompt cache (0 where it does not say).
     pub prompt_tokens_details: PromptTokensDetails,
 }
 
@@ -173,6 +173,12 @@ impl Usage {
             total_tokens: prompt + completion,
             prompt_tokens_details: PromptTokensDetails::default(),
         }
+    }
+
+    /// With the prompt tokens the backend found cached.
+    pub fn cached(mut self, cached: u32) -> Self {
+        self.prompt_tokens_details.cached_tokens = cached.min(self.prompt_tokens);
+        self
     }
 }
 

@@ -312,3 +312,93 @@ fn the_conformance_matrix_passes() {
         .unwrap_or(0);
     assert!(passed >= 50, "{passed} cases: {out}");
 }
+
+/// The prompt cache the llama.cpp engine read from is in every door's usage: a conversation's second turn
+/// (its first turn and answer sent again, then a question) starts from the sequence the first turn left
+/// cached, and says how many of its prompt tokens came from it — Chat Completions'
+/// `prompt_tokens_details.cached_tokens` (within `prompt_tokens`), Responses' `input_tokens_details`, Messages'
+/// `cache_read_input_tokens` (with `input_tokens` the rest). A first turn with nothing cached before it says
+/// fewer than its whole prompt (a fresh conversation shares at most the template's opening).
+#[test]
+fn every_door_says_what_the_llama_cpp_prompt_cache_held() {
+    let model = root().join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let s = start(&[
+        "--set",
+        "reranker.engine=\"llamacpp\"",
+        "--set",
+        &format!("reranker.model=\"{}\"", model.display()),
+        "--set",
+        "reranker.workers=1",
+        "--set",
+        "reranker.warmup_ms=0",
+        "--set",
+        "routes=[{ name = \"generate\", kind = \"generate\" }]",
+    ]);
+    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+        ureq::post(&format!("{}{path}", s.base))
+            .set("x-api-key", "unused")
+            .set("anthropic-version", "2023-06-01")
+            .send_json(body)
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    let opening = "Here is a long note about a bank account that the assistant should keep in mind: \
+                   the card ending 4242 was ordered on Monday, posted on Tuesday, and has not arrived.";
+    for (door, n) in [("chat", 0), ("responses", 1), ("messages", 2)] {
+        // Each door's conversation starts apart from the others' (the cache holds theirs too).
+        let first = format!("Question {n}. {opening} When will it come?");
+        let turns = |second: bool| {
+            let mut m = vec![serde_json::json!({"role": "user", "content": first})];
+            if second {
+                m.push(serde_json::json!({"role": "assistant", "content": "Soon."}));
+                m.push(serde_json::json!({"role": "user", "content": "And if it does not?"}));
+            }
+            m
+        };
+        let ask = |second: bool| -> (u64, u64) {
+            match door {
+                "chat" => {
+                    let v = post(
+                        "/v1/chat/completions",
+                        serde_json::json!({"model": "generate", "max_tokens": 4, "messages": turns(second)}),
+                    );
+                    let u = &v["usage"];
+                    (
+                        u["prompt_tokens"].as_u64().unwrap(),
+                        u["prompt_tokens_details"]["cached_tokens"]
+                            .as_u64()
+                            .unwrap(),
+                    )
+                }
+                "responses" => {
+                    let v = post(
+                        "/v1/responses",
+                        serde_json::json!({"model": "generate", "max_output_tokens": 4, "input": turns(second)}),
+                    );
+                    let u = &v["usage"];
+                    (
+                        u["input_tokens"].as_u64().unwrap(),
+                        u["input_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+                    )
+                }
+                _ => {
+                    let v = post(
+                        "/v1/messages",
+                        serde_json::json!({"model": "generate", "max_tokens": 4, "messages": turns(second)}),
+                    );
+                    let u = &v["usage"];
+                    let cached = u["cache_read_input_tokens"].as_u64().unwrap();
+                    (u["input_tokens"].as_u64().unwrap() + cached, cached)
+                }
+            }
+        };
+        let (prompt1, cached1) = ask(false);
+        assert!(cached1 < prompt1 / 2, "{door}: {cached1} of {prompt1}");
+        let (prompt2, cached2) = ask(true);
+        assert!(
+            cached2 >= prompt1 - 2 && cached2 < prompt2,
+            "{door}: the second turn read its first from the cache: {cached2} of {prompt2} (first {prompt1})"
+        );
+    }
+}

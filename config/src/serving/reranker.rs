@@ -82,6 +82,11 @@ pub struct RerankerConfig {
     /// llama.cpp: finished conversations kept as cached prefixes besides the running ones (their KV cells are
     /// reused by a request that continues them, and given up least recently used first when space is needed).
     pub cached_sequences: usize,
+    /// How many conversations the backend keeps warm in its prompt cache, for the placement of new sessions
+    /// (past it, a new session there pushes a held one's conversation out). The `llamacpp` engine keeps
+    /// `workers × cached_sequences` whatever this says; a remote upstream keeps what it is set to (a llama.cpp
+    /// server's slots, a vLLM prefix cache's room): 0, not modelled.
+    pub prompt_cache_sessions: usize,
     /// llama.cpp: most tokens in one forward pass; a longer prompt is read in chunks of this size between the
     /// decode steps of the streams already running.
     pub chunk_tokens: usize,
@@ -163,6 +168,7 @@ impl Default for RerankerConfig {
             batch_threads: 0,
             context_tokens: 16_384,
             cached_sequences: 4,
+            prompt_cache_sessions: 0,
             chunk_tokens: 512,
             max_concurrent: 4,
             extra_args: Vec::new(),
@@ -229,6 +235,16 @@ impl RerankerConfig {
         (self.workers * self.max_concurrent)
             .min(self.in_flight_limit())
             .max(1)
+    }
+
+    /// How many conversations the backend keeps warm ([`RerankerConfig::prompt_cache_sessions`]; 0: not
+    /// modelled).
+    pub fn warm_sessions(&self) -> usize {
+        match self.engine {
+            EngineKind::Llamacpp | EngineKind::Auto => self.workers * self.cached_sequences,
+            EngineKind::Openai => self.prompt_cache_sessions,
+            EngineKind::Stub | EngineKind::Mistralrs => 0,
+        }
     }
 
     /// The escalation in-flight bound in force: jobs dispatched to the workers or waiting for them.

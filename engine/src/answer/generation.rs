@@ -106,6 +106,7 @@ pub(super) async fn generate(
         let tokens = Tokens {
             prompt: prompt_tokens,
             completion: hit.completion_tokens,
+            cached: 0,
         };
         let text = hit.text.clone().unwrap_or_default();
         return Ok(Body::Text { text, tokens });
@@ -147,6 +148,8 @@ fn generates(state: &AppState, stage: &Stage, step: crate::load::brownout::Step)
 pub struct Tokens {
     pub prompt: u32,
     pub completion: u32,
+    /// Prompt tokens the backend found in its prompt cache (0 where it does not say).
+    pub cached: u32,
 }
 
 /// Why a generation ended.
@@ -263,20 +266,28 @@ impl Generation {
     }
 
     /// Adds its figures to its backend's: the wait for its first token over `prompt` tokens (its estimate
-    /// when the backend counted none; a cold rate too when its session found no warm conversation there), the
-    /// rest over the `completion` tokens after the first, and the answer's tokens.
-    fn measure(&self, prompt: u32, completion: u32) {
+    /// when the backend counted none), and as a cold rate over the tokens it read (the backend says how many
+    /// it found cached; one that does not: over them all when its session found no warm conversation there);
+    /// the rest over the `completion` tokens after the first, and the answer's tokens.
+    fn measure(&self, prompt: u32, cached: Option<u32>, completion: u32) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let prompt = match prompt {
+        let all = match prompt {
             0 => self.estimated_prompt,
             n => f64::from(n),
         };
-        let prefill = (prompt >= 1.0).then(|| ms(self.waited) / prompt);
+        let wait = ms(self.waited);
+        let prefill = (all >= 1.0).then(|| wait / all);
+        let cold = match cached {
+            // Enough tokens read that a fixed cost per request does not make the rate.
+            Some(c) => Some(f64::from(prompt.saturating_sub(c))).filter(|r| *r >= 32.0),
+            None => super::session::cold(self.outcome.session).then_some(all),
+        };
+        let cold = cold.filter(|r| *r >= 1.0).map(|read| wait / read);
         let decode =
             (completion > 1).then(|| ms(self.first_at.elapsed()) / f64::from(completion - 1));
-        let cold = super::session::cold(self.outcome.session);
+        let prompt = (all >= 1.0).then_some(all);
         self.rates
-            .observe(prefill, decode, cold, Some(f64::from(completion)));
+            .observe(prompt, prefill, cold, decode, Some(f64::from(completion)));
     }
 
     /// The span it started in.
@@ -312,7 +323,7 @@ impl Generation {
             }
             Event::Reply(Reply::Generated(u)) => {
                 self.ended(None);
-                self.measure(u.prompt_tokens, u.completion_tokens);
+                self.measure(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
                 let finish = match u.finish_reason.as_str() {
                     "length" => Finish::Length,
                     "tool_calls" => Finish::ToolCalls,
@@ -325,6 +336,7 @@ impl Generation {
                 let tokens = Tokens {
                     prompt: u.prompt_tokens + self.prompt_tokens,
                     completion: u.completion_tokens,
+                    cached: u.cached_tokens.unwrap_or(0),
                 };
                 Ok(Delta::End {
                     finish,

@@ -273,40 +273,79 @@ pub(crate) fn cold(session: Option<&str>) -> bool {
 }
 
 /// Where a new session goes on `stage` when it prefers latency: the backend whose expected wait is lowest
-/// given the sessions it already holds — its mean service time × (sessions held + 1) ÷ its slots — among those
-/// whose breaker is closed. A backend not yet measured counts at the lowest measured mean (else its prior),
-/// so that a conservative prior does not keep every session off it: its first sessions measure it. `None` on
-/// a stage that prefers quality (its listed order is the operator's), or with one alternative.
+/// given the sessions it already holds — its mean service time × (sessions held + 1) ÷ its slots — and its
+/// prompt cache's room: on a backend that already keeps as many conversations warm as its cache holds
+/// (`prompt_cache_sessions`; the llama.cpp engine's `workers × cached_sequences`), a new session pushes one
+/// out, whose next turn reads its conversation again (its mean prompt × its cold prefill time per token is
+/// added). Among backends whose breaker is closed; one not yet measured counts at the lowest measured mean
+/// (else its prior), so that a conservative prior does not keep every session off it: its first sessions
+/// measure it. `None` on a stage that prefers quality (its listed order is the operator's), or with one
+/// alternative.
 fn place(state: &AppState, stage: &Stage) -> Option<String> {
-    use std::time::Duration;
     if stage.prefer != tiergate_config::Prefer::Latency || stage.alternatives.len() < 2 {
         return None;
     }
-    let seen: Vec<(&String, Duration, bool, usize)> = stage
+    let seen: Vec<Seen> = stage
         .alternatives
         .iter()
         .filter_map(|(i, name)| {
             let llm = state.backend(*i).filter(|l| l.breaker_closed())?;
             let (mean, measured, slots) = llm.placement();
-            Some((name, mean, measured, slots))
+            let r = llm.rates.view();
+            let reread = r
+                .cold_prefill
+                .or(r.prefill)
+                .zip(r.prompt)
+                .map(|(a, b)| a * b);
+            let warm = llm.limits.warm_sessions;
+            Some(Seen {
+                name,
+                mean,
+                measured,
+                slots,
+                warm,
+                reread,
+            })
         })
         .collect();
-    let lowest_measured = seen.iter().filter(|s| s.2).map(|s| s.1).min();
+    let lowest_measured = seen.iter().filter(|s| s.measured).map(|s| s.mean).min();
     let sessions = &state.routing.sessions;
     seen.iter()
-        .map(|(name, mean, measured, slots)| {
+        .map(|s| {
             let mean = match lowest_measured {
-                Some(m) if !*measured => m.min(*mean),
-                _ => *mean,
+                Some(m) if !s.measured => m.min(s.mean),
+                _ => s.mean,
             };
-            let held = sessions.held_on(name);
-            (
-                mean.mul_f64((held + 1) as f64 / (*slots).max(1) as f64),
-                *name,
-            )
+            (s.expected_ms(mean, sessions.held_on(s.name)), s.name)
         })
-        .min_by_key(|c| c.0)
+        .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, n)| n.clone())
+}
+
+/// A backend as [`place`] weighs it.
+struct Seen<'a> {
+    name: &'a String,
+    mean: std::time::Duration,
+    measured: bool,
+    slots: usize,
+    /// Conversations its prompt cache keeps warm (0: not modelled).
+    warm: usize,
+    /// Reading a mean prompt cold there, ms.
+    reread: Option<f64>,
+}
+
+impl Seen<'_> {
+    /// What one more session there is expected to cost, ms, while it holds `held`: the wait for a slot at
+    /// service time `mean`, and — its prompt cache full — the conversation pushed out read again.
+    fn expected_ms(&self, mean: std::time::Duration, held: usize) -> f64 {
+        let wait = mean.as_secs_f64() * 1e3 * (held + 1) as f64 / self.slots.max(1) as f64;
+        let full = self.warm > 0 && held >= self.warm;
+        wait + if full {
+            self.reread.unwrap_or(0.0)
+        } else {
+            0.0
+        }
+    }
 }
 
 /// A digest of `v`'s conversation: its first user message (what stays the same from turn to turn of one
@@ -341,6 +380,31 @@ fn applies(pin: &Pin, fingerprint: u64, now_ms: u64, max_age_ms: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_whose_prompt_cache_is_full_costs_a_conversation_read_again() {
+        let name = "a".to_string();
+        let s = Seen {
+            name: &name,
+            mean: std::time::Duration::from_millis(100),
+            measured: true,
+            slots: 2,
+            warm: 4,
+            reread: Some(900.0),
+        };
+        let mean = s.mean;
+        assert!((s.expected_ms(mean, 0) - 50.0).abs() < 1e-9);
+        assert!(
+            (s.expected_ms(mean, 3) - 200.0).abs() < 1e-9,
+            "room for a 4th"
+        );
+        assert!(
+            (s.expected_ms(mean, 4) - 1150.0).abs() < 1e-9,
+            "full: one pushed out"
+        );
+        let unmodelled = Seen { warm: 0, ..s };
+        assert!((unmodelled.expected_ms(mean, 40) - 2050.0).abs() < 1e-9);
+    }
 
     #[test]
     fn a_pin_applies_only_under_its_routes_stages_and_within_its_age() {

@@ -129,6 +129,7 @@ mod tests {
 
     fn rates(prefill: f64, cold: f64, decode: f64, completion: f64) -> RateView {
         RateView {
+            prompt: None,
             prefill: Some(prefill),
             cold_prefill: Some(cold),
             decode: Some(decode),

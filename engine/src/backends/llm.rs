@@ -60,6 +60,8 @@ pub(crate) struct Limits {
     pub rerank_deadline: Duration,
     /// A generation's deadline.
     pub generate_deadline: Duration,
+    /// Conversations its prompt cache keeps warm (0: not modelled).
+    pub warm_sessions: usize,
 }
 
 impl Limits {
@@ -70,6 +72,7 @@ impl Limits {
             capacity: r.capacity(),
             rerank_deadline: Duration::from_millis(r.rerank_deadline_ms),
             generate_deadline: Duration::from_millis(r.generate_deadline_ms),
+            warm_sessions: r.warm_sessions(),
         }
     }
 }
@@ -173,6 +176,8 @@ pub(crate) struct Rates(std::sync::Mutex<RateView>);
 /// [`Rates`] as read.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub(crate) struct RateView {
+    /// Prompt tokens of a generation.
+    pub prompt: Option<f64>,
     pub prefill: Option<f64>,
     pub cold_prefill: Option<f64>,
     pub decode: Option<f64>,
@@ -180,13 +185,13 @@ pub(crate) struct RateView {
 }
 
 impl Rates {
-    /// One generation's figures (any may be unknown: no prompt tokens counted, one token only); `cold`: it
-    /// found no warm conversation on the backend, so its prefill rate is also a cold one.
+    /// One generation's figures (any may be unknown: no prompt tokens counted, nothing read, one token only).
     pub(crate) fn observe(
         &self,
+        prompt: Option<f64>,
         prefill: Option<f64>,
+        cold: Option<f64>,
         decode: Option<f64>,
-        cold: bool,
         completion: Option<f64>,
     ) {
         let step = |slot: &mut Option<f64>, x: Option<f64>| {
@@ -195,8 +200,9 @@ impl Rates {
             }
         };
         if let Ok(mut r) = self.0.lock() {
+            step(&mut r.prompt, prompt);
             step(&mut r.prefill, prefill);
-            step(&mut r.cold_prefill, prefill.filter(|_| cold));
+            step(&mut r.cold_prefill, cold);
             step(&mut r.decode, decode);
             step(&mut r.completion, completion);
         }
@@ -374,15 +380,15 @@ mod tests {
             [v.prefill, v.cold_prefill, v.decode, v.completion]
         };
         assert_eq!(v(&r), [None; 4]);
-        r.observe(Some(2.0), None, true, Some(10.0));
+        r.observe(None, Some(2.0), Some(2.0), None, Some(10.0));
         assert_eq!(v(&r), [Some(2.0), Some(2.0), None, Some(10.0)]);
-        r.observe(Some(12.0), Some(40.0), false, Some(20.0));
+        r.observe(None, Some(12.0), None, Some(40.0), Some(20.0));
         assert_eq!(
             v(&r),
             [Some(3.0), Some(2.0), Some(40.0), Some(11.0)],
             "a warm turn's prefill is no cold one"
         );
-        r.observe(None, Some(f64::NAN), true, None);
+        r.observe(None, None, None, Some(f64::NAN), None);
         assert_eq!(
             v(&r),
             [Some(3.0), Some(2.0), Some(40.0), Some(11.0)],

@@ -419,6 +419,7 @@ impl Engine for LlamaCppEngine {
             return Ok(Usage {
                 prompt_tokens: p.tokens.len() as u32,
                 completion_tokens: 0,
+                cached_tokens: None,
                 finish_reason: "length".into(),
                 stop_sequence: None,
             });
@@ -447,6 +448,7 @@ impl Engine for LlamaCppEngine {
         let mut usage = Usage {
             prompt_tokens,
             completion_tokens: 0,
+            cached_tokens: None,
             finish_reason: "stop".into(),
             stop_sequence: None,
         };
@@ -474,6 +476,7 @@ impl Engine for LlamaCppEngine {
                 }
                 Event::Done(Ok(done)) => {
                     usage.completion_tokens = done.completion_tokens;
+                    usage.cached_tokens = Some(done.cached_tokens);
                     if done.length {
                         usage.finish_reason = "length".into();
                     }

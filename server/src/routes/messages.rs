@@ -126,7 +126,11 @@ impl Whole {
             text,
             calls: Vec::new(),
             end,
-            tokens: Tokens { prompt, completion },
+            tokens: Tokens {
+                prompt,
+                completion,
+                cached: 0,
+            },
             stop: None,
         }
     }
@@ -153,11 +157,13 @@ fn message(v: &ValidChat, w: Option<&Whole>, t: Tokens) -> Value {
            "stop_sequence": w.and_then(|w| w.stop.as_deref()), "usage": usage(t)})
 }
 
-/// A `usage` object: the backend's own counts; no prompt cache is read or written that this server could
-/// count, so the cache fields clients read are 0.
+/// A `usage` object: the backend's own counts — the prompt tokens it found in its prompt cache as
+/// `cache_read_input_tokens`, the rest as `input_tokens` (Anthropic's split); nothing is counted as written to
+/// a cache (`cache_creation_input_tokens` 0: a backend's prefix cache is not billed apart).
 fn usage(t: Tokens) -> Value {
-    json!({"input_tokens": t.prompt, "output_tokens": t.completion,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+    let cached = t.cached.min(t.prompt);
+    json!({"input_tokens": t.prompt - cached, "output_tokens": t.completion,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached})
 }
 
 fn event(kind: &str, data: Value) -> Event {
@@ -169,6 +175,7 @@ fn opening(v: &ValidChat, prompt: u32) -> [Event; 2] {
     let start = Tokens {
         prompt,
         completion: 0,
+        cached: 0,
     };
     [
         event(

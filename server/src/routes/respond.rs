@@ -151,7 +151,7 @@ pub(super) struct Collected {
 }
 
 fn usage(t: Tokens) -> Usage {
-    Usage::new(t.prompt, t.completion)
+    Usage::new(t.prompt, t.completion).cached(t.cached)
 }
 
 /// `resp` as another door renders it: holding the admission permit to its last byte, with the outcome's

@@ -259,7 +259,11 @@ async fn render(engine: &Engine, v: &ValidChat, a: Answer, keep: Keep) -> Respon
 }
 
 fn tokens(prompt: u32, completion: u32) -> Tokens {
-    Tokens { prompt, completion }
+    Tokens {
+        prompt,
+        completion,
+        cached: 0,
+    }
 }
 
 /// What a response says: its text, its function calls, why it ended, its tokens.
@@ -355,7 +359,7 @@ fn response(v: &ValidChat, status: &str, out: Option<&Output>, shapes: &Shapes) 
         "truncation": "disabled", "store": false, "metadata": {}, "instructions": null,
         "usage": {"input_tokens": t.prompt, "output_tokens": t.completion,
                   "total_tokens": t.prompt + t.completion,
-                  "input_tokens_details": {"cached_tokens": 0},
+                  "input_tokens_details": {"cached_tokens": t.cached.min(t.prompt)},
                   "output_tokens_details": {"reasoning_tokens": 0}},
     })
 }
