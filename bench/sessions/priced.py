@@ -10,8 +10,9 @@ Rows are split by position: even rows are `dev`, odd rows `test`; the sessions o
   priced.py sessions SPLIT N TURNS SEED            prints N sessions (JSON lines)
   priced.py horizon MAP.toml SESSIONS.jsonl        the mean run of turns a move to another stage serves (dev)
   priced.py run BASE ROUTE SESSIONS.jsonl CONC     replays them, prints one JSON line per turn
-  priced.py report MAP.toml TURNS.jsonl LOG...     TTFT of later turns, prompt tokens each server evaluated
-                                                   (llama.cpp's own count, from its log), stage accuracy
+  priced.py report MAP.toml TURNS.jsonl [LOG...]   TTFT of later turns, prompt tokens each server evaluated
+                                                   (llama.cpp's own count, from its log; without logs, the
+                                                   answers' usage: prompt less cached tokens), stage accuracy
 
 The stage a turn should go to is its gold label's stage in MAP.toml (`"*"` for the rest).
 """
@@ -89,11 +90,11 @@ def replay(base, route, sess):
     for t, q in enumerate(sess["turns"]):
         messages.append({"role": "user", "content": q["text"]})
         body = json.dumps({"model": route, "messages": messages, "max_tokens": 24, "temperature": 0,
-                           "stream": True}).encode()
+                           "stream": True, "stream_options": {"include_usage": True}}).encode()
         headers = {"content-type": "application/json", "x-session-id": sess["id"],
                    "x-tiergate-deadline-ms": "300000"}
         start = time.perf_counter()
-        first, text, h = None, "", {}
+        first, text, h, usage = None, "", {}, {}
         try:
             with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/chat/completions", body, headers),
                                         timeout=600) as r:
@@ -102,7 +103,9 @@ def replay(base, route, sess):
                     line = line.decode().strip()
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    ch = json.loads(line[6:])["choices"]
+                    event = json.loads(line[6:])
+                    usage = event.get("usage") or usage
+                    ch = event["choices"]
                     if ch and ch[0]["delta"].get("content"):
                         first = first or time.perf_counter() - start
                         text += ch[0]["delta"]["content"]
@@ -111,7 +114,9 @@ def replay(base, route, sess):
             ok, h = False, {"error": str(e)}
         out.append({"session": sess["id"], "turn": t, "label": q["label"], "ok": ok,
                     "ttft_ms": None if first is None else round(first * 1e3, 1),
-                    "total_ms": round((time.perf_counter() - start) * 1e3, 1), **h})
+                    "total_ms": round((time.perf_counter() - start) * 1e3, 1),
+                    "prompt_tokens": usage.get("prompt_tokens"),
+                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), **h})
         messages.append({"role": "assistant", "content": text or "(no answer)"})
     return out
 
@@ -127,6 +132,8 @@ def report(map_path, turns_path, logs):
     later = [t["ttft_ms"] for t in turns if t["turn"] > 0 and t["ttft_ms"] is not None]
     right = sum(1 for t in turns if t.get("x-tiergate-stage") == stage(t["label"]))
     evaluated = {}
+    if not logs:  # the backend's own count in each answer's usage: what it read, not found cached
+        evaluated["usage"] = sum((t.get("prompt_tokens") or 0) - (t.get("cached_tokens") or 0) for t in turns)
     for log in logs:
         n = 0
         for line in open(log, errors="replace"):

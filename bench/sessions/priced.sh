@@ -9,7 +9,9 @@
 #   stay     — pin forever: a session keeps the stage of its first turn;
 #   priced   — the priced rule (saving over the horizon against reading the conversation again, within the
 #              switch budget).
-# Prints one report line per arm (bench/sessions/priced.py report).
+# Prints one report line per arm (bench/sessions/priced.py report). ENGINE=llamacpp runs the same arms on
+# tiergate's own llama.cpp engine instead (the two models in its workers, one thread each, six cached
+# sequences each; the prompt tokens read are the engine's own count, from each answer's usage).
 #
 # usage: bench/sessions/priced.sh [SESSIONS] [TURNS] [CONCURRENCY] [ARMS]   (defaults 24 6 2 "unpinned stay priced";
 #        needs scripts/fetch-models.sh --judge qwen2.5-0.5b and llama-cpp-python[server])
@@ -29,8 +31,14 @@ echo "dev: $h"
 map=$(python3 bench/inline_map.py bench/steer/map.toml)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+engine="${ENGINE:-openai}"
 for arm in $arms; do
   pids=()
+  if [ "$engine" = llamacpp ]; then
+    common="engine = \"llamacpp\", workers = 1, max_concurrent = 1, threads = 1, batch_threads = 1, context_tokens = 12288, cached_sequences = 6, warmup_ms = 0, max_in_flight = 16, generate_deadline_ms = 1800000"
+    llm="llm=[{ name = \"small\", model = \"$root/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf\", $common }, { name = \"big\", model = \"$root/models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf\", $common }]"
+    logs=()
+  else
   # SmolLM2 keeps ~23 KB of state a token, Qwen2.5-0.5B ~12 KB: ~6 states of ~1,600 tokens each.
   for spec in "18611 models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf 220000000" \
               "18612 models/qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 115000000"; do
@@ -43,6 +51,9 @@ for arm in $arms; do
   for port in 18611 18612; do
     for _ in $(seq 1 120); do curl -sf http://127.0.0.1:$port/v1/models >/dev/null && break; sleep 1; done
   done
+  llm='llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18611/v1", model = "smollm2", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18612/v1", model = "qwen", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }]'
+  logs=("$out/$arm-18611.log" "$out/$arm-18612.log")
+  fi
   case $arm in
     unpinned) sessions='--set sessions.enabled=false' ;;
     stay) sessions='--set sessions.switch="stay"' ;;
@@ -51,15 +62,20 @@ for arm in $arms; do
   esac
   # shellcheck disable=SC2086
   "$bin" serve --listen 127.0.0.1:18613 --admin-listen 127.0.0.1:18614 \
-    --set 'llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18611/v1", model = "smollm2", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18612/v1", model = "qwen", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }]' \
+    --set "$llm" \
     --set "routes=[{ name = \"chat\", kind = \"generate\", stages = [\"small\", \"big\"], deadline_ms = 300000, max_deadline_ms = 300000, steer = { by_label = $map, theta = 0.5 } }]" \
     --set server.stream_head_ms=600000 $sessions >"$out/$arm-serve.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 1 120); do curl -sf http://127.0.0.1:18613/ready >/dev/null && break; sleep 1; done
+  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:18613/ready >/dev/null && break; sleep 1; done
+  # Every backend's worker live (/ready needs one backend of the route).
+  for _ in $(seq 1 300); do
+    curl -s http://127.0.0.1:18614/admin/console | python3 -c "import json,sys; sys.exit(0 if all(b.get('live_workers', 0) >= 1 for b in json.load(sys.stdin)['backends']) else 1)" 2>/dev/null && break
+    sleep 1
+  done
   start=$(date +%s)
   python3 $py run http://127.0.0.1:18613 chat "$out/test.jsonl" "$conc" >"$out/$arm-turns.jsonl"
   echo -n "$arm ($(( $(date +%s) - start )) s): "
-  python3 $py report bench/steer/map.toml "$out/$arm-turns.jsonl" "$out/$arm-18611.log" "$out/$arm-18612.log"
+  python3 $py report bench/steer/map.toml "$out/$arm-turns.jsonl" "${logs[@]}"
   curl -s http://127.0.0.1:18614/admin/console | python3 -c "import json,sys; print(json.dumps([{k: b.get(k) for k in ('name','prefill_ms_per_token','cold_prefill_ms_per_token','decode_ms_per_token','completion_tokens')} for b in json.load(sys.stdin)['backends']]))" || true
   kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
 done
