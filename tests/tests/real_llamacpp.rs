@@ -371,3 +371,52 @@ fn four_streams_at_once_each_get_their_own_answer() {
         );
     }
 }
+
+/// Two conversations that open the same way take turns: the second one's first turn starts from the first
+/// one's shared opening (copied into a sequence of its own), and the first one's next turn still finds its whole
+/// first turn cached — before, the second conversation took over the first one's cached sequence for the few
+/// tokens they share, and the first conversation read its history again. Each usage says what it found cached.
+#[test]
+fn conversations_that_open_alike_keep_their_own_cached_turns() {
+    let e = smollm2();
+    let opening =
+        "This note opens every conversation of the bank's assistant: be brief, be kind, and never \
+                   ask for a card's full number or its PIN.";
+    let turn = |account: &str, history: &[(&str, &str)], q: &str| {
+        let mut m = vec![Message::text(
+            "system",
+            &format!("{opening} The customer's account is {account}."),
+        )];
+        for (u, a) in history {
+            m.push(Message::text("user", u));
+            m.push(Message::text("assistant", a));
+        }
+        m.push(Message::text("user", q));
+        m
+    };
+    let (a_said, _, a1) = run(e, &turn("A-77", &[], "Where is my card?"), &greedy(8), None);
+    let (_, _, b1) = run(
+        e,
+        &turn("B-12", &[], "Why was I charged twice?"),
+        &greedy(8),
+        None,
+    );
+    assert!(
+        b1.cached_tokens.unwrap() >= 20,
+        "the second conversation starts from the shared opening: {b1:?}"
+    );
+    let (_, _, a2) = run(
+        e,
+        &turn(
+            "A-77",
+            &[("Where is my card?", &a_said)],
+            "And when will it come?",
+        ),
+        &greedy(8),
+        None,
+    );
+    assert!(
+        a2.cached_tokens.unwrap() >= a1.prompt_tokens - 1,
+        "the first conversation's next turn reads only what is new: {a2:?} after {a1:?}"
+    );
+}

@@ -265,7 +265,11 @@ fn admit(
 }
 
 /// A free sequence id for a prompt needing `need` cells: the idle one sharing the longest prefix (else the
-/// least recently used), evicting idle cached sequences until the pool has room. `None`: wait.
+/// least recently used), evicting idle cached sequences until the pool has room. `None`: wait. When the
+/// sequence sharing the longest prefix holds more than that prefix — another conversation that only opens
+/// the same way — it is kept whole: the prompt takes an empty sequence (else the least recently used other
+/// one) with the shared prefix copied into it (the unified KV cache shares those cells), so a conversation's
+/// cached turns survive another conversation with the same opening.
 fn place(
     ctx: &mut LlamaContext<'_>,
     shape: Shape,
@@ -274,7 +278,7 @@ fn place(
     need: usize,
 ) -> Option<usize> {
     let idle = |s: &Slot| s.running.is_none();
-    let chosen = (0..slots.len())
+    let best = (0..slots.len())
         .filter(|&i| idle(&slots[i]))
         .max_by_key(|&i| {
             (
@@ -282,6 +286,20 @@ fn place(
                 std::cmp::Reverse(slots[i].last_used),
             )
         })?;
+    let chosen = match spare(slots, best, prompt) {
+        Some(to) => {
+            let shared = common_prefix(&slots[best].tokens, prompt);
+            let _ = ctx.clear_kv_cache_seq(Some(to as u32), None, None);
+            let copied =
+                ctx.copy_kv_cache_seq(best as i32, to as i32, Some(0), Some(shared as u32));
+            slots[to].tokens = match copied {
+                Ok(()) => slots[best].tokens[..shared].to_vec(),
+                Err(_) => Vec::new(),
+            };
+            to
+        }
+        None => best,
+    };
     let held = |slots: &[Slot]| -> usize {
         slots
             .iter()
@@ -308,6 +326,24 @@ fn place(
         slots[victim].tokens.clear();
     }
     Some(chosen)
+}
+
+/// Where a prompt goes instead of `best` (the idle sequence sharing its longest prefix) when `best` holds a
+/// longer conversation than the prefix they share: an empty idle sequence, else the least recently used idle
+/// one used before `best` was. `None`: `best` itself (it is the prompt's own conversation, the least recently
+/// used, or the only idle one).
+fn spare(slots: &[Slot], best: usize, prompt: &[LlamaToken]) -> Option<usize> {
+    let shared = common_prefix(&slots[best].tokens, prompt);
+    if shared == 0 || slots[best].tokens.len() <= shared {
+        return None;
+    }
+    let others = || (0..slots.len()).filter(|&i| i != best && slots[i].running.is_none());
+    if let Some(empty) = others().find(|&i| slots[i].tokens.is_empty()) {
+        return Some(empty);
+    }
+    others()
+        .min_by_key(|&i| slots[i].last_used)
+        .filter(|&i| slots[i].last_used < slots[best].last_used)
 }
 
 fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {

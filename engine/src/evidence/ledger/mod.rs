@@ -609,17 +609,29 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(memory::MemoryStore::new(1 << 20, 60));
         let ledger = Ledger::start(store, 16, 60);
         let now = now_ms();
-        ledger.record(Entry::Decision(Box::new(record("chatcmpl-1", "acme", now))));
+        let mut r = record("chatcmpl-1", "acme", now);
+        r.session = Some("kept".into());
+        r.switch = Some(crate::answer::switch::SwitchPrice {
+            moved: false,
+            why: "dear".into(),
+            saving_ms: 1800.0,
+            cost_ms: 14_000.0,
+            budget_ms: 30_000.0,
+        });
+        // As the SQLite and Redis ledgers keep it: JSON, the turn's pin decision and its price included.
+        let json = serde_json::to_string(&r).unwrap();
+        let back: Record = serde_json::from_str(&json).unwrap();
+        assert_eq!((&back.session, &back.switch), (&r.session, &r.switch));
+        ledger.record(Entry::Decision(Box::new(r.clone())));
         let t = std::time::Instant::now();
-        while ledger
-            .store()
-            .decision("chatcmpl-1", now)
-            .unwrap()
-            .is_none()
-        {
+        let read = loop {
+            if let Some(d) = ledger.store().decision("chatcmpl-1", now).unwrap() {
+                break d;
+            }
             assert!(t.elapsed() < Duration::from_secs(5), "not written");
             std::thread::sleep(Duration::from_millis(10));
-        }
+        };
+        assert_eq!(read.switch, r.switch);
         assert_ne!(
             head_version(&["a".into()], 1.0),
             head_version(&["a".into()], 2.0)
