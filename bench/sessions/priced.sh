@@ -51,7 +51,7 @@ for arm in $arms; do
   for port in 18611 18612; do
     for _ in $(seq 1 120); do curl -sf http://127.0.0.1:$port/v1/models >/dev/null && break; sleep 1; done
   done
-  llm='llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18611/v1", model = "smollm2", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18612/v1", model = "qwen", workers = 1, max_concurrent = 1, max_in_flight = 16, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }]'
+  llm='llm=[{ name = "small", engine = "openai", url = "http://127.0.0.1:18611/v1", model = "smollm2", workers = 1, max_concurrent = 1, max_in_flight = 16, prompt_cache_sessions = 6, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }, { name = "big", engine = "openai", url = "http://127.0.0.1:18612/v1", model = "qwen", workers = 1, max_concurrent = 1, max_in_flight = 16, prompt_cache_sessions = 6, generate_deadline_ms = 1800000, request_timeout_ms = 1800000, first_byte_timeout_ms = 600000, chunk_timeout_ms = 600000 }]'
   logs=("$out/$arm-18611.log" "$out/$arm-18612.log")
   fi
   case $arm in

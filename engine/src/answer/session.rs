@@ -136,17 +136,26 @@ impl Turn {
                 from
             }
             SwitchMode::Priced => {
-                let target = route.stages.get(to).map(|s| target_of(state, s));
+                let target = route
+                    .stages
+                    .get(to)
+                    .map(|s| target_of(state, s))
+                    .unwrap_or_default();
                 let terms = Terms {
                     confidence: steered.confidence,
                     tokens: self.tokens,
+                    retained: retained(state, pin, &target, self.tokens.held),
+                    waits_ms: (
+                        wait_ms(state, &pin.backend, &self.tenant),
+                        wait_ms(state, &target, &self.tenant),
+                    ),
                     horizon_turns: state.config.sessions.switch_horizon_turns,
                     budget_pct: self.budget_pct,
                     spent: pin.spent,
                 };
                 let p = price(
                     &rates_of(state, &pin.backend),
-                    &target.map(|t| rates_of(state, &t)).unwrap_or_default(),
+                    &rates_of(state, &target),
                     terms,
                 );
                 let k = if p.moved { to } else { from };
@@ -181,6 +190,14 @@ impl Turn {
             .map_or_else(crate::model::request::unix_ms, |p| p.born_ms);
         let shared = self.shared();
         let spent = self.spent(state, &backend);
+        // Where the session leaves, and what that backend holds of its conversation.
+        let left = match &self.pin {
+            Some(p) if p.backend != backend => {
+                (Pin::backend_digest(&p.backend), self.tokens.held as u32)
+            }
+            Some(p) => p.left,
+            None => (0, 0),
+        };
         out.switch = self.price.take();
         let pin = Pin {
             stage: k,
@@ -190,6 +207,7 @@ impl Turn {
             conversation: self.conversation,
             shared,
             spent,
+            left,
         };
         state.routing.sessions.put(&key, &self.tenant, pin);
     }
@@ -230,15 +248,43 @@ fn target_of(state: &AppState, stage: &Stage) -> String {
         .unwrap_or_default()
 }
 
-/// The measured figures of the backend named `name` (none for a name no backend has).
-fn rates_of(state: &AppState, name: &str) -> RateView {
+/// The backend named `name`.
+fn llm_of<'s>(state: &'s AppState, name: &str) -> Option<&'s crate::backends::llm::Llm> {
     state
         .backends
         .iter()
         .find(|b| b.name == name)
         .and_then(|b| b.llm.as_ref())
+}
+
+/// The measured figures of the backend named `name` (none for a name no backend has).
+fn rates_of(state: &AppState, name: &str) -> RateView {
+    llm_of(state, name)
         .map(|l| l.rates.view())
         .unwrap_or_default()
+}
+
+/// `tenant`'s predicted wait for a slot on the backend named `name` now, ms.
+fn wait_ms(state: &AppState, name: &str, tenant: &str) -> f64 {
+    llm_of(state, name).map_or(0.0, |l| {
+        let (done, service) = l.predict(false, tenant);
+        done.saturating_sub(service).as_secs_f64() * 1e3
+    })
+}
+
+/// Tokens of the conversation (`held` now) that `target` still holds: what it held when the session left it,
+/// while its prompt cache has room for the sessions pinned to it (`prompt_cache_sessions`; unknown: none).
+fn retained(state: &AppState, pin: &Pin, target: &str, held: f64) -> f64 {
+    let was_there = pin.left.0 != 0 && pin.left.0 == Pin::backend_digest(target);
+    let room = llm_of(state, target).is_some_and(|l| {
+        let warm = l.limits.warm_sessions;
+        warm > 0 && state.routing.sessions.held_on(target) < warm
+    });
+    if was_there && room {
+        f64::from(pin.left.1).min(held)
+    } else {
+        0.0
+    }
 }
 
 /// `v`'s conversation in tokens (estimated): up to its last assistant turn (what a backend that wrote that
@@ -416,6 +462,7 @@ mod tests {
             conversation: 1,
             shared: false,
             spent: Default::default(),
+            left: (0, 0),
         };
         assert!(applies(&pin, 42, 10_500, 1_000));
         assert!(!applies(&pin, 43, 10_500, 1_000), "stages changed since");

@@ -7,7 +7,10 @@
 //! - **up** (the target's turn is dearer: Tier-0 asks for the stronger stage): the move fits the budget.
 //!
 //! The cost of moving is reading again, on the target, what the pinned backend holds warm: the conversation's
-//! tokens before this turn × the target's measured cold prefill time per token. A turn's time on a backend is
+//! tokens before this turn — less what the target still holds from the session's earlier turns there (a move
+//! back to the backend it left, while that backend's prompt cache has room for the sessions it holds) — × the
+//! target's measured cold prefill time per token. A move down also saves, this turn only, the difference of the
+//! two backends' predicted waits for a slot (a busy pinned backend is worth leaving). A turn's time on a backend is
 //! its new tokens × its prefill time per token + its answer's tokens × its decode time per token (each
 //! measured there: [`crate::backends::llm::Rates`]). The budget: all of a session's moves together cost at most
 //! `max_switch_spend_pct` of its spend (its turns' time, moves included). A backend not yet measured cannot be
@@ -78,6 +81,10 @@ pub(crate) struct Terms {
     /// Tier-0's confidence that the target stage is right.
     pub confidence: f64,
     pub tokens: Tokens,
+    /// Tokens of the conversation the target still holds (a move back to where the session was).
+    pub retained: f64,
+    /// Each backend's predicted wait for a slot now, ms: the pinned one's, the target's.
+    pub waits_ms: (f64, f64),
     pub horizon_turns: f64,
     pub budget_pct: f64,
     pub spent: Spend,
@@ -88,7 +95,7 @@ pub(crate) fn price(from: &RateView, to: &RateView, t: Terms) -> SwitchPrice {
     let priced = (
         turn_ms(from, t.tokens.new),
         turn_ms(to, t.tokens.new),
-        reread_ms(to, t.tokens.held),
+        reread_ms(to, (t.tokens.held - t.retained).max(0.0)),
     );
     let (Some(stay), Some(go), Some(cost)) = priced else {
         return SwitchPrice {
@@ -100,7 +107,7 @@ pub(crate) fn price(from: &RateView, to: &RateView, t: Terms) -> SwitchPrice {
         };
     };
     let budget = t.budget_pct / 100.0 * (t.spent.total_ms + cost + go) - t.spent.moves_ms;
-    let saving = t.confidence * t.horizon_turns * (stay - go);
+    let saving = t.confidence * (t.horizon_turns * (stay - go) + (t.waits_ms.0 - t.waits_ms.1));
     let fits = cost <= budget;
     let (moved, why) = match (go > stay, fits) {
         (_, false) => (false, "budget"),
@@ -141,6 +148,8 @@ mod tests {
         Terms {
             confidence: 0.9,
             tokens: Tokens { held, new: 20.0 },
+            retained: 0.0,
+            waits_ms: (0.0, 0.0),
             horizon_turns: 2.0,
             budget_pct: 100.0,
             spent: Spend {
@@ -184,6 +193,26 @@ mod tests {
         assert!(
             !p.moved && p.why == "budget",
             "a lower budget refuses it: {p:?}"
+        );
+    }
+
+    #[test]
+    fn a_move_back_pays_only_for_what_came_since_and_a_busy_pin_is_worth_leaving() {
+        // 4,000 tokens, 3,900 of them still held where the session was: 100 ms to read the rest.
+        let mut t = terms(4000.0, 100_000.0, 0.0);
+        t.retained = 3900.0;
+        let p = price(&r(BIG), &r(SMALL), t);
+        assert!(
+            p.moved && p.why == "saving" && (p.cost_ms - 100.0).abs() < 1e-9,
+            "{p:?}"
+        );
+        // Without it, dear (above); with the pinned backend 3 s busier, the move saves that wait too.
+        let mut t = terms(4000.0, 100_000.0, 0.0);
+        t.waits_ms = (3000.0, 0.0);
+        let p = price(&r(BIG), &r(SMALL), t);
+        assert!(
+            p.moved && (p.saving_ms - 0.9 * (2.0 * 1630.0 + 3000.0)).abs() < 1e-6,
+            "{p:?}"
         );
     }
 

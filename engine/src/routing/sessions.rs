@@ -34,12 +34,23 @@ pub(crate) struct Pin {
     /// The session's spend so far (its turns' and its moves' backend time): what its switch budget is a
     /// share of.
     pub spent: crate::answer::switch::Spend,
+    /// The backend the session last moved away from (a digest of its name; 0: none) and the conversation's
+    /// tokens it held then: a move back reads only what came since.
+    pub left: (u64, u32),
+}
+
+impl Pin {
+    /// The digest a pin records a backend's name by.
+    pub(crate) fn backend_digest(name: &str) -> u64 {
+        let d = Sha256::digest(name.as_bytes());
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]).max(1)
+    }
 }
 
 impl Pin {
     fn encode(&self) -> String {
         format!(
-            "{}\t{:016x}\t{}\t{:016x}\t{}\t{:.0}\t{:.0}\t{}",
+            "{}\t{:016x}\t{}\t{:016x}\t{}\t{:.0}\t{:.0}\t{:016x}\t{}\t{}",
             self.stage,
             self.route,
             self.born_ms,
@@ -47,18 +58,25 @@ impl Pin {
             u8::from(self.shared),
             self.spent.total_ms,
             self.spent.moves_ms,
+            self.left.0,
+            self.left.1,
             self.backend
         )
     }
 
     /// A pin as [`Pin::encode`] wrote it (one of an older format reads as none).
     fn decode(s: &str) -> Option<Self> {
-        let mut parts = s.splitn(8, '\t');
+        let mut parts = s.splitn(10, '\t');
         let mut next = || parts.next();
         let (stage, route, born) = (next()?, next()?, next()?);
         let (conversation, shared) = (next()?, next()?);
-        let (total, moves, backend) = (next()?, next()?, next()?);
+        let (total, moves, left, left_tokens) = (next()?, next()?, next()?, next()?);
+        let backend = next()?;
         Some(Self {
+            left: (
+                u64::from_str_radix(left, 16).ok()?,
+                left_tokens.parse().ok()?,
+            ),
             spent: crate::answer::switch::Spend {
                 total_ms: total.parse().ok()?,
                 moves_ms: moves.parse().ok()?,
@@ -349,6 +367,7 @@ mod tests {
             conversation: 9,
             shared: false,
             spent: Default::default(),
+            left: (0, 0),
         }
     }
 
@@ -430,10 +449,15 @@ mod tests {
                 total_ms: 1234.0,
                 moves_ms: 56.0,
             },
+            left: (Pin::backend_digest("big"), 1500),
             ..pin(0, "q")
         };
         assert_eq!(Pin::decode(&shared.encode()), Some(shared));
-        // Pins of older formats read as none (the last: before the session's spend was kept).
+        // Pins of older formats read as none (the last two: before the session's spend, before where it left).
+        assert_eq!(
+            Pin::decode("1\t0000000000000007\t1000\t0000000000000009\t0\t10\t0\tqwen"),
+            None
+        );
         assert_eq!(
             Pin::decode("1\t0000000000000007\t1000\t0000000000000009\t0\tqwen"),
             None
