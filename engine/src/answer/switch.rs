@@ -16,44 +16,9 @@
 //! `max_switch_spend_pct` of its spend (its turns' time, moves included). A backend not yet measured cannot be
 //! priced: the turn follows Tier-0 (`unmeasured`) and measures it.
 
-use serde::{Deserialize, Serialize};
-
 use crate::backends::llm::RateView;
-
-/// What moving would save and cost, and whether the turn moved.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SwitchPrice {
-    pub moved: bool,
-    /// `saving` (down, worth it), `quality` (up), `dear` (down, not worth it), `budget` (past the session's
-    /// switch budget), `unmeasured` (no figures to price it: Tier-0 followed), `stay` (`switch = "stay"`).
-    pub why: String,
-    pub saving_ms: f64,
-    pub cost_ms: f64,
-    /// What the session's budget had left for this move.
-    pub budget_ms: f64,
-}
-
-/// As the `x-tiergate-switch` header says it.
-impl std::fmt::Display for SwitchPrice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}; why={}; saving_ms={:.0}; cost_ms={:.0}; budget_ms={:.0}",
-            if self.moved { "moved" } else { "stayed" },
-            self.why,
-            self.saving_ms,
-            self.cost_ms,
-            self.budget_ms
-        )
-    }
-}
-
-/// A session's spend so far, ms: its turns' time (moves included) and its moves'.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Spend {
-    pub total_ms: f64,
-    pub moves_ms: f64,
-}
+pub use crate::model::outcome::SwitchPrice;
+pub(crate) use crate::routing::sessions::Spend;
 
 /// The conversation as a move sees it, in tokens: what came before this turn (what the pinned backend holds)
 /// and what this turn adds.

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub(crate) use tiergate_core::outcome::{Channel, DegradeReason, Tier};
 
@@ -45,7 +45,7 @@ pub struct Outcome {
     /// What the session's pin did (`new`, `kept`, `up`, `down`, `switched`), for a turn with a session key.
     pub session: Option<&'static str>,
     /// The price of a move between stages this turn was steered to (a pinned session's genuine turn).
-    pub switch: Option<crate::answer::switch::SwitchPrice>,
+    pub switch: Option<SwitchPrice>,
     /// The version of the head that classified it (classified routes).
     pub head: Option<String>,
     /// θ was forced by an operator's override header: the answer is no evidence about the traffic.
@@ -125,7 +125,7 @@ pub(crate) struct Decision {
     pub session: Option<&'static str>,
     /// The price of a move between stages it was steered to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub switch: Option<crate::answer::switch::SwitchPrice>,
+    pub switch: Option<SwitchPrice>,
     #[serde(skip)]
     at: Option<Instant>,
 }
@@ -228,5 +228,33 @@ impl Step {
     /// From its number (0 beyond the ladder).
     pub(crate) fn of(n: u8) -> Step {
         Step::ALL.get(n as usize).copied().unwrap_or(Step::Normal)
+    }
+}
+
+/// What moving would save and cost, and whether the turn moved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SwitchPrice {
+    pub moved: bool,
+    /// `saving` (down, worth it), `quality` (up), `dear` (down, not worth it), `budget` (past the session's
+    /// switch budget), `unmeasured` (no figures to price it: Tier-0 followed), `stay` (`switch = "stay"`).
+    pub why: String,
+    pub saving_ms: f64,
+    pub cost_ms: f64,
+    /// What the session's budget had left for this move.
+    pub budget_ms: f64,
+}
+
+/// As the `x-tiergate-switch` header says it.
+impl std::fmt::Display for SwitchPrice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}; why={}; saving_ms={:.0}; cost_ms={:.0}; budget_ms={:.0}",
+            if self.moved { "moved" } else { "stayed" },
+            self.why,
+            self.saving_ms,
+            self.cost_ms,
+            self.budget_ms
+        )
     }
 }

@@ -33,7 +33,7 @@ pub(crate) struct Pin {
     pub shared: bool,
     /// The session's spend so far (its turns' and its moves' backend time): what its switch budget is a
     /// share of.
-    pub spent: crate::answer::switch::Spend,
+    pub spent: Spend,
     /// The backend the session last moved away from (a digest of its name; 0: none) and the conversation's
     /// tokens it held then: a move back reads only what came since.
     pub left: (u64, u32),
@@ -77,7 +77,7 @@ impl Pin {
                 u64::from_str_radix(left, 16).ok()?,
                 left_tokens.parse().ok()?,
             ),
-            spent: crate::answer::switch::Spend {
+            spent: Spend {
                 total_ms: total.parse().ok()?,
                 moves_ms: moves.parse().ok()?,
             },
@@ -89,6 +89,13 @@ impl Pin {
             backend: backend.to_string(),
         })
     }
+}
+
+/// A session's spend so far, ms: its turns' time (moves included) and its moves'.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Spend {
+    pub total_ms: f64,
+    pub moves_ms: f64,
 }
 
 /// A session's key: a digest of tenant, route, the model the client asked for and the client's session key.
@@ -445,7 +452,7 @@ mod tests {
         assert_eq!(Pin::decode(&p.encode()), Some(p));
         let shared = Pin {
             shared: true,
-            spent: crate::answer::switch::Spend {
+            spent: Spend {
                 total_ms: 1234.0,
                 moves_ms: 56.0,
             },

@@ -69,7 +69,7 @@ pub struct Record {
     pub session: Option<String>,
     /// The price of a move between stages the turn was steered to, and whether it moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub switch: Option<crate::answer::switch::SwitchPrice>,
+    pub switch: Option<crate::model::outcome::SwitchPrice>,
 }
 
 /// The feedback channel of answers decided under a forced θ.
@@ -611,7 +611,7 @@ mod tests {
         let now = now_ms();
         let mut r = record("chatcmpl-1", "acme", now);
         r.session = Some("kept".into());
-        r.switch = Some(crate::answer::switch::SwitchPrice {
+        r.switch = Some(crate::model::outcome::SwitchPrice {
             moved: false,
             why: "dear".into(),
             saving_ms: 1800.0,
