@@ -1166,11 +1166,8 @@ async fn each_door_names_its_session() {
 /// another model under the same session id has a pin of its own and moves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_nothing() {
-    let entry = |name: &str| tiergate_config::LlmEntry {
-        name: name.into(),
-        // Its model "renders tools": the loop's tool messages are the point.
-        fields: toml::from_str("engine = \"stub\"\nworkers = 1\ntools = true").unwrap(),
-    };
+    // Its model "renders tools": the loop's tool messages are the point.
+    let entry = |name: &str| entry(name, "engine = \"stub\"\nworkers = 1\ntools = true");
     let steered = |c: &mut Config| {
         c.llm = vec![entry("small"), entry("big")];
         for r in c.routes.iter_mut().filter(|r| r.name == "generate") {
@@ -1311,13 +1308,14 @@ async fn an_agent_loop_keeps_its_stage_in_every_dialect_and_side_calls_move_noth
 /// them, here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_sessions_spread_by_the_sessions_each_backend_holds_and_its_speed() {
-    let entry = |name: &str, prior: u64, delay: u64| tiergate_config::LlmEntry {
-        name: name.into(),
-        fields: toml::from_str(&format!(
-            "engine = \"stub\"\nworkers = 1\ngenerate_prior_ms = {prior}\n\
-             extra_args = [\"--stub-delay-ms\", \"{delay}\"]"
-        ))
-        .unwrap(),
+    let entry = |name: &str, prior: u64, delay: u64| {
+        entry(
+            name,
+            &format!(
+                "engine = \"stub\"\nworkers = 1\ngenerate_prior_ms = {prior}\n\
+                 extra_args = [\"--stub-delay-ms\", \"{delay}\"]"
+            ),
+        )
     };
     // (sessions on a, a's mean, b's mean) over 100 one-turn requests.
     let split = |delays: (u64, u64), sessions: bool| async move {
@@ -1375,13 +1373,12 @@ async fn new_sessions_spread_by_the_sessions_each_backend_holds_and_its_speed() 
 /// and the pin follows. A conversation is told apart by its first user message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pin_on_a_shared_key_yields_under_load() {
-    let entry = |name: &str| tiergate_config::LlmEntry {
-        name: name.into(),
-        fields: toml::from_str(
+    let entry = |name: &str| {
+        entry(
+            name,
             "engine = \"stub\"\nworkers = 1\nmax_concurrent = 1\ngenerate_prior_ms = 300\n\
              extra_args = [\"--stub-delay-ms\", \"300\"]",
         )
-        .unwrap(),
     };
     let r = all_live(rig(
         1,
@@ -1438,12 +1435,13 @@ async fn a_pin_on_a_shared_key_yields_under_load() {
 /// budget header is a 400 naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_between_stages_is_priced_against_reading_the_conversation_again() {
-    let entry = |name: &str, delay: u64| LlmEntry {
-        name: name.into(),
-        fields: toml::from_str(&format!(
-            "engine = \"stub\"\nworkers = 1\nextra_args = [\"--stub-delay-ms\", \"{delay}\"]"
-        ))
-        .unwrap(),
+    let entry = |name: &str, delay: u64| {
+        entry(
+            name,
+            &format!(
+                "engine = \"stub\"\nworkers = 1\nextra_args = [\"--stub-delay-ms\", \"{delay}\"]"
+            ),
+        )
     };
     let r = all_live(rig(1, |c: &mut Config| {
         c.llm = vec![entry("small", 30), entry("big", 600)];

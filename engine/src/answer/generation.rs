@@ -126,9 +126,13 @@ pub(super) async fn generate(
     if matches!(started.first, Event::Chunk(_) | Event::ToolCall(_)) {
         metrics::histogram!(m::TTFT_SECONDS).record(v.started.elapsed().as_secs_f64());
     }
-    let mut g = Generation::new(started, keep, prompt_tokens);
-    g.estimated_prompt = super::switch::tokens_of(v.messages.iter().map(|m| m.content.len()).sum());
-    Ok(Body::Stream(Box::new(g)))
+    let estimated = super::switch::tokens_of(v.messages.iter().map(|m| m.content.len()).sum());
+    Ok(Body::Stream(Box::new(Generation::new(
+        started,
+        keep,
+        prompt_tokens,
+        estimated,
+    ))))
 }
 
 /// Whether `stage` may generate at `step`: the ladder pauses generation where the stage is pressed too
@@ -220,7 +224,12 @@ pub struct Generation {
 }
 
 impl Generation {
-    fn new(s: Started, keep: Option<KeepWritten>, prompt_tokens: u32) -> Self {
+    fn new(
+        s: Started,
+        keep: Option<KeepWritten>,
+        prompt_tokens: u32,
+        estimated_prompt: f64,
+    ) -> Self {
         Self {
             handle: s.handle,
             _slot: s.slot,
@@ -234,7 +243,7 @@ impl Generation {
             span: tracing::Span::current(),
             first_at: std::time::Instant::now(),
             rates: s.rates,
-            estimated_prompt: 0.0,
+            estimated_prompt,
             settle: None,
             outcome: Outcome::default(),
         }
@@ -285,9 +294,13 @@ impl Generation {
         let cold = cold.filter(|r| *r >= 1.0).map(|read| wait / read);
         let decode =
             (completion > 1).then(|| ms(self.first_at.elapsed()) / f64::from(completion - 1));
-        let prompt = (all >= 1.0).then_some(all);
-        self.rates
-            .observe(prompt, prefill, cold, decode, Some(f64::from(completion)));
+        self.rates.observe(crate::backends::llm::RateView {
+            prompt: (all >= 1.0).then_some(all),
+            prefill,
+            cold_prefill: cold,
+            decode,
+            completion: Some(f64::from(completion)),
+        });
     }
 
     /// The span it started in.

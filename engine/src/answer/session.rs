@@ -56,6 +56,8 @@ impl Turn {
             None => None,
         };
         let pin = pin.filter(|p| applies(p, fingerprint, now, max_age_ms));
+        // What only a session's turn weighs: a turn without a key reads no digest or size of its conversation.
+        let pinned = key.is_some();
         let route_pct = route
             .steer
             .as_ref()
@@ -66,8 +68,15 @@ impl Turn {
             tenant: v.tenant.0.to_string(),
             route: fingerprint,
             in_loop: v.messages.last().is_some_and(|m| m.role == "tool"),
-            conversation: conversation_of(v),
-            tokens: tokens_in(v),
+            conversation: if pinned { conversation_of(v) } else { 0 },
+            tokens: if pinned {
+                tokens_in(v)
+            } else {
+                Tokens {
+                    held: 0.0,
+                    new: 0.0,
+                }
+            },
             budget_pct: v
                 .max_switch_spend_pct
                 .map_or(route_pct, |h| h.min(route_pct)),
@@ -126,13 +135,7 @@ impl Turn {
         match state.config.sessions.switch {
             SwitchMode::Follow => to,
             SwitchMode::Stay => {
-                self.price = Some(SwitchPrice {
-                    moved: false,
-                    why: "stay".into(),
-                    saving_ms: 0.0,
-                    cost_ms: 0.0,
-                    budget_ms: 0.0,
-                });
+                self.price = Some(SwitchPrice::unpriced(false, "stay"));
                 from
             }
             SwitchMode::Priced => {

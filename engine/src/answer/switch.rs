@@ -63,13 +63,7 @@ pub(crate) fn price(from: &RateView, to: &RateView, t: Terms) -> SwitchPrice {
         reread_ms(to, (t.tokens.held - t.retained).max(0.0)),
     );
     let (Some(stay), Some(go), Some(cost)) = priced else {
-        return SwitchPrice {
-            moved: true,
-            why: "unmeasured".into(),
-            saving_ms: 0.0,
-            cost_ms: 0.0,
-            budget_ms: 0.0,
-        };
+        return SwitchPrice::unpriced(true, "unmeasured");
     };
     let budget = t.budget_pct / 100.0 * (t.spent.total_ms + cost + go) - t.spent.moves_ms;
     let saving = t.confidence * (t.horizon_turns * (stay - go) + (t.waits_ms.0 - t.waits_ms.1));

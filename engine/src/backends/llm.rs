@@ -186,25 +186,18 @@ pub(crate) struct RateView {
 
 impl Rates {
     /// One generation's figures (any may be unknown: no prompt tokens counted, nothing read, one token only).
-    pub(crate) fn observe(
-        &self,
-        prompt: Option<f64>,
-        prefill: Option<f64>,
-        cold: Option<f64>,
-        decode: Option<f64>,
-        completion: Option<f64>,
-    ) {
+    pub(crate) fn observe(&self, sample: RateView) {
         let step = |slot: &mut Option<f64>, x: Option<f64>| {
             if let Some(x) = x.filter(|x| x.is_finite()) {
                 *slot = Some(slot.map_or(x, |old| old + 0.1 * (x - old)));
             }
         };
         if let Ok(mut r) = self.0.lock() {
-            step(&mut r.prompt, prompt);
-            step(&mut r.prefill, prefill);
-            step(&mut r.cold_prefill, cold);
-            step(&mut r.decode, decode);
-            step(&mut r.completion, completion);
+            step(&mut r.prompt, sample.prompt);
+            step(&mut r.prefill, sample.prefill);
+            step(&mut r.cold_prefill, sample.cold_prefill);
+            step(&mut r.decode, sample.decode);
+            step(&mut r.completion, sample.completion);
         }
     }
 
@@ -370,7 +363,7 @@ impl Llm {
 
 #[cfg(test)]
 mod tests {
-    use super::Rates;
+    use super::{RateView, Rates};
 
     #[test]
     fn rates_start_at_their_first_sample_and_move_a_tenth_of_the_way() {
@@ -380,15 +373,22 @@ mod tests {
             [v.prefill, v.cold_prefill, v.decode, v.completion]
         };
         assert_eq!(v(&r), [None; 4]);
-        r.observe(None, Some(2.0), Some(2.0), None, Some(10.0));
+        let sample = |prefill, cold_prefill, decode, completion| RateView {
+            prompt: None,
+            prefill,
+            cold_prefill,
+            decode,
+            completion,
+        };
+        r.observe(sample(Some(2.0), Some(2.0), None, Some(10.0)));
         assert_eq!(v(&r), [Some(2.0), Some(2.0), None, Some(10.0)]);
-        r.observe(None, Some(12.0), None, Some(40.0), Some(20.0));
+        r.observe(sample(Some(12.0), None, Some(40.0), Some(20.0)));
         assert_eq!(
             v(&r),
             [Some(3.0), Some(2.0), Some(40.0), Some(11.0)],
             "a warm turn's prefill is no cold one"
         );
-        r.observe(None, None, None, Some(f64::NAN), None);
+        r.observe(sample(None, None, Some(f64::NAN), None));
         assert_eq!(
             v(&r),
             [Some(3.0), Some(2.0), Some(40.0), Some(11.0)],

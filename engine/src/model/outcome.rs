@@ -244,6 +244,19 @@ pub struct SwitchPrice {
     pub budget_ms: f64,
 }
 
+impl SwitchPrice {
+    /// A decision made without a price (`stay`, `unmeasured`).
+    pub(crate) fn unpriced(moved: bool, why: &str) -> Self {
+        Self {
+            moved,
+            why: why.into(),
+            saving_ms: 0.0,
+            cost_ms: 0.0,
+            budget_ms: 0.0,
+        }
+    }
+}
+
 /// As the `x-tiergate-switch` header says it.
 impl std::fmt::Display for SwitchPrice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
